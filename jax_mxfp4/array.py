@@ -1,0 +1,134 @@
+"""``MXFP4Array``: a quantized tensor as a JAX pytree (packed E2M1 data + E8M0 shared scales)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from . import checks, layout
+from .mx_format import BLOCK_SIZE
+
+
+@jax.tree_util.register_pytree_node_class
+@dataclasses.dataclass(frozen=True, eq=False)
+class MXFP4Array:
+    """An MXFP4 tensor (OCP MX v1.0): E2M1 elements with one E8M0 scale per 32 along ``axis``.
+
+    Children (traced by ``jit``/``vmap``/``scan``, moved by ``device_put``):
+      data:   uint8, the logical shape with ``axis`` halved; byte i along ``axis`` holds element 2i
+              in bits 0-3 and element 2i+1 in bits 4-7 (E2M1 codes, sign in bit 3).
+      scales: ``jnp.float8_e8m0fnu``. Layout "plain": the logical shape with ``axis`` divided by
+              32, byte i covering elements 32i..32i+31 along ``axis``. Layout "swizzled":
+              hipBLASLt's 32x8 pre-swizzled layout of the 2-D view [rows, K/32] (rows = product
+              of the other dims, in order, with ``axis`` moved last), shape
+              [round_up(rows, 32), round_up(K/32, 8)]; see :mod:`jax_mxfp4.layout`.
+    Static (part of the treedef):
+      axis (non-negative), shape (logical), dtype (logical: the quantized input's dtype),
+      scale_mode, scale_layout.
+
+    Under ``vmap`` the static ``shape`` and ``axis`` describe one example; a batched result whose
+    data carries extra leading dims is re-described on unflattening (leading batch dims).
+    """
+
+    data: Any
+    scales: Any
+    axis: int
+    shape: tuple[int, ...]
+    dtype: Any
+    scale_mode: str = "even"
+    scale_layout: str = "plain"
+
+    # ---------------------------------------------------------------- pytree protocol
+    def tree_flatten(self):
+        aux = (self.axis, self.shape, jnp.dtype(self.dtype), self.scale_mode, self.scale_layout)
+        return (self.data, self.scales), aux
+
+    @classmethod
+    def tree_unflatten(cls, aux, children):
+        axis, shape, dtype, scale_mode, scale_layout = aux
+        data, scales = children
+        extra = getattr(data, "ndim", len(shape)) - len(shape)
+        if extra > 0 and scale_layout == "plain":  # vmap out_axes=0 added leading batch dims
+            shape = tuple(data.shape[:extra]) + tuple(shape)
+            axis = axis + extra
+        obj = object.__new__(cls)
+        for name, value in zip(
+            ("data", "scales", "axis", "shape", "dtype", "scale_mode", "scale_layout"),
+            (data, scales, axis, shape, dtype, scale_mode, scale_layout),
+        ):
+            object.__setattr__(obj, name, value)
+        return obj
+
+    def __post_init__(self):
+        object.__setattr__(self, "shape", tuple(int(d) for d in self.shape))
+        object.__setattr__(self, "dtype", jnp.dtype(self.dtype))
+        checks.check_scale_layout(self.scale_layout, "scale_layout")
+        checks.check_scale_mode(self.scale_mode, "scale_mode")
+        checks.check_mx_array_parts(self.data, self.scales, self.axis, self.shape, self.scale_layout)
+
+    # ---------------------------------------------------------------- conveniences
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape))
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by data and scales (4.25 bits per element in the plain layout)."""
+        return int(np.prod(self.data.shape)) + int(np.prod(self.scales.shape))
+
+    @property
+    def block_size(self) -> int:
+        return BLOCK_SIZE
+
+    def __repr__(self) -> str:
+        return (
+            f"MXFP4Array(shape={self.shape}, dtype={self.dtype.name}, axis={self.axis}, "
+            f"scale_mode={self.scale_mode!r}, scale_layout={self.scale_layout!r})"
+        )
+
+    def dequantize(self, dtype=jnp.float32) -> jax.Array:
+        """Same as :func:`jax_mxfp4.dequantize`."""
+        from .quantize import dequantize
+
+        return dequantize(self, dtype)
+
+    def plain_scales(self) -> jax.Array:
+        """Scales in the plain layout (logical shape with ``axis`` divided by 32), E8M0."""
+        if self.scale_layout == "plain":
+            return self.scales
+        rows, cols = _scale_view_2d(self.shape, self.axis)
+        flat = layout.unswizzle(self.scales, rows, cols)
+        moved = list(np.moveaxis(np.empty(self.shape, np.bool_), self.axis, -1).shape)
+        moved[-1] = moved[-1] // BLOCK_SIZE
+        return jnp.moveaxis(flat.reshape(moved), -1, self.axis)
+
+    def with_scale_layout(self, scale_layout: str) -> "MXFP4Array":
+        """This array with its scales in ``scale_layout`` ("plain" | "swizzled"); data unchanged.
+
+        Conversions are exact permutations (plus 0x00 padding bytes for "swizzled").
+        Raises ValueError for an unknown layout.
+        """
+        checks.check_scale_layout(scale_layout, "scale_layout")
+        if scale_layout == self.scale_layout:
+            return self
+        plain = self.plain_scales()
+        if scale_layout == "plain":
+            scales = plain
+        else:
+            scales = layout.swizzle(jnp.moveaxis(plain, self.axis, -1).reshape(_scale_view_2d(self.shape, self.axis)))
+        return dataclasses.replace(self, scales=scales, scale_layout=scale_layout)
+
+
+def _scale_view_2d(shape: tuple[int, ...], axis: int) -> tuple[int, int]:
+    """(rows, K/32) of the 2-D scale view: every dim but ``axis`` flattened, in order."""
+    k = shape[axis]
+    rows = int(np.prod(shape)) // k if k else 0
+    return rows, k // BLOCK_SIZE

@@ -1,0 +1,43 @@
+"""Backend "scaled_dot": JAX's own block-scaled dot, ``jax.lax.scaled_dot``.
+
+XLA may route it to hipBLASLt on gfx950 (with ``--xla_gpu_experimental_scaled_dot_with_triton``);
+elsewhere it decomposes to a bf16 convert-multiply-dot. It is not differentiable in JAX 0.10, so
+"auto" never picks it; name it explicitly to compare against it.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from ..mx_format import as_e8m0
+from .base import Backend
+from .xla import CANONICAL_DIMS
+
+
+def packed_to_float4(data: jax.Array) -> jax.Array:
+    """uint8 [..., K/2] packed E2M1 pairs -> ``float4_e2m1fn`` [..., K] (bit-preserving)."""
+    f4 = lax.bitcast_convert_type(data, jnp.float4_e2m1fn)  # [..., K/2, 2], low nibble first
+    return f4.reshape(*data.shape[:-1], data.shape[-1] * 2)
+
+
+class ScaledDotBackend(Backend):
+    name = "scaled_dot"
+    auto_platforms = ()
+
+    def unavailable_reason(self):
+        if not hasattr(lax, "scaled_dot"):
+            return f"jax.lax.scaled_dot is missing from jax {jax.__version__}"
+        return None
+
+    def gemm(self, lhs, rhs, problem):
+        out = lax.scaled_dot(
+            packed_to_float4(lhs.data),
+            packed_to_float4(rhs.data),
+            lhs_scale=as_e8m0(lax.bitcast_convert_type(lhs.scales, jnp.uint8)),
+            rhs_scale=as_e8m0(lax.bitcast_convert_type(rhs.scales, jnp.uint8)),
+            dimension_numbers=CANONICAL_DIMS,
+            preferred_element_type=jnp.float32,
+        )
+        return out.astype(problem.out_dtype)

@@ -1,0 +1,99 @@
+"""Argument validation shared by every public entry point (one place per rule).
+
+Each check raises ``ValueError`` or ``TypeError`` naming the argument and the rule it breaks.
+All checks run at trace time on static shapes and dtypes; none touches array values.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+
+from .mx_format import BLOCK_SIZE, ROUNDING_MODES, SCALE_MODES
+
+INPUT_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
+OUTPUT_DTYPES = INPUT_DTYPES
+
+
+def check_scale_mode(scale_mode, name="scale_mode"):
+    if scale_mode not in SCALE_MODES:
+        raise ValueError(f"{name} must be one of {SCALE_MODES}, got {scale_mode!r}")
+
+
+def check_rounding(rounding, key, name="rounding"):
+    if rounding not in ROUNDING_MODES:
+        raise ValueError(f"{name} must be one of {ROUNDING_MODES}, got {rounding!r}")
+    if rounding == "stochastic" and key is None:
+        raise ValueError(f'{name}="stochastic" needs a PRNG key: pass key=jax.random.key(...)')
+
+
+def check_scale_layout(scale_layout, name="scale_layout"):
+    from .layout import SCALE_LAYOUTS
+
+    if scale_layout not in SCALE_LAYOUTS:
+        raise ValueError(f"{name} must be one of {SCALE_LAYOUTS}, got {scale_layout!r}")
+
+
+def check_float_input(x, name="x"):
+    dtype = getattr(x, "dtype", None)
+    if dtype is None or jnp.dtype(dtype) not in INPUT_DTYPES:
+        raise TypeError(
+            f"{name} must be a float32, bfloat16 or float16 array to quantize to MXFP4, got dtype {dtype}"
+        )
+
+
+def normalize_axis(axis, ndim, name="axis"):
+    if not isinstance(axis, (int, np.integer)) or isinstance(axis, bool):
+        raise TypeError(f"{name} must be an int, got {axis!r}")
+    if not -ndim <= axis < ndim:
+        raise ValueError(f"{name}={axis} is out of range for an array of rank {ndim}")
+    return int(axis) % ndim
+
+
+def check_block_multiple(length, axis, name="x"):
+    if length % BLOCK_SIZE:
+        raise ValueError(
+            f"{name}: the quantized axis {axis} has length {length}, which is not a multiple of the "
+            f"MXFP4 block size {BLOCK_SIZE} (OCP MX v1.0 §5.1: one E8M0 scale per 32 elements)"
+        )
+
+
+def check_output_dtype(dtype, name="preferred_element_type"):
+    if dtype is None:
+        return jnp.dtype(jnp.float32)
+    dt = jnp.dtype(dtype)
+    if dt not in OUTPUT_DTYPES:
+        raise ValueError(f"{name} must be float32, bfloat16 or float16, got {dt}")
+    return dt
+
+
+def check_mx_array_parts(data, scales, axis, shape, scale_layout):
+    """Shape and dtype contract of an ``MXFP4Array``'s children (see its docstring)."""
+    from .array import _scale_view_2d
+    from .layout import swizzled_shape
+
+    ndim = len(shape)
+    if not isinstance(axis, (int, np.integer)) or not 0 <= axis < max(ndim, 1):
+        raise ValueError(f"MXFP4Array axis must be in [0, {ndim}), got {axis!r}")
+    check_block_multiple(shape[axis], axis, "MXFP4Array shape")
+    if not hasattr(data, "dtype") or not hasattr(scales, "dtype"):
+        return  # pytree sentinels (e.g. inside jax.tree_util transformations)
+    if jnp.dtype(data.dtype) != jnp.uint8:
+        raise TypeError(f"MXFP4Array data must be uint8 (packed E2M1 pairs), got {data.dtype}")
+    if jnp.dtype(scales.dtype) != jnp.dtype(jnp.float8_e8m0fnu):
+        raise TypeError(f"MXFP4Array scales must be float8_e8m0fnu, got {scales.dtype}")
+    want_data = tuple(d // 2 if i == axis else d for i, d in enumerate(shape))
+    if tuple(data.shape) != want_data:
+        raise ValueError(
+            f"MXFP4Array data shape {tuple(data.shape)} does not match logical shape {shape} with "
+            f"axis {axis} packed two elements per byte (expected {want_data})"
+        )
+    if scale_layout == "plain":
+        want = tuple(d // BLOCK_SIZE if i == axis else d for i, d in enumerate(shape))
+    else:
+        want = swizzled_shape(*_scale_view_2d(shape, axis))
+    if tuple(scales.shape) != tuple(want):
+        raise ValueError(
+            f"MXFP4Array scales shape {tuple(scales.shape)} does not match the {scale_layout!r} "
+            f"layout for logical shape {shape}, axis {axis} (expected {tuple(want)})"
+        )

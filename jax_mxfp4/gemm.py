@@ -1,0 +1,166 @@
+"""``dot_general`` with MXFP4 operands: maps every ``dimension_numbers`` onto the canonical GEMM.
+
+The only place that reshapes and transposes logical operands: batch dims first, then free dims,
+then the contracting dims, flattened to [B, M, K] / [B, N, K] (the "TN" form every backend takes).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from . import checks, dispatch
+from .array import MXFP4Array
+from .backends.base import GemmProblem
+from .mx_format import BLOCK_SIZE
+from .quantize import quantize
+from .recipe import Recipe
+
+
+@dataclasses.dataclass(frozen=True)
+class _OperandPlan:
+    perm: tuple[int, ...]  # batch dims, free dims, contracting dims
+    batch: int
+    free: int
+    k: int
+    free_shape: tuple[int, ...]
+
+
+def _plan_operand(shape, contracting, batch, name) -> _OperandPlan:
+    free = tuple(d for d in range(len(shape)) if d not in contracting and d not in batch)
+    k = math.prod(shape[d] for d in contracting)
+    if k % BLOCK_SIZE:
+        raise ValueError(
+            f"{name}: contracting dim(s) {tuple(contracting)} have total length {k}, which is not a "
+            f"multiple of the MXFP4 block size {BLOCK_SIZE} (OCP MX v1.0 §5.1); pad K with zeros "
+            f"(exact) or use jax_mxfp4.dense, which pads for you"
+        )
+    return _OperandPlan(
+        perm=tuple(batch) + free + tuple(contracting),
+        batch=math.prod(shape[d] for d in batch),
+        free=math.prod(shape[d] for d in free),
+        k=k,
+        free_shape=tuple(shape[d] for d in free),
+    )
+
+
+def _logical_aval(x, name):
+    if isinstance(x, MXFP4Array):
+        return jax.ShapeDtypeStruct(x.shape, jnp.float32)
+    checks.check_float_input(x, name)
+    return jax.ShapeDtypeStruct(jnp.shape(x), jnp.float32)
+
+
+def _to_canonical(x, plan: _OperandPlan, contracting, recipe: Recipe, name) -> MXFP4Array:
+    """Operand -> MXFP4Array [B, F, K] quantized along axis 2 with plain scales."""
+    shape3 = (plan.batch, plan.free, plan.k)
+    if isinstance(x, MXFP4Array):
+        if len(contracting) != 1 or contracting[0] != x.axis:
+            raise ValueError(
+                f"{name} is an MXFP4Array quantized along axis {x.axis}, but its contracting dims are "
+                f"{tuple(contracting)}: an MXFP4 operand must be quantized along its single "
+                f"contracting dim (the shared scales run along the contraction; OCP MX v1.0 §6.1)"
+            )
+        data = jnp.transpose(x.data, plan.perm).reshape(plan.batch, plan.free, plan.k // 2)
+        scales = jnp.transpose(x.plain_scales(), plan.perm)
+        scales = scales.reshape(plan.batch, plan.free, plan.k // BLOCK_SIZE)
+        return MXFP4Array(data, scales, 2, shape3, x.dtype, x.scale_mode, "plain")
+    x3 = jnp.transpose(x, plan.perm).reshape(shape3)
+    return quantize(x3, 2, scale_mode=recipe.scale_mode)
+
+
+def _problem(lhs_plan, rhs_plan, out_dtype, recipe, lhs, rhs) -> GemmProblem:
+    return GemmProblem(
+        batch=lhs_plan.batch,
+        m=lhs_plan.free,
+        n=rhs_plan.free,
+        k=lhs_plan.k,
+        out_dtype=out_dtype,
+        scale_layout=recipe.scale_layout,
+        platform=dispatch.current_platform(),
+        lhs_float=not isinstance(lhs, MXFP4Array),
+        rhs_float=not isinstance(rhs, MXFP4Array),
+    )
+
+
+def _plan(lhs, rhs, dimension_numbers, preferred_element_type, recipe):
+    if recipe is None:
+        recipe = Recipe()
+    elif not isinstance(recipe, Recipe):
+        raise TypeError(f"recipe must be a jax_mxfp4.Recipe or None, got {type(recipe).__name__}")
+    out_dtype = checks.check_output_dtype(preferred_element_type)
+    try:
+        (lc, rc), (lb, rb) = dimension_numbers
+        lc, rc, lb, rb = (tuple(int(d) for d in t) for t in (lc, rc, lb, rb))
+    except (TypeError, ValueError):
+        raise ValueError(
+            "dimension_numbers must be ((lhs_contracting, rhs_contracting), (lhs_batch, rhs_batch)) "
+            f"as in jax.lax.dot_general, got {dimension_numbers!r}"
+        ) from None
+    la, ra = _logical_aval(lhs, "lhs"), _logical_aval(rhs, "rhs")
+    # lax.dot_general's own shape rules validate ranks, dims and sizes (and give the output shape).
+    out_aval = jax.eval_shape(
+        functools.partial(lax.dot_general, dimension_numbers=((lc, rc), (lb, rb))), la, ra
+    )
+    if not lc:
+        raise ValueError("dimension_numbers has no contracting dims: an MXFP4 GEMM needs one (K)")
+    lc, rc = tuple(d % la.ndim for d in lc), tuple(d % ra.ndim for d in rc)
+    lb, rb = tuple(d % la.ndim for d in lb), tuple(d % ra.ndim for d in rb)
+    lplan = _plan_operand(la.shape, lc, lb, "lhs")
+    rplan = _plan_operand(ra.shape, rc, rb, "rhs")
+    problem = _problem(lplan, rplan, out_dtype, recipe, lhs, rhs)
+    return recipe, (lc, rc, lplan, rplan), problem, out_aval.shape
+
+
+def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None, *, recipe=None):
+    """MXFP4 ``jax.lax.dot_general``: same signature, operands quantized to MXFP4 along K.
+
+    Args:
+      lhs, rhs: each an :class:`MXFP4Array` quantized along its single contracting dim, or a
+        float32/bfloat16/float16 array, quantized on the fly along its contracting dim(s) with
+        ``recipe.scale_mode`` (several contracting dims are flattened, row-major, into one K).
+      dimension_numbers: ``((lhs_contracting, rhs_contracting), (lhs_batch, rhs_batch))`` as in
+        ``jax.lax.dot_general``; any NN/NT/TN/TT arrangement and batch dims.
+      precision: accepted for signature compatibility; ignored (every backend accumulates each
+        block exactly and blocks in float32).
+      preferred_element_type: output dtype, float32 (default), bfloat16 or float16.
+      recipe: :class:`jax_mxfp4.Recipe` (scale rule, scale layout, backend); default ``Recipe()``.
+
+    Returns:
+      Array of ``lax.dot_general``'s output shape (batch dims, lhs free dims, rhs free dims).
+
+    Raises:
+      ValueError: malformed ``dimension_numbers``; total contracting length not a multiple of 32;
+        an MXFP4Array not quantized along its single contracting dim; unsupported output dtype.
+      TypeError: an operand that is neither an MXFP4Array nor a float array; shape mismatches
+        (from ``lax.dot_general``'s shape rule).
+      BackendUnavailableError: the backend named by the recipe or ``JAX_MXFP4_BACKEND`` cannot
+        run this GEMM.
+    """
+    del precision
+    recipe, (lc, rc, lplan, rplan), problem, out_shape = _plan(
+        lhs, rhs, dimension_numbers, preferred_element_type, recipe
+    )
+    decision = dispatch.decide(problem, recipe.backend)
+    a = _to_canonical(lhs, lplan, lc, recipe, "lhs")
+    b = _to_canonical(rhs, rplan, rc, recipe, "rhs")
+    out = dispatch.get_backend(decision.backend).gemm(a, b, problem)
+    return out.reshape(out_shape)
+
+
+def explain(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None, *, recipe=None):
+    """Which backend :func:`dot_general` would use for these operands, and why not the others.
+
+    Takes the same arguments as :func:`dot_general` (arrays, MXFP4Arrays or
+    ``jax.ShapeDtypeStruct``s); computes nothing. Returns a :class:`jax_mxfp4.dispatch.Decision`
+    whose ``str()`` is a readable report; ``.backend`` is the chosen name, ``.reasons`` maps every
+    registered backend to why it was not chosen. Raises what :func:`dot_general` would raise.
+    """
+    del precision
+    recipe, _, problem, _ = _plan(lhs, rhs, dimension_numbers, preferred_element_type, recipe)
+    return dispatch.decide(problem, recipe.backend)

@@ -1,0 +1,245 @@
+"""The MXFP4 element and scale formats: the one place that owns every bit-level rule.
+
+Every backend (the XLA reference, Pallas kernels, the FFI handlers' Python side) encodes and
+decodes through these functions, so the scale rule, the element rounding and the nibble packing
+each live in exactly one place.
+
+Sources:
+- OCP Microscaling Formats (MX) v1.0: E2M1 elements (§5.3.3), E8M0 shared scale (§5.4.1),
+  block size k = 32 (§5.1), conversion (§6.3).
+- Scale rules in use: OCP §6.3 ("floor"), torchao ``ScaleCalculationMode`` (FLOOR/CEIL/EVEN/RCEIL),
+  Quark ``even_round`` / AITER Triton ``dynamic_mxfp4_quant`` ("even"), NVIDIA cuBLAS/TE and
+  PTX ``cvt.rp.ue8m0`` ("rceil").
+- Nibble order: element 2i in bits 0-3, element 2i+1 in bits 4-7 (torchao ``pack_uint4``,
+  AITER, hipBLASLt ``packData``, Triton ``tl.dot_scaled``).
+
+All functions here are pure ``jax.numpy`` on whole arrays, usable eagerly, under ``jit`` and inside
+Pallas kernel bodies.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+BLOCK_SIZE = 32
+"""Elements per shared scale along the quantized axis (OCP MX v1.0 §5.1: k = 32 for MXFP4)."""
+
+E2M1_MAX = 6.0
+"""Largest E2M1 magnitude (OCP MX v1.0 §5.3.3: 1.5 x 2^2)."""
+
+E2M1_EMAX = 2
+"""Exponent of the largest normal E2M1 value (floor(log2 6)); OCP §6.3 subtracts it from amax's."""
+
+E8M0_BIAS = 127
+E8M0_NAN = 0xFF
+E8M0_MAX_BYTE = 0xFE
+
+FLOAT32_MIN_NORMAL = float(np.finfo(np.float32).tiny)  # 2^-126
+
+SCALE_MODES = ("floor", "ceil", "even", "rceil")
+ROUNDING_MODES = ("nearest", "stochastic")
+
+# E2M1 magnitude for codes 0..7; bit 3 is the sign (OCP MX v1.0 §5.3.3).
+E2M1_MAGNITUDES = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], np.float32)
+E2M1_VALUES = np.concatenate([E2M1_MAGNITUDES, -E2M1_MAGNITUDES]).astype(np.float32)
+
+# Round-to-nearest-even decision points on the E2M1 magnitude grid. A magnitude moves past the
+# midpoint when it is greater than it, or equal to it and the upper neighbour has an even code
+# (mantissa bit 0): 0.75 -> 1.0, 1.75 -> 2.0, 3.5 -> 4.0 round up; 0.25, 1.25, 2.5, 5.0 round down.
+_RNE_STRICT = (0.25, 1.25, 2.5, 5.0)  # ties go down
+_RNE_INCLUSIVE = (0.75, 1.75, 3.5)  # ties go up
+
+
+def _f32_bits(x: jax.Array) -> jax.Array:
+    return lax.bitcast_convert_type(x.astype(jnp.float32), jnp.uint32)
+
+
+def _bits_f32(bits: jax.Array) -> jax.Array:
+    return lax.bitcast_convert_type(bits.astype(jnp.uint32), jnp.float32)
+
+
+def flush_subnormal_inputs(x: jax.Array) -> jax.Array:
+    """Float32 view of ``x`` with float32 subnormals replaced by a zero of the same sign.
+
+    XLA on CPU flushes float32 subnormals; GPUs do not. Testing the exponent bits (never a float
+    comparison, which FTZ could change) makes every backend treat |x| < 2^-126 as zero.
+    """
+    bits = _f32_bits(x)
+    is_subnormal = (bits & np.uint32(0x7F800000)) == 0
+    return _bits_f32(jnp.where(is_subnormal, bits & np.uint32(0x80000000), bits))
+
+
+# ----------------------------------------------------------------------------------- E8M0 scale
+
+
+def e8m0_from_amax(amax: jax.Array, scale_mode: str) -> jax.Array:
+    """Biased E8M0 byte (uint8) of the shared scale for finite block maxima ``amax`` (float32, >= 0).
+
+    The byte is built with integer bit operations on the float32 encoding of ``amax``; a dtype
+    cast to E8M0 rounds to the nearest power of two, which is none of these rules. With ``e`` the
+    unbiased float32 exponent of amax and ``m`` its mantissa field, the unbiased scale exponent s is
+
+    - ``"floor"`` (OCP MX v1.0 §6.3): ``s = e - 2``;
+    - ``"ceil"``: ``s = e + [m != 0] - 2`` (= ceil(log2 amax) - 2);
+    - ``"even"`` (Quark ``even_round``, AITER Triton, TE-ROCm): round amax to one mantissa bit
+      half-up (``bits + 2^21``, drop the mantissa), then ``s = e' - 2``;
+    - ``"rceil"`` (NVIDIA cuBLAS/TE, PTX ``cvt.rp``, torchao RCEIL): ``d = amax / 6`` correctly
+      rounded in float32 (subnormal d included), ``s = ceil(log2 d)``.
+
+    and the byte is ``clamp(s, -127, 127) + 127``. amax = 0 gives 0x00 in every mode. Callers
+    handle NaN/Inf blocks (byte 0xFF) separately.
+    """
+    if scale_mode not in SCALE_MODES:
+        raise ValueError(f"scale_mode must be one of {SCALE_MODES}, got {scale_mode!r}")
+    amax = amax.astype(jnp.float32)
+    bits = _f32_bits(amax)
+    exp_field = ((bits >> 23) & 0xFF).astype(jnp.int32)  # biased
+    mant = bits & 0x7FFFFF
+    if scale_mode == "floor":
+        s = exp_field - 127 - E2M1_EMAX
+    elif scale_mode == "ceil":
+        s = exp_field + (mant != 0).astype(jnp.int32) - 127 - E2M1_EMAX
+    elif scale_mode == "even":
+        rounded = (bits + np.uint32(1 << 21)) & np.uint32(0xFF800000)
+        s = ((rounded >> 23) & 0xFF).astype(jnp.int32) - 127 - E2M1_EMAX
+    else:  # rceil
+        return _rceil_byte(amax, bits, exp_field, mant)
+    return (jnp.clip(s, -E8M0_BIAS, E8M0_BIAS) + E8M0_BIAS).astype(jnp.uint8)
+
+
+def _rceil_byte(amax, bits, exp_field, mant):
+    # Normal d = amax / 6 (amax >= 6 * 2^-126): the float32 division is exact-rounded and normal on
+    # every backend, and the byte is d's biased exponent plus one when d is not a power of two.
+    d = amax / jnp.float32(E2M1_MAX)
+    d_bits = _f32_bits(d)
+    d_exp = ((d_bits >> 23) & 0xFF).astype(jnp.int32)
+    byte_normal = d_exp + ((d_bits & 0x7FFFFF) != 0).astype(jnp.int32)
+    # Subnormal d: FTZ would flush it, so round amax / 6 onto the 2^-149 grid in integers.
+    # For amax < 6 * 2^-126 the exponent field is 1..3, so N = amax * 2^149 < 2^26 fits int32.
+    n = (mant | 0x800000).astype(jnp.int32) << jnp.clip(exp_field - 1, 0, 2)
+    n = jnp.where(exp_field == 0, 0, n)  # subnormal amax: callers flushed it to zero already
+    q, r = n // 6, n % 6
+    q = q + ((r > 3) | ((r == 3) & ((q & 1) == 1))).astype(jnp.int32)  # round half to even
+    # d = q * 2^-149 <= 2^(b - 127)  <=>  q <= 2^(b + 22): b = max(0, ceil(log2 q) - 22).
+    ceil_log2_q = 32 - lax.clz(jnp.maximum(q - 1, 0))
+    byte_sub = jnp.where(q <= 1, 0, jnp.maximum(ceil_log2_q - 22, 0))
+    small = amax < jnp.float32(E2M1_MAX * FLOAT32_MIN_NORMAL)
+    byte = jnp.where(small, byte_sub, byte_normal)
+    return jnp.clip(byte, 0, E8M0_MAX_BYTE).astype(jnp.uint8)
+
+
+def decode_e8m0(byte: jax.Array) -> jax.Array:
+    """float32 value of E8M0 scale bytes (uint8 or ``float8_e8m0fnu``), OCP MX v1.0 §5.4.1.
+
+    0x00 -> 2^-127 (the float32 subnormal 0x00400000, not 0), 0x01..0xFE -> 2^(b-127) up to 2^127,
+    0xFF -> NaN. Built from bits, so it holds eagerly and under ``jit`` with constant folding.
+    Arithmetic on the 2^-127 result may still be flushed to zero by XLA on CPU.
+    """
+    b = as_scale_bytes(byte).astype(jnp.uint32)
+    bits = jnp.where(b == 0, jnp.uint32(0x00400000), b << 23)
+    bits = jnp.where(b == E8M0_NAN, jnp.uint32(0x7FC00000), bits)
+    return _bits_f32(bits)
+
+
+def as_scale_bytes(scales: jax.Array) -> jax.Array:
+    """uint8 view of E8M0 scales given as ``float8_e8m0fnu`` or uint8 (bit-preserving)."""
+    if scales.dtype == jnp.uint8:
+        return scales
+    if scales.dtype != jnp.float8_e8m0fnu:
+        raise TypeError(f"scales must be float8_e8m0fnu or uint8, got {scales.dtype}")
+    return lax.bitcast_convert_type(scales, jnp.uint8)
+
+
+def as_e8m0(scale_bytes: jax.Array) -> jax.Array:
+    """``float8_e8m0fnu`` view of uint8 scale bytes (bit-preserving, no rounding)."""
+    return lax.bitcast_convert_type(scale_bytes.astype(jnp.uint8), jnp.float8_e8m0fnu)
+
+
+def pow2_from_exponent(s: jax.Array) -> jax.Array:
+    """2^s as float32 for integer s in [-126, 127], from bits (exact, normal)."""
+    return _bits_f32(((s.astype(jnp.int32) + 127) << 23).astype(jnp.uint32))
+
+
+# ----------------------------------------------------------------------------------- E2M1 codes
+
+
+def e2m1_code_nearest(y: jax.Array) -> jax.Array:
+    """4-bit E2M1 codes (uint8, 0..15) of float32 ``y``: round-half-to-even, saturating to ±6.
+
+    ``y`` must be finite (blocks holding NaN/Inf are handled by the caller). The sign bit comes
+    from ``y``'s bits, so -0.0 and values that round to zero keep their sign (code 0x8).
+    """
+    a = jnp.abs(y)
+    mag = jnp.zeros(y.shape, jnp.uint8)
+    for t in _RNE_STRICT:
+        mag = mag + (a > t).astype(jnp.uint8)
+    for t in _RNE_INCLUSIVE:
+        mag = mag + (a >= t).astype(jnp.uint8)
+    return mag | _sign_nibble(y)
+
+
+def e2m1_code_stochastic(y: jax.Array, uniform: jax.Array) -> jax.Array:
+    """4-bit E2M1 codes of float32 ``y`` rounded stochastically with ``uniform`` in [0, 1).
+
+    Method: |y| lies between two neighbouring E2M1 magnitudes lo <= |y| < hi (spacing 0.5 below
+    2, 1 in [2, 4), 2 in [4, 6]); it rounds up with probability (|y| - lo) / (hi - lo), so
+    E[result] = y exactly for |y| <= 6 (unbiased). |y| > 6 saturates to 6 (biased; scale rules
+    "even", "ceil" and "rceil" keep |y| <= 7, "floor" up to < 8). The spacing is a power of two, so
+    lo and the fraction are exact in float32.
+    """
+    a = jnp.abs(y)
+    step = jnp.where(a < 2.0, 0.5, jnp.where(a < 4.0, 1.0, 2.0)).astype(jnp.float32)
+    lo = jnp.floor(a / step) * step
+    frac = (a - lo) / step
+    rounded = jnp.minimum(jnp.where(uniform < frac, lo + step, lo), E2M1_MAX)
+    # `rounded` is on the grid, so nearest-rounding it is the identity on magnitudes.
+    return e2m1_code_nearest(jnp.where(jnp.signbit(y), -rounded, rounded))
+
+
+def _sign_nibble(y: jax.Array) -> jax.Array:
+    return ((_f32_bits(y) >> 28) & 0x8).astype(jnp.uint8)
+
+
+def decode_e2m1(codes: jax.Array) -> jax.Array:
+    """float32 values of 4-bit E2M1 codes (uint8 0..15); a 16-entry table (OCP MX v1.0 §5.3.3)."""
+    return jnp.asarray(E2M1_VALUES)[codes.astype(jnp.int32) & 0xF]
+
+
+# ----------------------------------------------------------------------------------- packing
+
+
+def pack_nibbles(codes: jax.Array) -> jax.Array:
+    """Pack 4-bit codes along the last axis: byte i = code[2i] | code[2i+1] << 4 (uint8).
+
+    The last axis must be even; the result's last axis is half as long.
+    """
+    c = codes.astype(jnp.uint8).reshape(*codes.shape[:-1], codes.shape[-1] // 2, 2)
+    return c[..., 0] | (c[..., 1] << 4)
+
+
+def unpack_nibbles(data: jax.Array) -> jax.Array:
+    """Inverse of :func:`pack_nibbles`: uint8 [..., n] -> 4-bit codes uint8 [..., 2n]."""
+    lo = data & 0xF
+    hi = data >> 4
+    return jnp.stack([lo, hi], axis=-1).reshape(*data.shape[:-1], data.shape[-1] * 2)
+
+
+def dequantize_blocks(codes: jax.Array, scale_bytes: jax.Array) -> jax.Array:
+    """float32 values of E2M1 codes [..., nblocks, 32] times their E8M0 scales [..., nblocks].
+
+    Decoded value = E2M1(code) x 2^(byte - 127) (OCP MX v1.0 §5.2); byte 0xFF makes the whole
+    block NaN. Results below 2^-126 in magnitude (possible only for bytes 0x00 and 0x01) are
+    flushed to a signed zero explicitly, so CPU (which flushes float32 subnormals) and GPUs (which
+    do not) give the same bits. Every product that is kept is a normal float32 and exact.
+    """
+    vals = decode_e2m1(codes)
+    b = scale_bytes.astype(jnp.int32)[..., None]
+    # For byte 0 the scale 2^-127 is subnormal; use (v / 2) x 2^-126 instead (exact).
+    factor = pow2_from_exponent(jnp.maximum(b, 1) - 127)
+    v = jnp.where(b == 0, vals * 0.5, vals) * factor
+    tiny = jnp.abs(vals) < pow2_from_exponent(jnp.clip(1 - b, -126, 2))  # |v| < 2^-126
+    v = jnp.where(tiny, jnp.where(jnp.signbit(vals), -0.0, 0.0), v)
+    return jnp.where(b == E8M0_NAN, jnp.nan, v).astype(jnp.float32)

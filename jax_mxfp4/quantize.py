@@ -1,0 +1,128 @@
+"""Jitted MXFP4 quantization and dequantization (OCP MX v1.0)."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+
+from . import checks
+from .array import MXFP4Array
+from .mx_format import (
+    BLOCK_SIZE,
+    E8M0_BIAS,
+    E8M0_NAN,
+    as_e8m0,
+    as_scale_bytes,
+    dequantize_blocks,
+    e2m1_code_nearest,
+    e2m1_code_stochastic,
+    e8m0_from_amax,
+    flush_subnormal_inputs,
+    pack_nibbles,
+    pow2_from_exponent,
+    unpack_nibbles,
+)
+
+
+def quantize(
+    x: jax.Array,
+    axis: int = -1,
+    *,
+    scale_mode: str = "even",
+    rounding: str = "nearest",
+    key: jax.Array | None = None,
+    scale_layout: str = "plain",
+) -> MXFP4Array:
+    """Quantize ``x`` to MXFP4 along ``axis``: blocks of 32, one E8M0 shared scale each.
+
+    Args:
+      x: float32, bfloat16 or float16 array of any rank; ``x.shape[axis]`` a multiple of 32.
+      axis: the quantized (block) axis, usually the contracting dim of the GEMM that consumes it.
+      scale_mode: rule for the shared scale from the block's amax (max |x| in float32, never
+        rounded through bf16): "floor" (OCP MX v1.0 §6.3), "ceil", "even" (default; Quark /
+        AITER-Triton / TE-ROCm) or "rceil" (NVIDIA / TE / torchao RCEIL). Formulas in
+        :func:`jax_mxfp4.mx_format.e8m0_from_amax`.
+      rounding: element rounding of x / scale to E2M1: "nearest" (round half to even, saturating
+        to ±6; OCP §6.3) or "stochastic" (unbiased, driven by ``key``; method in
+        :func:`jax_mxfp4.mx_format.e2m1_code_stochastic`).
+      key: a ``jax.random`` key, required for ``rounding="stochastic"``, ignored otherwise.
+      scale_layout: "plain" or "swizzled" (hipBLASLt 32x8, see :mod:`jax_mxfp4.layout`).
+
+    Returns:
+      An :class:`MXFP4Array` with ``shape=x.shape``, ``dtype=x.dtype`` and non-negative ``axis``.
+
+    Special values (policy of torchao ``to_mx``):
+      - an all-zero block has scale byte 0x00 and zero elements;
+      - a block holding any NaN or ±Inf gets scale byte 0xFF and dequantizes to all-NaN; other
+        blocks are untouched;
+      - float32 subnormal inputs (|x| < 2^-126) are treated as zeros of the same sign on every
+        backend (XLA on CPU would flush them anyway; the rule is applied explicitly).
+
+    Raises:
+      TypeError: ``x`` is not float32/bfloat16/float16, or ``axis`` is not an int.
+      ValueError: ``axis`` out of range; ``x.shape[axis]`` not a multiple of 32; an unknown
+        ``scale_mode``, ``rounding`` or ``scale_layout``; "stochastic" without ``key``.
+    """
+    checks.check_float_input(x, "x")
+    axis = checks.normalize_axis(axis, jnp.ndim(x), "axis")
+    checks.check_block_multiple(x.shape[axis], axis, "x")
+    checks.check_scale_mode(scale_mode)
+    checks.check_rounding(rounding, key)
+    checks.check_scale_layout(scale_layout)
+    if rounding == "nearest":
+        key = None
+    data, scales = _quantize_impl(x, key, axis=axis, scale_mode=scale_mode, rounding=rounding)
+    q = MXFP4Array(data, scales, axis, x.shape, x.dtype, scale_mode, "plain")
+    return q.with_scale_layout(scale_layout)
+
+
+@functools.partial(jax.jit, static_argnames=("axis", "scale_mode", "rounding"))
+def _quantize_impl(x, key, *, axis, scale_mode, rounding):
+    xm = jnp.moveaxis(flush_subnormal_inputs(x), axis, -1)
+    blocks = xm.reshape(*xm.shape[:-1], xm.shape[-1] // BLOCK_SIZE, BLOCK_SIZE)
+    finite = jnp.isfinite(blocks)
+    bad_block = ~jnp.all(finite, axis=-1)
+    amax = jnp.max(jnp.where(finite, jnp.abs(blocks), 0.0), axis=-1)
+    byte = jnp.where(bad_block, jnp.uint8(E8M0_NAN), e8m0_from_amax(amax, scale_mode))
+    # x / 2^s as x * 2^-s with 2^-s built from bits: s is in [-127, 126] for finite blocks.
+    s = jnp.clip(byte.astype(jnp.int32) - E8M0_BIAS, -E8M0_BIAS, 126)
+    y = jnp.where(finite, blocks * pow2_from_exponent(-s)[..., None], 0.0)
+    if rounding == "stochastic":
+        codes = e2m1_code_stochastic(y, jax.random.uniform(key, y.shape, jnp.float32))
+    else:
+        codes = e2m1_code_nearest(y)
+    codes = jnp.where(bad_block[..., None], jnp.uint8(0), codes)
+    data = pack_nibbles(codes.reshape(xm.shape))
+    return jnp.moveaxis(data, -1, axis), as_e8m0(jnp.moveaxis(byte, -1, axis))
+
+
+def dequantize(q: MXFP4Array, dtype=jnp.float32) -> jax.Array:
+    """Decode an :class:`MXFP4Array` to a dense array of its logical shape.
+
+    Each element is E2M1(code) x 2^(scale byte - 127) (OCP MX v1.0 §5.2), computed exactly in
+    float32 and then cast to ``dtype``. Scale byte 0xFF gives NaN for the whole block. Values
+    below 2^-126 in magnitude (only possible with scale bytes 0x00/0x01) become signed zeros on
+    every backend. Casting to float16 overflows to ±Inf above 65504.
+
+    Args:
+      q: the quantized array (either scale layout).
+      dtype: float32 (default), bfloat16 or float16.
+    Returns:
+      Array of shape ``q.shape`` and dtype ``dtype``.
+    Raises:
+      TypeError: ``q`` is not an MXFP4Array. ValueError: ``dtype`` is not a supported float.
+    """
+    if not isinstance(q, MXFP4Array):
+        raise TypeError(f"q must be an MXFP4Array, got {type(q).__name__}")
+    dtype = checks.check_output_dtype(dtype, "dtype")
+    return _dequantize_impl(q.data, as_scale_bytes(q.plain_scales()), axis=q.axis).astype(dtype)
+
+
+@functools.partial(jax.jit, static_argnames=("axis",))
+def _dequantize_impl(data, scale_bytes, *, axis):
+    codes = unpack_nibbles(jnp.moveaxis(data, axis, -1))
+    blocks = codes.reshape(*codes.shape[:-1], codes.shape[-1] // BLOCK_SIZE, BLOCK_SIZE)
+    values = dequantize_blocks(blocks, jnp.moveaxis(scale_bytes, axis, -1))
+    return jnp.moveaxis(values.reshape(codes.shape), -1, axis)
