@@ -56,8 +56,23 @@ def _logical_aval(x, name):
     return jax.ShapeDtypeStruct(jnp.shape(x), jnp.float32)
 
 
-def _to_canonical(x, plan: _OperandPlan, contracting, recipe: Recipe, name) -> MXFP4Array:
-    """Operand -> MXFP4Array [B, F, K] quantized along axis 2 with plain scales."""
+def _operand_kinds(lhs, rhs, recipe: Recipe) -> tuple[str, str]:
+    """"mxfp4" (pre-quantized), "quantized" (float, quantized here) or "float" (kept: w4a16)."""
+    lq, rq = isinstance(lhs, MXFP4Array), isinstance(rhs, MXFP4Array)
+    lk, rk = ("mxfp4" if lq else "quantized"), ("mxfp4" if rq else "quantized")
+    if not recipe.quantize_activations:
+        if rq and not lq:
+            lk = "float"
+        elif lq and not rq:
+            rk = "float"
+        elif not lq and not rq:
+            lk = "float"  # lhs is the activation, rhs the weight
+    return lk, rk
+
+
+def _to_canonical(x, plan: _OperandPlan, contracting, recipe: Recipe, kind: str, name):
+    """Operand -> MXFP4Array [B, F, K] quantized along axis 2 with plain scales, or, for
+    ``kind == "float"``, the float array transposed and reshaped to [B, F, K]."""
     shape3 = (plan.batch, plan.free, plan.k)
     if isinstance(x, MXFP4Array):
         if len(contracting) != 1 or contracting[0] != x.axis:
@@ -71,10 +86,13 @@ def _to_canonical(x, plan: _OperandPlan, contracting, recipe: Recipe, name) -> M
         scales = scales.reshape(plan.batch, plan.free, plan.k // BLOCK_SIZE)
         return MXFP4Array(data, scales, 2, shape3, x.dtype, x.scale_mode, "plain")
     x3 = jnp.transpose(x, plan.perm).reshape(shape3)
+    if kind == "float":
+        return x3
     return quantize(x3, 2, scale_mode=recipe.scale_mode)
 
 
 def _problem(lhs_plan, rhs_plan, out_dtype, recipe, lhs, rhs) -> GemmProblem:
+    lk, rk = _operand_kinds(lhs, rhs, recipe)
     return GemmProblem(
         batch=lhs_plan.batch,
         m=lhs_plan.free,
@@ -83,8 +101,10 @@ def _problem(lhs_plan, rhs_plan, out_dtype, recipe, lhs, rhs) -> GemmProblem:
         out_dtype=out_dtype,
         scale_layout=recipe.scale_layout,
         platform=dispatch.current_platform(),
-        lhs_float=not isinstance(lhs, MXFP4Array),
-        rhs_float=not isinstance(rhs, MXFP4Array),
+        lhs_kind=lk,
+        rhs_kind=rk,
+        lhs_dtype=jnp.dtype(lhs.dtype),
+        rhs_dtype=jnp.dtype(rhs.dtype),
     )
 
 
@@ -124,6 +144,8 @@ def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_t
       lhs, rhs: each an :class:`MXFP4Array` quantized along its single contracting dim, or a
         float32/bfloat16/float16 array, quantized on the fly along its contracting dim(s) with
         ``recipe.scale_mode`` (several contracting dims are flattened, row-major, into one K).
+        With ``Recipe(quantize_activations=False)`` a float operand facing an MXFP4Array is not
+        quantized (w4a16); see :class:`jax_mxfp4.Recipe`.
       dimension_numbers: ``((lhs_contracting, rhs_contracting), (lhs_batch, rhs_batch))`` as in
         ``jax.lax.dot_general``; any NN/NT/TN/TT arrangement and batch dims.
       precision: accepted for signature compatibility; ignored (every backend accumulates each
@@ -147,8 +169,8 @@ def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_t
         lhs, rhs, dimension_numbers, preferred_element_type, recipe
     )
     decision = dispatch.decide(problem, recipe.backend)
-    a = _to_canonical(lhs, lplan, lc, recipe, "lhs")
-    b = _to_canonical(rhs, rplan, rc, recipe, "rhs")
+    a = _to_canonical(lhs, lplan, lc, recipe, problem.lhs_kind, "lhs")
+    b = _to_canonical(rhs, rplan, rc, recipe, problem.rhs_kind, "rhs")
     out = dispatch.get_backend(decision.backend).gemm(a, b, problem)
     return out.reshape(out_shape)
 

@@ -3,6 +3,8 @@
 Canonical form (one place maps every ``dimension_numbers`` onto it: :mod:`jax_mxfp4.gemm`):
   lhs: MXFP4Array [B, M, K], quantized along axis 2, plain scales [B, M, K/32]
   rhs: MXFP4Array [B, N, K], quantized along axis 2, plain scales [B, N, K/32]
+  (with ``Recipe(quantize_activations=False)`` one side may instead be a float array [B, M|N, K]
+  in its own dtype: the "w4a16" case; ``GemmProblem.lhs_kind``/``rhs_kind`` say which)
   out: [B, M, N] = lhs · rhsᵀ per batch (the "TN" GEMM of BLAS, hipBLASLt's only FP4 layout)
 """
 
@@ -25,8 +27,14 @@ class GemmProblem:
     out_dtype: np.dtype
     scale_layout: str  # the layout the recipe asks the backend to consume ("plain" | "swizzled")
     platform: str  # "cpu", "cuda", "rocm", ...
-    lhs_float: bool = False  # lhs was a float array quantized on the fly (not an MXFP4Array)
-    rhs_float: bool = False
+    lhs_kind: str = "mxfp4"  # "mxfp4" (pre-quantized), "quantized" (float, quantized on the fly),
+    rhs_kind: str = "mxfp4"  # or "float" (kept in its dtype: w4a16)
+    lhs_dtype: np.dtype = np.dtype(np.float32)  # logical dtype of the operand
+    rhs_dtype: np.dtype = np.dtype(np.float32)
+
+    @property
+    def has_float_operand(self) -> bool:
+        return "float" in (self.lhs_kind, self.rhs_kind)
 
 
 class Backend:

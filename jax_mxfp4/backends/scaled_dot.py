@@ -31,6 +31,11 @@ class ScaledDotBackend(Backend):
             return f"jax.lax.scaled_dot is missing from jax {jax.__version__}"
         return None
 
+    def rejects(self, problem):
+        if problem.has_float_operand:
+            return "takes two MXFP4 operands only (no w4a16)"
+        return None
+
     def gemm(self, lhs, rhs, problem):
         out = lax.scaled_dot(
             packed_to_float4(lhs.data),

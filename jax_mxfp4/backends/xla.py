@@ -5,10 +5,16 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jax import lax
 
+from ..array import MXFP4Array
 from ..quantize import dequantize
 from .base import Backend
 
 CANONICAL_DIMS = (((2,), (2,)), ((0,), (0,)))
+
+
+def _as_float32(x):
+    """Dequantized MXFP4Array, or a float operand (w4a16) widened exactly to float32."""
+    return dequantize(x, jnp.float32) if isinstance(x, MXFP4Array) else x.astype(jnp.float32)
 
 
 class XlaBackend(Backend):
@@ -21,8 +27,8 @@ class XlaBackend(Backend):
     auto_platforms = ("cpu", "cuda", "rocm", "tpu")
 
     def gemm(self, lhs, rhs, problem):
-        a = dequantize(lhs, jnp.float32)
-        b = dequantize(rhs, jnp.float32)
+        a = _as_float32(lhs)
+        b = _as_float32(rhs)
         out = lax.dot_general(
             a, b, CANONICAL_DIMS, precision=lax.Precision.HIGHEST, preferred_element_type=jnp.float32
         )
