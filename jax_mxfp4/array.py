@@ -30,8 +30,9 @@ class MXFP4Array:
       axis (non-negative), shape (logical), dtype (logical: the quantized input's dtype),
       scale_mode, scale_layout.
 
-    Under ``vmap`` the static ``shape`` and ``axis`` describe one example; a batched result whose
-    data carries extra leading dims is re-described on unflattening (leading batch dims).
+    Under ``vmap``/``scan`` (batch axis 0, plain layout) the static ``shape`` and ``axis`` follow
+    the children: leading dims added or removed by batching are re-described on unflattening.
+    Batching along the quantized axis itself, or a swizzled array, is not supported.
     """
 
     data: Any
@@ -51,9 +52,14 @@ class MXFP4Array:
     def tree_unflatten(cls, aux, children):
         axis, shape, dtype, scale_mode, scale_layout = aux
         data, scales = children
+        # vmap/scan batch the children along a leading axis while the static fields describe the
+        # unbatched array: re-describe leading dims added (out_axes=0) or removed (in_axes=0).
         extra = getattr(data, "ndim", len(shape)) - len(shape)
-        if extra > 0 and scale_layout == "plain":  # vmap out_axes=0 added leading batch dims
+        if extra > 0 and scale_layout == "plain":
             shape = tuple(data.shape[:extra]) + tuple(shape)
+            axis = axis + extra
+        elif extra < 0 and scale_layout == "plain" and axis + extra >= 0:
+            shape = tuple(shape[-extra:])
             axis = axis + extra
         obj = object.__new__(cls)
         for name, value in zip(

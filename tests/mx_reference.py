@@ -1,0 +1,106 @@
+"""Independent NumPy float64 + ml_dtypes reference for MXFP4 (test oracle).
+
+Written from the rules (OCP MX v1.0 and the documented scale variants), with float64 arithmetic
+and np.frexp instead of the package's float32 bit tricks, and ml_dtypes for the E2M1 rounding, so
+that agreement with ``jax_mxfp4`` is evidence rather than the same code run twice.
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+
+BLOCK = 32
+F32_TINY = float(np.finfo(np.float32).tiny)  # 2^-126
+
+
+def _floor_log2(a: np.ndarray) -> np.ndarray:
+    """floor(log2 a) for a > 0 (float64, exact via frexp)."""
+    _, e = np.frexp(a)
+    return (e - 1).astype(np.int64)
+
+
+def scale_exponent(amax: np.ndarray, mode: str) -> np.ndarray:
+    """Unbiased shared-scale exponent s (before clamping) for block maxima amax (float32 values)."""
+    amax = np.asarray(amax, np.float64)
+    pos = np.where(amax > 0, amax, 1.0)
+    fl = _floor_log2(pos)
+    is_pow2 = pos == np.ldexp(1.0, fl)
+    if mode == "floor":  # OCP MX v1.0 §6.3
+        s = fl - 2
+    elif mode == "ceil":  # ceil(log2 amax) - 2
+        s = fl + (~is_pow2) - 2
+    elif mode == "even":  # round amax to 1 mantissa bit, half up (significand >= 1.75 bumps)
+        sig = pos / np.ldexp(1.0, fl)
+        s = fl + (sig >= 1.75) - 2
+    elif mode == "rceil":  # d = amax / 6 correctly rounded in float32 (subnormals kept), ceil(log2 d)
+        with np.errstate(under="ignore"):
+            d = (np.asarray(amax, np.float32) / np.float32(6.0)).astype(np.float64)
+        dpos = np.where(d > 0, d, 1.0)
+        dfl = _floor_log2(dpos)
+        s = dfl + (dpos != np.ldexp(1.0, dfl))
+        s = np.where(d > 0, s, -127)
+    else:
+        raise ValueError(mode)
+    return np.where(amax > 0, s, -127)
+
+
+def quantize_ref(x: np.ndarray, axis: int, mode: str):
+    """(codes uint8 [.. logical ..], scale bytes uint8 [.. axis/32 ..]) for float input x."""
+    x = np.asarray(x).astype(np.float32)
+    x = np.where(np.abs(x) < F32_TINY, np.copysign(0.0, x), x).astype(np.float32)  # documented flush
+    xm = np.moveaxis(x, axis, -1).astype(np.float64)
+    blocks = xm.reshape(*xm.shape[:-1], xm.shape[-1] // BLOCK, BLOCK)
+    finite = np.isfinite(blocks)
+    bad = ~finite.all(-1)
+    amax = np.where(finite, np.abs(blocks), 0.0).max(-1)
+    s = np.clip(scale_exponent(amax, mode), -127, 127)
+    byte = np.where(bad, 255, s + 127).astype(np.uint8)
+    y = np.where(finite, blocks, 0.0) / np.ldexp(1.0, s)[..., None]
+    y = np.clip(y, -6.0, 6.0)
+    codes = y.astype(ml_dtypes.float4_e2m1fn).view(np.uint8) & 0xF
+    codes = np.where(bad[..., None], 0, codes).astype(np.uint8)
+    codes = np.moveaxis(codes.reshape(xm.shape), -1, axis)
+    return codes, np.moveaxis(byte, -1, axis)
+
+
+def pack_ref(codes: np.ndarray, axis: int) -> np.ndarray:
+    c = np.moveaxis(codes, axis, -1)
+    packed = (c[..., 0::2] | (c[..., 1::2] << 4)).astype(np.uint8)
+    return np.moveaxis(packed, -1, axis)
+
+
+def unpack_ref(data: np.ndarray, axis: int) -> np.ndarray:
+    d = np.moveaxis(np.asarray(data, np.uint8), axis, -1)
+    out = np.empty(d.shape[:-1] + (d.shape[-1] * 2,), np.uint8)
+    out[..., 0::2] = d & 0xF
+    out[..., 1::2] = d >> 4
+    return np.moveaxis(out, -1, axis)
+
+
+def e2m1_values(codes: np.ndarray) -> np.ndarray:
+    return np.asarray(codes, np.uint8).view(ml_dtypes.float4_e2m1fn).astype(np.float64)
+
+
+def dequantize_ref(codes: np.ndarray, scale_bytes: np.ndarray, axis: int) -> np.ndarray:
+    """float64 values; |v| < 2^-126 -> signed zero (documented rule); byte 0xFF -> NaN."""
+    c = np.moveaxis(codes, axis, -1)
+    b = np.moveaxis(np.asarray(scale_bytes, np.int64), axis, -1)
+    vals = e2m1_values(c).reshape(*c.shape[:-1], c.shape[-1] // BLOCK, BLOCK)
+    v = vals * np.ldexp(1.0, b - 127)[..., None]
+    v = np.where(np.abs(v) < F32_TINY, np.copysign(0.0, vals), v)
+    v = np.where((b == 255)[..., None], np.nan, v)
+    return np.moveaxis(v.reshape(c.shape), -1, axis)
+
+
+def swizzle_index_ref(rows: int, cols: int) -> tuple[int, int, np.ndarray]:
+    """Closed-form hipBLASLt 32x8 swizzle (hipblaslt-mxfp4.md §1.6): flat destination of S[r][c]."""
+    R = -(-rows // 32) * 32
+    C = -(-cols // 8) * 8
+    dest = np.empty((rows, cols), np.int64)
+    for r in range(rows):
+        for c in range(cols):
+            a, b, cc = r // 32, (r % 32) // 16, r % 16
+            d, e, f = c // 8, (c % 8) // 4, c % 4
+            dest[r, c] = a * 32 * C + d * 256 + f * 64 + cc * 4 + e * 2 + b
+    return R, C, dest

@@ -1,0 +1,83 @@
+"""Backend selection: available_backends, explain, JAX_MXFP4_BACKEND, explicit errors, fallback log."""
+
+from __future__ import annotations
+
+import logging
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jax_mxfp4 as mx
+from jax_mxfp4 import dispatch
+from jax_mxfp4.backends.base import Backend
+
+DIMS = (((1,), (0,)), ((), ()))
+
+
+def operands():
+    return jnp.ones((8, 64)), jnp.ones((64, 16))
+
+
+def test_available_backends_on_cpu():
+    names = mx.available_backends()
+    assert "xla" in names and "scaled_dot" in names
+    assert "hipblaslt" not in names  # no ROCm device here
+
+
+def test_auto_picks_xla_on_cpu_and_explains_the_rest():
+    d = mx.explain(*operands(), DIMS)
+    assert d.backend == "xla" and d.requested == "auto"
+    assert d.problem.m == 8 and d.problem.n == 16 and d.problem.k == 64 and d.problem.batch == 1
+    assert set(d.reasons) == set(dispatch._REGISTRY)
+    assert all(why for name, why in d.reasons.items() if name != "xla")
+    text = str(d)
+    assert "8x16x64" in text and "'xla'" in text
+    # explain accepts abstract shapes too
+    s = jax.ShapeDtypeStruct((8, 64), jnp.bfloat16)
+    assert mx.explain(s, jax.ShapeDtypeStruct((64, 16), jnp.float32), DIMS).backend == "xla"
+
+
+def test_env_var_overrides_auto(monkeypatch):
+    monkeypatch.setenv(dispatch.ENV_VAR, "scaled_dot")
+    assert mx.explain(*operands(), DIMS).backend == "scaled_dot"
+    out = mx.dot_general(*operands(), DIMS)
+    np.testing.assert_array_equal(np.asarray(out), 64.0)
+    # an explicit recipe backend beats the environment
+    assert mx.explain(*operands(), DIMS, recipe=mx.Recipe(backend="xla")).backend == "xla"
+
+
+def test_env_var_naming_unknown_backend_raises(monkeypatch):
+    monkeypatch.setenv(dispatch.ENV_VAR, "cublas")
+    with pytest.raises(mx.BackendUnavailableError, match=r"\$JAX_MXFP4_BACKEND='cublas' is not a known backend"):
+        mx.dot_general(*operands(), DIMS)
+
+
+def test_explicit_unavailable_backend_raises_never_falls_back():
+    with pytest.raises(mx.BackendUnavailableError, match="Recipe.backend='hipblaslt' cannot run this GEMM|not a known backend"):
+        mx.dot_general(*operands(), DIMS, recipe=mx.Recipe(backend="hipblaslt"))
+    x = jnp.ones((8, 64), jnp.bfloat16)
+    wq = mx.quantize(jnp.ones((64, 16)), axis=0)
+    with pytest.raises(mx.BackendUnavailableError, match="scaled_dot.*no w4a16"):
+        mx.dot_general(x, wq, DIMS, recipe=mx.Recipe(backend="scaled_dot", quantize_activations=False))
+
+
+class _Rejecting(Backend):
+    name = "pallas"
+    auto_platforms = ("cpu",)
+
+    def rejects(self, problem):
+        return "test double: shape not supported"
+
+
+def test_auto_fallback_is_logged_once(monkeypatch, caplog):
+    monkeypatch.setitem(dispatch._REGISTRY, "pallas", _Rejecting())
+    monkeypatch.setattr(dispatch, "_LOGGED", set())
+    with caplog.at_level(logging.WARNING, logger="jax_mxfp4"):
+        for _ in range(3):
+            d = mx.explain(*operands(), DIMS)
+    assert d.backend == "xla"
+    assert d.reasons["pallas"] == "test double: shape not supported"
+    records = [r for r in caplog.records if "fell back" in r.getMessage()]
+    assert len(records) == 1 and "pallas: test double" in records[0].getMessage()
