@@ -127,9 +127,11 @@ def decide(problem: GemmProblem, recipe_backend: str) -> Decision:
 def _register_builtin() -> None:
     from .backends.scaled_dot import ScaledDotBackend
     from .backends.xla import XlaBackend
+    from .backends.pallas import PallasBackend
 
     register_backend(XlaBackend())
     register_backend(ScaledDotBackend())
+    register_backend(PallasBackend())
 
 
 _register_builtin()

@@ -243,3 +243,38 @@ def dequantize_blocks(codes: jax.Array, scale_bytes: jax.Array) -> jax.Array:
     tiny = jnp.abs(vals) < pow2_from_exponent(jnp.clip(1 - b, -126, 2))  # |v| < 2^-126
     v = jnp.where(tiny, jnp.where(jnp.signbit(vals), -0.0, 0.0), v)
     return jnp.where(b == E8M0_NAN, jnp.nan, v).astype(jnp.float32)
+
+
+# ------------------------------------------------------------- kernel-friendly (Pallas/Triton)
+# Variants of the decode rules above for Pallas kernel bodies, where a table gather does not
+# lower to Triton. They are tested bit for bit against decode_e2m1 / dequantize_blocks
+# (tests/test_pallas_gemm.py).
+
+
+def e2m1_times_2pow_minus14(codes: jax.Array) -> jax.Array:
+    """E2M1 value x 2^-14 of 4-bit codes (uint8 0..15), as float16, exactly and without a table.
+
+    The magnitude bits (e1 e0 m) placed at float16 bits 11..9 give exponent field e and leading
+    mantissa bit m: 2^(e-15)(1 + m/2) for e >= 1 and the subnormal m x 2^-15 for e = 0, which is
+    E2M1(code) x 2^-14 in both cases (OCP MX v1.0 §5.3.3); the sign bit 3 moves to bit 15.
+    """
+    c = codes.astype(jnp.uint16)
+    bits = ((c & 7) << 9) | ((c & 8) << 12)
+    return lax.bitcast_convert_type(bits, jnp.float16)
+
+
+def scale_factors_for_f16_codes(scale_bytes: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Two float32 factors (f1, f2) per E8M0 byte with E2M1 x 2^-14 x f1 x f2 = E2M1 x 2^(b-127).
+
+    Both factors are normal float32 powers of two (f1 = 2^14, f2 = 2^(b-127); for byte 0,
+    f1 = 2^13 and f2 = 2^-126), so with :func:`e2m1_times_2pow_minus14` each product is exact
+    whenever the result is a normal float32. Byte 0xFF gives f2 = NaN (the whole block NaN).
+    Results under 2^-126 (bytes 0x00/0x01 only) are left to the hardware: a GPU keeps the
+    float32 subnormal where :func:`dequantize_blocks` flushes to a signed zero (a difference
+    below 2^-126 per element).
+    """
+    b = as_scale_bytes(scale_bytes).astype(jnp.int32)
+    f1 = jnp.where(b == 0, jnp.float32(2.0**13), jnp.float32(2.0**14))
+    f2 = pow2_from_exponent(jnp.maximum(b, 1) - E8M0_BIAS)
+    f2 = jnp.where(b == E8M0_NAN, jnp.float32(jnp.nan), f2)
+    return f1, f2
