@@ -73,7 +73,12 @@ def quantize(
     checks.check_scale_layout(scale_layout)
     if rounding == "nearest":
         key = None
-    data, scales = _quantize_impl(x, key, axis=axis, scale_mode=scale_mode, rounding=rounding)
+    # GPU fast path: one fused Pallas pass, bit-identical to _quantize_impl (kernels/quantize.py).
+    from .dispatch import current_platform
+    from .kernels import quantize as fused
+
+    impl = fused.quantize_impl if fused.fast_path_enabled(current_platform()) else _quantize_impl
+    data, scales = impl(x, key, axis=axis, scale_mode=scale_mode, rounding=rounding)
     q = MXFP4Array(data, scales, axis, x.shape, x.dtype, scale_mode, "plain")
     return q.with_scale_layout(scale_layout)
 
