@@ -1,14 +1,17 @@
 """jax-mxfp4: MXFP4 (OCP Microscaling FP4) matrix multiplication for JAX and Flax.
 
-Public API: :func:`quantize`, :func:`dequantize`, :class:`MXFP4Array`, :func:`dot_general`,
-:class:`Recipe`, :func:`available_backends`, :func:`explain`.
+Public API: :func:`quantize`, :func:`dequantize`, :class:`MXFP4Array`, :func:`dot_general`
+(differentiable: MXFP4 fprop, dgrad and wgrad; :mod:`jax_mxfp4.training`), :func:`dense`,
+:class:`Recipe`, :func:`available_backends`, :func:`explain`; Flax layers in
+:mod:`jax_mxfp4.flax` (``import jax_mxfp4.flax``).
 """
 
 from .array import MXFP4Array
 from .dispatch import BackendUnavailableError, available_backends
-from .gemm import dot_general, explain
+from .gemm import explain
 from .quantize import dequantize, quantize
 from .recipe import Recipe
+from .training import dense, dot_general
 
 __version__ = "0.1.0"
 
@@ -17,6 +20,7 @@ __all__ = [
     "BackendUnavailableError",
     "Recipe",
     "available_backends",
+    "dense",
     "dequantize",
     "dot_general",
     "explain",

@@ -1,0 +1,382 @@
+"""Differentiable MXFP4 ``dot_general`` (custom VJP: MXFP4 fprop, dgrad and wgrad) and ``dense``.
+
+For Y = X·W with X [M, K] (activations, the ``lhs``) and W [K, N] (the weight, the ``rhs``):
+
+* **fprop**  Y  = X·W:   X and W quantized along K (round to nearest even),
+* **dgrad**  dX = dY·Wᵀ: dY and W re-quantized along N (dY with ``Recipe.grad_rounding``),
+* **wgrad**  dW = Xᵀ·dY: X and dY quantized along the token axis M (dY with
+  ``Recipe.grad_rounding``), optionally after a random Hadamard transform of both along M
+  (``Recipe.hadamard``; :mod:`jax_mxfp4.hadamard`).
+
+The quantizers are treated as the identity in the backward pass (straight-through estimator):
+the cotangents are computed from the float operands saved by the forward pass. Each pass may be
+switched to bf16 (operands cast to bfloat16, float32 accumulation) with ``Recipe.fprop/dgrad/
+wgrad = "bf16"``. General ``dimension_numbers`` are mapped onto the canonical batched form
+[B, M, K] x [B, N, K] by transposes and reshapes (differentiated by JAX itself): batch dims give
+B, the lhs free dims are flattened into M, the rhs free dims into N, the contracting dims into K.
+The lhs gradient always uses the ``dgrad`` settings and the rhs gradient the ``wgrad`` settings
+(Flax's convention: ``dot_general(inputs, kernel, ...)``).
+
+Contraction lengths that are not a multiple of 32 are zero-padded inside (exact: a zero adds
+nothing to a block's amax or to the dot product): N in dgrad, M in wgrad, and K in the forward of
+:func:`dense` and the Flax layers (the public :func:`dot_general` asks for K % 32 == 0, as
+:func:`jax_mxfp4.gemm.dot_general` does).
+
+**Stochastic rounding keys** are derived deterministically, so the same inputs always give the
+same gradients (reproducible runs, and ``jax.checkpoint`` recomputation is consistent):
+``key = fold_in(fold_in(fold_in(key(0x4D584634), site), pass), hash32(dY))`` where ``site`` is
+``zlib.crc32(repr((lhs.shape, rhs.shape, lhs_dtype_name, rhs_dtype_name, (lc, rc, lb, rb)))) &
+0x7FFFFFFF`` (normalized contracting/batch dims; the call's static signature), ``pass`` is 1
+for dgrad and 2 for wgrad, and ``hash32`` is a position-weighted wrapping sum of the float32 bit
+patterns of dY (:func:`gradient_key`). The rounding noise therefore changes from step to step
+with the data but never depends on global state. The Hadamard sign vector is fixed per call
+site (``numpy`` seed = ``site``).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import zlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.custom_derivatives import SymbolicZero
+
+from . import checks, gemm
+from .array import MXFP4Array
+from .hadamard import random_hadamard_transform
+from .mx_format import BLOCK_SIZE
+from .quantize import dequantize, quantize
+from .recipe import Recipe
+
+ROOT_SEED = 0x4D584634  # "MXF4"
+DGRAD_TAG, WGRAD_TAG = 1, 2
+_CANON = (((2,), (2,)), ((0,), (0,)))
+
+
+# ----------------------------------------------------------------------------- helpers
+def _check_recipe(recipe) -> Recipe:
+    if recipe is None:
+        return Recipe()
+    if not isinstance(recipe, Recipe):
+        raise TypeError(f"recipe must be a jax_mxfp4.Recipe or None, got {type(recipe).__name__}")
+    return recipe
+
+
+def _parse_dims(dimension_numbers, lshape, rshape):
+    """Normalized (lc, rc, lb, rb) and the output shape; lax.dot_general's shape rule validates."""
+    try:
+        (lc, rc), (lb, rb) = dimension_numbers
+        lc, rc, lb, rb = (tuple(int(d) for d in t) for t in (lc, rc, lb, rb))
+    except (TypeError, ValueError):
+        raise ValueError(
+            "dimension_numbers must be ((lhs_contracting, rhs_contracting), (lhs_batch, rhs_batch)) "
+            f"as in jax.lax.dot_general, got {dimension_numbers!r}"
+        ) from None
+    la = jax.ShapeDtypeStruct(tuple(lshape), jnp.float32)
+    ra = jax.ShapeDtypeStruct(tuple(rshape), jnp.float32)
+    out = jax.eval_shape(functools.partial(lax.dot_general, dimension_numbers=((lc, rc), (lb, rb))), la, ra)
+    if not lc:
+        raise ValueError("dimension_numbers has no contracting dims: an MXFP4 GEMM needs one (K)")
+    nl, nr = len(lshape), len(rshape)
+    return (
+        tuple(d % nl for d in lc),
+        tuple(d % nr for d in rc),
+        tuple(d % nl for d in lb),
+        tuple(d % nr for d in rb),
+        tuple(out.shape),
+    )
+
+
+def _canonical(x, contracting, batch, pad_k: bool):
+    """float x -> [B, F, K] (batch dims, free dims, contracting dims), K zero-padded to 32 if asked."""
+    free = tuple(d for d in range(x.ndim) if d not in contracting and d not in batch)
+    b = math.prod(x.shape[d] for d in batch)
+    f = math.prod(x.shape[d] for d in free)
+    k = math.prod(x.shape[d] for d in contracting)
+    x3 = jnp.transpose(x, tuple(batch) + free + tuple(contracting)).reshape(b, f, k)
+    return _pad_axis(x3, 2) if pad_k else x3
+
+
+def _pad_axis(x, axis):
+    extra = (-x.shape[axis]) % BLOCK_SIZE
+    if not extra:
+        return x
+    widths = [(0, 0)] * x.ndim
+    widths[axis] = (0, extra)
+    return jnp.pad(x, widths)
+
+
+def _site_seed(*parts) -> int:
+    return zlib.crc32(repr(parts).encode()) & 0x7FFFFFFF
+
+
+def gradient_key(dy, site: int, tag: int):
+    """The deterministic PRNG key for stochastic rounding of the gradient operand ``dy``.
+
+    ``fold_in(fold_in(fold_in(key(ROOT_SEED), site), tag), h)`` with ``h`` the uint32 wrapping sum
+    of ``bits(dy_i) * (0x9E3779B1 * i | 1)`` over the row-major float32 bit patterns of ``dy``.
+    ``site``: CRC32 of the call's static signature; ``tag``: 1 (dgrad) or 2 (wgrad).
+    Same ``dy``, ``site``, ``tag`` -> same key; works under ``jit``/``vmap`` (one key per example).
+    """
+    bits = lax.bitcast_convert_type(dy.astype(jnp.float32), jnp.uint32).reshape(-1)
+    weights = (jnp.arange(bits.size, dtype=jnp.uint32) * jnp.uint32(0x9E3779B1)) | jnp.uint32(1)
+    h = jnp.sum(bits * weights, dtype=jnp.uint32)
+    key = jax.random.fold_in(jax.random.fold_in(jax.random.key(ROOT_SEED), site), tag)
+    return jax.random.fold_in(key, h)
+
+
+def _bf16_gemm(a, b, dims):
+    return lax.dot_general(
+        a.astype(jnp.bfloat16), b.astype(jnp.bfloat16), dims, preferred_element_type=jnp.float32
+    )
+
+
+def _fprop(a, b, recipe: Recipe, out_dtype):
+    """Canonical forward: a [B, M, K] x b [B, N, K] -> [B, M, N] in ``out_dtype``."""
+    if recipe.fprop == "bf16":
+        return _bf16_gemm(a, b, _CANON).astype(out_dtype)
+    return gemm.dot_general(a, b, _CANON, preferred_element_type=out_dtype, recipe=recipe)
+
+
+def _grad_gemm(g, w, g_axis, w_axis, precision, key, recipe: Recipe, hadamard_seed=None):
+    """Contract g (the incoming gradient) along ``g_axis`` with w along ``w_axis``, batch dim 0.
+
+    MXFP4: both padded along the contraction to a multiple of 32, optionally Hadamard-transformed,
+    g quantized with ``recipe.grad_rounding`` (key ``key``), w with round-to-nearest-even.
+    """
+    dims = (((g_axis,), (w_axis,)), ((0,), (0,)))
+    if precision == "bf16":
+        return _bf16_gemm(g, w, dims)
+    g, w = _pad_axis(g, g_axis), _pad_axis(w, w_axis)
+    if hadamard_seed is not None:
+        g = random_hadamard_transform(g, g_axis, hadamard_seed)
+        w = random_hadamard_transform(w, w_axis, hadamard_seed)
+    rounding = recipe.grad_rounding
+    gq = quantize(g, g_axis, scale_mode=recipe.scale_mode, rounding=rounding,
+                  key=key if rounding == "stochastic" else None)
+    wq = quantize(w, w_axis, scale_mode=recipe.scale_mode)
+    return gemm.dot_general(gq, wq, dims, preferred_element_type=jnp.float32, recipe=recipe)
+
+
+def _dgrad(dy, b, recipe: Recipe, site: int):
+    """dA [B, M, K] = dY [B, M, N] · b [B, N, K], contracted along N (float32)."""
+    key = gradient_key(dy, site, DGRAD_TAG) if recipe.dgrad == "mxfp4" and recipe.grad_rounding == "stochastic" else None
+    return _grad_gemm(dy, b, 2, 1, recipe.dgrad, key, recipe)
+
+
+def _wgrad(dy, a, recipe: Recipe, site: int):
+    """dB [B, N, K] = dYᵀ · a, both [B, M, ·], contracted along the token axis M (float32)."""
+    mx = recipe.wgrad == "mxfp4"
+    key = gradient_key(dy, site, WGRAD_TAG) if mx and recipe.grad_rounding == "stochastic" else None
+    seed = site if (mx and recipe.hadamard) else None
+    return _grad_gemm(dy, a, 1, 1, recipe.wgrad, key, recipe, hadamard_seed=seed)
+
+
+def _materialize(dy):
+    if isinstance(dy, SymbolicZero):
+        return jnp.zeros(dy.shape, dy.dtype)
+    return dy
+
+
+# ----------------------------------------------------------------------------- float x float
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4))
+def _mx_gemm(a, b, recipe, out_dtype, site):
+    return _fprop(a, b, recipe, out_dtype)
+
+
+def _mx_gemm_fwd(a, b, recipe, out_dtype, site):
+    return _fprop(a, b, recipe, out_dtype), (a, b)
+
+
+def _mx_gemm_bwd(recipe, out_dtype, site, res, dy):
+    a, b = res
+    da = _dgrad(dy, b, recipe, site).astype(a.dtype)
+    db = _wgrad(dy, a, recipe, site).astype(b.dtype)
+    return da, db
+
+
+_mx_gemm.defvjp(_mx_gemm_fwd, _mx_gemm_bwd)
+
+
+# ----------------------------------------------------------------------------- with MXFP4Array
+def _as_float(x):
+    return dequantize(x, jnp.float32) if isinstance(x, MXFP4Array) else x
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4, 5))
+def _mixed_gemm(lhs, rhs, dims, out_dtype, recipe, site):
+    return gemm.dot_general(lhs, rhs, dims, preferred_element_type=out_dtype, recipe=recipe)
+
+
+def _mixed_fwd(lhs, rhs, dims, out_dtype, recipe, site):
+    values = []
+    for name, arg in (("lhs", lhs), ("rhs", rhs)):
+        is_mx = isinstance(arg, MXFP4Array)
+        leaves = jax.tree_util.tree_leaves(arg) if is_mx else [arg]
+        if is_mx and any(leaf.perturbed for leaf in leaves):
+            raise ValueError(
+                f"jax_mxfp4.dot_general: a gradient with respect to {name}, an MXFP4Array, was "
+                "requested. Pre-quantized MXFP4Arrays are for inference only (the 4-bit codes and "
+                "E8M0 scales are not differentiable); differentiate with respect to the float "
+                "weights instead and let dot_general quantize them (Recipe.fprop='mxfp4'), or "
+                "close over the MXFP4Array so that only the float operand is differentiated"
+            )
+        values.append(jax.tree_util.tree_map(lambda p: p.value, arg) if is_mx else arg.value)
+    lhs_v, rhs_v = values
+    y = gemm.dot_general(lhs_v, rhs_v, dims, preferred_element_type=out_dtype, recipe=recipe)
+    return y, (lhs_v, rhs_v)
+
+
+def _mixed_bwd(dims, out_dtype, recipe, site, res, dy):
+    lhs, rhs = res
+    dy = _materialize(dy)
+    lc, rc, lb, rb, _ = _parse_dims(dims, lhs.shape, rhs.shape)
+    lf, rf = _as_float(lhs), _as_float(rhs)
+    a = _canonical(lf, lc, lb, pad_k=False)
+    b = _canonical(rf, rc, rb, pad_k=False)
+    dy3 = dy.reshape(a.shape[0], a.shape[1], b.shape[1])
+    grads = []
+    if isinstance(lhs, MXFP4Array):
+        grads.append(None)
+    else:
+        da = _dgrad(dy3, b, recipe, site)
+        _, pull = jax.vjp(lambda x: _canonical(x, lc, lb, pad_k=False), lhs)
+        grads.append(pull(da.astype(lhs.dtype))[0])
+    if isinstance(rhs, MXFP4Array):
+        grads.append(None)
+    else:
+        db = _wgrad(dy3, a, recipe, site)
+        _, pull = jax.vjp(lambda x: _canonical(x, rc, rb, pad_k=False), rhs)
+        grads.append(pull(db.astype(rhs.dtype))[0])
+    return tuple(grads)
+
+
+_mixed_gemm.defvjp(_mixed_fwd, _mixed_bwd, symbolic_zeros=True)
+
+
+# ----------------------------------------------------------------------------- public API
+def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None, *, recipe=None):
+    """Differentiable MXFP4 ``jax.lax.dot_general`` (same signature; drop-in for Flax layers).
+
+    Forward (fprop): both float operands quantized to MXFP4 along their contracting dim(s) and
+    multiplied by the backend chosen by ``recipe.backend`` (see :func:`jax_mxfp4.explain`).
+    Backward: custom VJP with MXFP4 dgrad and wgrad as described in :mod:`jax_mxfp4.training`
+    (re-quantization along N and along the token axis M, stochastic rounding of dY with a
+    deterministic key, optional Hadamard transform, straight-through quantizers). Works under
+    ``jit``, ``vmap``, ``lax.scan`` and ``jax.checkpoint``.
+
+    Args:
+      lhs: float32/bfloat16/float16 array (the activations), or an :class:`MXFP4Array`
+        quantized along its single contracting dim (forward only).
+      rhs: same for the weight (e.g. a Flax kernel [K, N]).
+      dimension_numbers: ``((lhs_contracting, rhs_contracting), (lhs_batch, rhs_batch))`` as in
+        ``jax.lax.dot_general``; the total contracting length K must be a multiple of 32
+        (:func:`dense` and the :mod:`jax_mxfp4.flax` layers zero-pad any K for you). The
+        backward passes pad their own contractions (N, M) as needed.
+      precision: accepted for signature compatibility and ignored (float32 accumulation).
+      preferred_element_type: output dtype: float32 (default), bfloat16 or float16.
+      recipe: :class:`jax_mxfp4.Recipe`; default ``Recipe()`` (all three passes MXFP4,
+        stochastic rounding of dY, no Hadamard, scale rule "even", backend "auto").
+
+    Returns:
+      ``lax.dot_general``'s output shape (batch dims, lhs free dims, rhs free dims). Gradients
+      have the operands' dtypes.
+
+    Raises:
+      ValueError: malformed ``dimension_numbers`` or no contracting dim; K not a multiple of
+        32; an MXFP4Array not
+        quantized along its single contracting dim or with K not matching; a gradient requested
+        with respect to an MXFP4Array operand (at differentiation time); unsupported output dtype.
+      TypeError: an operand that is neither float nor MXFP4Array; a ``recipe`` that is not a
+        Recipe; shape mismatches (``lax.dot_general``'s shape rule).
+      BackendUnavailableError: the requested backend cannot run a GEMM.
+    """
+    del precision
+    return _dot_general(lhs, rhs, dimension_numbers, preferred_element_type, recipe, pad_k=False)
+
+
+def _dot_general(lhs, rhs, dimension_numbers, preferred_element_type, recipe, *, pad_k: bool):
+    """:func:`dot_general`; ``pad_k=True`` zero-pads a float x float contraction to 32 (dense, layers)."""
+    recipe = _check_recipe(recipe)
+    out_dtype = checks.check_output_dtype(preferred_element_type)
+    if isinstance(lhs, MXFP4Array) or isinstance(rhs, MXFP4Array):
+        for name, x in (("lhs", lhs), ("rhs", rhs)):
+            if not isinstance(x, MXFP4Array):
+                checks.check_float_input(x, name)
+        gemm.explain(lhs, rhs, dimension_numbers, preferred_element_type=out_dtype, recipe=recipe)
+        lc, rc, lb, rb, _ = _parse_dims(dimension_numbers, lhs.shape, rhs.shape)
+        site = _site_seed(lhs.shape, rhs.shape, str(jnp.dtype(lhs.dtype)), str(jnp.dtype(rhs.dtype)), (lc, rc, lb, rb))
+        return _mixed_gemm(lhs, rhs, ((lc, rc), (lb, rb)), out_dtype, recipe, site)
+    checks.check_float_input(lhs, "lhs")
+    checks.check_float_input(rhs, "rhs")
+    lc, rc, lb, rb, out_shape = _parse_dims(dimension_numbers, jnp.shape(lhs), jnp.shape(rhs))
+    k = math.prod(lhs.shape[d] for d in lc)
+    if k % BLOCK_SIZE and not pad_k:
+        raise ValueError(
+            f"lhs: contracting dim(s) {lc} have total length {k}, which is not a multiple of the "
+            f"MXFP4 block size {BLOCK_SIZE} (OCP MX v1.0 §5.1); pad K with zeros (exact) or use "
+            "jax_mxfp4.dense or the jax_mxfp4.flax layers, which pad for you"
+        )
+    site = _site_seed(lhs.shape, rhs.shape, str(jnp.dtype(lhs.dtype)), str(jnp.dtype(rhs.dtype)), (lc, rc, lb, rb))
+    a = _canonical(lhs, lc, lb, pad_k=True)
+    b = _canonical(rhs, rc, rb, pad_k=True)
+    return _mx_gemm(a, b, recipe, out_dtype, site).reshape(out_shape)
+
+
+def dense(x, kernel, bias=None, *, recipe=None):
+    """MXFP4 dense layer: ``x [..., K] · kernel [K, N] (+ bias [N]) -> [..., N]``, differentiable.
+
+    Args:
+      x: float32/bfloat16/float16 array [..., K], any K.
+      kernel: float array [K, N], or an :class:`MXFP4Array` [Kp, N] quantized along axis 0 with
+        Kp = K rounded up to a multiple of 32 (what :func:`jax_mxfp4.flax.quantize_params` makes);
+        x is then zero-padded to Kp (exact).
+      bias: optional float array [N], added in the output dtype.
+      recipe: :class:`jax_mxfp4.Recipe` (see :func:`dot_general`).
+
+    Returns:
+      [..., N] in ``jnp.result_type(x, kernel)`` (``x.dtype`` for an MXFP4Array kernel), computed
+      with float32 accumulation; K is zero-padded to a multiple of 32 inside.
+
+    Raises:
+      TypeError: non-float ``x``/``kernel``/``bias``.
+      ValueError: ``kernel`` not 2-D; an MXFP4Array kernel not quantized along axis 0; K of ``x``
+        and ``kernel`` incompatible; ``bias`` not of shape [N].
+    """
+    checks.check_float_input(x, "x")
+    if jnp.ndim(x) < 1:
+        raise ValueError("x must have at least one dim (the contraction dim K last)")
+    k = x.shape[-1]
+    if isinstance(kernel, MXFP4Array):
+        if kernel.ndim != 2 or kernel.axis != 0:
+            raise ValueError(
+                f"kernel: an MXFP4Array kernel must be 2-D [K, N] quantized along axis 0 (K), got {kernel}"
+            )
+        kp = kernel.shape[0]
+        if k != kp:
+            if -(-k // BLOCK_SIZE) * BLOCK_SIZE != kp:
+                raise ValueError(
+                    f"x has K={k} but the MXFP4Array kernel has K={kp}; expected K={kp} or K padded "
+                    f"up to it (K rounded up to a multiple of {BLOCK_SIZE})"
+                )
+            x = jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, kp - k)])
+        out_dtype = jnp.dtype(x.dtype)
+    else:
+        checks.check_float_input(kernel, "kernel")
+        if jnp.ndim(kernel) != 2:
+            raise ValueError(f"kernel must be 2-D [K, N], got shape {jnp.shape(kernel)}")
+        if kernel.shape[0] != k:
+            raise ValueError(f"kernel has K={kernel.shape[0]} rows but x has K={k} (last dim)")
+        out_dtype = jnp.result_type(x.dtype, kernel.dtype)
+    n = kernel.shape[1]
+    y = _dot_general(x, kernel, (((x.ndim - 1,), (0,)), ((), ())), out_dtype, recipe, pad_k=True)
+    if bias is not None:
+        checks.check_float_input(bias, "bias")
+        if tuple(jnp.shape(bias)) != (n,):
+            raise ValueError(f"bias must have shape ({n},) to match kernel [K, {n}], got {jnp.shape(bias)}")
+        y = y + bias.astype(y.dtype)
+    return y
