@@ -133,5 +133,11 @@ def _register_builtin() -> None:
     register_backend(ScaledDotBackend())
     register_backend(PallasBackend())
 
+    from .backends.ffi_cpu import FfiCpuBackend
+    from .backends.hipblaslt import HipblasltBackend
+
+    register_backend(FfiCpuBackend())
+    register_backend(HipblasltBackend())
+
 
 _register_builtin()

@@ -1,9 +1,227 @@
-// nanobind module: the registrations() dict of XLA FFI handler capsules.
+// nanobind module jax_mxfp4._native: XLA FFI handler capsules, the hipBLASLt status probe and a
+// test-only entry point that runs the hipBLASLt call path against the recording double.
 #include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "fake_hipblaslt.h"
+#include "handlers.h"
+#include "jax_mxfp4/hipblaslt_gemm.h"
 
 namespace nb = nanobind;
+using namespace jax_mxfp4;
+
+namespace {
+
+using U8Array = nb::ndarray<nb::numpy, const uint8_t, nb::c_contig, nb::device::cpu>;
+
+ElemType OutType(const std::string& name) {
+  if (name == "float32") return ElemType::kF32;
+  if (name == "bfloat16") return ElemType::kBF16;
+  if (name == "float16") return ElemType::kF16;
+  throw nb::value_error(("out_dtype must be float32, bfloat16 or float16, got " + name).c_str());
+}
+
+TensorView ViewOf(const U8Array& a, ElemType t = ElemType::kU8) {
+  TensorView v;
+  v.type = t;
+  for (size_t i = 0; i < a.ndim(); ++i) v.dims.push_back(static_cast<int64_t>(a.shape(i)));
+  v.data = const_cast<uint8_t*>(a.data());
+  return v;
+}
+
+const char* CodeName(StatusCode c) {
+  switch (c) {
+    case StatusCode::kOk: return "OK";
+    case StatusCode::kInvalidArgument: return "INVALID_ARGUMENT";
+    case StatusCode::kFailedPrecondition: return "FAILED_PRECONDITION";
+    case StatusCode::kUnimplemented: return "UNIMPLEMENTED";
+    case StatusCode::kResourceExhausted: return "RESOURCE_EXHAUSTED";
+    case StatusCode::kNotFound: return "NOT_FOUND";
+    default: return "INTERNAL";
+  }
+}
+
+class HostWorkspace : public WorkspaceAllocator {
+ public:
+  void* Allocate(size_t bytes, size_t alignment) override {
+    void* p = nullptr;
+    if (posix_memalign(&p, alignment < sizeof(void*) ? sizeof(void*) : alignment, bytes) != 0) return nullptr;
+    blocks_.emplace_back(p, &std::free);
+    fake::RegisterMemory(p, bytes);
+    sizes_.push_back({bytes, alignment});
+    return p;
+  }
+  std::vector<std::unique_ptr<void, void (*)(void*)>> blocks_;
+  std::vector<std::pair<size_t, size_t>> sizes_;
+};
+
+nb::object ToPython(const fake::Value& v) {
+  if (auto* i = std::get_if<int64_t>(&v)) return nb::int_(*i);
+  if (auto* d = std::get_if<double>(&v)) return nb::float_(*d);
+  return nb::str(std::get<std::string>(v).c_str());
+}
+
+nb::list LogToPython() {
+  nb::list log;
+  for (const auto& r : fake::Log()) {
+    nb::dict d;
+    d["fn"] = r.fn;
+    for (const auto& [k, v] : r.args) d[k.c_str()] = ToPython(v);
+    log.append(d);
+  }
+  return log;
+}
+
+fake::Config ConfigFrom(const nb::dict& c) {
+  fake::Config cfg;
+  for (auto [key, value] : c) {
+    const std::string k = nb::cast<std::string>(key);
+    if (k == "arch") cfg.arch = nb::cast<std::string>(value);
+    else if (k == "major") cfg.major = nb::cast<int>(value);
+    else if (k == "minor") cfg.minor = nb::cast<int>(value);
+    else if (k == "hipblaslt_version") cfg.hipblaslt_version = nb::cast<int>(value);
+    else if (k == "hip_runtime_version") cfg.hip_runtime_version = nb::cast<int>(value);
+    else if (k == "device_count") cfg.device_count = nb::cast<int>(value);
+    else if (k == "current_device") cfg.current_device = nb::cast<int>(value);
+    else if (k == "heuristic_count") cfg.heuristic_count = nb::cast<int>(value);
+    else if (k == "workspace_size") cfg.workspace_size = nb::cast<uint64_t>(value);
+    else if (k == "fail_fn") cfg.fail_fn = nb::cast<std::string>(value);
+    else if (k == "fail_nth") cfg.fail_nth = nb::cast<int>(value);
+    else if (k == "fail_status") cfg.fail_status = nb::cast<int>(value);
+    else throw nb::value_error(("unknown fake config key " + k).c_str());
+  }
+  return cfg;
+}
+
+// Runs HipblasltRuntime::Gemm `calls` times over the recording double (fresh runtime, so the
+// algorithm cache starts empty), then destroys the runtime (its handle pool) and returns
+// {out: bytes, error, code, log, buffers, workspace, live_objects}.
+nb::dict FakeGemm(U8Array lhs, U8Array lhs_scales, U8Array rhs, U8Array rhs_scales,
+                  const std::string& out_dtype, const std::string& scale_layout, nb::dict config,
+                  int calls, int device) {
+  const HipblasltApi* api = fake::Reset(ConfigFrom(config));
+  ScaleLayout layout;
+  Status st = ParseScaleLayout(scale_layout, &layout);
+  const ElemType out_type = OutType(out_dtype);
+  GemmProblem p;
+  std::vector<uint8_t> out;
+  TensorView out_view;
+  out_view.type = out_type;
+  if (st.ok()) {
+    // Output shape from the operands, then the shared validation of every buffer.
+    const size_t r = lhs.ndim();
+    if (r == 3) out_view.dims.push_back(static_cast<int64_t>(lhs.shape(0)));
+    out_view.dims.push_back(r >= 2 ? static_cast<int64_t>(lhs.shape(r - 2)) : 0);
+    out_view.dims.push_back(rhs.ndim() >= 2 ? static_cast<int64_t>(rhs.shape(rhs.ndim() - 2)) : 0);
+    size_t count = ElemTypeBytes(out_type);
+    for (int64_t d : out_view.dims) count *= static_cast<size_t>(d);
+    out.assign(count + 1, 0xEE);  // sentinel bytes: unwritten output is visible
+    out_view.data = out.data();
+    st = ValidateGemm(ViewOf(lhs), ViewOf(lhs_scales, ElemType::kE8M0), ViewOf(rhs),
+                      ViewOf(rhs_scales, ElemType::kE8M0), out_view, layout,
+                      {ElemType::kF32, ElemType::kBF16, ElemType::kF16}, &p);
+  }
+  nb::dict buffers;
+  HostWorkspace ws;
+  int live = 0;
+  if (st.ok()) {
+    for (const U8Array* a : {&lhs, &lhs_scales, &rhs, &rhs_scales}) fake::RegisterMemory(a->data(), a->size());
+    fake::RegisterMemory(out.data(), out.size() - 1);
+    buffers["lhs"] = reinterpret_cast<uintptr_t>(lhs.data());
+    buffers["lhs_scales"] = reinterpret_cast<uintptr_t>(lhs_scales.data());
+    buffers["rhs"] = reinterpret_cast<uintptr_t>(rhs.data());
+    buffers["rhs_scales"] = reinterpret_cast<uintptr_t>(rhs_scales.data());
+    buffers["out"] = reinterpret_cast<uintptr_t>(out.data());
+    GemmBuffers b{lhs.data(), lhs_scales.data(), rhs.data(), rhs_scales.data(), out.data()};
+    auto* stream = reinterpret_cast<abi::hipStream_t>(uintptr_t{0x5EA0});
+    {
+      HipblasltRuntime rt(api);
+      for (int i = 0; i < calls && st.ok(); ++i) st = rt.Gemm(p, b, stream, device, &ws);
+      live = fake::LiveObjects();  // handles stay pooled here; descriptors must be gone
+    }
+  }
+  nb::dict result;
+  result["out"] = nb::bytes(reinterpret_cast<const char*>(out.data()), out.empty() ? 0 : out.size() - 1);
+  result["sentinel_intact"] = out.empty() || out.back() == 0xEE;
+  result["error"] = st.ok() ? nb::none() : nb::object(nb::str(st.message.c_str()));
+  result["code"] = CodeName(st.code);
+  result["log"] = LogToPython();
+  result["buffers"] = buffers;
+  nb::list wsl;
+  for (auto [bytes, align] : ws.sizes_) wsl.append(nb::make_tuple(bytes, align));
+  result["workspace"] = wsl;
+  result["live_objects_before_teardown"] = live;
+  result["live_objects_after_teardown"] = fake::LiveObjects();
+  return result;
+}
+
+nb::dict HipblasltStatus(bool query_devices) {
+  nb::dict d;
+  const LoadResult& lib = LoadHipblaslt();
+  d["loaded"] = lib.api != nullptr;
+  d["error"] = lib.error;
+  d["hip_path"] = lib.hip_path;
+  d["hipblaslt_path"] = lib.hipblaslt_path;
+  d["searched"] = lib.searched;
+  nb::list devices;
+  if (lib.api != nullptr && query_devices) {
+    HipblasltRuntime& rt = ProcessHipblasltRuntime(lib.api);
+    int count = 0;
+    Status st = rt.DeviceCount(&count);
+    if (!st.ok()) d["error"] = st.message;
+    for (int i = 0; st.ok() && i < count; ++i) {
+      DeviceInfo info;
+      Status s = rt.GetDeviceInfo(i, &info);
+      nb::dict dev;
+      dev["ordinal"] = i;
+      dev["error"] = s.ok() ? std::string() : s.message;
+      dev["arch"] = info.arch;
+      dev["hipblaslt_version"] = info.hipblaslt_version;
+      dev["hip_runtime_version"] = info.hip_runtime_version;
+      devices.append(dev);
+    }
+  }
+  d["devices"] = devices;
+  return d;
+}
+
+nb::tuple HipblasltFindAlgorithm(int device, int64_t m, int64_t n, int64_t k,
+                                 const std::string& out_dtype, const std::string& scale_layout) {
+  const LoadResult& lib = LoadHipblaslt();
+  if (lib.api == nullptr) return nb::make_tuple(false, lib.error);
+  ScaleLayout layout;
+  Status st = ParseScaleLayout(scale_layout, &layout);
+  if (st.ok()) st = ProcessHipblasltRuntime(lib.api).FindAlgorithm(device, m, n, k, OutType(out_dtype), layout);
+  return nb::make_tuple(st.ok(), st.message);
+}
+
+}  // namespace
 
 NB_MODULE(_native, m) {
-  m.doc() = "jax-mxfp4 native XLA FFI handlers";
-  m.def("registrations", []() { return nb::dict(); });
+  m.doc() = "jax-mxfp4 native XLA FFI handlers (CPU reference, hipBLASLt via dlopen)";
+  m.def("registrations", []() {
+    nb::dict d;
+    d["jax_mxfp4_gemm_cpu"] = nb::make_tuple("cpu", nb::capsule(reinterpret_cast<void*>(&JaxMxfp4GemmCpu)));
+    d["jax_mxfp4_gemm_hipblaslt"] =
+        nb::make_tuple("ROCM", nb::capsule(reinterpret_cast<void*>(&JaxMxfp4GemmHipblaslt)));
+    return d;
+  }, "{target name: (XLA FFI platform, handler capsule)}");
+  m.def("hipblaslt_status", &HipblasltStatus, nb::arg("query_devices") = true,
+        "Loads libamdhip64/libhipblaslt (once) and reports paths, errors and per-device arch/version.");
+  m.def("hipblaslt_find_algorithm", &HipblasltFindAlgorithm, nb::arg("device"), nb::arg("m"),
+        nb::arg("n"), nb::arg("k"), nb::arg("out_dtype"), nb::arg("scale_layout"),
+        "Gates + hipBLASLt heuristic for one GEMM shape: (ok, reason).");
+  m.def("_fake_hipblaslt_gemm", &FakeGemm, nb::arg("lhs"), nb::arg("lhs_scales"), nb::arg("rhs"),
+        nb::arg("rhs_scales"), nb::arg("out_dtype"), nb::arg("scale_layout"), nb::arg("config"),
+        nb::arg("calls") = 1, nb::arg("device") = 0,
+        "TEST ONLY: the hipBLASLt call path against the recording double.");
+  m.attr("HIPBLASLT_MAX_WORKSPACE_BYTES") = kMaxWorkspaceBytes;
+  m.attr("HIPBLASLT_REQUESTED_ALGOS") = kRequestedAlgos;
 }

@@ -1,0 +1,45 @@
+// Recording test double of the hipBLASLt + HIP functions in HipblasltApi (CI runs the real call
+// path against it on the CPU). "Device memory" is host memory registered with the double; every
+// pointer hipblasLtMatmul receives is checked to lie inside a registered region of the size the
+// descriptors imply, and the product is computed from the descriptors and attributes as
+// hipBLASLt defines them (column-major, opA/opB, ld in elements, scale mode) with the CPU
+// reference arithmetic, so a wrong ld, operand order or scale pointer gives wrong numbers.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include "jax_mxfp4/hipblaslt_api.h"
+
+namespace jax_mxfp4::fake {
+
+struct Config {
+  std::string arch = "gfx950:sramecc+:xnack-";
+  int major = 9, minor = 5;
+  int hipblaslt_version = 100300;  // 1.3.0
+  int hip_runtime_version = 70100000;
+  int device_count = 1;
+  int current_device = 0;
+  int heuristic_count = 1;           // algorithms the heuristic returns (0: empty list)
+  uint64_t workspace_size = 4096;    // workspaceSize of every returned algorithm
+  std::string fail_fn;               // inject a failure into this function ...
+  int fail_nth = 1;                  // ... on its nth call ...
+  int fail_status = 0;               // ... returning this status (hipblasStatus_t / hipError_t)
+};
+
+using Value = std::variant<int64_t, double, std::string>;
+struct Record {
+  std::string fn;
+  std::vector<std::pair<std::string, Value>> args;
+};
+
+// Resets the double (config, log, memory map, objects) and returns its API table.
+const HipblasltApi* Reset(const Config& config);
+void RegisterMemory(const void* p, size_t bytes);
+const std::vector<Record>& Log();
+int LiveObjects();  // descriptors + handles not yet destroyed
+
+}  // namespace jax_mxfp4::fake

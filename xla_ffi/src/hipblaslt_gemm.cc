@@ -1,0 +1,396 @@
+// hipBLASLt MXFP4 GEMM call path (see hipblaslt_gemm.h). Never throws across the FFI boundary:
+// every HIP / hipBLASLt status becomes a Status naming the call and the status.
+#include "jax_mxfp4/hipblaslt_gemm.h"
+
+#include <cstring>
+#include <sstream>
+
+namespace jax_mxfp4 {
+namespace {
+
+using namespace abi;  // NOLINT: the declared ABI names read best unqualified here
+
+Status BlasError(const char* call, hipblasStatus_t s, const std::string& context = "") {
+  std::ostringstream m;
+  m << call << " failed with " << HipblasStatusName(s) << " (" << s << ")";
+  if (!context.empty()) m << " [" << context << "]";
+  return Status::Internal(m.str());
+}
+
+Status HipError(const HipblasltApi* api, const char* call, hipError_t e) {
+  std::ostringstream m;
+  const char* text = api->hipGetErrorString ? api->hipGetErrorString(e) : nullptr;
+  m << call << " failed with hipError_t " << e << " (" << (text ? text : "no description") << ")";
+  return Status::Internal(m.str());
+}
+
+hipDataType OutDataType(ElemType t) {
+  switch (t) {
+    case ElemType::kBF16: return HIP_R_16BF;
+    case ElemType::kF16: return HIP_R_16F;
+    default: return HIP_R_32F;
+  }
+}
+
+hipblasLtMatmulMatrixScale_t ScaleMode(ScaleLayout l) {
+  return l == ScaleLayout::kPlain ? HIPBLASLT_MATMUL_MATRIX_SCALE_VEC32_UE8M0
+                                  : HIPBLASLT_MATMUL_MATRIX_SCALE_BLK32_UE8M0_32_8_EXT;
+}
+
+std::string Shape(int64_t m, int64_t n, int64_t k, ElemType out, ScaleLayout l) {
+  std::ostringstream s;
+  s << "M=" << m << " N=" << n << " K=" << k << " out=" << ElemTypeName(out)
+    << " scales=" << (l == ScaleLayout::kPlain ? "plain" : "swizzled");
+  return s.str();
+}
+
+std::string VersionString(int v) {
+  std::ostringstream s;
+  s << v / 100000 << "." << (v / 100) % 1000 << "." << v % 100;
+  return s.str();
+}
+
+// Never dereferenced: hipBLASLt only needs non-null scale pointers to select MX kernels.
+alignas(256) const uint8_t kDummyScales[256] = {};
+
+}  // namespace
+
+Status CheckHipblasltShape(int64_t m, int64_t n, int64_t k, ElemType out) {
+  if (m % 16 != 0 || n % 16 != 0 || k % 128 != 0 || k <= 0) {
+    std::ostringstream s;
+    s << "hipBLASLt MXFP4 needs M % 16 == 0, N % 16 == 0 and K % 128 == 0 with K > 0 "
+         "(hipBLASLt api-reference, VEC32_UE8M0); got M="
+      << m << " N=" << n << " K=" << k;
+    return Status::Invalid(s.str());
+  }
+  if (out != ElemType::kF32 && out != ElemType::kBF16 && out != ElemType::kF16) {
+    return Status::Invalid(std::string("hipBLASLt MXFP4 writes float32, bfloat16 or float16, not ") +
+                           ElemTypeName(out));
+  }
+  return Status::Ok();
+}
+
+// One GEMM's resources: a borrowed handle, the four layouts, the matmul descriptor and the
+// preference. The destructor releases everything; the first release failure is stored in
+// *cleanup (reported when the call itself succeeded).
+class HipblasltRuntime::Call {
+ public:
+  Call(HipblasltRuntime* rt, int device, Status* cleanup)
+      : rt_(rt), api_(rt->api_), device_(device), cleanup_(cleanup) {}
+  ~Call() {
+    if (pref_) Release("hipblasLtMatmulPreferenceDestroy", api_->hipblasLtMatmulPreferenceDestroy(pref_));
+    if (desc_) Release("hipblasLtMatmulDescDestroy", api_->hipblasLtMatmulDescDestroy(desc_));
+    for (hipblasLtMatrixLayout_t l : {a_, b_, c_, d_}) {
+      if (l) Release("hipblasLtMatrixLayoutDestroy", api_->hipblasLtMatrixLayoutDestroy(l));
+    }
+    if (handle_) rt_->ReturnHandle(device_, handle_);
+    if (switched_) {
+      hipError_t e = api_->hipSetDevice(previous_device_);
+      if (e != hipSuccess && cleanup_->ok()) *cleanup_ = HipError(api_, "hipSetDevice (restore)", e);
+    }
+  }
+
+  Status SelectDevice() {
+    hipError_t e = api_->hipGetDevice(&previous_device_);
+    if (e != hipSuccess) return HipError(api_, "hipGetDevice", e);
+    if (previous_device_ != device_) {
+      e = api_->hipSetDevice(device_);
+      if (e != hipSuccess) return HipError(api_, "hipSetDevice", e);
+      switched_ = true;
+    }
+    return Status::Ok();
+  }
+
+  Status Prepare(int64_t m, int64_t n, int64_t k, ElemType out, ScaleLayout layout) {
+    Status st = rt_->BorrowHandle(device_, &handle_);
+    if (!st.ok()) return st;
+    const std::string ctx = Shape(m, n, k, out, layout);
+    hipblasStatus_t s;
+    // hipBLASLt m = N (rows of op(A) = W), n = M, contraction K; leading dims in FP4 elements.
+    if ((s = api_->hipblasLtMatrixLayoutCreate(&a_, HIP_R_4F_E2M1, k, n, k)))
+      return BlasError("hipblasLtMatrixLayoutCreate(A)", s, ctx);
+    if ((s = api_->hipblasLtMatrixLayoutCreate(&b_, HIP_R_4F_E2M1, k, m, k)))
+      return BlasError("hipblasLtMatrixLayoutCreate(B)", s, ctx);
+    if ((s = api_->hipblasLtMatrixLayoutCreate(&c_, OutDataType(out), n, m, n)))
+      return BlasError("hipblasLtMatrixLayoutCreate(C)", s, ctx);
+    if ((s = api_->hipblasLtMatrixLayoutCreate(&d_, OutDataType(out), n, m, n)))
+      return BlasError("hipblasLtMatrixLayoutCreate(D)", s, ctx);
+    if ((s = api_->hipblasLtMatmulDescCreate(&desc_, HIPBLAS_COMPUTE_32F, HIP_R_32F)))
+      return BlasError("hipblasLtMatmulDescCreate", s, ctx);
+    const int32_t op_t = HIPBLAS_OP_T, op_n = HIPBLAS_OP_N;
+    if ((s = api_->hipblasLtMatmulDescSetAttribute(desc_, HIPBLASLT_MATMUL_DESC_TRANSA, &op_t, sizeof(op_t))))
+      return BlasError("hipblasLtMatmulDescSetAttribute(TRANSA)", s, ctx);
+    if ((s = api_->hipblasLtMatmulDescSetAttribute(desc_, HIPBLASLT_MATMUL_DESC_TRANSB, &op_n, sizeof(op_n))))
+      return BlasError("hipblasLtMatmulDescSetAttribute(TRANSB)", s, ctx);
+    const uint32_t mode = ScaleMode(layout);
+    if ((s = api_->hipblasLtMatmulDescSetAttribute(desc_, HIPBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode, sizeof(mode))))
+      return BlasError("hipblasLtMatmulDescSetAttribute(A_SCALE_MODE)", s, ctx);
+    if ((s = api_->hipblasLtMatmulDescSetAttribute(desc_, HIPBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode, sizeof(mode))))
+      return BlasError("hipblasLtMatmulDescSetAttribute(B_SCALE_MODE)", s, ctx);
+    return Status::Ok();
+  }
+
+  Status SetScalePointers(const void* a_scales, const void* b_scales, const char* what) {
+    hipblasStatus_t s;
+    if ((s = api_->hipblasLtMatmulDescSetAttribute(desc_, HIPBLASLT_MATMUL_DESC_A_SCALE_POINTER, &a_scales, sizeof(void*))))
+      return BlasError((std::string("hipblasLtMatmulDescSetAttribute(A_SCALE_POINTER, ") + what + ")").c_str(), s);
+    if ((s = api_->hipblasLtMatmulDescSetAttribute(desc_, HIPBLASLT_MATMUL_DESC_B_SCALE_POINTER, &b_scales, sizeof(void*))))
+      return BlasError((std::string("hipblasLtMatmulDescSetAttribute(B_SCALE_POINTER, ") + what + ")").c_str(), s);
+    return Status::Ok();
+  }
+
+  Status Heuristic(const std::string& ctx, CachedAlgo* found) {
+    Status st = SetScalePointers(kDummyScales, kDummyScales, "dummy");
+    if (!st.ok()) return st;
+    hipblasStatus_t s;
+    if ((s = api_->hipblasLtMatmulPreferenceCreate(&pref_)))
+      return BlasError("hipblasLtMatmulPreferenceCreate", s, ctx);
+    const uint64_t max_ws = kMaxWorkspaceBytes;
+    if ((s = api_->hipblasLtMatmulPreferenceSetAttribute(pref_, HIPBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &max_ws, sizeof(max_ws))))
+      return BlasError("hipblasLtMatmulPreferenceSetAttribute(MAX_WORKSPACE_BYTES)", s, ctx);
+    hipblasLtMatmulHeuristicResult_t results[kRequestedAlgos] = {};
+    int returned = 0;
+    if ((s = api_->hipblasLtMatmulAlgoGetHeuristic(handle_, desc_, a_, b_, c_, d_, pref_, kRequestedAlgos, results, &returned)))
+      return BlasError("hipblasLtMatmulAlgoGetHeuristic", s, ctx);
+    for (int i = 0; i < returned && i < kRequestedAlgos; ++i) {
+      if (results[i].state == HIPBLAS_STATUS_SUCCESS && results[i].workspaceSize <= kMaxWorkspaceBytes) {
+        found->algo = results[i].algo;
+        found->workspace_size = results[i].workspaceSize;
+        return Status::Ok();
+      }
+    }
+    return Status::Unimplemented("hipblasLtMatmulAlgoGetHeuristic returned no usable algorithm (" +
+                                 std::to_string(returned) + " returned) for " + ctx +
+                                 "; route this GEMM to another backend");
+  }
+
+  Status Matmul(const CachedAlgo& algo, const void* w, const void* x, void* y, void* workspace,
+                abi::hipStream_t stream) {
+    const float alpha = 1.0f, beta = 0.0f;
+    hipblasStatus_t s = api_->hipblasLtMatmul(handle_, desc_, &alpha, w, a_, x, b_, &beta, y, c_,
+                                              y, d_, &algo.algo, workspace, algo.workspace_size, stream);
+    if (s) return BlasError("hipblasLtMatmul", s);
+    return Status::Ok();
+  }
+
+ private:
+  void Release(const char* call, hipblasStatus_t s) {
+    if (s != HIPBLAS_STATUS_SUCCESS && cleanup_->ok()) *cleanup_ = BlasError(call, s);
+  }
+
+  HipblasltRuntime* rt_;
+  const HipblasltApi* api_;
+  int device_;
+  Status* cleanup_;
+  int previous_device_ = 0;
+  bool switched_ = false;
+  hipblasLtHandle_t handle_ = nullptr;
+  hipblasLtMatrixLayout_t a_ = nullptr, b_ = nullptr, c_ = nullptr, d_ = nullptr;
+  hipblasLtMatmulDesc_t desc_ = nullptr;
+  hipblasLtMatmulPreference_t pref_ = nullptr;
+};
+
+HipblasltRuntime::~HipblasltRuntime() {
+  for (auto& [device, handles] : pool_) {
+    for (hipblasLtHandle_t h : handles) api_->hipblasLtDestroy(h);  // best effort at teardown
+  }
+}
+
+Status HipblasltRuntime::BorrowHandle(int device, hipblasLtHandle_t* handle) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto& free_list = pool_[device];
+    if (!free_list.empty()) {
+      *handle = free_list.back();
+      free_list.pop_back();
+      return Status::Ok();
+    }
+  }
+  // The caller made `device` current; a handle belongs to the device current at creation.
+  hipblasStatus_t s = api_->hipblasLtCreate(handle);
+  if (s != HIPBLAS_STATUS_SUCCESS) {
+    *handle = nullptr;
+    return BlasError("hipblasLtCreate", s, "device " + std::to_string(device));
+  }
+  return Status::Ok();
+}
+
+void HipblasltRuntime::ReturnHandle(int device, hipblasLtHandle_t handle) {
+  std::lock_guard<std::mutex> lock(mu_);
+  pool_[device].push_back(handle);
+}
+
+Status HipblasltRuntime::DeviceCount(int* count) {
+  hipError_t e = api_->hipGetDeviceCount(count);
+  if (e != hipSuccess) return HipError(api_, "hipGetDeviceCount", e);
+  return Status::Ok();
+}
+
+Status HipblasltRuntime::GetDeviceInfo(int device, DeviceInfo* info) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = info_.find(device);
+    if (it != info_.end()) {
+      *info = it->second;
+      return Status::Ok();
+    }
+  }
+  Status cleanup;
+  DeviceInfo d;
+  Status st = [&]() -> Status {
+    Call call(this, device, &cleanup);
+    Status s = call.SelectDevice();
+    if (!s.ok()) return s;
+    hipError_t e = api_->hipRuntimeGetVersion(&d.hip_runtime_version);
+    if (e != hipSuccess) return HipError(api_, "hipRuntimeGetVersion", e);
+    // hipDeviceProp_tR0600 is 1472 bytes; a larger zeroed buffer gives headroom.
+    alignas(8) static thread_local unsigned char props[4096];
+    std::memset(props, 0, sizeof(props));
+    e = api_->hipGetDevicePropertiesR0600(props, device);
+    if (e != hipSuccess) return HipError(api_, "hipGetDevicePropertiesR0600", e);
+    const char* name = reinterpret_cast<const char*>(props + kDevicePropGcnArchNameOffset);
+    std::string arch(name, strnlen(name, kDevicePropGcnArchNameSize - 1));
+    d.arch = arch.substr(0, arch.find(':'));
+    if ((e = api_->hipDeviceGetAttribute(&d.major, hipDeviceAttributeComputeCapabilityMajor, device)))
+      return HipError(api_, "hipDeviceGetAttribute(ComputeCapabilityMajor)", e);
+    if ((e = api_->hipDeviceGetAttribute(&d.minor, hipDeviceAttributeComputeCapabilityMinor, device)))
+      return HipError(api_, "hipDeviceGetAttribute(ComputeCapabilityMinor)", e);
+    hipblasLtHandle_t h = nullptr;
+    s = BorrowHandle(device, &h);
+    if (!s.ok()) return s;
+    hipblasStatus_t bs = api_->hipblasLtGetVersion(h, &d.hipblaslt_version);
+    ReturnHandle(device, h);
+    if (bs != HIPBLAS_STATUS_SUCCESS) return BlasError("hipblasLtGetVersion", bs);
+    return Status::Ok();
+  }();
+  if (!st.ok()) return st;
+  if (!cleanup.ok()) return cleanup;
+  if (d.arch.rfind("gfx", 0) == 0 && d.arch.size() >= 5) {
+    // Cross-check of the struct offset: gfx9XY has compute capability 9.X for gfx9 parts.
+    if (d.arch[3] == '9' && d.major != 9) {
+      return Status::Internal("device " + std::to_string(device) + " reports arch " + d.arch +
+                              " but compute capability major " + std::to_string(d.major) +
+                              ": hipDeviceProp_tR0600 layout mismatch?");
+    }
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  info_[device] = d;
+  *info = d;
+  return Status::Ok();
+}
+
+Status HipblasltRuntime::Gates(int device, int64_t m, int64_t n, int64_t k, ElemType out,
+                               ScaleLayout layout) {
+  Status st = CheckHipblasltShape(m, n, k, out);
+  if (!st.ok()) return st;
+  DeviceInfo d;
+  st = GetDeviceInfo(device, &d);
+  if (!st.ok()) return st;
+  if (d.hip_runtime_version < kMinHipRuntimeVersion) {
+    return Status::Precondition("HIP runtime version " + std::to_string(d.hip_runtime_version) +
+                                " < 7.0: MXFP4 needs ROCm >= 7.0");
+  }
+  if (d.arch != kRequiredArch) {
+    return Status::Precondition("hipBLASLt MXFP4 GEMM needs a gfx950 GPU (MI350/MI355); device " +
+                                std::to_string(device) + " is " + d.arch);
+  }
+  if (d.hipblaslt_version < kMinHipblasltVersion) {
+    return Status::Precondition("hipBLASLt " + VersionString(d.hipblaslt_version) +
+                                " has no FP4/VEC32_UE8M0 support; need >= 1.0.0 (ROCm 7.0)");
+  }
+  if (layout == ScaleLayout::kSwizzled && d.hipblaslt_version < kMinHipblasltVersionSwizzled) {
+    return Status::Unimplemented("swizzled scales (BLK32_UE8M0_32_8_EXT) need hipBLASLt >= 1.3.0, found " +
+                                 VersionString(d.hipblaslt_version) + "; use scale_layout=\"plain\"");
+  }
+  return Status::Ok();
+}
+
+Status HipblasltRuntime::FindAlgorithm(int device, int64_t m, int64_t n, int64_t k, ElemType out,
+                                       ScaleLayout layout) {
+  Status st = Gates(device, m, n, k, out, layout);
+  if (!st.ok()) return st;
+  const Key key{device, m, n, k, static_cast<int>(out), static_cast<int>(layout)};
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (cache_.count(key)) return Status::Ok();
+  }
+  Status cleanup;
+  CachedAlgo found{};
+  st = [&]() -> Status {
+    Call call(this, device, &cleanup);
+    Status s = call.SelectDevice();
+    if (s.ok()) s = call.Prepare(m, n, k, out, layout);
+    if (s.ok()) s = call.Heuristic(Shape(m, n, k, out, layout), &found);
+    return s;
+  }();
+  if (!st.ok()) return st;
+  if (!cleanup.ok()) return cleanup;
+  std::lock_guard<std::mutex> lock(mu_);
+  cache_.emplace(key, found);
+  return Status::Ok();
+}
+
+Status HipblasltRuntime::Gemm(const GemmProblem& p, const GemmBuffers& b, abi::hipStream_t stream,
+                              int device, WorkspaceAllocator* workspace) {
+  if (p.batch == 0 || p.m == 0 || p.n == 0) return Status::Ok();  // nothing to write
+  Status st = Gates(device, p.m, p.n, p.k, p.out_type, p.layout);
+  if (!st.ok()) return st;
+  const Key key{device, p.m, p.n, p.k, static_cast<int>(p.out_type), static_cast<int>(p.layout)};
+  Status cleanup;
+  st = [&]() -> Status {
+    Call call(this, device, &cleanup);
+    Status s = call.SelectDevice();
+    if (!s.ok()) return s;
+    s = call.Prepare(p.m, p.n, p.k, p.out_type, p.layout);
+    if (!s.ok()) return s;
+    CachedAlgo algo{};
+    bool hit = false;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = cache_.find(key);
+      if (it != cache_.end()) {
+        algo = it->second;
+        hit = true;
+      }
+    }
+    if (!hit) {
+      s = call.Heuristic(Shape(p.m, p.n, p.k, p.out_type, p.layout), &algo);
+      if (!s.ok()) return s;
+      std::lock_guard<std::mutex> lock(mu_);
+      cache_.emplace(key, algo);
+    }
+    void* ws = nullptr;
+    if (algo.workspace_size > 0) {
+      ws = workspace->Allocate(algo.workspace_size, kWorkspaceAlignment);
+      if (ws == nullptr) {
+        return Status{StatusCode::kResourceExhausted,
+                      "could not allocate the " + std::to_string(algo.workspace_size) +
+                          "-byte hipBLASLt workspace from the XLA scratch allocator"};
+      }
+    }
+    for (int64_t i = 0; i < p.batch; ++i) {
+      const uint8_t* ls = static_cast<const uint8_t*>(b.lhs_scales) + i * p.lhs_scale_stride();
+      const uint8_t* rs = static_cast<const uint8_t*>(b.rhs_scales) + i * p.rhs_scale_stride();
+      s = call.SetScalePointers(rs, ls, "real");  // A = W = rhs, B = X = lhs
+      if (!s.ok()) return s;
+      s = call.Matmul(algo, static_cast<const uint8_t*>(b.rhs) + i * p.rhs_data_stride(),
+                      static_cast<const uint8_t*>(b.lhs) + i * p.lhs_data_stride(),
+                      static_cast<uint8_t*>(b.out) + i * p.out_stride_bytes(), ws, stream);
+      if (!s.ok()) {
+        s.message += " [" + Shape(p.m, p.n, p.k, p.out_type, p.layout) + ", batch element " +
+                     std::to_string(i) + "]";
+        return s;
+      }
+    }
+    return Status::Ok();
+  }();
+  if (!st.ok()) return st;
+  return cleanup;
+}
+
+HipblasltRuntime& ProcessHipblasltRuntime(const HipblasltApi* api) {
+  static HipblasltRuntime* rt = new HipblasltRuntime(api);  // intentionally leaked
+  return *rt;
+}
+
+}  // namespace jax_mxfp4
