@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from . import checks, dispatch
+from . import checks, dispatch, sharding
 from .array import MXFP4Array
 from .backends.base import GemmProblem
 from .mx_format import BLOCK_SIZE
@@ -25,6 +25,7 @@ from .recipe import Recipe
 @dataclasses.dataclass(frozen=True)
 class _OperandPlan:
     perm: tuple[int, ...]  # batch dims, free dims, contracting dims
+    n_batch: int
     batch: int
     free: int
     k: int
@@ -42,6 +43,7 @@ def _plan_operand(shape, contracting, batch, name) -> _OperandPlan:
         )
     return _OperandPlan(
         perm=tuple(batch) + free + tuple(contracting),
+        n_batch=len(batch),
         batch=math.prod(shape[d] for d in batch),
         free=math.prod(shape[d] for d in free),
         k=k,
@@ -74,6 +76,20 @@ def _to_canonical(x, plan: _OperandPlan, contracting, recipe: Recipe, kind: str,
     """Operand -> MXFP4Array [B, F, K] quantized along axis 2 with plain scales, or, for
     ``kind == "float"``, the float array transposed and reshaped to [B, F, K]."""
     shape3 = (plan.batch, plan.free, plan.k)
+    leaf = x.data if isinstance(x, MXFP4Array) else x
+    spec = sharding.explicit_spec(leaf)
+    if spec is not None:  # explicit mesh: merged dims need their sharding spelled out
+        mesh = sharding.mesh_of(leaf)
+        b, f, k = sharding.canonical_operand_spec(spec, plan.perm, plan.n_batch, len(plan.free_shape))
+        sharding.check_k_shards(mesh, k, plan.k, name)
+
+        def reshape(v, shape):
+            return jnp.reshape(v, shape, out_sharding=sharding.named(mesh, b, f, k))
+    else:
+
+        def reshape(v, shape):
+            return v.reshape(shape)
+
     if isinstance(x, MXFP4Array):
         if len(contracting) != 1 or contracting[0] != x.axis:
             raise ValueError(
@@ -81,11 +97,11 @@ def _to_canonical(x, plan: _OperandPlan, contracting, recipe: Recipe, kind: str,
                 f"{tuple(contracting)}: an MXFP4 operand must be quantized along its single "
                 f"contracting dim (the shared scales run along the contraction; OCP MX v1.0 §6.1)"
             )
-        data = jnp.transpose(x.data, plan.perm).reshape(plan.batch, plan.free, plan.k // 2)
+        data = reshape(jnp.transpose(x.data, plan.perm), (plan.batch, plan.free, plan.k // 2))
         scales = jnp.transpose(x.plain_scales(), plan.perm)
-        scales = scales.reshape(plan.batch, plan.free, plan.k // BLOCK_SIZE)
+        scales = reshape(scales, (plan.batch, plan.free, plan.k // BLOCK_SIZE))
         return MXFP4Array(data, scales, 2, shape3, x.dtype, x.scale_mode, "plain")
-    x3 = jnp.transpose(x, plan.perm).reshape(shape3)
+    x3 = reshape(jnp.transpose(x, plan.perm), shape3)
     if kind == "float":
         return x3
     return quantize(x3, 2, scale_mode=recipe.scale_mode)
@@ -137,7 +153,9 @@ def _plan(lhs, rhs, dimension_numbers, preferred_element_type, recipe):
     return recipe, (lc, rc, lplan, rplan), problem, out_aval.shape
 
 
-def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None, *, recipe=None):
+def dot_general(
+    lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None, *, out_sharding=None, recipe=None
+):
     """MXFP4 ``jax.lax.dot_general``: same signature, operands quantized to MXFP4 along K.
 
     Args:
@@ -151,6 +169,10 @@ def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_t
       precision: accepted for signature compatibility; ignored (every backend accumulates each
         block exactly and blocks in float32).
       preferred_element_type: output dtype, float32 (default), bfloat16 or float16.
+      out_sharding: as in ``jax.lax.dot_general``: the output's sharding (a ``NamedSharding`` or,
+        inside ``jax.set_mesh``, a ``PartitionSpec``). By default, under an explicit-sharding mesh
+        the output is sharded like the operands' batch and free dims, and a sharded contracting
+        dim is reduced (all-reduce) — each K shard must hold whole 32-element blocks.
       recipe: :class:`jax_mxfp4.Recipe` (scale rule, scale layout, backend); default ``Recipe()``.
 
     Returns:
@@ -172,7 +194,23 @@ def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_t
     a = _to_canonical(lhs, lplan, lc, recipe, problem.lhs_kind, "lhs")
     b = _to_canonical(rhs, rplan, rc, recipe, problem.rhs_kind, "rhs")
     out = dispatch.get_backend(decision.backend).gemm(a, b, problem)
-    return out.reshape(out_shape)
+    out = _to_logical_output(out, out_shape, lhs, rhs, lplan, rplan)
+    return out if out_sharding is None else jax.sharding.reshard(out, out_sharding)
+
+
+def _to_logical_output(out, out_shape, lhs, rhs, lplan: _OperandPlan, rplan: _OperandPlan):
+    """[B, M, N] -> lax.dot_general's output shape; under an explicit mesh each output dim keeps
+    its operand dim's sharding (the inverse of the merges done by _to_canonical)."""
+    lleaf = lhs.data if isinstance(lhs, MXFP4Array) else lhs
+    rleaf = rhs.data if isinstance(rhs, MXFP4Array) else rhs
+    ls, rs = sharding.explicit_spec(lleaf), sharding.explicit_spec(rleaf)
+    if ls is None or rs is None:
+        return out.reshape(out_shape)
+    nb, nlf, nrf = lplan.n_batch, len(lplan.free_shape), len(rplan.free_shape)
+    entries = sharding.logical_out_entries(
+        [ls[d] for d in lplan.perm[: nb + nlf]], [rs[d] for d in rplan.perm[nb : nb + nrf]]
+    )
+    return jnp.reshape(out, out_shape, out_sharding=sharding.named(sharding.mesh_of(lleaf), *entries))
 
 
 def explain(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None, *, recipe=None):

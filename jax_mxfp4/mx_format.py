@@ -204,8 +204,17 @@ def _sign_nibble(y: jax.Array) -> jax.Array:
 
 
 def decode_e2m1(codes: jax.Array) -> jax.Array:
-    """float32 values of 4-bit E2M1 codes (uint8 0..15); a 16-entry table (OCP MX v1.0 §5.3.3)."""
-    return jnp.asarray(E2M1_VALUES)[codes.astype(jnp.int32) & 0xF]
+    """float32 values of 4-bit E2M1 codes (uint8 0..15), OCP MX v1.0 §5.3.3 (= E2M1_VALUES[code]).
+
+    Built elementwise from bits rather than with a table gather, so it fuses and shards like any
+    elementwise op: exponent bits e = code[2:1], mantissa m = code[0]; e >= 1 gives
+    2^(e-1) (1 + m/2), e = 0 gives m / 2; bit 3 is the sign.
+    """
+    c = codes.astype(jnp.uint32) & 0xF
+    e, m = (c >> 1) & 3, c & 1
+    normal = ((e + 126) << 23) | (m << 22)
+    bits = jnp.where(e == 0, m * jnp.uint32(126 << 23), normal) | ((c & 8) << 28)
+    return _bits_f32(bits)
 
 
 # ----------------------------------------------------------------------------------- packing

@@ -7,6 +7,7 @@ from jax import lax
 
 from ..array import MXFP4Array
 from ..quantize import dequantize
+from ..sharding import canonical_out_sharding
 from .base import Backend
 
 CANONICAL_DIMS = (((2,), (2,)), ((0,), (0,)))
@@ -30,6 +31,11 @@ class XlaBackend(Backend):
         a = _as_float32(lhs)
         b = _as_float32(rhs)
         out = lax.dot_general(
-            a, b, CANONICAL_DIMS, precision=lax.Precision.HIGHEST, preferred_element_type=jnp.float32
+            a,
+            b,
+            CANONICAL_DIMS,
+            precision=lax.Precision.HIGHEST,
+            preferred_element_type=jnp.float32,
+            out_sharding=canonical_out_sharding(a, b),
         )
         return out.astype(problem.out_dtype)

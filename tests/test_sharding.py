@@ -1,0 +1,121 @@
+"""Sharded MXFP4 GEMMs on 8 simulated CPU devices (conftest sets the device count): data-parallel,
+tensor-parallel column and row (K-sharded) linear layers, forward and backward, on AxisType.Auto
+meshes and on explicit-sharding meshes (jax.make_mesh's default). Results are compared with the
+single-device run, and the compiled HLO is checked for the expected collectives only."""
+
+from __future__ import annotations
+
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import AxisType, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import jax_mxfp4 as mx
+
+pytestmark = pytest.mark.skipif(len(jax.devices()) < 8, reason="needs 8 (simulated) devices")
+
+DIMS = (((2,), (0,)), ((), ()))  # x [batch, seq, K] . w [K, N]
+COLLECTIVES = ("all-gather", "all-reduce", "reduce-scatter", "all-to-all", "collective-permute")
+
+LAYOUTS = {
+    # name: (x spec, w spec, expected forward collectives)
+    "data-parallel": (P("data", None, None), P(None, None), set()),
+    "tp-column": (P("data", None, None), P(None, "model"), set()),
+    "tp-row": (P("data", None, "model"), P("model", None), {"all-reduce"}),
+}
+
+
+def make_mesh(style):
+    if style == "auto":
+        return jax.make_mesh((2, 4), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
+    return jax.make_mesh((2, 4), ("data", "model"))  # explicit axes by default
+
+
+def collectives(compiled_text):
+    return {c for c in COLLECTIVES if re.search(rf"\b{c}(-start)?\(", compiled_text)}
+
+
+def operands():
+    rng = np.random.default_rng()
+    x = jnp.asarray(rng.standard_normal((8, 16, 256)), jnp.float32)
+    w = jnp.asarray(rng.standard_normal((256, 128)) / 16, jnp.float32)
+    return x, w
+
+
+def rounding_bound(x, w, k):
+    # float32 reassociation of a K-term sum: |err| <= K * 2^-24 * sum|x||w|
+    return k * 2.0**-24 * np.einsum("bsk,kn->bsn", np.abs(np.asarray(x, np.float64)), np.abs(np.asarray(w, np.float64)))
+
+
+@pytest.mark.parametrize("style", ["auto", "explicit"])
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_forward_matches_single_device_with_expected_collectives(style, layout):
+    x, w = operands()
+    xs, ws, expected = LAYOUTS[layout]
+    fwd = lambda a, b: mx.dot_general(a, b, DIMS)  # noqa: E731
+    single = np.asarray(jax.jit(fwd)(x, w))
+    mesh = make_mesh(style)
+    with jax.set_mesh(mesh):
+        xx = jax.device_put(x, NamedSharding(mesh, xs))
+        ww = jax.device_put(w, NamedSharding(mesh, ws))
+        f = jax.jit(fwd)
+        out = f(xx, ww)
+        text = f.lower(xx, ww).compile().as_text()
+    assert collectives(text) == expected, collectives(text)
+    got = np.asarray(out)
+    if "all-reduce" in expected:  # partial sums in another order
+        assert (np.abs(got - single) <= rounding_bound(x, w, 256)).all()
+    else:  # the same arithmetic per element
+        np.testing.assert_array_equal(got, single)
+    if layout == "tp-column":
+        assert out.sharding.spec[-1] == "model"
+
+
+@pytest.mark.parametrize("style", ["auto", "explicit"])
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_backward_matches_single_device(style, layout):
+    x, w = operands()
+    xs, ws, _ = LAYOUTS[layout]
+    recipe = mx.Recipe(grad_rounding="nearest")
+
+    def loss(a, b):
+        return jnp.sum(mx.dot_general(a, b, DIMS, recipe=recipe) ** 2)
+
+    gx1, gw1 = jax.jit(jax.grad(loss, argnums=(0, 1)))(x, w)
+    mesh = make_mesh(style)
+    with jax.set_mesh(mesh):
+        xx = jax.device_put(x, NamedSharding(mesh, xs))
+        ww = jax.device_put(w, NamedSharding(mesh, ws))
+        g = jax.jit(jax.grad(loss, argnums=(0, 1)))
+        gx, gw = g(xx, ww)
+        text = g.lower(xx, ww).compile().as_text()
+    assert "all-gather" not in collectives(text) or layout != "data-parallel", collectives(text)
+    for got, want in ((gx, gx1), (gw, gw1)):
+        got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+        scale = np.abs(want).max()
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * scale)
+
+
+def test_explicit_mesh_rejects_k_shards_that_split_blocks():
+    mesh = make_mesh("explicit")
+    x = jnp.ones((8, 64))  # K=64 over 4 model shards -> 16 elements per shard
+    w = jnp.ones((64, 32))
+    with jax.set_mesh(mesh):
+        xx = jax.device_put(x, NamedSharding(mesh, P(None, "model")))
+        ww = jax.device_put(w, NamedSharding(mesh, P("model", None)))
+        with pytest.raises(ValueError, match=r"sharded over mesh axes \('model',\) \(4 shards\).*split a 32-element"):
+            jax.jit(lambda a, b: mx.dot_general(a, b, (((1,), (0,)), ((), ()))))(xx, ww)
+
+
+def test_out_sharding_is_honoured():
+    x, w = operands()
+    mesh = make_mesh("explicit")
+    with jax.set_mesh(mesh):
+        xx = jax.device_put(x, NamedSharding(mesh, P("data", None, "model")))
+        ww = jax.device_put(w, NamedSharding(mesh, P("model", None)))
+        out = jax.jit(lambda a, b: mx.dot_general(a, b, DIMS, out_sharding=P(None, None, "model")))(xx, ww)
+    assert tuple(out.sharding.spec) == (None, None, "model")
