@@ -104,10 +104,10 @@ def _abstract_eval(lhs_data, lhs_scales, rhs_data, rhs_scales, *, out_dtype, sca
 def _batch(args, dims, *, out_dtype, scale_layout, backend):
     """vmap: move the mapped axis to the front, broadcast unmapped operands, fold it into the
     operands' leading batch dim (adding one for rank-2 operands), call once, unfold."""
-    size = next(a.shape[d] for a, d in zip(args, dims) if d is not batching.not_mapped)
+    size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
     moved = []
     for a, d in zip(args, dims):
-        if d is batching.not_mapped:
+        if d is None:  # not mapped
             a = jnp.broadcast_to(a, (size,) + a.shape)
         else:
             a = jnp.moveaxis(a, d, 0)
