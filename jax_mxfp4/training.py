@@ -259,7 +259,8 @@ _mixed_gemm.defvjp(_mixed_fwd, _mixed_bwd, symbolic_zeros=True)
 
 
 # ----------------------------------------------------------------------------- public API
-def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None, *, recipe=None):
+def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None,
+                out_sharding=None, *, recipe=None):
     """Differentiable MXFP4 ``jax.lax.dot_general`` (same signature; drop-in for Flax layers).
 
     Forward (fprop): both float operands quantized to MXFP4 along their contracting dim(s) and
@@ -279,6 +280,8 @@ def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_t
         backward passes pad their own contractions (N, M) as needed.
       precision: accepted for signature compatibility and ignored (float32 accumulation).
       preferred_element_type: output dtype: float32 (default), bfloat16 or float16.
+      out_sharding: as in ``jax.lax.dot_general`` (``nnx.Linear`` passes it); when not None the
+        result goes through ``jax.lax.with_sharding_constraint``.
       recipe: :class:`jax_mxfp4.Recipe`; default ``Recipe()`` (all three passes MXFP4,
         stochastic rounding of dY, no Hadamard, scale rule "even", backend "auto").
 
@@ -296,7 +299,10 @@ def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_t
       BackendUnavailableError: the requested backend cannot run a GEMM.
     """
     del precision
-    return _dot_general(lhs, rhs, dimension_numbers, preferred_element_type, recipe, pad_k=False)
+    out = _dot_general(lhs, rhs, dimension_numbers, preferred_element_type, recipe, pad_k=False)
+    if out_sharding is not None:
+        out = jax.lax.with_sharding_constraint(out, out_sharding)
+    return out
 
 
 def _dot_general(lhs, rhs, dimension_numbers, preferred_element_type, recipe, *, pad_k: bool):

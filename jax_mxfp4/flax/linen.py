@@ -1,0 +1,163 @@
+"""MXFP4 ``flax.linen`` layers: ``Dense`` and ``DenseGeneral`` with Flax's parameters + a recipe.
+
+Parameter names (``kernel``, ``bias``), shapes, ``param_dtype`` and default initializers
+(``lecun_normal`` kernel, zero bias) are those of ``flax.linen.Dense``/``DenseGeneral``, so
+checkpoints move between the two freely. ``dtype`` is the computation dtype as in Flax (inputs,
+kernel and bias promoted to it; default: inferred). The GEMMs (fprop, dgrad, wgrad) run through
+:func:`jax_mxfp4.dot_general` with ``recipe`` (default ``Recipe()``); the float32 accumulator is
+returned in the promoted dtype. A kernel replaced by an :class:`jax_mxfp4.MXFP4Array`
+(:func:`jax_mxfp4.flax.quantize_params`) is used as is (inference).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import flax.linen as nn
+import jax.numpy as jnp
+import numpy as np
+from flax.linen import initializers
+from flax.linen.dtypes import promote_dtype
+
+from ..array import MXFP4Array
+from ..recipe import Recipe
+from ..training import _dot_general, dense
+
+default_kernel_init = initializers.lecun_normal()
+
+
+def _quantized_kernel(module: nn.Module):
+    if module.has_variable("params", "kernel"):
+        k = module.get_variable("params", "kernel")
+        if isinstance(k, MXFP4Array):
+            return k
+    return None
+
+
+class Dense(nn.Module):
+    """MXFP4 drop-in for ``flax.linen.Dense``: ``y = x · kernel + bias`` over the last dim.
+
+    Attributes:
+      features: output width N.
+      use_bias: add a bias [N] (default True).
+      dtype: computation dtype (default: promoted from inputs and params).
+      param_dtype: parameter dtype (default float32).
+      precision: accepted for compatibility; ignored (float32 accumulation).
+      kernel_init, bias_init: as in Flax (``lecun_normal()``, zeros).
+      recipe: :class:`jax_mxfp4.Recipe` for the three GEMMs (default ``Recipe()``).
+
+    Input [..., K] (any K), output [..., N]. Params: ``kernel`` [K, N], ``bias`` [N].
+    """
+
+    features: int
+    use_bias: bool = True
+    dtype: Any = None
+    param_dtype: Any = jnp.float32
+    precision: Any = None
+    kernel_init: Any = default_kernel_init
+    bias_init: Any = initializers.zeros_init()
+    recipe: Recipe | None = None
+
+    @nn.compact
+    def __call__(self, inputs):
+        kernel = _quantized_kernel(self)
+        if kernel is None:
+            kernel = self.param("kernel", self.kernel_init, (jnp.shape(inputs)[-1], self.features), self.param_dtype)
+        bias = self.param("bias", self.bias_init, (self.features,), self.param_dtype) if self.use_bias else None
+        if isinstance(kernel, MXFP4Array):
+            inputs, bias = promote_dtype(inputs, bias, dtype=self.dtype)
+        else:
+            inputs, kernel, bias = promote_dtype(inputs, kernel, bias, dtype=self.dtype)
+        return dense(inputs, kernel, bias, recipe=self.recipe)
+
+
+def _canonicalize_tuple(x):
+    return tuple(x) if isinstance(x, Sequence) else (x,)
+
+
+def _normalize_axes(axes, ndim):
+    return tuple(sorted(ax if ax >= 0 else ndim + ax for ax in axes))
+
+
+class DenseGeneral(nn.Module):
+    """MXFP4 drop-in for ``flax.linen.DenseGeneral`` (several input axes, several features, batch dims).
+
+    Attributes: those of ``flax.linen.DenseGeneral`` (``features``, ``axis``, ``batch_dims``,
+    ``use_bias``, ``dtype``, ``param_dtype``, ``kernel_init``, ``bias_init``, ``precision``) plus
+    ``recipe``. Params: ``kernel`` [*batch, *in_axes, *features], ``bias`` [*batch, *features].
+    The contracted axes are flattened into one K (zero-padded to a multiple of 32). An
+    MXFP4Array kernel must be quantized along its single contraction axis.
+
+    Raises:
+      ValueError: ``batch_dims`` not consecutive leading dims (as in Flax).
+    """
+
+    features: int | Sequence[int]
+    axis: int | Sequence[int] = -1
+    batch_dims: Sequence[int] = ()
+    use_bias: bool = True
+    dtype: Any = None
+    param_dtype: Any = jnp.float32
+    kernel_init: Any = default_kernel_init
+    bias_init: Any = initializers.zeros_init()
+    precision: Any = None
+    recipe: Recipe | None = None
+
+    @nn.compact
+    def __call__(self, inputs):
+        features = _canonicalize_tuple(self.features)
+        axis = _canonicalize_tuple(self.axis)
+        batch_dims = _canonicalize_tuple(self.batch_dims)
+        if batch_dims:
+            max_dim = np.max(batch_dims)
+            if set(batch_dims) != set(range(max_dim + 1)):
+                raise ValueError(f"batch_dims {batch_dims} must be consecutive leading dimensions starting from 0.")
+        ndim = inputs.ndim
+        n_batch_dims = len(batch_dims)
+        axis = _normalize_axes(axis, ndim)
+        batch_dims = _normalize_axes(batch_dims, ndim)
+        n_axis, n_features = len(axis), len(features)
+
+        def kernel_init_wrap(rng, shape, dtype=jnp.float32):
+            flat_shape = (
+                int(np.prod(shape[:n_batch_dims]) * np.prod(shape[n_batch_dims : n_axis + n_batch_dims])),
+                int(np.prod(shape[-n_features:])),
+            )
+            return jnp.reshape(self.kernel_init(rng, flat_shape, dtype), shape)
+
+        batch_shape = tuple(inputs.shape[ax] for ax in batch_dims)
+        expanded_batch_shape = tuple(
+            inputs.shape[ax] if ax in batch_dims else 1 for ax in range(inputs.ndim) if ax not in axis
+        )
+        kernel_shape = tuple(inputs.shape[ax] for ax in axis) + features
+        kernel = _quantized_kernel(self)
+        if kernel is None:
+            kernel = self.param("kernel", kernel_init_wrap, batch_shape + kernel_shape, self.param_dtype)
+        batch_ind = tuple(range(n_batch_dims))
+        contract_ind = tuple(range(n_batch_dims, n_axis + n_batch_dims))
+
+        bias = None
+        if self.use_bias:
+
+            def bias_init_wrap(rng, shape, dtype=jnp.float32):
+                flat_shape = (int(np.prod(shape[:n_batch_dims]) * np.prod(shape[-n_features:])),)
+                return jnp.reshape(self.bias_init(rng, flat_shape, dtype), shape)
+
+            bias = self.param("bias", bias_init_wrap, batch_shape + features, self.param_dtype)
+
+        if isinstance(kernel, MXFP4Array):
+            inputs, bias = promote_dtype(inputs, bias, dtype=self.dtype)
+            if n_axis == 1:  # a kernel padded by quantize_params: pad the inputs to its K
+                ax, kp = axis[0], kernel.shape[contract_ind[0]]
+                if inputs.shape[ax] < kp:
+                    widths = [(0, 0)] * inputs.ndim
+                    widths[ax] = (0, kp - inputs.shape[ax])
+                    inputs = jnp.pad(inputs, widths)
+        else:
+            inputs, kernel, bias = promote_dtype(inputs, kernel, bias, dtype=self.dtype)
+        out = _dot_general(
+            inputs, kernel, ((axis, contract_ind), (batch_dims, batch_ind)), inputs.dtype, self.recipe, pad_k=True
+        )
+        if bias is not None:
+            out = out + jnp.reshape(bias, expanded_batch_shape + features).astype(out.dtype)
+        return out
