@@ -18,6 +18,7 @@ from . import checks, dispatch, sharding
 from .array import MXFP4Array
 from .backends.base import GemmProblem
 from .mx_format import BLOCK_SIZE
+from .partitioning import partitioned_gemm
 from .quantize import quantize
 from .recipe import Recipe
 
@@ -193,7 +194,11 @@ def dot_general(
     decision = dispatch.decide(problem, recipe.backend)
     a = _to_canonical(lhs, lplan, lc, recipe, problem.lhs_kind, "lhs")
     b = _to_canonical(rhs, rplan, rc, recipe, problem.rhs_kind, "rhs")
-    out = dispatch.get_backend(decision.backend).gemm(a, b, problem)
+    backend = dispatch.get_backend(decision.backend)
+    if backend.opaque:
+        out = partitioned_gemm(a, b, backend.name, problem)
+    else:
+        out = backend.gemm(a, b, problem)
     out = _to_logical_output(out, out_shape, lhs, rhs, lplan, rplan)
     return out if out_sharding is None else jax.sharding.reshard(out, out_sharding)
 

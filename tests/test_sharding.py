@@ -51,12 +51,24 @@ def rounding_bound(x, w, k):
     return k * 2.0**-24 * np.einsum("bsk,kn->bsn", np.abs(np.asarray(x, np.float64)), np.abs(np.asarray(w, np.float64)))
 
 
+def backend_params():
+    return [
+        "xla",
+        pytest.param("ffi-cpu", marks=pytest.mark.skipif(
+            "ffi-cpu" not in mx.available_backends(), reason="compiled extension not built")),
+    ]
+
+
+@pytest.mark.parametrize("backend", backend_params())
 @pytest.mark.parametrize("style", ["auto", "explicit"])
 @pytest.mark.parametrize("layout", list(LAYOUTS))
-def test_forward_matches_single_device_with_expected_collectives(style, layout):
+def test_forward_matches_single_device_with_expected_collectives(style, layout, backend):
+    """"xla" is partitioned by XLA itself; "ffi-cpu" (an opaque custom call) through the
+    custom_partitioning rule of jax_mxfp4.partitioning: neither may all-gather an operand."""
     x, w = operands()
     xs, ws, expected = LAYOUTS[layout]
-    fwd = lambda a, b: mx.dot_general(a, b, DIMS)  # noqa: E731
+    recipe = mx.Recipe(backend=backend)
+    fwd = lambda a, b: mx.dot_general(a, b, DIMS, recipe=recipe)  # noqa: E731
     single = np.asarray(jax.jit(fwd)(x, w))
     mesh = make_mesh(style)
     with jax.set_mesh(mesh):
@@ -119,3 +131,17 @@ def test_out_sharding_is_honoured():
         ww = jax.device_put(w, NamedSharding(mesh, P("model", None)))
         out = jax.jit(lambda a, b: mx.dot_general(a, b, DIMS, out_sharding=P(None, None, "model")))(xx, ww)
     assert tuple(out.sharding.spec) == (None, None, "model")
+
+
+@pytest.mark.skipif("ffi-cpu" not in mx.available_backends(), reason="compiled extension not built")
+def test_partitioned_ffi_gemm_under_vmap_and_grad_of_activations():
+    """The outer primitive folds vmap into the canonical batch dim (custom_partitioning itself
+    has no batching rule); its result equals the per-example calls."""
+    rng = np.random.default_rng()
+    xs = jnp.asarray(rng.standard_normal((3, 16, 64)), jnp.float32)
+    wq = mx.quantize(jnp.asarray(rng.standard_normal((64, 32)), jnp.float32), axis=0)
+    recipe = mx.Recipe(backend="ffi-cpu")
+    dims = (((1,), (0,)), ((), ()))
+    batched = jax.vmap(lambda x: mx.dot_general(x, wq, dims, recipe=recipe))(xs)
+    for i in range(3):
+        np.testing.assert_array_equal(np.asarray(batched[i]), np.asarray(mx.dot_general(xs[i], wq, dims, recipe=recipe)))

@@ -46,6 +46,9 @@ class Backend:
 
     name: str = ""
     auto_platforms: tuple[str, ...] = ()
+    opaque: bool = False
+    """True for FFI custom calls and Pallas kernels, which XLA's SPMD partitioner cannot see into:
+    jax_mxfp4.partitioning then supplies their sharding rule."""
 
     def unavailable_reason(self) -> str | None:
         """None if this backend can run in this process, else why not (for explain())."""

@@ -36,6 +36,7 @@ def current_platform() -> str:
 class FfiCpuBackend(Backend):
     name = "ffi-cpu"
     auto_platforms = ()
+    opaque = True  # an FFI custom call: jax_mxfp4.partitioning gives it a sharding rule
 
     def unavailable_reason(self):
         if registration.NATIVE_IMPORT_ERROR:

@@ -35,6 +35,7 @@ def _version(v: int) -> str:
 class HipblasltBackend(Backend):
     name = "hipblaslt"
     auto_platforms = ("rocm",)
+    opaque = True  # an FFI custom call: jax_mxfp4.partitioning gives it a sharding rule
 
     def _exporting(self) -> bool:
         from ..ffi import current_target_platforms

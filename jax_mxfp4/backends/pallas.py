@@ -38,6 +38,7 @@ class PallasBackend(Backend):
 
     name = "pallas"
     auto_platforms = ("cuda", "rocm")
+    opaque = True  # a pallas_call: jax_mxfp4.partitioning gives it a sharding rule
 
     def unavailable_reason(self):
         try:

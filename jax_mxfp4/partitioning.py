@@ -1,0 +1,173 @@
+"""Sharding rules for backends that XLA's partitioner cannot see into (FFI custom calls, Pallas).
+
+An FFI custom call or a ``pallas_call`` is opaque to SPMD partitioning: without a rule XLA
+all-gathers its operands onto every device. ``partitioned_gemm`` runs such a backend's canonical
+GEMM ([B, M, K] x [B, N, K] -> [B, M, N]) through an outer primitive (batching rule: vmap folds
+into B) whose lowering is a ``custom_partitioning`` with a Shardy ``sharding_rule``
+(TransformerEngine-JAX's inner/outer primitive pattern):
+
+  - B, M and N shard freely with no collectives;
+  - a sharded K gives per-shard partial GEMMs (float32) and one ``psum`` over K's mesh axes;
+  - scales share their operand's factors (packed data K/2 and scales K/32 are one factor "k").
+
+The custom VJP of :func:`jax_mxfp4.dot_general` stays outside (custom_partitioning has no JVP),
+so ``jax.grad`` works on sharded inputs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax._src import dispatch as jax_dispatch
+from jax.experimental.custom_partitioning import custom_partitioning
+from jax.extend.core import Primitive
+from jax.interpreters import batching, mlir
+from jax.sharding import NamedSharding, PartitionSpec
+
+from .array import MXFP4Array
+from .backends.base import GemmProblem
+from .mx_format import BLOCK_SIZE
+
+partitioned_gemm_p = Primitive("jax_mxfp4_partitioned_gemm")
+
+
+def _flatten(x, kind):
+    if kind == "float":
+        return (x,)
+    return (x.data, x.scales)
+
+
+def _unflatten(arrays, kind, dtype):
+    if kind == "float":
+        return arrays[0]
+    data, scales = arrays
+    b, f, kh = data.shape
+    return MXFP4Array(data, scales, 2, (b, f, 2 * kh), dtype, "even", "plain")
+
+
+def _split(args, problem):
+    n_l = 1 if problem.lhs_kind == "float" else 2
+    return args[:n_l], args[n_l:]
+
+
+def _local_problem(args, problem: GemmProblem) -> GemmProblem:
+    lhs, rhs = _split(args, problem)
+    b, m = lhs[0].shape[:2]
+    n = rhs[0].shape[1]
+    k = lhs[0].shape[2] * (1 if problem.lhs_kind == "float" else 2)
+    return dataclasses.replace(problem, batch=b, m=m, n=n, k=k)
+
+
+def _run_backend(args, backend_name, problem: GemmProblem):
+    from . import dispatch
+
+    problem = _local_problem(args, problem)
+    lhs, rhs = _split(args, problem)
+    a = _unflatten(lhs, problem.lhs_kind, problem.lhs_dtype)
+    b = _unflatten(rhs, problem.rhs_kind, problem.rhs_dtype)
+    return dispatch.get_backend(backend_name).gemm(a, b, problem)
+
+
+def partitioned_gemm(lhs, rhs, backend_name: str, problem: GemmProblem) -> jax.Array:
+    """Canonical GEMM through ``backend_name`` with a sharding rule (module docstring).
+
+    ``lhs``/``rhs``: canonical MXFP4Arrays [B, M|N, K] (plain scales) or float arrays (w4a16).
+    Returns [B, M, N] in ``problem.out_dtype``.
+    """
+    args = _flatten(lhs, problem.lhs_kind) + _flatten(rhs, problem.rhs_kind)
+    return partitioned_gemm_p.bind(*args, backend_name=backend_name, problem=problem)
+
+
+def _abstract_eval(*args, backend_name, problem):
+    lhs, rhs = _split(args, problem)
+    b, m = lhs[0].shape[:2]
+    return jax.core.ShapedArray((b, m, rhs[0].shape[1]), problem.out_dtype)
+
+
+def _batch(args, dims, *, backend_name, problem):
+    size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
+    folded = []
+    for a, d in zip(args, dims):
+        a = jnp.broadcast_to(a, (size,) + a.shape) if d is None else jnp.moveaxis(a, d, 0)
+        folded.append(a.reshape((size * a.shape[1],) + a.shape[2:]))
+    problem = dataclasses.replace(problem, batch=problem.batch * size)
+    out = partitioned_gemm_p.bind(*folded, backend_name=backend_name, problem=problem)
+    return out.reshape((size, out.shape[0] // size) + out.shape[1:]), 0
+
+
+def _spec_entries(info, ndim):
+    spec = tuple(info.sharding.spec) if isinstance(info.sharding, NamedSharding) else ()
+    return spec + (None,) * (ndim - len(spec))
+
+
+def _axes(entry):
+    if entry is None:
+        return ()
+    return tuple(entry) if isinstance(entry, tuple) else (entry,)
+
+
+def _entry(axes):
+    return None if not axes else (axes[0] if len(axes) == 1 else tuple(axes))
+
+
+@functools.lru_cache(maxsize=None)
+def _partitioned_impl(backend_name: str, problem: GemmProblem):
+    """custom_partitioning of the local backend call, one per (backend, static problem)."""
+    n_lhs = 1 if problem.lhs_kind == "float" else 2
+    n_rhs = 1 if problem.rhs_kind == "float" else 2
+
+    @custom_partitioning
+    def impl(*args):
+        return _run_backend(args, backend_name, problem)
+
+    def partition(mesh, arg_infos, result_infos):
+        lspec = _spec_entries(arg_infos[0], 3)
+        rspec = _spec_entries(arg_infos[n_lhs], 3)
+        b_axes = _axes(lspec[0])
+        m_axes = tuple(a for a in _axes(lspec[1]) if a not in b_axes)
+        k_axes = tuple(a for a in _axes(lspec[2]) if a not in b_axes + m_axes)
+        n_axes = tuple(a for a in _axes(rspec[1]) if a not in b_axes + m_axes + k_axes)
+        k_shards = int(np.prod([mesh.shape[a] for a in k_axes])) if k_axes else 1
+        if (problem.k // BLOCK_SIZE) % k_shards:  # a shard may not split a 32-element block
+            k_axes, k_shards = (), 1
+        b, m, n, k = _entry(b_axes), _entry(m_axes), _entry(n_axes), _entry(k_axes)
+        lhs_s = NamedSharding(mesh, PartitionSpec(b, m, k))
+        rhs_s = NamedSharding(mesh, PartitionSpec(b, n, k))
+        out_s = NamedSharding(mesh, PartitionSpec(b, m, n))
+        arg_shardings = (lhs_s,) * n_lhs + (rhs_s,) * n_rhs
+
+        def lower(*args):
+            if not k_axes:
+                return _run_backend(args, backend_name, problem)
+            partial = _run_backend(args, backend_name, dataclasses.replace(problem, out_dtype=np.dtype(np.float32)))
+            return jax.lax.psum(partial, k_axes).astype(problem.out_dtype)
+
+        return mesh, lower, out_s, arg_shardings
+
+    lhs_rule = ", ".join(["b m k"] * n_lhs)
+    rhs_rule = ", ".join(["b n k"] * n_rhs)
+    impl.def_partition(
+        partition=partition,
+        sharding_rule=f"{lhs_rule}, {rhs_rule} -> b m n",
+        reduction_factors=("k",),
+    )
+    return impl
+
+
+def _lowering(ctx, *args, backend_name, problem):
+    impl = _partitioned_impl(backend_name, problem)
+    return mlir.lower_fun(lambda *a: impl(*a), multiple_results=False)(ctx, *args)
+
+
+partitioned_gemm_p.def_impl(
+    lambda *args, **params: jax_dispatch.apply_primitive(partitioned_gemm_p, *args, **params)
+)
+partitioned_gemm_p.def_abstract_eval(_abstract_eval)
+batching.primitive_batchers[partitioned_gemm_p] = _batch
+mlir.register_lowering(partitioned_gemm_p, _lowering)
+# custom_partitioning needs the device assignment while lowering (as TransformerEngine-JAX does).
+jax_dispatch.prim_requires_devices_during_lowering.add(partitioned_gemm_p)
