@@ -1,0 +1,313 @@
+"""MXFP4 GEMM benchmark: every available backend against bf16 ``dot_general`` in one process.
+
+Configs run from decode (M = 1..128 rows against an 8192x8192 weight) to large LLM shapes (up to
+8192x28672x8192), and the three GEMMs of a linear layer's training step for layers of T tokens,
+K_in inputs and N_out outputs:
+
+  fprop  Y  = X  · Wᵀ :  M = T,     N = N_out, K = K_in
+  dgrad  dX = dY · W  :  M = T,     N = K_in,  K = N_out
+  wgrad  dW = dYᵀ· X  :  M = N_out, N = K_in,  K = T
+
+Every GEMM is timed in canonical form (operands [M, K] and [N, K], MXFP4 pre-quantized along K;
+quantization is timed separately by benchmarks/quantize.py); identical canonical shapes are
+measured once. Variants: "a4w4" (both MXFP4), "w4a16" (bf16 activation x MXFP4 weight), and
+the baseline "bf16" (``lax.dot_general`` on bf16 operands, bf16 out; cuBLAS accumulates in
+float32). Timing: benchmarks/common.py (median of many samples after warm-up, rotating operand
+sets past the L2). Output: JSON, a markdown table and PNG figures in --out.
+
+Usage: python benchmarks/gemm.py [--quick] [--tune] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from jax import lax  # noqa: E402
+
+from benchmarks.common import device_info, geomean, n_sets_for, out_dir, time_fn, write_json  # noqa: E402
+from jax_mxfp4 import dispatch  # noqa: E402
+from jax_mxfp4.backends.base import GemmProblem  # noqa: E402
+from jax_mxfp4.quantize import quantize  # noqa: E402
+
+FULL_DECODE = [(m, 8192, 8192) for m in (1, 16, 64, 128)]
+FULL_LAYERS = [(1024, 8192, 8192), (8192, 8192, 8192), (8192, 8192, 28672)]  # (T, K_in, N_out)
+QUICK_DECODE = [(16, 64, 128)]
+QUICK_LAYERS = [(64, 64, 128)]
+
+BACKENDS = {  # variant -> backends tried (each skipped with its reason where unavailable)
+    "a4w4": ["xla", "scaled_dot", "pallas", "hipblaslt", "hipblaslt-swizzled"],
+    "w4a16": ["xla", "pallas"],
+}
+
+
+def pass_shapes(decode, layers):
+    rows = [("decode", m, n, k) for (m, n, k) in decode]
+    for t, kin, nout in layers:
+        rows += [("fprop", t, nout, kin), ("dgrad", t, kin, nout), ("wgrad", nout, kin, t)]
+    return rows
+
+
+def _problem(m, n, k, variant, scale_layout="plain"):
+    return GemmProblem(
+        batch=1, m=m, n=n, k=k, out_dtype=np.dtype(jnp.bfloat16), scale_layout=scale_layout,
+        platform=dispatch.current_platform(),
+        lhs_kind="float" if variant == "w4a16" else "mxfp4", rhs_kind="mxfp4",
+        lhs_dtype=np.dtype(jnp.bfloat16), rhs_dtype=np.dtype(jnp.bfloat16),
+    )
+
+
+def make_sets(m, n, k, variant, seed, scale_layout="plain"):
+    """Fresh random operand sets (normal data, never zeros), enough to rotate past the L2."""
+    per = {"bf16": 2 * (m + n) * k, "w4a16": 2 * m * k + (n * k * 17) // 32,
+           "a4w4": ((m + n) * k * 17) // 32}[variant]
+    sets = []
+    for i in range(n_sets_for(per)):
+        ka, kb = jax.random.split(jax.random.key(seed * 100 + i))
+        a = jax.random.normal(ka, (1, m, k), jnp.bfloat16)
+        b = jax.random.normal(kb, (1, n, k), jnp.bfloat16)
+        if variant == "bf16":
+            sets.append((a[0], b[0]))
+        elif variant == "w4a16":
+            sets.append((a, quantize(b, 2, scale_layout=scale_layout)))
+        else:
+            sets.append((quantize(a, 2, scale_layout=scale_layout), quantize(b, 2, scale_layout=scale_layout)))
+    jax.block_until_ready(sets)
+    return sets
+
+
+def bf16_fn(a, b):
+    return lax.dot_general(a, b, (((1,), (1,)), ((), ())), preferred_element_type=jnp.bfloat16)
+
+
+def backend_fn(name, m, n, k, variant):
+    """(fn, scale_layout) for a backend, or (None, reason)."""
+    base = name.split("-")[0]
+    layout = "swizzled" if name.endswith("swizzled") else "plain"
+    if base not in dispatch._REGISTRY:
+        return None, f"backend {base!r} not registered in this build"
+    be = dispatch.get_backend(base)
+    problem = _problem(m, n, k, variant, layout)
+    why = be.unavailable_reason() or be.rejects(problem)
+    if why:
+        return None, why
+    return (lambda a, b: be.gemm(a, b, problem)), layout
+
+
+def run(args):
+    info = device_info()
+    quick = args.quick
+    shapes = pass_shapes(QUICK_DECODE if quick else FULL_DECODE, QUICK_LAYERS if quick else FULL_LAYERS)
+    timing = dict(reps=3, min_sample_s=1e-4, max_inner=2, budget_s=0.2) if quick else dict(reps=30)
+    measured = {}  # (m, n, k, variant, backend) -> result dict
+    rows = []
+    t_start = time.time()
+    for pass_name, m, n, k in shapes:
+        for variant in ["bf16", "a4w4", "w4a16"]:
+            if variant == "w4a16" and pass_name not in ("decode", "fprop"):
+                continue  # weight-only quantization is an inference (forward) format
+            names = ["bf16"] if variant == "bf16" else BACKENDS[variant]
+            for name in names:
+                key = (m, n, k, variant, name)
+                if key not in measured:
+                    if name == "bf16":
+                        fn, layout = bf16_fn, "plain"
+                    else:
+                        fn, layout = backend_fn(name, m, n, k, variant)
+                    if fn is None:
+                        measured[key] = {"status": "skipped", "reason": layout}
+                    else:
+                        try:
+                            sets = make_sets(m, n, k, "bf16" if name == "bf16" else variant, seed=m + n + k, scale_layout=layout)
+                            r = time_fn(fn, sets, **timing)
+                            r["status"] = "ok"
+                            measured[key] = r
+                            del sets
+                        except Exception as e:  # record, keep going
+                            measured[key] = {"status": "error", "reason": f"{type(e).__name__}: {str(e)[:300]}"}
+                    print(f"[{time.time() - t_start:7.1f}s] {pass_name:6s} {m}x{n}x{k} {variant:5s} {name:20s} "
+                          f"{measured[key].get('median_s', float('nan')) * 1e3:9.4f} ms {measured[key]['status']}",
+                          flush=True)
+                r = dict(measured[key])
+                rows.append({"pass": pass_name, "m": m, "n": n, "k": k, "variant": variant, "backend": name, **r})
+    # ratios against bf16 of the same shape, same run
+    for r in rows:
+        base = measured[(r["m"], r["n"], r["k"], "bf16", "bf16")]
+        flops = 2.0 * r["m"] * r["n"] * r["k"]
+        if r.get("status") == "ok":
+            r["tflops"] = flops / r["median_s"] / 1e12
+            if base.get("status") == "ok":
+                r["time_ratio_vs_bf16"] = r["median_s"] / base["median_s"]
+                r["speedup_vs_bf16"] = base["median_s"] / r["median_s"]
+    geo = {}
+    for r in rows:
+        if r["variant"] == "bf16" or "speedup_vs_bf16" not in r:
+            continue
+        geo.setdefault((r["pass"], f"{r['variant']}:{r['backend']}"), []).append(r["speedup_vs_bf16"])
+    geomeans = [{"pass": p, "backend": b, "geomean_speedup_vs_bf16": geomean(v), "configs": len(v)}
+                for (p, b), v in sorted(geo.items())]
+    result = {"info": info, "quick": quick, "method": __doc__.split("Usage")[0].strip(),
+              "rows": rows, "geomeans": geomeans}
+    return result
+
+
+def markdown(result):
+    info = result["info"]
+    rows = result["rows"]
+    lines = [f"# MXFP4 GEMM benchmark: {info['device']} ({info['platform']}), jax {info['jax']}, {info['date_utc']} UTC", "",
+             "Median time per GEMM (ms) and, in brackets, time relative to bf16 `dot_general` of the same "
+             "shape in the same run (< 1 is faster). bf16 out everywhere.", ""]
+    cols = [("bf16", "bf16")] + [("a4w4", b) for b in BACKENDS["a4w4"]] + [("w4a16", b) for b in BACKENDS["w4a16"]]
+    present = [c for c in cols if any(r["variant"] == c[0] and r["backend"] == c[1] and r.get("status") == "ok" for r in rows)]
+    lines.append("| pass | M x N x K | " + " | ".join(f"{v} {b}" for v, b in present) + " |")
+    lines.append("|---|---|" + "---|" * len(present))
+    seen = []
+    for r in rows:
+        key = (r["pass"], r["m"], r["n"], r["k"])
+        if key in seen:
+            continue
+        seen.append(key)
+        cells = []
+        for v, b in present:
+            hit = [x for x in rows if (x["pass"], x["m"], x["n"], x["k"]) == key and x["variant"] == v and x["backend"] == b]
+            if not hit or hit[0].get("status") != "ok":
+                cells.append("–")
+            elif v == "bf16":
+                cells.append(f"{hit[0]['median_s'] * 1e3:.4g}")
+            else:
+                ratio = hit[0].get("time_ratio_vs_bf16", float("nan"))
+                cells.append(f"{hit[0]['median_s'] * 1e3:.4g} ({ratio:.2f}x)")
+        lines.append(f"| {key[0]} | {key[1]}x{key[2]}x{key[3]} | " + " | ".join(cells) + " |")
+    lines += ["", "Geometric mean speedup vs bf16 (> 1 is faster), per pass and backend:", "",
+              "| pass | backend | geomean speedup | configs |", "|---|---|---|---|"]
+    for g in result["geomeans"]:
+        lines.append(f"| {g['pass']} | {g['backend']} | {g['geomean_speedup_vs_bf16']:.3f} | {g['configs']} |")
+    skipped = {(r["variant"], r["backend"]): r.get("reason") for r in rows if r.get("status") in ("skipped", "error")}
+    if skipped:
+        lines += ["", "Not measured:", ""]
+        lines += [f"- {v} {b}: {why}" for (v, b), why in skipped.items()]
+    return "\n".join(lines) + "\n"
+
+
+def figures(result, out):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = []
+    geos = result["geomeans"]
+    passes = sorted({g["pass"] for g in geos}, key=["decode", "fprop", "dgrad", "wgrad"].index)
+    backends = sorted({g["backend"] for g in geos})
+    fig, ax = plt.subplots(figsize=(8, 4))
+    width = 0.8 / max(len(backends), 1)
+    for i, b in enumerate(backends):
+        ys = [next((g["geomean_speedup_vs_bf16"] for g in geos if g["pass"] == p and g["backend"] == b), np.nan) for p in passes]
+        ax.bar(np.arange(len(passes)) + i * width, ys, width, label=b)
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.set_xticks(np.arange(len(passes)) + width * (len(backends) - 1) / 2)
+    ax.set_xticklabels(passes)
+    ax.set_ylabel("geomean speedup vs bf16 (>1 faster)")
+    ax.set_yscale("log")
+    ax.set_title(f"MXFP4 GEMM on {result['info']['device']}")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    p = os.path.join(out, "gemm_geomean_speedup.png")
+    fig.savefig(p, dpi=120)
+    plt.close(fig)
+    paths.append(p)
+
+    fig, ax = plt.subplots(figsize=(8, 4))
+    markers = {"decode": "o", "fprop": "s", "dgrad": "^", "wgrad": "v"}
+    for i, b in enumerate(backends):
+        v, name = b.split(":")
+        pts = [r for r in result["rows"] if r["variant"] == v and r["backend"] == name and "speedup_vs_bf16" in r]
+        labelled = False
+        for ps, marker in markers.items():
+            sel = [r for r in pts if r["pass"] == ps]
+            if sel:
+                ax.scatter([r["k"] * (1 + 0.04 * i) for r in sel], [r["speedup_vs_bf16"] for r in sel],
+                           marker=marker, color=f"C{i}", label=None if labelled else b)
+                labelled = True
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("K (contraction length); marker = pass (o decode, s fprop, ^ dgrad, v wgrad)")
+    ax.set_ylabel("speedup vs bf16 (>1 faster)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    p = os.path.join(out, "gemm_speedup_vs_k.png")
+    fig.savefig(p, dpi=120)
+    plt.close(fig)
+    paths.append(p)
+    return paths
+
+
+def tune(out):
+    """Time candidate Pallas tile configs at the issue's goal shapes (a4w4 and w4a16)."""
+    from jax_mxfp4.kernels.gemm import TileConfig, default_config, mxfp4_gemm
+    from jax_mxfp4.mx_format import as_scale_bytes
+
+    small = [TileConfig(16, bn, bk, s, 8, w, st) for (bn, bk, s, w, st) in [
+        (64, 256, 4, 4, 4), (32, 256, 4, 4, 4), (64, 512, 2, 4, 3), (128, 256, 8, 4, 3),
+        (64, 128, 8, 4, 4), (32, 512, 8, 4, 3), (128, 512, 4, 8, 3), (64, 256, 8, 4, 3)]]
+    large = [TileConfig(bm, bn, bk, 1, 8, w, st) for (bm, bn, bk, w, st) in [
+        (128, 128, 64, 8, 3), (128, 128, 128, 8, 3), (128, 256, 64, 8, 3), (256, 128, 64, 8, 3),
+        (128, 128, 64, 4, 4), (64, 128, 64, 4, 4), (128, 64, 128, 4, 3), (128, 128, 32, 8, 4)]]
+    cases = [(16, 8192, 8192, "a4w4", small), (16, 8192, 8192, "w4a16", small),
+             (1024, 8192, 8192, "a4w4", large), (8192, 8192, 8192, "a4w4", large),
+             (1024, 8192, 8192, "w4a16", large)]
+    res = []
+    t0 = time.time()
+    for m, n, k, variant, cfgs in cases:
+        base = time_fn(bf16_fn, make_sets(m, n, k, "bf16", seed=1))["median_s"]
+        sets = make_sets(m, n, k, variant, seed=2)
+        sets = [((a if variant == "w4a16" else (a.data, as_scale_bytes(a.scales))), (b.data, as_scale_bytes(b.scales)))
+                for a, b in sets]
+        if variant == "w4a16":
+            sets = [(a.astype(jnp.bfloat16), b) for a, b in sets]
+        dflt = default_config(m, n, k, 1, a4w4=variant == "a4w4")
+        for cfg in [dflt] + [c for c in cfgs if c != dflt]:
+            try:
+                r = time_fn(lambda a, b, cfg=cfg: mxfp4_gemm(a, b, m=m, n=n, k=k, out_dtype=jnp.bfloat16, cfg=cfg), sets, reps=15, budget_s=0.5)
+                t = r["median_s"]
+            except Exception as e:
+                t = float("nan")
+                print("  error", cfg, type(e).__name__, str(e)[:200])
+            res.append({"m": m, "n": n, "k": k, "variant": variant, "cfg": cfg.__dict__, "default": cfg == dflt,
+                        "median_s": t, "bf16_s": base, "time_ratio_vs_bf16": t / base})
+            print(f"[{time.time() - t0:6.1f}s] tune {m}x{n}x{k} {variant} {cfg} {t * 1e3:.4f} ms ratio {t / base:.3f}", flush=True)
+            write_json(os.path.join(out, "gemm_tune.json"), {"info": device_info(), "rows": res})
+    return res
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--quick", action="store_true", help="tiny shapes (CPU CI): checks the pipeline and files")
+    ap.add_argument("--tune", action="store_true", help="only sweep Pallas tile configs at the goal shapes")
+    ap.add_argument("--out", default=None, help="output folder (default benchmarks/results/gemm[-quick])")
+    args = ap.parse_args(argv)
+    here = os.path.dirname(os.path.abspath(__file__))
+    out = out_dir(args.out or os.path.join(here, "results", "gemm-quick" if args.quick else "gemm"))
+    if args.tune:
+        tune(out)
+        return 0
+    result = run(args)
+    write_json(os.path.join(out, "gemm.json"), result)
+    md = markdown(result)
+    with open(os.path.join(out, "gemm.md"), "w") as f:
+        f.write(md)
+    figures(result, out)
+    print(md)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

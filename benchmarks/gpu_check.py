@@ -1,0 +1,160 @@
+"""Correctness of the compiled Pallas kernels on a GPU (run before the benchmarks).
+
+GEMM: backend "pallas" (compiled, not interpreted) against backend "xla" on fresh random data
+(mixed block magnitudes), for a4w4 and w4a16, M and N not multiples of the tile, K a multiple of
+32 but not of the K step, batch > 1, split-K, every transpose through ``dot_general``, float32
+and bfloat16 out. Pass: elementwise |pallas - xla| <= 2 K 2^-24 (|A|.|B|) (+ one bf16 ulp, 2^-7 |xla|, for bf16
+out), the bound for two float32 summation orders (tests/test_pallas_gemm.py); outputs must be finite.
+Quantizer: the fused kernel against the reference ``_quantize_impl``, bit for bit, every scale
+mode and rounding, on random data with special values planted.
+
+Usage: python benchmarks/gpu_check.py [--out DIR]; exits 1 if any check fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+import jax_mxfp4 as mx  # noqa: E402
+from benchmarks.common import device_info, out_dir, write_json  # noqa: E402
+from jax_mxfp4.kernels.gemm import TileConfig, default_config, mxfp4_gemm  # noqa: E402
+from jax_mxfp4.kernels.quantize import quantize_impl  # noqa: E402
+from jax_mxfp4.mx_format import as_scale_bytes  # noqa: E402
+from jax_mxfp4.quantize import _quantize_impl  # noqa: E402
+
+XLA = mx.Recipe(backend="xla")
+
+
+def rand(seed, shape, dtype=jnp.float32):
+    rng = np.random.default_rng(seed)
+    size = int(np.prod(shape))
+    mags = np.exp2(rng.integers(-8, 9, size=-(-size // 32))).repeat(32)[:size].reshape(shape)
+    return jnp.asarray(rng.standard_normal(shape) * mags, dtype)
+
+
+def bound_check(out, ref, a_abs, b_abs, k, bf16_out):
+    out = np.asarray(jnp.asarray(out, jnp.float32), np.float64)
+    ref = np.asarray(jnp.asarray(ref, jnp.float32), np.float64)
+    mag = np.einsum("bmk,bnk->bmn", np.asarray(a_abs, np.float64), np.asarray(b_abs, np.float64))
+    tol = 2 * k * 2.0**-24 * mag + (2.0**-7 * np.abs(ref) if bf16_out else 0) + 1e-30
+    err = np.abs(out - ref)
+    finite = bool(np.all(np.isfinite(out)))
+    ratio = float(np.max(err / tol)) if finite else float("inf")
+    rel = float(np.linalg.norm(out - ref) / max(np.linalg.norm(ref), 1e-30))
+    return {"finite": finite, "max_err_over_bound": ratio, "rel_fro": rel, "ok": finite and ratio <= 1.0}
+
+
+def gemm_checks():
+    res = []
+    cases = [  # batch, m, n, k, variant, cfg or None (default), out dtype
+        (2, 100, 72, 96, "a4w4", TileConfig(64, 64, 64), jnp.float32),
+        (1, 300, 260, 1056, "a4w4", None, jnp.bfloat16),
+        (1, 16, 8192, 8192, "a4w4", None, jnp.bfloat16),
+        (1, 1, 4096, 4096, "a4w4", None, jnp.float32),
+        (1, 1024, 1024, 2048, "a4w4", None, jnp.bfloat16),
+        (1, 7, 520, 4160, "w4a16", None, jnp.bfloat16),
+        (1, 16, 8192, 8192, "w4a16", None, jnp.bfloat16),
+        (1, 1024, 1024, 2048, "w4a16", None, jnp.float32),
+        (1, 200, 136, 320, "a16w4", TileConfig(64, 64, 64, split_k=5), jnp.float32),
+    ]
+    for i, (batch, m, n, k, variant, cfg, odt) in enumerate(cases):
+        t0 = time.time()
+        a = rand(10 * i + 1, (batch, m, k))
+        b = rand(10 * i + 2, (batch, n, k))
+        qa, qb = mx.quantize(a, 2), mx.quantize(b, 2)
+        cfg = cfg or default_config(m, n, k, batch, a4w4=variant == "a4w4")
+        if variant == "a4w4":
+            lhs, rhs = (qa.data, as_scale_bytes(qa.scales)), (qb.data, as_scale_bytes(qb.scales))
+            da, db = mx.dequantize(qa), mx.dequantize(qb)
+        elif variant == "w4a16":
+            lhs, rhs = a.astype(jnp.bfloat16), (qb.data, as_scale_bytes(qb.scales))
+            da, db = lhs.astype(jnp.float32), mx.dequantize(qb)
+        else:
+            lhs, rhs = (qa.data, as_scale_bytes(qa.scales)), b.astype(jnp.bfloat16)
+            da, db = mx.dequantize(qa), rhs.astype(jnp.float32)
+        ref = jnp.einsum("bmk,bnk->bmn", da, db, precision="highest").astype(odt)
+        out = jax.jit(lambda x, y: mxfp4_gemm(x, y, m=m, n=n, k=k, out_dtype=odt, cfg=cfg))(lhs, rhs)
+        r = bound_check(out, ref, jnp.abs(da), jnp.abs(db), k, odt == jnp.bfloat16)
+        r.update(case=f"{variant} B={batch} {m}x{n}x{k} {jnp.dtype(odt).name} {cfg}", seconds=time.time() - t0)
+        res.append(r)
+        print(("PASS" if r["ok"] else "FAIL"), r["case"], f"err/bound={r['max_err_over_bound']:.3g} rel={r['rel_fro']:.2e}", flush=True)
+    # every transpose, through dot_general + dispatch ("auto" must pick pallas on a GPU)
+    for dims, ls, rs in [((((1,), (0,)), ((), ())), (130, 256), (256, 70)),
+                         ((((0,), (1,)), ((), ())), (256, 130), (70, 256)),
+                         ((((2,), (1,)), ((0,), (0,))), (3, 40, 192), (3, 192, 24))]:
+        lhs, rhs = rand(len(ls) + ls[0], ls), rand(rs[0] + 7, rs)
+        d = mx.explain(lhs, rhs, dims)
+        out = mx.dot_general(lhs, rhs, dims)
+        ref = mx.dot_general(lhs, rhs, dims, recipe=XLA)
+        rel = float(jnp.linalg.norm(out - ref) / jnp.linalg.norm(ref))
+        ok = d.backend == "pallas" and rel < 1e-5 and out.shape == ref.shape
+        res.append({"case": f"dot_general auto {dims} {ls}x{rs}", "backend": d.backend, "rel_fro": rel, "ok": ok})
+        print(("PASS" if ok else "FAIL"), "dot_general", dims, "auto ->", d.backend, f"rel={rel:.2e}", flush=True)
+    # NaN scale byte: the whole row is NaN, nothing else
+    qa, qb = mx.quantize(rand(5, (1, 64, 256)), 2), mx.quantize(rand(6, (1, 64, 256)), 2)
+    sa = as_scale_bytes(qa.scales).at[0, 5, 3].set(255)
+    out = np.asarray(jax.jit(lambda x, y, z, w: mxfp4_gemm((x, y), (z, w), m=64, n=64, k=256, out_dtype=jnp.float32,
+                                                           cfg=default_config(64, 64, 256)))(qa.data, sa, qb.data, as_scale_bytes(qb.scales)))
+    ok = bool(np.isnan(out[0, 5]).all() and np.isfinite(np.delete(out[0], 5, 0)).all())
+    res.append({"case": "NaN scale byte -> NaN row", "ok": ok})
+    print(("PASS" if ok else "FAIL"), "NaN scale row", flush=True)
+    return res
+
+
+def quantize_checks():
+    res = []
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((333, 4160)) * np.exp2(rng.integers(-40, 40, size=(333, 130, 1))).repeat(32, -1).reshape(333, 4160)
+    x = x.astype(np.float32)
+    x[0, :32] = 0
+    x[1, 7] = np.nan
+    x[2, 100] = -np.inf
+    x[3, :64] = 1e-40
+    x[4, 32:64] = np.array([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 6.0] * 4)
+    x[5, :32] = 3e38
+    xs = {"float32": jnp.asarray(x), "bfloat16": jnp.asarray(x).astype(jnp.bfloat16)}
+    key = jax.random.key(7)
+    for dname, xx in xs.items():
+        for mode in ["floor", "ceil", "even", "rceil"]:
+            for rounding in ["nearest", "stochastic"]:
+                for axis in ([1, 0] if (mode == "even" and rounding == "nearest") else [1]):
+                    xa = xx if axis == 1 else xx[:, :4160 // 32 * 32][:320].T  # axis 0 needs a multiple of 32
+                    k = key if rounding == "stochastic" else None
+                    got = quantize_impl(xa, k, axis=axis, scale_mode=mode, rounding=rounding)
+                    ref = _quantize_impl(xa, k, axis=axis, scale_mode=mode, rounding=rounding)
+                    ok = all(bool(jnp.array_equal(jax.lax.bitcast_convert_type(g, jnp.uint8),
+                                                  jax.lax.bitcast_convert_type(r, jnp.uint8))) for g, r in zip(got, ref))
+                    res.append({"case": f"quantize {dname} {mode}/{rounding} axis={axis}", "ok": ok})
+                    print(("PASS" if ok else "FAIL"), res[-1]["case"], flush=True)
+    # the public quantize() takes the fused path on a GPU
+    from jax_mxfp4.kernels.quantize import fast_path_enabled
+    from jax_mxfp4.dispatch import current_platform
+
+    res.append({"case": f"quantize() fast path enabled on {current_platform()}", "ok": fast_path_enabled(current_platform())})
+    return res
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "gpu_check"))
+    args = ap.parse_args(argv)
+    out = out_dir(args.out)
+    res = {"info": device_info(), "gemm": gemm_checks(), "quantize": quantize_checks()}
+    n_fail = sum(not r["ok"] for r in res["gemm"] + res["quantize"])
+    res["failures"] = n_fail
+    write_json(os.path.join(out, "gpu_check.json"), res)
+    print(f"{len(res['gemm']) + len(res['quantize']) - n_fail} passed, {n_fail} failed")
+    return 1 if n_fail else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

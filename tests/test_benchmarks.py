@@ -1,0 +1,41 @@
+"""benchmarks/gemm.py and benchmarks/quantize.py --quick run on CPU and write their files."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from benchmarks import gemm, quantize  # noqa: E402
+
+
+def _png(path):
+    with open(path, "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_gemm_quick_writes_json_markdown_png(tmp_path):
+    assert gemm.main(["--quick", "--out", str(tmp_path)]) == 0
+    res = json.loads((tmp_path / "gemm.json").read_text())
+    passes = {r["pass"] for r in res["rows"]}
+    assert passes == {"decode", "fprop", "dgrad", "wgrad"}
+    ok = {(r["variant"], r["backend"]) for r in res["rows"] if r.get("status") == "ok"}
+    assert {("bf16", "bf16"), ("a4w4", "xla"), ("a4w4", "pallas"), ("w4a16", "pallas")} <= ok
+    for r in res["rows"]:
+        if r.get("status") == "ok" and r["variant"] != "bf16":
+            assert r["median_s"] > 0 and abs(r["speedup_vs_bf16"] * r["time_ratio_vs_bf16"] - 1) < 1e-9
+    assert res["geomeans"] and "| pass |" in (tmp_path / "gemm.md").read_text()
+    _png(tmp_path / "gemm_geomean_speedup.png")
+    _png(tmp_path / "gemm_speedup_vs_k.png")
+
+
+def test_quantize_quick_writes_json_markdown_png(tmp_path):
+    assert quantize.main(["--quick", "--out", str(tmp_path)]) == 0
+    res = json.loads((tmp_path / "quantize.json").read_text())
+    whats = [r["what"] for r in res["rows"]]
+    assert whats[0].startswith("copy") and any(w.startswith("fused") for w in whats)
+    assert all(r["gb_s"] > 0 for r in res["rows"])
+    assert "x copy" in (tmp_path / "quantize.md").read_text()
+    _png(tmp_path / "quantize_bandwidth.png")
