@@ -1,0 +1,140 @@
+"""The dlopen loader (xla_ffi/src/hipblaslt_loader.cc): search order, JAX_MXFP4_ROCM_LIB_DIR,
+missing libraries and symbols reported (never a crash), and a full load of stand-in libraries
+built here with the declared sonames and C symbols, through which hipblaslt_status() reads the
+gfx arch from the hipDeviceProp_tR0600 buffer at offset 1160 and the hipBLASLt version.
+
+Each case runs in a subprocess: the libraries are loaded once per process."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+PROBE = """
+import json, sys
+from jax_mxfp4 import _native
+st = dict(_native.hipblaslt_status(True))
+st["devices"] = [dict(d) for d in st["devices"]]
+if st["loaded"]:
+    st["find"] = list(_native.hipblaslt_find_algorithm(0, 32, 32, 256, "bfloat16", "plain"))
+    st["find_swizzled"] = list(_native.hipblaslt_find_algorithm(0, 32, 32, 256, "bfloat16", "swizzled"))
+print(json.dumps(st))
+"""
+
+HIP_SRC = r"""
+#include <cstring>
+extern "C" {
+unsigned hipGetDevice(int* d) { *d = 0; return 0; }
+unsigned hipSetDevice(int d) { return d == 0 ? 0 : 101; }
+unsigned hipGetDeviceCount(int* c) { *c = 1; return 0; }
+unsigned hipGetDevicePropertiesR0600(void* p, int d) {
+  char* b = static_cast<char*>(p);
+  int major = 9, minor = 5;
+  std::memcpy(b + 360, &major, 4);
+  std::memcpy(b + 364, &minor, 4);
+  std::strcpy(b + 1160, ARCH);
+  return 0;
+}
+unsigned hipDeviceGetAttribute(int* v, unsigned a, int d) { *v = a == 23 ? 9 : 5; return 0; }
+unsigned hipRuntimeGetVersion(int* v) { *v = 70100000; return 0; }
+const char* hipGetErrorString(unsigned e) { return "stand-in"; }
+}
+"""
+
+BLAS_SRC = r"""
+#include <cstring>
+#include <cstdint>
+#include <cstddef>
+struct Algo { uint8_t data[16]; size_t max_ws; };
+struct Result { Algo algo; size_t ws; unsigned state; float waves; int reserved[4]; };
+static uint64_t objects[64];
+static int next_object = 0;
+extern "C" {
+unsigned hipblasLtCreate(void** h) { *h = &objects[next_object++ % 64]; return 0; }
+unsigned hipblasLtDestroy(void*) { return 0; }
+unsigned hipblasLtGetVersion(void*, int* v) { *v = VERSION; return 0; }
+unsigned hipblasLtMatmulDescCreate(void** d, unsigned, unsigned) { *d = &objects[next_object++ % 64]; return 0; }
+unsigned hipblasLtMatmulDescDestroy(void*) { return 0; }
+unsigned hipblasLtMatmulDescSetAttribute(void*, unsigned, const void*, size_t) { return 0; }
+unsigned hipblasLtMatrixLayoutCreate(void** l, unsigned, uint64_t, uint64_t, int64_t) { *l = &objects[next_object++ % 64]; return 0; }
+unsigned hipblasLtMatrixLayoutDestroy(void*) { return 0; }
+unsigned hipblasLtMatmulPreferenceCreate(void** p) { *p = &objects[next_object++ % 64]; return 0; }
+unsigned hipblasLtMatmulPreferenceDestroy(void*) { return 0; }
+unsigned hipblasLtMatmulPreferenceSetAttribute(void*, unsigned, const void*, size_t) { return 0; }
+unsigned hipblasLtMatmulAlgoGetHeuristic(void*, void*, void*, void*, void*, void*, void*, int n, Result* r, int* got) {
+  std::memset(r, 0, sizeof(Result)); r[0].ws = 0; *got = 1; return 0; }
+#ifndef OMIT_MATMUL
+unsigned hipblasLtMatmul(void*, void*, const void*, const void*, void*, const void*, void*, const void*,
+                         const void*, void*, void*, void*, const void*, void*, size_t, void*) { return 0; }
+#endif
+}
+"""
+
+
+def probe(env_updates):
+    env = {k: v for k, v in os.environ.items() if k not in ("JAX_MXFP4_ROCM_LIB_DIR", "ROCM_PATH")}
+    env.update(env_updates)
+    out = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, timeout=120,
+                         cwd="/")
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def build(tmp_path, arch="gfx950:sramecc+:xnack-", version=100300, omit_matmul=False):
+    cxx = shutil.which("c++") or shutil.which("g++")
+    if cxx is None:
+        pytest.skip("no C++ compiler to build the stand-in libraries")
+    (tmp_path / "hip.cc").write_text(HIP_SRC)
+    (tmp_path / "blas.cc").write_text(BLAS_SRC)
+    common = [cxx, "-shared", "-fPIC", "-O0"]
+    subprocess.run(common + [f'-DARCH="{arch}"', "-o", str(tmp_path / "libamdhip64.so.7"), str(tmp_path / "hip.cc")], check=True)
+    extra = ["-DOMIT_MATMUL"] if omit_matmul else []
+    subprocess.run(common + extra + [f"-DVERSION={version}", "-o", str(tmp_path / "libhipblaslt.so.1"), str(tmp_path / "blas.cc")], check=True)
+    return tmp_path
+
+
+def test_missing_libraries_are_reported_with_the_search_order(tmp_path):
+    st = probe({"ROCM_PATH": str(tmp_path / "rocm")})
+    assert st["loaded"] is False and st["devices"] == []
+    searched = st["searched"].split("; ")
+    assert searched[0] == "libamdhip64.so.7 (already loaded?)"
+    assert searched[1:3] == ["libamdhip64.so.7", "libamdhip64.so"]
+    assert searched[3:] == [f"{tmp_path}/rocm/lib/libamdhip64.so.7", f"{tmp_path}/rocm/lib/libamdhip64.so",
+                            "/opt/rocm/lib/libamdhip64.so.7", "/opt/rocm/lib/libamdhip64.so"]
+    assert "JAX_MXFP4_ROCM_LIB_DIR" in st["error"]
+
+
+def test_env_dir_is_the_only_location_tried(tmp_path):
+    st = probe({"JAX_MXFP4_ROCM_LIB_DIR": str(tmp_path)})
+    assert st["loaded"] is False
+    assert st["searched"] == f"{tmp_path}/libamdhip64.so.7; {tmp_path}/libamdhip64.so"
+
+
+def test_stand_in_libraries_load_and_report_arch_and_version(tmp_path):
+    d = build(tmp_path)
+    st = probe({"JAX_MXFP4_ROCM_LIB_DIR": str(d)})
+    assert st["loaded"] is True, st["error"]
+    assert st["hip_path"] == f"{d}/libamdhip64.so.7" and st["hipblaslt_path"] == f"{d}/libhipblaslt.so.1"
+    (dev,) = st["devices"]
+    assert (dev["arch"], dev["hipblaslt_version"], dev["hip_runtime_version"], dev["error"]) == ("gfx950", 100300, 70100000, "")
+    assert st["find"] == [True, ""] and st["find_swizzled"] == [True, ""]
+
+
+def test_stand_in_with_another_arch_and_old_version_is_gated(tmp_path):
+    d = build(tmp_path, arch="gfx942:sramecc+:xnack-", version=100202)
+    st = probe({"JAX_MXFP4_ROCM_LIB_DIR": str(d)})
+    assert st["loaded"] is True
+    assert st["devices"][0]["arch"] == "gfx942"
+    assert st["find"][0] is False and "needs a gfx950 GPU" in st["find"][1]
+
+
+def test_missing_symbol_is_named(tmp_path):
+    d = build(tmp_path, omit_matmul=True)
+    st = probe({"JAX_MXFP4_ROCM_LIB_DIR": str(d)})
+    assert st["loaded"] is False
+    assert "lack the symbols: hipblasLtMatmul" in st["error"]
