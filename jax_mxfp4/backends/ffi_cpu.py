@@ -28,12 +28,16 @@ def packed_operands(lhs, rhs, problem):
 
 
 def current_platform() -> str:
+    """JAX's default platform ("cpu", "rocm", "cuda", ...), as dispatch sees it."""
     from .. import dispatch
 
     return dispatch.current_platform()
 
 
 class FfiCpuBackend(Backend):
+    """CPU reference handler through XLA FFI; MXFP4 x MXFP4 only, plain or swizzled scales,
+    float32/bfloat16/float16 out. Unavailable off the CPU platform (explicit use only)."""
+
     name = "ffi-cpu"
     auto_platforms = ()
     opaque = True  # an FFI custom call: jax_mxfp4.partitioning gives it a sharding rule

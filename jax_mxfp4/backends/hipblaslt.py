@@ -33,6 +33,9 @@ def _version(v: int) -> str:
 
 
 class HipblasltBackend(Backend):
+    """hipBLASLt MXFP4 GEMM on gfx950 (rules in the module docstring); "auto" prefers it on
+    ROCm. Under :func:`jax_mxfp4.ffi.target_platforms` ("rocm") only the shape rules apply."""
+
     name = "hipblaslt"
     auto_platforms = ("rocm",)
     opaque = True  # an FFI custom call: jax_mxfp4.partitioning gives it a sharding rule

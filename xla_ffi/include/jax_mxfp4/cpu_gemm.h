@@ -5,8 +5,9 @@
 //              |element| < 2^-126 -> zero of the same sign (the package-wide flush rule).
 //   product  = lhs element x rhs element in float32: exact (<= 4 significant bits) unless it
 //              overflows; |product| < 2^-126 flushes to signed zero (as XLA:CPU does).
-//   block    = the 32 products of one K-block summed in float32, k ascending: exact (all are
-//              multiples of one power of two, |sum| < 2^13 of them).
+//   block    = the 32 products of one K-block summed in float32: exact whenever it is finite and
+//              above 2^-126 (all are multiples of one power of two, |sum| < 2^13 of them), so its
+//              order does not matter; blocks whose products may flush are summed k ascending.
 //   result   = block sums accumulated in float32, blocks ascending (fixed order); partial sums
 //              below 2^-126 flush to signed zero; then one rounding to the output type (RNE).
 #pragma once
