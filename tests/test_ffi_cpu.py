@@ -251,3 +251,29 @@ def test_registration_platform_strings_are_exact():
     }
     assert registration.FFI_PLATFORMS == {k: v[0] for k, v in regs.items()}
     assert registration.NATIVE_IMPORT_ERROR is None
+
+
+def test_import_without_the_compiled_module_records_why(tmp_path):
+    """A copy of the package without _native imports fine; the FFI backends say why not."""
+    import pathlib
+    import shutil
+    import subprocess
+    import sys
+
+    src = pathlib.Path(mx.__file__).resolve().parent
+    shutil.copytree(src, tmp_path / "jax_mxfp4", ignore=shutil.ignore_patterns("_native*", "__pycache__"))
+    code = (
+        "import sys; sys.path.insert(0, sys.argv[1]); import jax_mxfp4 as mx, jax;"
+        "import jax.numpy as jnp;"
+        "assert mx.__file__.startswith(sys.argv[1]), mx.__file__;"
+        "x = jax.ShapeDtypeStruct((32, 256), jnp.float32);"
+        "d = mx.explain(x, x, (((1,), (1,)), ((), ())));"
+        "print(d.backend); print(d.reasons['ffi-cpu']); print(d.reasons['hipblaslt'])"
+    )
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=120,
+                         cwd=str(tmp_path))
+    assert out.returncode == 0, out.stderr
+    backend, ffi_reason, hip_reason = out.stdout.strip().splitlines()[-3:]
+    assert backend == "xla"
+    assert "jax_mxfp4._native could not be imported" in ffi_reason
+    assert "jax_mxfp4._native could not be imported" in hip_reason
