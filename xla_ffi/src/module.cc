@@ -202,9 +202,50 @@ nb::tuple HipblasltFindAlgorithm(int device, int64_t m, int64_t n, int64_t k,
   return nb::make_tuple(st.ok(), st.message);
 }
 
+// Every value and size declared in hipblaslt_api.h, for the test that compares them with the
+// ABI reference file.
+nb::dict AbiConstants() {
+  nb::dict d;
+#define JAX_MXFP4_PUT(name) d[#name] = static_cast<long long>(abi::name);
+  JAX_MXFP4_PUT(HIP_R_32F) JAX_MXFP4_PUT(HIP_R_16F) JAX_MXFP4_PUT(HIP_R_16BF)
+  JAX_MXFP4_PUT(HIP_R_8F_UE8M0) JAX_MXFP4_PUT(HIP_R_4F_E2M1)
+  JAX_MXFP4_PUT(HIPBLAS_STATUS_SUCCESS) JAX_MXFP4_PUT(HIPBLAS_STATUS_NOT_INITIALIZED)
+  JAX_MXFP4_PUT(HIPBLAS_STATUS_ALLOC_FAILED) JAX_MXFP4_PUT(HIPBLAS_STATUS_INVALID_VALUE)
+  JAX_MXFP4_PUT(HIPBLAS_STATUS_MAPPING_ERROR) JAX_MXFP4_PUT(HIPBLAS_STATUS_EXECUTION_FAILED)
+  JAX_MXFP4_PUT(HIPBLAS_STATUS_INTERNAL_ERROR) JAX_MXFP4_PUT(HIPBLAS_STATUS_NOT_SUPPORTED)
+  JAX_MXFP4_PUT(HIPBLAS_STATUS_ARCH_MISMATCH) JAX_MXFP4_PUT(HIPBLAS_STATUS_HANDLE_IS_NULLPTR)
+  JAX_MXFP4_PUT(HIPBLAS_STATUS_INVALID_ENUM) JAX_MXFP4_PUT(HIPBLAS_STATUS_UNKNOWN)
+  JAX_MXFP4_PUT(HIPBLAS_OP_N) JAX_MXFP4_PUT(HIPBLAS_OP_T) JAX_MXFP4_PUT(HIPBLAS_COMPUTE_32F)
+  JAX_MXFP4_PUT(HIPBLASLT_MATMUL_DESC_TRANSA) JAX_MXFP4_PUT(HIPBLASLT_MATMUL_DESC_TRANSB)
+  JAX_MXFP4_PUT(HIPBLASLT_MATMUL_DESC_A_SCALE_POINTER) JAX_MXFP4_PUT(HIPBLASLT_MATMUL_DESC_B_SCALE_POINTER)
+  JAX_MXFP4_PUT(HIPBLASLT_MATMUL_DESC_A_SCALE_MODE) JAX_MXFP4_PUT(HIPBLASLT_MATMUL_DESC_B_SCALE_MODE)
+  JAX_MXFP4_PUT(HIPBLASLT_MATMUL_MATRIX_SCALE_VEC32_UE8M0)
+  JAX_MXFP4_PUT(HIPBLASLT_MATMUL_MATRIX_SCALE_BLK32_UE8M0_32_8_EXT)
+  JAX_MXFP4_PUT(HIPBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES)
+  JAX_MXFP4_PUT(hipSuccess) JAX_MXFP4_PUT(hipDeviceAttributeComputeCapabilityMajor)
+  JAX_MXFP4_PUT(hipDeviceAttributeComputeCapabilityMinor)
+#undef JAX_MXFP4_PUT
+  d["sizeof(hipblasLtMatmulAlgo_t)"] = sizeof(abi::hipblasLtMatmulAlgo_t);
+  d["sizeof(hipblasLtMatmulHeuristicResult_t)"] = sizeof(abi::hipblasLtMatmulHeuristicResult_t);
+  d["sizeof(hipDeviceProp_tR0600)"] = abi::kDevicePropR0600Size;
+  d["offsetof(hipDeviceProp_tR0600, gcnArchName)"] = abi::kDevicePropGcnArchNameOffset;
+  d["offsetof(hipDeviceProp_tR0600, major)"] = abi::kDevicePropMajorOffset;
+  d["offsetof(hipDeviceProp_tR0600, minor)"] = abi::kDevicePropMinorOffset;
+  d["offsetof(hipblasLtMatmulHeuristicResult_t, workspaceSize)"] = offsetof(abi::hipblasLtMatmulHeuristicResult_t, workspaceSize);
+  d["offsetof(hipblasLtMatmulHeuristicResult_t, state)"] = offsetof(abi::hipblasLtMatmulHeuristicResult_t, state);
+  nb::list symbols;
+#define JAX_MXFP4_SYMBOL(ret, name, params) symbols.append(#name);
+  JAX_MXFP4_HIP_FUNCTIONS(JAX_MXFP4_SYMBOL)
+  JAX_MXFP4_HIPBLASLT_FUNCTIONS(JAX_MXFP4_SYMBOL)
+#undef JAX_MXFP4_SYMBOL
+  d["symbols"] = symbols;
+  return d;
+}
+
 }  // namespace
 
 NB_MODULE(_native, m) {
+  m.def("abi_constants", &AbiConstants, "Every value, size and symbol declared in hipblaslt_api.h.");
   m.doc() = "jax-mxfp4 native XLA FFI handlers (CPU reference, hipBLASLt via dlopen)";
   m.def("registrations", []() {
     nb::dict d;
