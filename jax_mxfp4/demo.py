@@ -1,0 +1,352 @@
+"""Train a small byte-level transformer LM twice -- bf16 GEMMs vs MXFP4 GEMMs -- and compare.
+
+Run: ``python -m jax_mxfp4.demo [--steps N --size small|medium --backend auto --seed 0 --out DIR]``
+(also installed as the console script ``jax-mxfp4-demo``).
+
+Data: the bytes of the Python standard library's own ``.py`` sources
+(``sysconfig.get_paths()["stdlib"]``, test directories and ``site-packages`` excluded), as a
+fixed sorted file list; every 10th file is held out for evaluation. Nothing is downloaded.
+
+Model: a pre-LayerNorm decoder-only transformer (byte embedding + learned positions, causal
+multi-head attention, GELU MLP, LM head). Every projection -- q/k/v, attention output, both MLP
+layers and the LM head -- is a :class:`jax_mxfp4.flax.linen.Dense`; the two runs differ only in
+the layers' recipe: ``Recipe(fprop="bf16", dgrad="bf16", wgrad="bf16")`` (bf16 operands,
+float32 accumulation) versus ``Recipe()`` (MXFP4 fprop, dgrad and wgrad, stochastic rounding of
+the gradients). Embeddings, LayerNorm, softmax attention scores and the optimizer stay in float32
+in both runs. Same seed, same initial parameters, same batches, same optimizer (AdamW, warmup +
+cosine decay).
+
+Output: a progress bar per run, a final table (train and eval loss in nats/byte, the gap in %,
+tokens/s, the backend that ran the MXFP4 GEMMs), the unigram byte entropy of the eval data for
+scale, and ``results.json`` and ``loss.png`` in ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import pathlib
+import sys
+import sysconfig
+import time
+
+import numpy as np
+
+SIZES = {
+    # d_model, layers, heads, seq_len, batch, default steps, learning rate
+    "small": dict(d_model=128, n_layers=2, n_heads=4, seq_len=128, batch=16, steps=300, lr=3e-3),
+    "medium": dict(d_model=256, n_layers=4, n_heads=8, seq_len=256, batch=16, steps=1000, lr=2e-3),
+}
+BF16_RECIPE_FIELDS = dict(fprop="bf16", dgrad="bf16", wgrad="bf16")
+HOLDOUT_EVERY = 10
+EXCLUDED_DIRS = {"site-packages", "test", "tests", "idle_test"}
+
+
+# ----------------------------------------------------------------------------- data
+def stdlib_files(root: str | os.PathLike | None = None) -> list[pathlib.Path]:
+    """Sorted ``.py`` files of the standard library, without tests and site-packages."""
+    root = pathlib.Path(root or sysconfig.get_paths()["stdlib"])
+    files = [
+        f for f in root.rglob("*.py")
+        if not (EXCLUDED_DIRS & set(f.relative_to(root).parts[:-1])) and f.is_file()
+    ]
+    return sorted(files, key=lambda f: f.relative_to(root).as_posix())
+
+
+def load_corpus(root=None, max_train_bytes: int = 16 << 20):
+    """(train bytes, eval bytes, info): every ``HOLDOUT_EVERY``-th sorted file goes to eval."""
+    files = stdlib_files(root)
+    if len(files) < HOLDOUT_EVERY:
+        raise RuntimeError(f"found only {len(files)} Python files under the stdlib path; need >= {HOLDOUT_EVERY}")
+    train, evals = [], []
+    for i, f in enumerate(files):
+        (evals if i % HOLDOUT_EVERY == HOLDOUT_EVERY - 1 else train).append(f.read_bytes())
+    train_b = np.frombuffer(b"".join(train), np.uint8)[:max_train_bytes]
+    eval_b = np.frombuffer(b"".join(evals), np.uint8)
+    info = dict(
+        root=str(pathlib.Path(root or sysconfig.get_paths()["stdlib"])),
+        files=len(files), train_files=len(train), eval_files=len(evals),
+        train_bytes=int(train_b.size), eval_bytes=int(eval_b.size),
+    )
+    return train_b, eval_b, info
+
+
+def unigram_entropy_nats(data: np.ndarray) -> float:
+    """Entropy (nats/byte) of the byte frequencies of ``data``: a context-free model's best loss."""
+    p = np.bincount(data, minlength=256).astype(np.float64)
+    p = p[p > 0] / p.sum()
+    return float(-(p * np.log(p)).sum())
+
+
+def batch_starts(n_bytes: int, seq_len: int, batch: int, steps: int, seed: int) -> np.ndarray:
+    """[steps, batch] window starts, the same for both runs."""
+    return np.random.default_rng(seed).integers(0, n_bytes - seq_len - 1, size=(steps, batch))
+
+
+def windows(data: np.ndarray, starts: np.ndarray, seq_len: int) -> np.ndarray:
+    idx = starts[..., None] + np.arange(seq_len + 1)
+    return data[idx].astype(np.int32)
+
+
+# ----------------------------------------------------------------------------- model
+def build_model(cfg: dict, recipe):
+    import flax.linen as nn
+    import jax
+    import jax.numpy as jnp
+
+    from .flax import linen as mxl
+
+    d, h = cfg["d_model"], cfg["n_heads"]
+
+    class Block(nn.Module):
+        @nn.compact
+        def __call__(self, x):
+            b, t, _ = x.shape
+            y = nn.LayerNorm(name="ln1")(x)
+            qkv = mxl.Dense(3 * d, recipe=recipe, name="qkv")(y).reshape(b, t, 3, h, d // h)
+            q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+            scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(d // h)
+            mask = jnp.tril(jnp.ones((t, t), bool))
+            att = jax.nn.softmax(jnp.where(mask, scores, -1e30), axis=-1)
+            y = jnp.einsum("bhqk,bkhd->bqhd", att, v).reshape(b, t, d)
+            x = x + mxl.Dense(d, recipe=recipe, name="proj")(y)
+            y = nn.LayerNorm(name="ln2")(x)
+            y = mxl.Dense(4 * d, recipe=recipe, name="mlp_in")(y)
+            return x + mxl.Dense(d, recipe=recipe, name="mlp_out")(jax.nn.gelu(y))
+
+    class ByteLM(nn.Module):
+        @nn.compact
+        def __call__(self, tokens):
+            t = tokens.shape[1]
+            x = nn.Embed(256, d, name="embed")(tokens)
+            x = x + nn.Embed(cfg["seq_len"], d, name="pos")(jnp.arange(t))[None]
+            for i in range(cfg["n_layers"]):
+                x = Block(name=f"block{i}")(x)
+            return mxl.Dense(256, recipe=recipe, name="head")(nn.LayerNorm(name="ln_f")(x))
+
+    return ByteLM()
+
+
+@dataclasses.dataclass
+class RunResult:
+    name: str
+    train_loss: float
+    eval_loss: float
+    tokens_per_s: float
+    wall_s: float
+    train_curve: list
+    eval_curve: list
+
+
+def train_one(name, recipe, cfg, steps, seed, train_b, eval_b, starts, eval_starts, eval_every, quiet=False):
+    import jax
+    import jax.numpy as jnp
+    import optax
+    from tqdm.auto import tqdm
+
+    model = build_model(cfg, recipe)
+    tokens0 = jnp.asarray(windows(train_b, starts[0], cfg["seq_len"]))[:, :-1]
+    params = model.init(jax.random.key(seed), tokens0)
+    warmup = max(1, steps // 10)
+    sched = optax.warmup_cosine_decay_schedule(0.0, cfg["lr"], warmup, max(steps, warmup + 1), cfg["lr"] * 0.1)
+    opt = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(sched, b2=0.99, weight_decay=0.01))
+    opt_state = opt.init(params)
+
+    def loss_fn(params, batch):
+        logits = model.apply(params, batch[:, :-1])
+        return optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), batch[:, 1:]).mean()
+
+    @jax.jit
+    def step(params, opt_state, batch):
+        loss, grads = jax.value_and_grad(loss_fn)(params, batch)
+        updates, opt_state = opt.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), opt_state, loss
+
+    eval_loss_j = jax.jit(loss_fn)
+    eval_batches = [jnp.asarray(windows(eval_b, s, cfg["seq_len"])) for s in eval_starts]
+
+    def evaluate(params):
+        return float(np.mean([float(eval_loss_j(params, b)) for b in eval_batches]))
+
+    train_curve, eval_curve = [], []
+    t_start = time.perf_counter()
+    step_time = 0.0  # training steps after the first (which includes compilation), no evals
+    bar = tqdm(range(steps), desc=f"{name:>5}", unit="step", disable=quiet, dynamic_ncols=True, file=sys.stdout)
+    for i in bar:
+        t = time.perf_counter()
+        batch = jnp.asarray(windows(train_b, starts[i], cfg["seq_len"]))
+        params, opt_state, loss = step(params, opt_state, batch)
+        loss = float(loss)
+        if i > 0:
+            step_time += time.perf_counter() - t
+        if not math.isfinite(loss):
+            raise FloatingPointError(f"{name}: training loss became {loss} at step {i}")
+        train_curve.append(loss)
+        if eval_every and ((i + 1) % eval_every == 0) and i + 1 < steps:
+            eval_curve.append((i + 1, evaluate(params)))
+        bar.set_postfix(loss=f"{loss:.3f}", refresh=False)
+    final_eval = evaluate(params)
+    eval_curve.append((steps, final_eval))
+    wall = time.perf_counter() - t_start
+    tok = cfg["batch"] * cfg["seq_len"]
+    tps = tok * (steps - 1) / step_time if steps > 1 and step_time > 0 else float("nan")
+    tail = train_curve[-max(1, min(20, steps // 5)):]
+    return RunResult(name, float(np.mean(tail)), final_eval, tps, wall, train_curve, eval_curve)
+
+
+def mxfp4_backend_used(recipe, cfg) -> str:
+    import jax
+    import jax.numpy as jnp
+
+    from .gemm import explain
+
+    x = jax.ShapeDtypeStruct((cfg["batch"] * cfg["seq_len"], cfg["d_model"]), jnp.float32)
+    w = jax.ShapeDtypeStruct((cfg["d_model"], 4 * cfg["d_model"]), jnp.float32)
+    return explain(x, w, (((1,), (0,)), ((), ())), recipe=recipe).backend
+
+
+def plot(path, runs, unigram):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7.5, 4.5), dpi=120)
+    colors = {"bf16": "tab:blue", "mxfp4": "tab:red"}
+    for r in runs:
+        c = np.asarray(r.train_curve)
+        k = max(1, min(25, len(c) // 10))
+        smooth = np.convolve(c, np.ones(k) / k, mode="valid")
+        ax.plot(np.arange(k, len(c) + 1), smooth, color=colors[r.name], alpha=0.8, label=f"{r.name} train (avg {k})")
+        ex, ey = zip(*r.eval_curve)
+        ax.plot(ex, ey, "o--", color=colors[r.name], ms=4, label=f"{r.name} eval (held-out files)")
+    ax.axhline(unigram, color="gray", ls=":", label=f"unigram byte entropy {unigram:.2f}")
+    ax.set_xlabel("step")
+    ax.set_ylabel("cross-entropy (nats/byte)")
+    ax.set_title("Byte LM on Python stdlib sources: bf16 vs MXFP4 GEMMs")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(prog="jax-mxfp4-demo", description=__doc__.splitlines()[0])
+    p.add_argument("--steps", type=int, default=None, help="training steps per run (default: per --size)")
+    p.add_argument("--size", choices=sorted(SIZES), default="small", help="model size (default small)")
+    p.add_argument("--out", default="demo_out", help="directory for results.json and loss.png")
+    p.add_argument("--backend", default="auto", help="jax_mxfp4 backend of the MXFP4 run (default auto)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--eval-batches", type=int, default=8, help="held-out batches per evaluation")
+    p.add_argument("--eval-every", type=int, default=None, help="steps between evaluations (default steps/6)")
+    p.add_argument("--batch", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--seq-len", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--d-model", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--layers", type=int, default=None, help=argparse.SUPPRESS)
+    p.add_argument("--grad-rounding", choices=["stochastic", "nearest"], default="stochastic",
+                   help="rounding of the gradient operands in the MXFP4 run (default stochastic)")
+    p.add_argument("--hadamard", action="store_true", help="random Hadamard transform on the wgrad operands")
+    p.add_argument("--scale-mode", default="even", choices=["floor", "ceil", "even", "rceil"])
+    p.add_argument("--quiet", action="store_true", help="no progress bars")
+    args = p.parse_args(argv)
+    if args.steps is not None and args.steps < 1:
+        p.error(f"--steps must be >= 1, got {args.steps}")
+    return args
+
+
+def main(argv=None) -> int:
+    """Entry point of ``python -m jax_mxfp4.demo`` and the ``jax-mxfp4-demo`` console script."""
+    run(argv)
+    return 0
+
+
+def run(argv=None) -> dict:
+    """Parse ``argv`` (the command-line flags), train both runs, write the outputs; returns the
+    dict written to ``results.json``."""
+    args = parse_args(argv)
+    import jax
+
+    from .recipe import Recipe
+
+    cfg = dict(SIZES[args.size])
+    for key, val in (("batch", args.batch), ("seq_len", args.seq_len), ("d_model", args.d_model), ("n_layers", args.layers)):
+        if val is not None:
+            cfg[key] = val
+    cfg["n_heads"] = min(cfg["n_heads"], max(1, cfg["d_model"] // 32))
+    steps = args.steps or cfg["steps"]
+    eval_every = args.eval_every if args.eval_every is not None else max(1, steps // 6)
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+
+    t0 = time.perf_counter()
+    train_b, eval_b, data_info = load_corpus()
+    unigram = unigram_entropy_nats(eval_b)
+    starts = batch_starts(train_b.size, cfg["seq_len"], cfg["batch"], steps, args.seed)
+    eval_starts = batch_starts(eval_b.size, cfg["seq_len"], cfg["batch"], args.eval_batches, args.seed + 1)
+    print(
+        f"data: {data_info['train_files']} train files ({data_info['train_bytes'] / 1e6:.1f} MB), "
+        f"{data_info['eval_files']} held-out files ({data_info['eval_bytes'] / 1e6:.2f} MB) from {data_info['root']}"
+    )
+    print(
+        f"model: {args.size} (d={cfg['d_model']}, layers={cfg['n_layers']}, heads={cfg['n_heads']}, "
+        f"seq={cfg['seq_len']}, batch={cfg['batch']}), {steps} steps per run, seed {args.seed}, "
+        f"JAX on {jax.default_backend()}"
+    )
+    mx_recipe = Recipe(backend=args.backend, grad_rounding=args.grad_rounding, hadamard=args.hadamard,
+                       scale_mode=args.scale_mode)
+    bf_recipe = Recipe(backend=args.backend, **BF16_RECIPE_FIELDS)
+    backend = mxfp4_backend_used(mx_recipe, cfg)
+    runs = []
+    for name, recipe in (("bf16", bf_recipe), ("mxfp4", mx_recipe)):
+        runs.append(train_one(name, recipe, cfg, steps, args.seed, train_b, eval_b, starts, eval_starts,
+                              eval_every, quiet=args.quiet))
+    bf, mx4 = runs
+    gap = 100.0 * (mx4.eval_loss - bf.eval_loss) / bf.eval_loss
+    total = time.perf_counter() - t0
+
+    rows = [("run", "train loss", "eval loss", "gap vs bf16", "tokens/s", "GEMM backend")]
+    rows.append(("bf16", f"{bf.train_loss:.4f}", f"{bf.eval_loss:.4f}", "-", f"{bf.tokens_per_s:,.0f}", "XLA bf16 dot"))
+    rows.append(("mxfp4", f"{mx4.train_loss:.4f}", f"{mx4.eval_loss:.4f}", f"{gap:+.2f}%", f"{mx4.tokens_per_s:,.0f}", backend))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = [" | ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows]
+    lines.insert(1, "-+-".join("-" * w for w in widths))
+    print()
+    print("\n".join(lines))
+    print(
+        f"\nlosses in nats/byte; unigram byte entropy of the eval data: {unigram:.4f} nats "
+        f"({unigram / math.log(2):.3f} bits); eval loss bf16 {bf.eval_loss / math.log(2):.3f} bits, "
+        f"mxfp4 {mx4.eval_loss / math.log(2):.3f} bits per byte"
+    )
+    print(f"MXFP4 eval loss is {gap:+.2f}% vs bf16 (target: within 3%); total wall time {total:.0f} s")
+
+    results = {
+        "bf16": {"eval_loss": bf.eval_loss, "train_loss": bf.train_loss, "tokens_per_s": bf.tokens_per_s,
+                 "wall_s": bf.wall_s, "recipe": dataclasses.asdict(bf_recipe),
+                 "eval_curve": bf.eval_curve, "train_curve": bf.train_curve},
+        "mxfp4": {"eval_loss": mx4.eval_loss, "train_loss": mx4.train_loss, "tokens_per_s": mx4.tokens_per_s,
+                  "wall_s": mx4.wall_s, "recipe": dataclasses.asdict(mx_recipe),
+                  "eval_curve": mx4.eval_curve, "train_curve": mx4.train_curve},
+        "gap_pct": gap,
+        "steps": steps,
+        "backend": backend,
+        "size": args.size,
+        "seed": args.seed,
+        "model": cfg,
+        "unigram_entropy_nats": unigram,
+        "data": data_info,
+        "platform": jax.default_backend(),
+        "cpu_count": os.cpu_count(),
+        "total_wall_s": total,
+    }
+    (out / "results.json").write_text(json.dumps(results, indent=2))
+    plot(out / "loss.png", runs, unigram)
+    print(f"wrote {out / 'results.json'} and {out / 'loss.png'}")
+    return results
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,67 @@
+"""The demo (python -m jax_mxfp4.demo): a tiny end-to-end run, the data split and the CLI."""
+
+from __future__ import annotations
+
+import collections
+import json
+import math
+import pathlib
+import tomllib
+
+import numpy as np
+import pytest
+
+from jax_mxfp4 import demo
+
+TINY = ["--steps", "3", "--quiet", "--batch", "2", "--seq-len", "32", "--d-model", "32",
+        "--layers", "1", "--eval-batches", "1"]
+
+
+def test_tiny_run_writes_results_and_plot(tmp_path, capsys):
+    res = demo.run(TINY + ["--out", str(tmp_path)])
+    saved = json.loads((tmp_path / "results.json").read_text())
+    for name in ("bf16", "mxfp4"):
+        loss = saved[name]["eval_loss"]
+        assert math.isfinite(loss) and 3.0 < loss < math.log(256) + 1.0  # 3 steps: still near uniform
+        assert len(saved[name]["train_curve"]) == 3
+    gap = 100 * (saved["mxfp4"]["eval_loss"] - saved["bf16"]["eval_loss"]) / saved["bf16"]["eval_loss"]
+    assert saved["gap_pct"] == pytest.approx(gap)
+    assert saved["steps"] == 3 and saved["backend"] in ("xla", "ffi-cpu", "scaled_dot", "pallas", "hipblaslt")
+    assert saved["bf16"]["recipe"]["wgrad"] == "bf16" and saved["mxfp4"]["recipe"]["wgrad"] == "mxfp4"
+    assert res["gap_pct"] == saved["gap_pct"]
+    assert (tmp_path / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    out = capsys.readouterr().out
+    assert "unigram byte entropy" in out and "gap vs bf16" in out and "mxfp4" in out
+
+
+def test_data_split_is_fixed_and_disjoint():
+    files = demo.stdlib_files()
+    assert files == demo.stdlib_files() and len(files) >= 100
+    names = [f.name for f in files]
+    assert "os.py" in names and not any("site-packages" in f.parts for f in files)
+    train, evals, info = demo.load_corpus()
+    assert info["eval_files"] == len(files) // demo.HOLDOUT_EVERY
+    assert info["train_files"] + info["eval_files"] == len(files)
+    assert train.dtype == np.uint8 and evals.size == info["eval_bytes"] > 10_000
+
+
+def test_unigram_entropy_against_counter():
+    data = np.frombuffer(b"abracadabra, said the wizard" * 3, np.uint8)
+    counts = collections.Counter(data.tolist())
+    n = sum(counts.values())
+    want = -sum(c / n * math.log(c / n) for c in counts.values())
+    assert demo.unigram_entropy_nats(data) == pytest.approx(want, rel=1e-12)
+    assert demo.unigram_entropy_nats(np.arange(256, dtype=np.uint8)) == pytest.approx(math.log(256))
+
+
+def test_cli_rejects_bad_flags():
+    with pytest.raises(SystemExit):
+        demo.parse_args(["--steps", "0"])
+    with pytest.raises(SystemExit):
+        demo.parse_args(["--size", "huge"])
+
+
+def test_console_script_declared():
+    pyproject = tomllib.loads((pathlib.Path(__file__).parents[1] / "pyproject.toml").read_text())
+    assert pyproject["project"]["scripts"]["jax-mxfp4-demo"] == "jax_mxfp4.demo:main"
+    assert callable(demo.main)
