@@ -260,3 +260,54 @@ def test_shared_validation_rejects_bad_buffers_before_any_call():
     res = _native._fake_hipblaslt_gemm(ld, ls[:, :2].copy(), rd, rs, "float32", "plain", {}, 1, 0)
     assert res["code"] == "INVALID_ARGUMENT" and "lhs scales has shape [16, 2], expected [16, 4]" in res["error"]
     assert res["log"] == []
+
+
+# ---- The double itself: it refuses what hipBLASLt refuses and computes from what it is given,
+# so the tests above would see a swapped operand, a wrong ld, transpose or scale pointer.
+
+def raw(a, b, sa, sb, k, m, n, lda=None, ldb=None, trans_a=OP_T, trans_b=OP_N, mode=VEC32_UE8M0,
+        ws_given=4096, ws_needed=4096, register_scales=True):
+    st, out = _native._fake_hipblaslt_raw_matmul(
+        np.ascontiguousarray(a), np.ascontiguousarray(b), np.ascontiguousarray(sa), np.ascontiguousarray(sb),
+        k, m, n, lda or k, ldb or k, trans_a, trans_b, mode, ws_given, ws_needed, register_scales)
+    return st, np.frombuffer(out, np.float32).reshape(n, m)  # column-major (m x n) == row-major [n, m]
+
+
+def test_double_computes_from_descriptors_and_detects_a_swap():
+    m, n, k = 32, 16, 256  # caller's M, N
+    ld, ls, rd, rs = operands(m, n, k, seed=21)
+    want = cpu_reference(ld, ls, rd, rs, "float32")
+    st, out = raw(rd, ld, rs, ls, k, n, m)  # A = W (rhs), B = X (lhs): hipBLASLt m = N, n = M
+    assert st == 0
+    np.testing.assert_array_equal(out, want)
+    st, swapped = raw(ld, rd, ls, rs, k, m, n)  # operands exchanged: the transpose comes out
+    assert st == 0 and swapped.shape != want.shape
+    np.testing.assert_array_equal(swapped, want.T)
+
+
+def test_double_honours_leading_dimensions():
+    m, n, k = 16, 16, 128
+    ld, ls, rd, rs = operands(m, n, k, seed=22)
+    pad = 64  # elements of padding per column: ld = K + 64
+    rd_padded = np.concatenate([rd, np.full((n, pad // 2), 0x77, np.uint8)], axis=1)
+    st, out = raw(rd_padded, ld, rs, ls, k, n, m, lda=k + pad)
+    assert st == 0
+    np.testing.assert_array_equal(out, cpu_reference(ld, ls, rd, rs, "float32"))
+    st, wrong = raw(rd_padded, ld, rs, ls, k, n, m, lda=k)  # ld that ignores the padding
+    assert st == 0 and not np.array_equal(wrong, out)
+
+
+@pytest.mark.parametrize(
+    "kwargs,status",
+    [
+        ({"trans_a": OP_N}, 7),  # MX is TN only: NOT_SUPPORTED
+        ({"trans_b": OP_T}, 7),
+        ({"mode": 0}, 7),  # SCALAR_32F is not an MX scale mode
+        ({"register_scales": False}, 3),  # scale pointer outside device memory: INVALID_VALUE
+        ({"ws_given": 1024, "ws_needed": 4096}, 3),  # workspace smaller than the algorithm needs
+    ],
+)
+def test_double_refuses_what_hipblaslt_refuses(kwargs, status):
+    ld, ls, rd, rs = operands(16, 16, 128, seed=23)
+    st, _ = raw(rd, ld, rs, ls, 128, 16, 16, **kwargs)
+    assert st == status

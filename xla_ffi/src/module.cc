@@ -202,6 +202,54 @@ nb::tuple HipblasltFindAlgorithm(int device, int64_t m, int64_t n, int64_t k,
   return nb::make_tuple(st.ok(), st.message);
 }
 
+// TEST ONLY: drives the recording double directly with caller-chosen descriptors, to show that it
+// refuses what hipBLASLt refuses and computes from what it is given (so the call-path tests can
+// detect a wrong ld, operand order, transpose or scale pointer). Returns (status, out bytes).
+nb::tuple FakeRawMatmul(U8Array a, U8Array b, U8Array a_scales, U8Array b_scales, int64_t k, int64_t m,
+                        int64_t n, int64_t lda, int64_t ldb, int32_t trans_a, int32_t trans_b,
+                        uint32_t mode, uint64_t workspace_given, uint64_t workspace_needed,
+                        bool register_scales) {
+  fake::Config cfg;
+  cfg.workspace_size = workspace_needed;
+  const HipblasltApi* api = fake::Reset(cfg);
+  std::vector<uint8_t> d(static_cast<size_t>(m * n * 4), 0);
+  std::vector<uint8_t> ws(workspace_given + 16);
+  void* ws_ptr = reinterpret_cast<void*>((reinterpret_cast<uintptr_t>(ws.data()) + 15) & ~uintptr_t{15});
+  fake::RegisterMemory(a.data(), a.size());
+  fake::RegisterMemory(b.data(), b.size());
+  if (register_scales) {
+    fake::RegisterMemory(a_scales.data(), a_scales.size());
+    fake::RegisterMemory(b_scales.data(), b_scales.size());
+  }
+  fake::RegisterMemory(d.data(), d.size());
+  fake::RegisterMemory(ws_ptr, workspace_given);
+  abi::hipblasLtHandle_t h;
+  abi::hipblasLtMatmulDesc_t desc;
+  abi::hipblasLtMatrixLayout_t la, lb, lc;
+  abi::hipblasLtMatmulPreference_t pref;
+  api->hipblasLtCreate(&h);
+  api->hipblasLtMatrixLayoutCreate(&la, abi::HIP_R_4F_E2M1, k, m, lda);
+  api->hipblasLtMatrixLayoutCreate(&lb, abi::HIP_R_4F_E2M1, k, n, ldb);
+  api->hipblasLtMatrixLayoutCreate(&lc, abi::HIP_R_32F, m, n, m);
+  api->hipblasLtMatmulDescCreate(&desc, abi::HIPBLAS_COMPUTE_32F, abi::HIP_R_32F);
+  const void* sa = a_scales.data();
+  const void* sb = b_scales.data();
+  api->hipblasLtMatmulDescSetAttribute(desc, abi::HIPBLASLT_MATMUL_DESC_TRANSA, &trans_a, 4);
+  api->hipblasLtMatmulDescSetAttribute(desc, abi::HIPBLASLT_MATMUL_DESC_TRANSB, &trans_b, 4);
+  api->hipblasLtMatmulDescSetAttribute(desc, abi::HIPBLASLT_MATMUL_DESC_A_SCALE_MODE, &mode, 4);
+  api->hipblasLtMatmulDescSetAttribute(desc, abi::HIPBLASLT_MATMUL_DESC_B_SCALE_MODE, &mode, 4);
+  api->hipblasLtMatmulDescSetAttribute(desc, abi::HIPBLASLT_MATMUL_DESC_A_SCALE_POINTER, &sa, 8);
+  api->hipblasLtMatmulDescSetAttribute(desc, abi::HIPBLASLT_MATMUL_DESC_B_SCALE_POINTER, &sb, 8);
+  api->hipblasLtMatmulPreferenceCreate(&pref);
+  abi::hipblasLtMatmulHeuristicResult_t r[1] = {};
+  int got = 0;
+  api->hipblasLtMatmulAlgoGetHeuristic(h, desc, la, lb, lc, lc, pref, 1, r, &got);
+  const float alpha = 1.0f, beta = 0.0f;
+  abi::hipblasStatus_t st = api->hipblasLtMatmul(h, desc, &alpha, a.data(), la, b.data(), lb, &beta, d.data(), lc,
+                                                 d.data(), lc, &r[0].algo, ws_ptr, workspace_given, nullptr);
+  return nb::make_tuple(st, nb::bytes(reinterpret_cast<const char*>(d.data()), d.size()));
+}
+
 // Every value and size declared in hipblaslt_api.h, for the test that compares them with the
 // ABI reference file.
 nb::dict AbiConstants() {
@@ -245,6 +293,7 @@ nb::dict AbiConstants() {
 }  // namespace
 
 NB_MODULE(_native, m) {
+  m.def("_fake_hipblaslt_raw_matmul", &FakeRawMatmul, "TEST ONLY: the recording double driven directly.");
   m.def("abi_constants", &AbiConstants, "Every value, size and symbol declared in hipblaslt_api.h.");
   m.doc() = "jax-mxfp4 native XLA FFI handlers (CPU reference, hipBLASLt via dlopen)";
   m.def("registrations", []() {
