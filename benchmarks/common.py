@@ -1,8 +1,10 @@
 """Timing and reporting helpers shared by the benchmarks (no third-party code).
 
 Timing method: each sample runs ``inner`` calls of the measured function back to back inside ONE
-jitted program (unrolled, so no host round trip between calls), rotating over several operand
-sets so repeated calls do not read operands from L2; the sample time divided by ``inner`` is one
+jitted program (unrolled, so no host round trip between calls). Every call gets its own operand
+buffers (copies where needed): identical calls on identical buffers would be merged by XLA's
+common-subexpression elimination, and distinct buffers (at least 3x the L2 in total) also keep
+repeated calls from reading operands out of L2. The sample time divided by ``inner`` is one
 measurement. After a warm-up (compilation + one untimed run), the reported time is the median of
 ``reps`` samples. Host dispatch of the program is amortised over ``inner`` calls.
 """
@@ -49,7 +51,7 @@ def time_fn(fn, sets, *, reps: int = 30, min_sample_s: float = 2e-3, max_inner: 
 
     def many(inner):
         def run(all_sets):
-            return [fn(*all_sets[i % n]) for i in range(inner)]
+            return [fn(*all_sets[i]) for i in range(inner)]
 
         return jax.jit(run)
 
@@ -59,7 +61,11 @@ def time_fn(fn, sets, *, reps: int = 30, min_sample_s: float = 2e-3, max_inner: 
     jax.block_until_ready(one(sets))
     est = (time.perf_counter() - t0) / n
     inner = int(min(max_inner, max(n, math.ceil(min_sample_s / max(est, 1e-7)))))
-    inner = max(n, (inner // n) * n)
+    if inner > n:  # distinct buffers for every call (see the module docstring)
+        sets = list(sets) + [
+            jax.tree.map(lambda x: jax.numpy.array(x, copy=True), sets[i % n]) for i in range(n, inner)
+        ]
+        jax.block_until_ready(sets)
     prog = many(inner) if inner != n else one
     jax.block_until_ready(prog(sets))  # compile + warm-up
     reps = int(max(5, min(reps, budget_s / max(est * inner, 1e-7))))

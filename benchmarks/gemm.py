@@ -258,14 +258,19 @@ def tune(out):
     from jax_mxfp4.kernels.gemm import TileConfig, default_config, mxfp4_gemm
     from jax_mxfp4.mx_format import as_scale_bytes
 
-    small = [TileConfig(16, bn, bk, s, 8, w, st) for (bn, bk, s, w, st) in [
-        (64, 256, 4, 4, 4), (32, 256, 4, 4, 4), (64, 512, 2, 4, 3), (128, 256, 8, 4, 3),
-        (64, 128, 8, 4, 4), (32, 512, 8, 4, 3), (128, 256, 4, 8, 3)]]
-    large = [TileConfig(bm, bn, bk, 1, 8, w, st) for (bm, bn, bk, w, st) in [
-        (128, 128, 64, 8, 3), (128, 128, 128, 8, 3), (128, 256, 64, 8, 3), (256, 128, 64, 8, 3),
-        (128, 128, 64, 4, 4), (64, 128, 64, 4, 4)]]
+    def tc(bm, bn, bk, split, warps, stages, decode="f16", swap=False):
+        return TileConfig(bm, bn, bk, split, 8, warps, stages, decode, swap)
+
+    small = [tc(16, 64, 128, 8, 4, 4), tc(16, 64, 128, 8, 4, 4, "e4m3"), tc(16, 32, 256, 4, 4, 4),
+             tc(16, 32, 256, 4, 4, 4, "e4m3"), tc(16, 32, 128, 8, 4, 4, "e4m3"),
+             # swapped: the weight on the M side (bm), the 16 activation rows on N
+             tc(64, 16, 128, 4, 4, 4, swap=True), tc(64, 16, 256, 4, 4, 4, "e4m3", swap=True),
+             tc(128, 16, 128, 4, 4, 4, "e4m3", swap=True), tc(64, 16, 128, 8, 4, 4, "e4m3", swap=True)]
+    large = [tc(256, 128, 64, 1, 8, 3), tc(256, 128, 64, 1, 8, 3, "e4m3"), tc(128, 128, 64, 1, 8, 3, "e4m3"),
+             tc(256, 128, 32, 1, 8, 4), tc(256, 64, 64, 1, 8, 3), tc(128, 256, 64, 1, 8, 3, "e4m3")]
     cases = [(16, 8192, 8192, "a4w4", small), (16, 8192, 8192, "w4a16", small),
-             (1024, 8192, 8192, "a4w4", large), (8192, 8192, 8192, "a4w4", large)]
+             (1024, 8192, 8192, "a4w4", large), (8192, 8192, 8192, "a4w4", large),
+             (1024, 8192, 8192, "w4a16", large[:3])]
     res = []
     t0 = time.time()
     for m, n, k, variant, cfgs in cases:

@@ -272,18 +272,33 @@ def e2m1_times_2pow_minus14(codes: jax.Array) -> jax.Array:
     return lax.bitcast_convert_type(bits, jnp.float16)
 
 
-def scale_factors_for_f16_codes(scale_bytes: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """Two float32 factors (f1, f2) per E8M0 byte with E2M1 x 2^-14 x f1 x f2 = E2M1 x 2^(b-127).
+def e4m3_bits_from_packed(data: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """FP8 E4M3 bytes of E2M1 x 2^-6 for the low and the high nibble of packed bytes (uint8).
 
-    Both factors are normal float32 powers of two (f1 = 2^14, f2 = 2^(b-127); for byte 0,
-    f1 = 2^13 and f2 = 2^-126), so with :func:`e2m1_times_2pow_minus14` each product is exact
+    Magnitude bits (e1 e0 m) go to E4M3 bits 4..2 (exponent field e, leading mantissa bit m:
+    2^(e-7)(1 + m/2) for e >= 1, the subnormal m x 2^-7 for e = 0, i.e. E2M1 x 2^-6 in both
+    cases; E2M1 values are exact in E4M3), the sign to bit 7. Bitcast the result to
+    ``float8_e4m3fn`` and convert: the conversion is exact. Low nibble = element 2i.
+    """
+    d = data.astype(jnp.uint8)
+    lo = ((d << 2) & 0x1C) | ((d << 4) & 0x80)
+    hi = ((d >> 2) & 0x1C) | (d & 0x80)
+    return lo, hi
+
+
+def scale_factors_for_f16_codes(scale_bytes: jax.Array, code_exponent: int = 14) -> tuple[jax.Array, jax.Array]:
+    """Two float32 factors (f1, f2) per E8M0 byte with E2M1 x 2^-c x f1 x f2 = E2M1 x 2^(b-127).
+
+    ``c = code_exponent``: 14 for :func:`e2m1_times_2pow_minus14` (float16 codes), 6 for
+    :func:`e4m3_bits_from_packed` (FP8 E4M3 codes). Both factors are normal float32 powers of
+    two (f1 = 2^c, f2 = 2^(b-127); for byte 0, f1 = 2^(c-1) and f2 = 2^-126), so each product is exact
     whenever the result is a normal float32. Byte 0xFF gives f2 = NaN (the whole block NaN).
     Results under 2^-126 (bytes 0x00/0x01 only) are left to the hardware: a GPU keeps the
     float32 subnormal where :func:`dequantize_blocks` flushes to a signed zero (a difference
     below 2^-126 per element).
     """
     b = as_scale_bytes(scale_bytes).astype(jnp.int32)
-    f1 = jnp.where(b == 0, jnp.float32(2.0**13), jnp.float32(2.0**14))
+    f1 = jnp.where(b == 0, jnp.float32(2.0 ** (code_exponent - 1)), jnp.float32(2.0**code_exponent))
     f2 = pow2_from_exponent(jnp.maximum(b, 1) - E8M0_BIAS)
     f2 = jnp.where(b == E8M0_NAN, jnp.float32(jnp.nan), f2)
     return f1, f2

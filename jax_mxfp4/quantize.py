@@ -73,11 +73,11 @@ def quantize(
     checks.check_scale_layout(scale_layout)
     if rounding == "nearest":
         key = None
-    # GPU fast path: one fused Pallas pass, bit-identical to _quantize_impl (kernels/quantize.py).
+    # GPU fast path (round-to-nearest): one fused Pallas pass, bit-identical to _quantize_impl.
     from .dispatch import current_platform
     from .kernels import quantize as fused
 
-    impl = fused.quantize_impl if fused.fast_path_enabled(current_platform()) else _quantize_impl
+    impl = fused.quantize_impl if fused.fast_path_enabled(current_platform(), rounding) else _quantize_impl
     data, scales = impl(x, key, axis=axis, scale_mode=scale_mode, rounding=rounding)
     q = MXFP4Array(data, scales, axis, x.shape, x.dtype, scale_mode, "plain")
     return q.with_scale_layout(scale_layout)

@@ -71,6 +71,7 @@ def test_stochastic_bit_identical():
 def test_fast_path_only_on_gpus(monkeypatch):
     assert not fast_path_enabled("cpu")
     assert fast_path_enabled("cuda") and fast_path_enabled("rocm")
+    assert not fast_path_enabled("cuda", "stochastic")
     monkeypatch.setenv("JAX_MXFP4_FAST_QUANTIZE", "0")
     assert not fast_path_enabled("cuda")
 

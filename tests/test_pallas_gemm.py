@@ -20,7 +20,10 @@ from jax_mxfp4 import dispatch
 from jax_mxfp4.kernels.gemm import TileConfig, default_config, mxfp4_gemm
 from jax_mxfp4.mx_format import (
     as_scale_bytes,
+    decode_e2m1,
     dequantize_blocks,
+    e4m3_bits_from_packed,
+    unpack_nibbles,
     e2m1_times_2pow_minus14,
     scale_factors_for_f16_codes,
 )
@@ -57,6 +60,15 @@ def _check(out, ref, a_abs, b_abs, k, out_dtype):
     assert np.median(tol) < 1e-2 * np.median(np.abs(ref)) + 1e-30
 
 
+def test_e4m3_code_decode_matches_reference_rule():
+    """The FP8-E4M3 decode variant equals decode_e2m1 x 2^-6 for both nibbles of every byte."""
+    d = jnp.arange(256, dtype=jnp.uint8)
+    codes = unpack_nibbles(d[:, None])
+    for bits, col in zip(e4m3_bits_from_packed(d), (0, 1)):
+        v = jax.lax.bitcast_convert_type(bits, jnp.float8_e4m3fn).astype(jnp.float32) * 64
+        np.testing.assert_array_equal(np.asarray(v).view(np.uint32), np.asarray(decode_e2m1(codes[:, col])).view(np.uint32))
+
+
 def test_f16_code_decode_matches_reference_rule():
     """The kernel's table-free decode equals dequantize_blocks for every code x normal byte."""
     codes = jnp.arange(16, dtype=jnp.uint8)
@@ -77,7 +89,7 @@ def test_f16_code_decode_matches_reference_rule():
     [
         (2, 20, 40, 96, TileConfig(bm=16, bn=16, bk=64), jnp.float32, 1),  # K % bk != 0, edges
         (1, 33, 17, 192, TileConfig(bm=32, bn=16, bk=64, split_k=3), jnp.bfloat16, 2),
-        (1, 5, 48, 256, TileConfig(bm=16, bn=32, bk=128, split_k=2), jnp.float32, 3),
+        (1, 5, 48, 160, TileConfig(bm=32, bn=16, bk=64, decode="e4m3", swap=True), jnp.float32, 4),
     ],
 )
 def test_a4w4_kernel_matches_xla(batch, m, n, k, cfg, out_dtype, seed):
@@ -100,7 +112,8 @@ def test_w4a16_kernel_matches_xla(mx_side):
     act = _rand(rng, (batch, m if mx_side == "rhs" else n, k), jnp.bfloat16)
     w = mx.quantize(_rand(rng, (batch, n if mx_side == "rhs" else m, k)), 2)
     wt = (w.data, as_scale_bytes(w.scales))
-    cfg = TileConfig(bm=16, bn=16, bk=64)
+    cfg = TileConfig(bm=16, bn=16, bk=64, decode="e4m3" if mx_side == "rhs" else "f16",
+                     swap=mx_side == "rhs")
     if mx_side == "rhs":
         out = mxfp4_gemm(act, wt, m=m, n=n, k=k, out_dtype=jnp.float32, cfg=cfg, interpret=True)
         a, b = act.astype(jnp.float32), mx.dequantize(w)
@@ -188,3 +201,5 @@ def test_default_config_shapes():
     assert 96 % odd.bk == 0 or odd.bk == 32
     with pytest.raises(ValueError):
         TileConfig(bm=24)
+    with pytest.raises(ValueError):
+        TileConfig(decode="lut")

@@ -32,7 +32,12 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from ..mx_format import BLOCK_SIZE, e2m1_times_2pow_minus14, scale_factors_for_f16_codes
+from ..mx_format import (
+    BLOCK_SIZE,
+    e2m1_times_2pow_minus14,
+    e4m3_bits_from_packed,
+    scale_factors_for_f16_codes,
+)
 
 NEUTRAL_SCALE_BYTE = 127  # 2^0: what masked-out scale loads read (the data there reads 0)
 
@@ -44,7 +49,11 @@ class TileConfig:
     bm, bn: output tile (powers of two, bm >= 16 and bn >= 16 for ``dot``); bk: K elements per
     loop step (a power of two, multiple of 32); split_k: independent K ranges whose float32
     partial sums are added afterwards (fills the GPU when M and N give few tiles); group_m:
-    tile-order swizzle for L2 reuse; num_warps, num_stages: Triton launch parameters.
+    tile-order swizzle for L2 reuse; num_warps, num_stages: Triton launch parameters;
+    decode: how codes become numbers before scaling, "f16" (codes placed in float16 bits) or
+    "e4m3" (codes placed in FP8 E4M3 bits, converted by the hardware); both exact;
+    swap: compute outᵀ = rhs · lhsᵀ (bm, bn then tile the swapped problem) and transpose the
+    small result: for decode shapes this puts the weight on the matrix units' M side.
     """
 
     bm: int = 64
@@ -54,8 +63,12 @@ class TileConfig:
     group_m: int = 8
     num_warps: int = 4
     num_stages: int = 3
+    decode: str = "f16"
+    swap: bool = False
 
     def __post_init__(self):
+        if self.decode not in ("f16", "e4m3"):
+            raise ValueError(f'TileConfig.decode must be "f16" or "e4m3", got {self.decode!r}')
         for name in ("bm", "bn", "bk"):
             v = getattr(self, name)
             if v < 16 or v & (v - 1):
@@ -66,26 +79,29 @@ class TileConfig:
             raise ValueError(f"TileConfig.split_k must be >= 1, got {self.split_k}")
 
 
-def _dequant_halves(data, scale_bytes):
+def _dequant_halves(data, scale_bytes, decode="f16"):
     """uint8 data [r, bk/2] and scale bytes [r, bk/32] -> bf16 (low, high) nibble values [r, bk/2].
 
     low[:, j] is element 2j, high[:, j] element 2j+1; both use scale block j // 16.
     """
     r, half = data.shape
     nb = half // (BLOCK_SIZE // 2)
-    f1, f2 = scale_factors_for_f16_codes(scale_bytes)
+    f1, f2 = scale_factors_for_f16_codes(scale_bytes, 14 if decode == "f16" else 6)
     f1 = f1.reshape(r, nb, 1)
     f2 = f2.reshape(r, nb, 1)
     d = data.reshape(r, nb, BLOCK_SIZE // 2)
 
-    def one(codes):
-        v = e2m1_times_2pow_minus14(codes).astype(jnp.float32)
-        return ((v * f1) * f2).astype(jnp.bfloat16).reshape(r, half)
+    def scaled(v):
+        return ((v.astype(jnp.float32) * f1) * f2).astype(jnp.bfloat16).reshape(r, half)
 
-    return one(d & 0xF), one(d >> 4)
+    if decode == "e4m3":
+        lo, hi = e4m3_bits_from_packed(d)
+        as_f8 = lambda b: lax.bitcast_convert_type(b, jnp.float8_e4m3fn)  # noqa: E731
+        return scaled(as_f8(lo)), scaled(as_f8(hi))
+    return scaled(e2m1_times_2pow_minus14(d & 0xF)), scaled(e2m1_times_2pow_minus14(d >> 4))
 
 
-def _mx_tile(data_ref, scale_ref, b, row0, rows, k0, bk, row_mask, k_limit):
+def _mx_tile(data_ref, scale_ref, b, row0, rows, k0, bk, row_mask, k_limit, decode):
     """Load one MXFP4 tile (rows x bk elements at column k0) -> bf16 (low, high) halves.
 
     Rows at or past the operand's end and (when ``k_limit`` is given) elements at or past K read
@@ -106,7 +122,7 @@ def _mx_tile(data_ref, scale_ref, b, row0, rows, k0, bk, row_mask, k_limit):
         mask=smask,
         other=NEUTRAL_SCALE_BYTE,
     )
-    return _dequant_halves(data, sbytes)
+    return _dequant_halves(data, sbytes, decode)
 
 
 def _kernel(*refs, m, n, k, cfg: TileConfig, lhs_mx: bool, rhs_mx: bool, n_tiles_m, n_tiles_n,
@@ -159,18 +175,18 @@ def _kernel(*refs, m, n, k, cfg: TileConfig, lhs_mx: bool, rhs_mx: bool, n_tiles
             k_limit = k_begin + k_per_split
             elem_mask = (k0 + lax.broadcasted_iota(jnp.int32, (bk,), 0)) < k_limit
         if lhs_mx and rhs_mx:
-            a_lo, a_hi = _mx_tile(a_ref, sa_ref, bidx, row0_a, bm, k0, bk, mask_a, k_limit)
-            b_lo, b_hi = _mx_tile(b_ref, sb_ref, bidx, row0_b, bn, k0, bk, mask_b, k_limit)
+            a_lo, a_hi = _mx_tile(a_ref, sa_ref, bidx, row0_a, bm, k0, bk, mask_a, k_limit, cfg.decode)
+            b_lo, b_hi = _mx_tile(b_ref, sb_ref, bidx, row0_b, bn, k0, bk, mask_b, k_limit, cfg.decode)
             acc = acc + lax.dot_general(a_lo, b_lo, dims, preferred_element_type=jnp.float32)
             acc = acc + lax.dot_general(a_hi, b_hi, dims, preferred_element_type=jnp.float32)
             return acc
         if lhs_mx:
-            lo, hi = _mx_tile(a_ref, sa_ref, bidx, row0_a, bm, k0, bk, mask_a, k_limit)
+            lo, hi = _mx_tile(a_ref, sa_ref, bidx, row0_a, bm, k0, bk, mask_a, k_limit, cfg.decode)
             a = jnp.stack([lo, hi], axis=-1).reshape(bm, bk)
             b = float_tile(b_ref, row0_b, bn, mask_b, k0, elem_mask)
         else:
             a = float_tile(a_ref, row0_a, bm, mask_a, k0, elem_mask)
-            lo, hi = _mx_tile(b_ref, sb_ref, bidx, row0_b, bn, k0, bk, mask_b, k_limit)
+            lo, hi = _mx_tile(b_ref, sb_ref, bidx, row0_b, bn, k0, bk, mask_b, k_limit, cfg.decode)
             b = jnp.stack([lo, hi], axis=-1).reshape(bn, bk)
         return acc + lax.dot_general(a, b, dims, preferred_element_type=jnp.float32)
 
@@ -194,6 +210,10 @@ def mxfp4_gemm(lhs, rhs, *, m, n, k, out_dtype, cfg: TileConfig, interpret: bool
       ValueError: K not a multiple of 32, split_k not dividing K into multiples of 32, or
         neither operand MXFP4.
     """
+    if cfg.swap:
+        out = mxfp4_gemm(rhs, lhs, m=n, n=m, k=k, out_dtype=out_dtype,
+                         cfg=dataclasses.replace(cfg, swap=False), interpret=interpret)
+        return jnp.swapaxes(out, 1, 2)
     lhs_mx = isinstance(lhs, tuple)
     rhs_mx = isinstance(rhs, tuple)
     if not (lhs_mx or rhs_mx):
@@ -228,20 +248,25 @@ def mxfp4_gemm(lhs, rhs, *, m, n, k, out_dtype, cfg: TileConfig, interpret: bool
 
 def default_config(m: int, n: int, k: int, batch: int = 1, a4w4: bool = True,
                    num_sms: int = 132) -> TileConfig:
-    """Tile configuration by shape (tuned on an H200; see benchmarks/results)."""
+    """Tile configuration by shape (from the tile sweep on an H200: benchmarks/results)."""
     bk = 256 if k % 256 == 0 else (128 if k % 128 == 0 else (64 if k % 64 == 0 else 32))
     if m <= 16:
-        bm, bn, warps, stages = 16, 64, 4, 4
+        bm, bn, warps, stages = 16, (64 if a4w4 else 32), 4, 4
+        bk = min(bk, 128 if a4w4 else 256)
+        fill = 4
     elif m <= 32:
-        bm, bn, warps, stages = 32, 64, 4, 4
+        bm, bn, warps, stages, fill = 32, 64, 4, 4, 2
     elif m <= 64:
-        bm, bn, warps, stages = 64, 64, 4, 3
+        bm, bn, warps, stages, fill = 64, 64, 4, 3, 2
+    elif m <= 128:
+        bm, bn, warps, stages, fill = 128, 128, 8, 3, 1
+        bk = min(bk, 64)
     else:
-        bm, bn, warps, stages = 128, 128, 8, 3
-        bk = min(bk, 64 if a4w4 else 64)
+        bm, bn, warps, stages, fill = 256, 128, 8, 3, 1
+        bk = min(bk, 64)
     tiles = batch * pl.cdiv(m, bm) * pl.cdiv(n, bn)
     split = 1
     steps = k // bk
-    while tiles * split < 2 * num_sms and steps % (2 * split) == 0 and steps // (2 * split) >= 4:
+    while tiles * split < fill * num_sms and steps % (2 * split) == 0 and steps // (2 * split) >= 4:
         split *= 2
     return TileConfig(bm=bm, bn=bn, bk=bk, split_k=split, num_warps=warps, num_stages=stages)

@@ -148,10 +148,19 @@ def quantize_2d(x, uniform=None, *, scale_mode="even", cfg: QuantizeConfig = Qua
     )(*args)
 
 
-def fast_path_enabled(platform: str) -> bool:
-    """Whether :func:`jax_mxfp4.quantize` uses this kernel: on CUDA/ROCm unless disabled by
-    ``JAX_MXFP4_FAST_QUANTIZE=0``."""
-    return platform in ("cuda", "rocm") and os.environ.get(ENV_VAR, "1").strip() != "0"
+def fast_path_enabled(platform: str, rounding: str = "nearest") -> bool:
+    """Whether :func:`jax_mxfp4.quantize` uses this kernel: round-to-nearest-even on CUDA/ROCm,
+    unless disabled by ``JAX_MXFP4_FAST_QUANTIZE=0``.
+
+    Stochastic rounding stays on the reference path on GPUs: the kernel matches the reference
+    bit for bit in the CPU interpreter, but on the H200 it did not (benchmarks/results/gpu_check),
+    and with its uniforms read from memory it was not faster there.
+    """
+    return (
+        rounding == "nearest"
+        and platform in ("cuda", "rocm")
+        and os.environ.get(ENV_VAR, "1").strip() != "0"
+    )
 
 
 @functools.partial(
