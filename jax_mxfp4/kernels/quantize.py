@@ -175,7 +175,7 @@ def quantize_impl(x, key, *, axis, scale_mode, rounding, interpret=False,
     lead = xm.shape[:-1]
     x2 = xm.reshape(-1, xm.shape[-1])
     if cfg is None:
-        cfg = QuantizeConfig(cols=min(256, max(64, 1 << (x2.shape[1] - 1).bit_length())))
+        cfg = QuantizeConfig(rows=32, cols=min(256, max(64, 1 << (x2.shape[1] - 1).bit_length())), num_warps=8)
     uniform = None
     if rounding == "stochastic":  # the reference's draw: same key, same [..., K/32, 32] shape
         blocks = (*lead, xm.shape[-1] // BLOCK_SIZE, BLOCK_SIZE)
