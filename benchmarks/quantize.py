@@ -33,7 +33,7 @@ TUNE = [QuantizeConfig(r, c, w) for (r, c, w) in [(16, 256, 4), (8, 512, 4), (32
                                                    (4, 1024, 4), (16, 512, 8), (32, 512, 8), (8, 256, 2)]]
 
 
-def run(quick):
+def run(quick, tune=True):
     interpret = dispatch.current_platform() == "cpu"
     timing = dict(reps=3, min_sample_s=1e-4, max_inner=2, budget_s=0.2) if quick else dict(reps=30)
     rows = []
@@ -62,7 +62,7 @@ def run(quick):
                              "median_s": t, "gb_s": gbs, "ratio_vs_copy": gbs / copy_gbs})
                 print(f"[{time.time() - t0:6.1f}s] {shape} {jnp.dtype(dtype).name} {name} {scale_mode}/{rounding}: "
                       f"{t * 1e3:.4f} ms {gbs:.1f} GB/s = {gbs / copy_gbs:.3f} of copy ({copy_gbs:.1f} GB/s)", flush=True)
-        if not quick and shape == FULL_SHAPES[0][0] and dtype == FULL_SHAPES[0][1]:
+        if tune and not quick and shape == FULL_SHAPES[0][0] and dtype == FULL_SHAPES[0][1]:
             for cfg in TUNE:
                 try:
                     t = time_fn(lambda x, cfg=cfg: quantize_impl(x, None, axis=1, scale_mode="even", rounding="nearest", cfg=cfg), sets, reps=15, budget_s=0.5)["median_s"]
@@ -115,11 +115,12 @@ def figure(res, out):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="tiny shapes (CPU CI): checks the pipeline and files")
+    ap.add_argument("--no-tune", action="store_true", help="skip the tile sweep")
     ap.add_argument("--out", default=None, help="output folder (default benchmarks/results/quantize[-quick])")
     args = ap.parse_args(argv)
     here = os.path.dirname(os.path.abspath(__file__))
     out = out_dir(args.out or os.path.join(here, "results", "quantize-quick" if args.quick else "quantize"))
-    res = run(args.quick)
+    res = run(args.quick, tune=not args.no_tune)
     write_json(os.path.join(out, "quantize.json"), res)
     md = markdown(res)
     with open(os.path.join(out, "quantize.md"), "w") as f:

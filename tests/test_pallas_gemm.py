@@ -194,7 +194,10 @@ def test_auto_never_picks_pallas_on_cpu():
 
 def test_default_config_shapes():
     decode = default_config(16, 8192, 8192)
-    assert decode.bm == 16 and decode.split_k > 1 and 8192 % (decode.split_k * decode.bk) == 0
+    assert decode.swap and decode.bn == 16 and decode.split_k > 1
+    assert 8192 % (decode.split_k * decode.bk) == 0
+    w4a16 = default_config(16, 8192, 8192, a4w4=False)
+    assert not w4a16.swap and w4a16.bm == 16 and w4a16.split_k > 1
     big = default_config(8192, 8192, 8192)
     assert big.split_k == 1 and big.bm >= 64
     odd = default_config(3, 5, 96)

@@ -248,25 +248,33 @@ def mxfp4_gemm(lhs, rhs, *, m, n, k, out_dtype, cfg: TileConfig, interpret: bool
 
 def default_config(m: int, n: int, k: int, batch: int = 1, a4w4: bool = True,
                    num_sms: int = 132) -> TileConfig:
-    """Tile configuration by shape (from the tile sweep on an H200: benchmarks/results)."""
+    """Tile configuration by shape, from the tile sweep on an NVIDIA H200
+    (benchmarks/results/gemm_tune.json): decode-sized M uses split-K (and, for a4w4, the swapped
+    orientation with FP8-E4M3 decode); large shapes use 256x128 tiles, K step 64, 8 warps."""
     bk = 256 if k % 256 == 0 else (128 if k % 128 == 0 else (64 if k % 64 == 0 else 32))
     if m <= 16:
-        bm, bn, warps, stages = 16, (64 if a4w4 else 32), 4, 4
-        bk = min(bk, 128 if a4w4 else 256)
-        fill = 4
-    elif m <= 32:
-        bm, bn, warps, stages, fill = 32, 64, 4, 4, 2
-    elif m <= 64:
-        bm, bn, warps, stages, fill = 64, 64, 4, 3, 2
-    elif m <= 128:
-        bm, bn, warps, stages, fill = 128, 128, 8, 3, 1
-        bk = min(bk, 64)
+        bk = min(bk, 128)
+        if a4w4:  # weight rows on the matrix units' M side (bm), activation rows on N
+            base = TileConfig(bm=128, bn=16, bk=bk, num_warps=4, num_stages=4, decode="e4m3", swap=True)
+            tiles, fill = batch * pl.cdiv(n, 128), 1.9
+        else:
+            base = TileConfig(bm=16, bn=64, bk=bk, num_warps=4, num_stages=4)
+            tiles, fill = batch * pl.cdiv(n, 64), 4
     else:
-        bm, bn, warps, stages, fill = 256, 128, 8, 3, 1
-        bk = min(bk, 64)
-    tiles = batch * pl.cdiv(m, bm) * pl.cdiv(n, bn)
+        if m <= 32:
+            bm, bn, warps, stages, fill = 32, 64, 4, 4, 2
+        elif m <= 64:
+            bm, bn, warps, stages, fill = 64, 64, 4, 3, 2
+        elif m <= 128:
+            bm, bn, warps, stages, fill = 128, 128, 8, 3, 1
+            bk = min(bk, 64)
+        else:
+            bm, bn, warps, stages, fill = 256, 128, 8, 3, 1
+            bk = min(bk, 64)
+        base = TileConfig(bm=bm, bn=bn, bk=bk, num_warps=warps, num_stages=stages)
+        tiles = batch * pl.cdiv(m, bm) * pl.cdiv(n, bn)
     split = 1
     steps = k // bk
     while tiles * split < fill * num_sms and steps % (2 * split) == 0 and steps // (2 * split) >= 4:
         split *= 2
-    return TileConfig(bm=bm, bn=bn, bk=bk, split_k=split, num_warps=warps, num_stages=stages)
+    return dataclasses.replace(base, split_k=split)
