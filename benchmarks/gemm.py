@@ -105,7 +105,7 @@ def run(args):
     info = device_info()
     quick = args.quick
     shapes = pass_shapes(QUICK_DECODE if quick else FULL_DECODE, QUICK_LAYERS if quick else FULL_LAYERS)
-    timing = dict(reps=3, min_sample_s=1e-4, max_inner=2, budget_s=0.2) if quick else dict(reps=20, budget_s=0.6)
+    timing = dict(reps=3, min_sample_s=1e-4, max_inner=2, budget_s=0.2) if quick else dict(reps=20, budget_s=0.4)
     measured = {}  # (m, n, k, variant, backend) -> result dict
     rows = []
     t_start = time.time()
