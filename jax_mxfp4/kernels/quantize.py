@@ -156,8 +156,9 @@ def fast_path_enabled(platform: str, rounding: str = "nearest") -> bool:
     bit for bit in the CPU interpreter, but on the H200 it gave +0.0 (code 0x0) where the
     reference gives -0.0 (code 0x8) for negative values rounded to zero (8.6-16.5% of the data
     bytes; benchmarks/results/gpu_check.json). ``e2m1_code_stochastic`` negates a float zero,
-    and the Pallas Triton lowering computes a negation as ``0 - x``, which gives +0.0 for -(+0.0). With its uniforms
-    read from memory the kernel was also no faster there (0.99 vs 0.94 ms, 16384x8192 bf16).
+    and the Pallas Triton lowering computes a negation as ``0 - x``, which gives +0.0 for
+    -(+0.0). With its uniforms read from memory the kernel was also no faster there (0.99 vs
+    0.94 ms, 16384x8192 bf16).
     """
     return (
         rounding == "nearest"
