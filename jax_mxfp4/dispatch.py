@@ -11,7 +11,7 @@ import jax
 from .backends.base import Backend, GemmProblem
 
 ENV_VAR = "JAX_MXFP4_BACKEND"
-AUTO_ORDER = ("hipblaslt", "pallas", "xla")
+AUTO_ORDER = ("hipblaslt", "pallas", "scaled_dot", "xla")
 """Preference of "auto" among backends whose ``auto_platforms`` include the current platform."""
 
 logger = logging.getLogger("jax_mxfp4")
@@ -103,15 +103,22 @@ def decide(problem: GemmProblem, recipe_backend: str) -> Decision:
         return Decision(chosen, requested, problem, reasons)
 
     candidates = [n for n in AUTO_ORDER if n in _REGISTRY and problem.platform in _REGISTRY[n].auto_platforms]
+    cannot_run = {n for n, why in reasons.items() if why}
+    for name in candidates:
+        reasons[name] = reasons[name] or _REGISTRY[name].auto_rejects(problem) or ""
     chosen = next((n for n in candidates if not reasons[n]), "xla")
     for name in reasons:
         if name == chosen or reasons[name]:
             continue
         if name in candidates:
             reasons[name] = f"'auto' prefers {chosen!r} on {problem.platform}"
+        elif _REGISTRY[name].auto_platforms:
+            reasons[name] = f"'auto' picks it only on {', '.join(_REGISTRY[name].auto_platforms)}"
         else:
             reasons[name] = "explicit use only ('auto' never picks it)"
-    skipped = [n for n in candidates[: candidates.index(chosen)]] if chosen in candidates else candidates
+    # A fallback is a preferred backend that could not run (not one declining by a shape rule).
+    preferred = candidates[: candidates.index(chosen)] if chosen in candidates else candidates
+    skipped = [n for n in preferred if n in cannot_run]
     key = (problem.platform, chosen, tuple(skipped))
     if skipped and key not in _LOGGED:
         _LOGGED.add(key)

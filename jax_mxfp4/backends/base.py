@@ -58,5 +58,10 @@ class Backend:
         """None if this backend handles ``problem``, else why not."""
         return None
 
+    def auto_rejects(self, problem: GemmProblem) -> str | None:
+        """None if "auto" may pick this backend for ``problem`` (which it can run), else why
+        another backend is preferred there (shape rules justified by the benchmarks)."""
+        return None
+
     def gemm(self, lhs, rhs, problem: GemmProblem) -> jax.Array:
         raise NotImplementedError

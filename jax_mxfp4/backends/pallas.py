@@ -21,10 +21,13 @@ from .base import Backend, GemmProblem
 
 FLOAT_OPERAND_DTYPES = (np.dtype(jnp.bfloat16),)
 
-# Shape rules for "auto", from benchmarks/gemm.py on an NVIDIA H200 (benchmarks/results/gemm/).
-# Each entry: (predicate on the problem, reason). Empty: "pallas" beat "xla" (the only other
-# backend "auto" may pick on CUDA) at every measured shape, by 2.7x to 5.7x (2026-11-29).
-AUTO_SHAPE_RULES: tuple = ()
+# Shape rule for "auto", from benchmarks/gemm.py on an NVIDIA H200 (benchmarks/results/gemm/
+# gemm.md, 2026-11-29): the kernels are bound by on-core E2M1 decoding, so for a4w4 they win only
+# while one side is small (decode: 16x8192x8192 pallas 0.119 ms vs scaled_dot 0.194 ms;
+# 128x8192x8192 0.208 vs 0.276) and lose once both M and N are large (1024x8192x8192: 1.07 vs
+# 0.37 ms; 8192^3: 8.1 vs 1.8 ms). For w4a16 "scaled_dot" cannot run and pallas beats "xla"
+# (float32 reference path) at every measured shape (2.7x to 5.7x), so no rule applies.
+A4W4_MAX_SMALL_SIDE = 128
 
 
 def _operand(x, kind):
@@ -60,9 +63,14 @@ class PallasBackend(Backend):
                 )
         if problem.platform not in ("cuda", "rocm", "cpu"):
             return f"Pallas Triton kernels run on CUDA/ROCm GPUs (and interpreted on CPU), not {problem.platform}"
-        for predicate, reason in AUTO_SHAPE_RULES:
-            if predicate(problem):
-                return reason
+        return None
+
+    def auto_rejects(self, problem: GemmProblem):
+        if not problem.has_float_operand and min(problem.m, problem.n) > A4W4_MAX_SMALL_SIDE:
+            return (
+                f"a4w4 with M={problem.m} and N={problem.n} both > {A4W4_MAX_SMALL_SIDE}: "
+                "decode-bound here, 'scaled_dot' measured faster on the H200 (benchmarks/results/gemm)"
+            )
         return None
 
     def gemm(self, lhs, rhs, problem: GemmProblem) -> jax.Array:

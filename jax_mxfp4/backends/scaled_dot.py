@@ -1,8 +1,11 @@
 """Backend "scaled_dot": JAX's own block-scaled dot, ``jax.lax.scaled_dot``.
 
 XLA may route it to hipBLASLt on gfx950 (with ``--xla_gpu_experimental_scaled_dot_with_triton``);
-elsewhere it decomposes to a bf16 convert-multiply-dot. It is not differentiable in JAX 0.10, so
-"auto" never picks it; name it explicitly to compare against it.
+elsewhere it decomposes to a bf16 convert-multiply-dot (exact: E2M1 x E8M0 values are bf16
+values, their products are exact in float32, and it accumulates in float32). ``lax.scaled_dot``
+is not differentiable in JAX 0.10, but backends only ever run forward GEMMs (the custom VJP of
+:func:`jax_mxfp4.dot_general` calls them for fprop, dgrad and wgrad), so "auto" may pick it on
+CUDA GPUs, where it measured fastest for large a4w4 GEMMs (benchmarks/results/gemm).
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ def packed_to_float4(data: jax.Array) -> jax.Array:
 
 class ScaledDotBackend(Backend):
     name = "scaled_dot"
-    auto_platforms = ()
+    auto_platforms = ("cuda",)
 
     def unavailable_reason(self):
         if not hasattr(lax, "scaled_dot"):
