@@ -14,6 +14,7 @@ hipBLASLt backend on a ROCm platform (:func:`hipblaslt_status`).
 from __future__ import annotations
 
 import functools
+import importlib.util
 import threading
 
 import jax
@@ -22,9 +23,12 @@ try:
     from .. import _native
 except ImportError as e:  # source tree without the compiled module, broken build, ...
     _native = None
+    _missing = importlib.util.find_spec(f"{__package__.rpartition('.')[0]}._native") is None
     NATIVE_IMPORT_ERROR: str | None = (
-        f"the compiled extension jax_mxfp4._native could not be imported ({e}); "
-        "reinstall with `pip install .` (needs a C++17 compiler and CMake)"
+        "the compiled extension jax_mxfp4._native "
+        + ("is not built (jax_mxfp4 was imported from a source tree or installed without it)"
+           if _missing else f"could not be loaded ({e})")
+        + "; install with `pip install .` (needs a C++17 compiler and CMake)"
     )
 else:
     NATIVE_IMPORT_ERROR = None
