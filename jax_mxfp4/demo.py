@@ -37,7 +37,7 @@ import numpy as np
 
 SIZES = {
     # d_model, layers, heads, seq_len, batch, default steps, learning rate
-    "small": dict(d_model=128, n_layers=2, n_heads=4, seq_len=128, batch=16, steps=300, lr=3e-3),
+    "small": dict(d_model=128, n_layers=2, n_heads=4, seq_len=128, batch=16, steps=400, lr=3e-3),
     "medium": dict(d_model=256, n_layers=4, n_heads=8, seq_len=256, batch=16, steps=1000, lr=2e-3),
 }
 BF16_RECIPE_FIELDS = dict(fprop="bf16", dgrad="bf16", wgrad="bf16")
@@ -92,7 +92,8 @@ def windows(data: np.ndarray, starts: np.ndarray, seq_len: int) -> np.ndarray:
 
 
 # ----------------------------------------------------------------------------- model
-def build_model(cfg: dict, recipe):
+def build_model(cfg: dict, recipe, head_recipe=None):
+    """The byte LM (a ``flax.linen`` module); ``head_recipe`` (default ``recipe``) for the LM head."""
     import flax.linen as nn
     import jax
     import jax.numpy as jnp
@@ -125,7 +126,8 @@ def build_model(cfg: dict, recipe):
             x = x + nn.Embed(cfg["seq_len"], d, name="pos")(jnp.arange(t))[None]
             for i in range(cfg["n_layers"]):
                 x = Block(name=f"block{i}")(x)
-            return mxl.Dense(256, recipe=recipe, name="head")(nn.LayerNorm(name="ln_f")(x))
+            head = mxl.Dense(256, recipe=recipe if head_recipe is None else head_recipe, name="head")
+            return head(nn.LayerNorm(name="ln_f")(x))
 
     return ByteLM()
 
@@ -141,13 +143,15 @@ class RunResult:
     eval_curve: list
 
 
-def train_one(name, recipe, cfg, steps, seed, train_b, eval_b, starts, eval_starts, eval_every, quiet=False):
+def train_one(name, recipe, cfg, steps, seed, train_b, eval_b, starts, eval_starts, eval_every, quiet=False,
+              head_recipe=None):
+    """Train one run; returns a :class:`RunResult` (losses in nats/byte)."""
     import jax
     import jax.numpy as jnp
     import optax
     from tqdm.auto import tqdm
 
-    model = build_model(cfg, recipe)
+    model = build_model(cfg, recipe, head_recipe)
     tokens0 = jnp.asarray(windows(train_b, starts[0], cfg["seq_len"]))[:, :-1]
     params = model.init(jax.random.key(seed), tokens0)
     warmup = max(1, steps // 10)
@@ -250,7 +254,10 @@ def parse_args(argv=None):
     p.add_argument("--grad-rounding", choices=["stochastic", "nearest"], default="stochastic",
                    help="rounding of the gradient operands in the MXFP4 run (default stochastic)")
     p.add_argument("--hadamard", action="store_true", help="random Hadamard transform on the wgrad operands")
-    p.add_argument("--scale-mode", default="even", choices=["floor", "ceil", "even", "rceil"])
+    p.add_argument("--scale-mode", default="even", choices=["floor", "ceil", "even", "rceil"],
+                   help="E8M0 scale rule of the MXFP4 run (default even)")
+    p.add_argument("--head", choices=["mxfp4", "bf16"], default="mxfp4",
+                   help="precision of the LM head in the MXFP4 run (default mxfp4: every projection in MXFP4)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     args = p.parse_args(argv)
     if args.steps is not None and args.steps < 1:
@@ -301,9 +308,10 @@ def run(argv=None) -> dict:
     bf_recipe = Recipe(backend=args.backend, **BF16_RECIPE_FIELDS)
     backend = mxfp4_backend_used(mx_recipe, cfg)
     runs = []
+    head_recipes = {"bf16": None, "mxfp4": bf_recipe if args.head == "bf16" else None}
     for name, recipe in (("bf16", bf_recipe), ("mxfp4", mx_recipe)):
         runs.append(train_one(name, recipe, cfg, steps, args.seed, train_b, eval_b, starts, eval_starts,
-                              eval_every, quiet=args.quiet))
+                              eval_every, quiet=args.quiet, head_recipe=head_recipes[name]))
     bf, mx4 = runs
     gap = 100.0 * (mx4.eval_loss - bf.eval_loss) / bf.eval_loss
     total = time.perf_counter() - t0
@@ -330,6 +338,7 @@ def run(argv=None) -> dict:
         "mxfp4": {"eval_loss": mx4.eval_loss, "train_loss": mx4.train_loss, "tokens_per_s": mx4.tokens_per_s,
                   "wall_s": mx4.wall_s, "recipe": dataclasses.asdict(mx_recipe),
                   "eval_curve": mx4.eval_curve, "train_curve": mx4.train_curve},
+        "mxfp4_head": args.head,
         "gap_pct": gap,
         "steps": steps,
         "backend": backend,
