@@ -3,7 +3,7 @@
 Public API: :func:`quantize`, :func:`dequantize`, :class:`MXFP4Array`, :func:`dot_general`
 (differentiable: MXFP4 fprop, dgrad and wgrad; :mod:`jax_mxfp4.training`), :func:`dense`,
 :class:`Recipe`, :func:`available_backends`, :func:`explain`; Flax layers in
-:mod:`jax_mxfp4.flax` (``import jax_mxfp4.flax``).
+:mod:`jax_mxfp4.flax` (imported on first use of ``jax_mxfp4.flax``; needs flax).
 """
 
 from .array import MXFP4Array
@@ -14,6 +14,16 @@ from .recipe import Recipe
 from .training import dense, dot_general
 
 __version__ = "0.1.0"
+
+
+def __getattr__(name):
+    # ``jax_mxfp4.flax`` is imported on first use so that flax stays an optional dependency.
+    if name == "flax":
+        import importlib
+
+        return importlib.import_module(".flax", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "MXFP4Array",

@@ -77,6 +77,10 @@ def test_linen_dense_general_matches_flax(features, axis, batch_dims, shape):
     assert jax.tree_util.tree_structure(g) == jax.tree_util.tree_structure(p)
 
 
+def test_lazy_flax_attribute():
+    assert mx.flax.linen.Dense is mxf.linen.Dense and mx.flax.quantize_params is mxf.quantize_params
+
+
 def test_dense_general_rejects_bad_batch_dims():
     with pytest.raises(ValueError, match="batch_dims"):
         mxf.linen.DenseGeneral(4, batch_dims=(1,)).init(jax.random.key(0), jnp.ones((2, 3, 32)))
