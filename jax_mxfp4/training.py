@@ -29,8 +29,16 @@ same gradients (reproducible runs, and ``jax.checkpoint`` recomputation is consi
 0x7FFFFFFF`` (normalized contracting/batch dims; the call's static signature), ``pass`` is 1
 for dgrad and 2 for wgrad, and ``hash32`` is a position-weighted wrapping sum of the float32 bit
 patterns of dY (:func:`gradient_key`). The rounding noise therefore changes from step to step
-with the data but never depends on global state. The Hadamard sign vector is fixed per call
-site (``numpy`` seed = ``site``).
+with the data but never depends on global state. Any change of dY's bits (even one ulp, e.g.
+from a different XLA fusion of the surrounding code under ``jit``) gives a fresh draw. The
+Hadamard sign vector is fixed per call site (``numpy`` seed = ``site``).
+
+Sources: axis conventions of TransformerEngine's MX recipes (``mxfp8.rst``/``nvfp4.rst``);
+stochastic rounding of the gradient operands and round-to-nearest for weights and activations as
+in NVIDIA, "Pretraining Large Language Models with NVFP4" (arXiv 2509.25149) and Tseng et al.,
+"Training LLMs with MXFP4" (arXiv 2502.20586), which also motivate the random Hadamard
+transform on the wgrad operands. Measured effect of each option on a small LM: README and
+:mod:`jax_mxfp4.demo`.
 """
 
 from __future__ import annotations
@@ -41,7 +49,6 @@ import zlib
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
 from jax.custom_derivatives import SymbolicZero
 
