@@ -53,6 +53,7 @@ from jax import lax
 from jax.custom_derivatives import SymbolicZero
 
 from . import checks, gemm
+from . import sharding as shd
 from .array import MXFP4Array
 from .hadamard import random_hadamard_transform
 from .mx_format import BLOCK_SIZE
@@ -98,14 +99,53 @@ def _parse_dims(dimension_numbers, lshape, rshape):
     )
 
 
-def _canonical(x, contracting, batch, pad_k: bool):
-    """float x -> [B, F, K] (batch dims, free dims, contracting dims), K zero-padded to 32 if asked."""
-    free = tuple(d for d in range(x.ndim) if d not in contracting and d not in batch)
+def _free_dims(ndim, contracting, batch):
+    return tuple(d for d in range(ndim) if d not in contracting and d not in batch)
+
+
+def _canonical(x, contracting, batch, pad_k: bool, name: str = "operand"):
+    """float x -> [B, F, K] (batch dims, free dims, contracting dims), K zero-padded to 32 if asked.
+
+    Under an explicit-sharding mesh the merged dims keep their shardings (and a K shard must hold
+    whole 32-blocks), as in :mod:`jax_mxfp4.gemm`; see :mod:`jax_mxfp4.sharding`."""
+    free = _free_dims(x.ndim, contracting, batch)
+    perm = tuple(batch) + free + tuple(contracting)
     b = math.prod(x.shape[d] for d in batch)
     f = math.prod(x.shape[d] for d in free)
     k = math.prod(x.shape[d] for d in contracting)
-    x3 = jnp.transpose(x, tuple(batch) + free + tuple(contracting)).reshape(b, f, k)
+    xt = jnp.transpose(x, perm)
+    spec = shd.explicit_spec(x)
+    if spec is None:
+        x3 = xt.reshape(b, f, k)
+    else:
+        mesh = shd.mesh_of(x)
+        eb, ef, ek = shd.canonical_operand_spec(spec, perm, len(batch), len(free))
+        shd.check_k_shards(mesh, ek, k, name)
+        x3 = jnp.reshape(xt, (b, f, k), out_sharding=shd.named(mesh, eb, ef, ek))
     return _pad_axis(x3, 2) if pad_k else x3
+
+
+def _to_logical(y3, out_shape, lhs, rhs, lc, rc, lb, rb):
+    """[B, M, N] -> lax.dot_general's output shape (shardings kept under an explicit mesh)."""
+    ls, rs = shd.explicit_spec(lhs), shd.explicit_spec(rhs)
+    if ls is None or rs is None:
+        return y3.reshape(out_shape)
+    lfree = _free_dims(lhs.ndim, lc, lb)
+    rfree = _free_dims(rhs.ndim, rc, rb)
+    entries = shd.logical_out_entries([ls[d] for d in tuple(lb) + lfree], [rs[d] for d in rfree])
+    return jnp.reshape(y3, out_shape, out_sharding=shd.named(shd.mesh_of(lhs), *entries))
+
+
+def _out_sharding_3d(g, w, g_axis, w_axis):
+    """Output sharding of a [B, ., .] x [B, ., .] contraction (batch dim 0) under an explicit mesh."""
+    gs, ws = shd.explicit_spec(g), shd.explicit_spec(w)
+    if gs is None or ws is None:
+        return None
+    g_free, w_free = 3 - g_axis, 3 - w_axis  # the axis that is neither 0 nor the contraction
+    return shd.named(
+        shd.mesh_of(g),
+        *shd.canonical_out_spec((gs[0], gs[g_free], gs[g_axis]), (ws[0], ws[w_free], ws[w_axis])),
+    )
 
 
 def _pad_axis(x, axis):
@@ -129,16 +169,27 @@ def gradient_key(dy, site: int, tag: int):
     ``site``: CRC32 of the call's static signature; ``tag``: 1 (dgrad) or 2 (wgrad).
     Same ``dy``, ``site``, ``tag`` -> same key; works under ``jit``/``vmap`` (one key per example).
     """
-    bits = lax.bitcast_convert_type(dy.astype(jnp.float32), jnp.uint32).reshape(-1)
-    weights = (jnp.arange(bits.size, dtype=jnp.uint32) * jnp.uint32(0x9E3779B1)) | jnp.uint32(1)
+    bits = lax.bitcast_convert_type(dy.astype(jnp.float32), jnp.uint32)
+    # row-major position of every element, built without a reshape (sharding-friendly), mod 2^32
+    spec = shd.explicit_spec(dy)
+    iota_sharding = jax.typeof(dy).sharding if spec is not None else None
+    pos = jnp.zeros(bits.shape, jnp.uint32)
+    stride = 1
+    for ax in reversed(range(bits.ndim)):
+        iota = lax.broadcasted_iota(jnp.uint32, bits.shape, ax, out_sharding=iota_sharding)
+        pos = pos + iota * jnp.uint32(stride & 0xFFFFFFFF)
+        stride *= bits.shape[ax]
+    weights = (pos * jnp.uint32(0x9E3779B1)) | jnp.uint32(1)
     h = jnp.sum(bits * weights, dtype=jnp.uint32)
     key = jax.random.fold_in(jax.random.fold_in(jax.random.key(ROOT_SEED), site), tag)
     return jax.random.fold_in(key, h)
 
 
 def _bf16_gemm(a, b, dims):
+    (ac,), (bc,) = dims[0]
     return lax.dot_general(
-        a.astype(jnp.bfloat16), b.astype(jnp.bfloat16), dims, preferred_element_type=jnp.float32
+        a.astype(jnp.bfloat16), b.astype(jnp.bfloat16), dims, preferred_element_type=jnp.float32,
+        out_sharding=_out_sharding_3d(a, b, ac, bc),
     )
 
 
@@ -287,8 +338,11 @@ def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_t
         backward passes pad their own contractions (N, M) as needed.
       precision: accepted for signature compatibility and ignored (float32 accumulation).
       preferred_element_type: output dtype: float32 (default), bfloat16 or float16.
-      out_sharding: as in ``jax.lax.dot_general`` (``nnx.Linear`` passes it); when not None the
-        result goes through ``jax.lax.with_sharding_constraint``.
+      out_sharding: as in ``jax.lax.dot_general`` (``nnx.Linear`` passes it): the output's
+        sharding (a ``NamedSharding``, or a ``PartitionSpec`` inside ``jax.set_mesh``), applied
+        with ``jax.sharding.reshard``. By default, under an explicit-sharding mesh, the output
+        keeps the operands' batch/free-dim shardings and a sharded K is reduced (each K shard must
+        hold whole 32-element blocks); see :mod:`jax_mxfp4.sharding`.
       recipe: :class:`jax_mxfp4.Recipe`; default ``Recipe()`` (all three passes MXFP4,
         stochastic rounding of dY, no Hadamard, scale rule "even", backend "auto").
 
@@ -308,7 +362,7 @@ def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_t
     del precision
     out = _dot_general(lhs, rhs, dimension_numbers, preferred_element_type, recipe, pad_k=False)
     if out_sharding is not None:
-        out = jax.lax.with_sharding_constraint(out, out_sharding)
+        out = jax.sharding.reshard(out, out_sharding)
     return out
 
 
@@ -335,9 +389,9 @@ def _dot_general(lhs, rhs, dimension_numbers, preferred_element_type, recipe, *,
             "jax_mxfp4.dense or the jax_mxfp4.flax layers, which pad for you"
         )
     site = _site_seed(lhs.shape, rhs.shape, str(jnp.dtype(lhs.dtype)), str(jnp.dtype(rhs.dtype)), (lc, rc, lb, rb))
-    a = _canonical(lhs, lc, lb, pad_k=True)
-    b = _canonical(rhs, rc, rb, pad_k=True)
-    return _mx_gemm(a, b, recipe, out_dtype, site).reshape(out_shape)
+    a = _canonical(lhs, lc, lb, pad_k=pad_k, name="lhs")
+    b = _canonical(rhs, rc, rb, pad_k=pad_k, name="rhs")
+    return _to_logical(_mx_gemm(a, b, recipe, out_dtype, site), out_shape, lhs, rhs, lc, rc, lb, rb)
 
 
 def dense(x, kernel, bias=None, *, recipe=None):

@@ -387,3 +387,27 @@ def test_hadamard_transform_is_orthogonal_and_matches_numpy():
         random_hadamard_transform(jnp.ones((40, 2)), 0, 1)
     with pytest.raises(ValueError, match="power of two"):
         hadamard_matrix(24)
+
+
+@pytest.mark.skipif(len(jax.devices()) < 8, reason="needs 8 (simulated) devices")
+def test_stochastic_gradients_under_explicit_data_parallel_mesh_match_single_device():
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    x = jax.random.normal(jax.random.key(0), (8, 16, 64))
+    w = jax.random.normal(jax.random.key(1), (64, 96)) * 0.1
+    c = jax.random.normal(jax.random.key(2), (8, 16, 96))
+    dims = (((2,), (0,)), ((), ()))
+    recipe = mx.Recipe(hadamard=True, backend="xla")  # stochastic dY: the key hashes a sharded dY
+
+    def loss(a, b, c):
+        return jnp.sum(mx.dot_general(a, b, dims, recipe=recipe) * c)
+
+    want = jax.jit(jax.grad(loss, argnums=(0, 1)))(x, w, c)
+    mesh = jax.make_mesh((2, 4), ("data", "model"))  # explicit axes
+    with jax.set_mesh(mesh):
+        xs = jax.device_put(x, NamedSharding(mesh, P("data", None, None)))
+        cs = jax.device_put(c, NamedSharding(mesh, P("data", None, None)))
+        ws = jax.device_put(w, NamedSharding(mesh, P(None, None)))
+        got = jax.jit(jax.grad(loss, argnums=(0, 1)))(xs, ws, cs)
+    for g, r in zip(got, want):
+        assert_close_f32(g, r, 1e-5)
