@@ -1,62 +1,28 @@
 """``dot_general`` with MXFP4 operands: maps every ``dimension_numbers`` onto the canonical GEMM.
 
-The only place that reshapes and transposes logical operands: batch dims first, then free dims,
-then the contracting dims, flattened to [B, M, K] / [B, N, K] (the "TN" form every backend takes).
+Operands are mapped with :mod:`jax_mxfp4.dims` (batch dims, free dims, contracting dims, flattened
+to [B, M, K] / [B, N, K]: the "TN" form every backend takes), quantized, and handed to the backend
+that :mod:`jax_mxfp4.dispatch` chooses.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import functools
-import math
-
 import jax
 import jax.numpy as jnp
-from jax import lax
 
-from . import checks, dispatch, sharding
+from . import checks, dims, dispatch
 from .array import MXFP4Array
 from .backends.base import GemmProblem
-from .mx_format import BLOCK_SIZE
 from .partitioning import partitioned_gemm
 from .quantize import quantize
 from .recipe import Recipe
 
 
-@dataclasses.dataclass(frozen=True)
-class _OperandPlan:
-    perm: tuple[int, ...]  # batch dims, free dims, contracting dims
-    n_batch: int
-    batch: int
-    free: int
-    k: int
-    free_shape: tuple[int, ...]
-
-
-def _plan_operand(shape, contracting, batch, name) -> _OperandPlan:
-    free = tuple(d for d in range(len(shape)) if d not in contracting and d not in batch)
-    k = math.prod(shape[d] for d in contracting)
-    if k % BLOCK_SIZE:
-        raise ValueError(
-            f"{name}: contracting dim(s) {tuple(contracting)} have total length {k}, which is not a "
-            f"multiple of the MXFP4 block size {BLOCK_SIZE} (OCP MX v1.0 §5.1); pad K with zeros "
-            f"(exact) or use jax_mxfp4.dense, which pads for you"
-        )
-    return _OperandPlan(
-        perm=tuple(batch) + free + tuple(contracting),
-        n_batch=len(batch),
-        batch=math.prod(shape[d] for d in batch),
-        free=math.prod(shape[d] for d in free),
-        k=k,
-        free_shape=tuple(shape[d] for d in free),
-    )
-
-
-def _logical_aval(x, name):
+def _logical_shape(x, name):
     if isinstance(x, MXFP4Array):
-        return jax.ShapeDtypeStruct(x.shape, jnp.float32)
+        return x.shape
     checks.check_float_input(x, name)
-    return jax.ShapeDtypeStruct(jnp.shape(x), jnp.float32)
+    return tuple(jnp.shape(x))
 
 
 def _operand_kinds(lhs, rhs, recipe: Recipe) -> tuple[str, str]:
@@ -73,24 +39,9 @@ def _operand_kinds(lhs, rhs, recipe: Recipe) -> tuple[str, str]:
     return lk, rk
 
 
-def _to_canonical(x, plan: _OperandPlan, contracting, recipe: Recipe, kind: str, name):
+def _to_canonical(x, contracting, batch, recipe: Recipe, kind: str, name):
     """Operand -> MXFP4Array [B, F, K] quantized along axis 2 with plain scales, or, for
-    ``kind == "float"``, the float array transposed and reshaped to [B, F, K]."""
-    shape3 = (plan.batch, plan.free, plan.k)
-    leaf = x.data if isinstance(x, MXFP4Array) else x
-    spec = sharding.explicit_spec(leaf)
-    if spec is not None:  # explicit mesh: merged dims need their sharding spelled out
-        mesh = sharding.mesh_of(leaf)
-        b, f, k = sharding.canonical_operand_spec(spec, plan.perm, plan.n_batch, len(plan.free_shape))
-        sharding.check_k_shards(mesh, k, plan.k, name)
-
-        def reshape(v, shape):
-            return jnp.reshape(v, shape, out_sharding=sharding.named(mesh, b, f, k))
-    else:
-
-        def reshape(v, shape):
-            return v.reshape(shape)
-
+    ``kind == "float"``, the float array as [B, F, K] (:func:`jax_mxfp4.dims.to_bfk`)."""
     if isinstance(x, MXFP4Array):
         if len(contracting) != 1 or contracting[0] != x.axis:
             raise ValueError(
@@ -98,60 +49,30 @@ def _to_canonical(x, plan: _OperandPlan, contracting, recipe: Recipe, kind: str,
                 f"{tuple(contracting)}: an MXFP4 operand must be quantized along its single "
                 f"contracting dim (the shared scales run along the contraction; OCP MX v1.0 §6.1)"
             )
-        data = reshape(jnp.transpose(x.data, plan.perm), (plan.batch, plan.free, plan.k // 2))
-        scales = jnp.transpose(x.plain_scales(), plan.perm)
-        scales = reshape(scales, (plan.batch, plan.free, plan.k // BLOCK_SIZE))
-        return MXFP4Array(data, scales, 2, shape3, x.dtype, x.scale_mode, "plain")
-    x3 = reshape(jnp.transpose(x, plan.perm), shape3)
-    if kind == "float":
-        return x3
-    return quantize(x3, 2, scale_mode=recipe.scale_mode)
-
-
-def _problem(lhs_plan, rhs_plan, out_dtype, recipe, lhs, rhs) -> GemmProblem:
-    lk, rk = _operand_kinds(lhs, rhs, recipe)
-    return GemmProblem(
-        batch=lhs_plan.batch,
-        m=lhs_plan.free,
-        n=rhs_plan.free,
-        k=lhs_plan.k,
-        out_dtype=out_dtype,
-        scale_layout=recipe.scale_layout,
-        platform=dispatch.current_platform(),
-        lhs_kind=lk,
-        rhs_kind=rk,
-        lhs_dtype=jnp.dtype(lhs.dtype),
-        rhs_dtype=jnp.dtype(rhs.dtype),
-    )
+        k = x.shape[x.axis]
+        data = dims.to_bfk(x.data, contracting, batch, name, logical_k=k)
+        scales = dims.to_bfk(x.plain_scales(), contracting, batch, name, logical_k=k)
+        return MXFP4Array(data, scales, 2, data.shape[:2] + (k,), x.dtype, x.scale_mode, "plain")
+    x3 = dims.to_bfk(x, contracting, batch, name)
+    return x3 if kind == "float" else quantize(x3, 2, scale_mode=recipe.scale_mode)
 
 
 def _plan(lhs, rhs, dimension_numbers, preferred_element_type, recipe):
-    if recipe is None:
-        recipe = Recipe()
-    elif not isinstance(recipe, Recipe):
-        raise TypeError(f"recipe must be a jax_mxfp4.Recipe or None, got {type(recipe).__name__}")
+    """(recipe, (lc, rc, lb, rb), problem, output shape), validating every argument."""
+    recipe = dims.check_recipe(recipe)
     out_dtype = checks.check_output_dtype(preferred_element_type)
-    try:
-        (lc, rc), (lb, rb) = dimension_numbers
-        lc, rc, lb, rb = (tuple(int(d) for d in t) for t in (lc, rc, lb, rb))
-    except (TypeError, ValueError):
-        raise ValueError(
-            "dimension_numbers must be ((lhs_contracting, rhs_contracting), (lhs_batch, rhs_batch)) "
-            f"as in jax.lax.dot_general, got {dimension_numbers!r}"
-        ) from None
-    la, ra = _logical_aval(lhs, "lhs"), _logical_aval(rhs, "rhs")
-    # lax.dot_general's own shape rules validate ranks, dims and sizes (and give the output shape).
-    out_aval = jax.eval_shape(
-        functools.partial(lax.dot_general, dimension_numbers=((lc, rc), (lb, rb))), la, ra
+    lshape, rshape = _logical_shape(lhs, "lhs"), _logical_shape(rhs, "rhs")
+    lc, rc, lb, rb, out_shape = dims.parse_dimension_numbers(dimension_numbers, lshape, rshape)
+    batch, m, k = dims.canonical_sizes(lshape, lc, lb)
+    n = dims.canonical_sizes(rshape, rc, rb)[1]
+    dims.check_block_k(k, lc)
+    lk, rk = _operand_kinds(lhs, rhs, recipe)
+    problem = GemmProblem(
+        batch=batch, m=m, n=n, k=k, out_dtype=out_dtype, scale_layout=recipe.scale_layout,
+        platform=dispatch.current_platform(), lhs_kind=lk, rhs_kind=rk,
+        lhs_dtype=jnp.dtype(lhs.dtype), rhs_dtype=jnp.dtype(rhs.dtype),
     )
-    if not lc:
-        raise ValueError("dimension_numbers has no contracting dims: an MXFP4 GEMM needs one (K)")
-    lc, rc = tuple(d % la.ndim for d in lc), tuple(d % ra.ndim for d in rc)
-    lb, rb = tuple(d % la.ndim for d in lb), tuple(d % ra.ndim for d in rb)
-    lplan = _plan_operand(la.shape, lc, lb, "lhs")
-    rplan = _plan_operand(ra.shape, rc, rb, "rhs")
-    problem = _problem(lplan, rplan, out_dtype, recipe, lhs, rhs)
-    return recipe, (lc, rc, lplan, rplan), problem, out_aval.shape
+    return recipe, (lc, rc, lb, rb), problem, out_shape
 
 
 def dot_general(
@@ -188,34 +109,20 @@ def dot_general(
         run this GEMM.
     """
     del precision
-    recipe, (lc, rc, lplan, rplan), problem, out_shape = _plan(
+    recipe, (lc, rc, lb, rb), problem, out_shape = _plan(
         lhs, rhs, dimension_numbers, preferred_element_type, recipe
     )
     decision = dispatch.decide(problem, recipe.backend)
-    a = _to_canonical(lhs, lplan, lc, recipe, problem.lhs_kind, "lhs")
-    b = _to_canonical(rhs, rplan, rc, recipe, problem.rhs_kind, "rhs")
+    a = _to_canonical(lhs, lc, lb, recipe, problem.lhs_kind, "lhs")
+    b = _to_canonical(rhs, rc, rb, recipe, problem.rhs_kind, "rhs")
     backend = dispatch.get_backend(decision.backend)
     if backend.opaque:
         out = partitioned_gemm(a, b, backend.name, problem)
     else:
         out = backend.gemm(a, b, problem)
-    out = _to_logical_output(out, out_shape, lhs, rhs, lplan, rplan)
+    leaf = lambda v: v.data if isinstance(v, MXFP4Array) else v  # noqa: E731
+    out = dims.to_logical(out, out_shape, leaf(lhs), leaf(rhs), lc, rc, lb, rb)
     return out if out_sharding is None else jax.sharding.reshard(out, out_sharding)
-
-
-def _to_logical_output(out, out_shape, lhs, rhs, lplan: _OperandPlan, rplan: _OperandPlan):
-    """[B, M, N] -> lax.dot_general's output shape; under an explicit mesh each output dim keeps
-    its operand dim's sharding (the inverse of the merges done by _to_canonical)."""
-    lleaf = lhs.data if isinstance(lhs, MXFP4Array) else lhs
-    rleaf = rhs.data if isinstance(rhs, MXFP4Array) else rhs
-    ls, rs = sharding.explicit_spec(lleaf), sharding.explicit_spec(rleaf)
-    if ls is None or rs is None:
-        return out.reshape(out_shape)
-    nb, nlf, nrf = lplan.n_batch, len(lplan.free_shape), len(rplan.free_shape)
-    entries = sharding.logical_out_entries(
-        [ls[d] for d in lplan.perm[: nb + nlf]], [rs[d] for d in rplan.perm[nb : nb + nrf]]
-    )
-    return jnp.reshape(out, out_shape, out_sharding=sharding.named(sharding.mesh_of(lleaf), *entries))
 
 
 def explain(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None, *, recipe=None):

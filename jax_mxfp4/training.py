@@ -52,7 +52,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.custom_derivatives import SymbolicZero
 
-from . import checks, gemm
+from . import checks, dims, gemm
 from . import sharding as shd
 from .array import MXFP4Array
 from .hadamard import random_hadamard_transform
@@ -66,74 +66,10 @@ _CANON = (((2,), (2,)), ((0,), (0,)))
 
 
 # ----------------------------------------------------------------------------- helpers
-def _check_recipe(recipe) -> Recipe:
-    if recipe is None:
-        return Recipe()
-    if not isinstance(recipe, Recipe):
-        raise TypeError(f"recipe must be a jax_mxfp4.Recipe or None, got {type(recipe).__name__}")
-    return recipe
-
-
-def _parse_dims(dimension_numbers, lshape, rshape):
-    """Normalized (lc, rc, lb, rb) and the output shape; lax.dot_general's shape rule validates."""
-    try:
-        (lc, rc), (lb, rb) = dimension_numbers
-        lc, rc, lb, rb = (tuple(int(d) for d in t) for t in (lc, rc, lb, rb))
-    except (TypeError, ValueError):
-        raise ValueError(
-            "dimension_numbers must be ((lhs_contracting, rhs_contracting), (lhs_batch, rhs_batch)) "
-            f"as in jax.lax.dot_general, got {dimension_numbers!r}"
-        ) from None
-    la = jax.ShapeDtypeStruct(tuple(lshape), jnp.float32)
-    ra = jax.ShapeDtypeStruct(tuple(rshape), jnp.float32)
-    out = jax.eval_shape(functools.partial(lax.dot_general, dimension_numbers=((lc, rc), (lb, rb))), la, ra)
-    if not lc:
-        raise ValueError("dimension_numbers has no contracting dims: an MXFP4 GEMM needs one (K)")
-    nl, nr = len(lshape), len(rshape)
-    return (
-        tuple(d % nl for d in lc),
-        tuple(d % nr for d in rc),
-        tuple(d % nl for d in lb),
-        tuple(d % nr for d in rb),
-        tuple(out.shape),
-    )
-
-
-def _free_dims(ndim, contracting, batch):
-    return tuple(d for d in range(ndim) if d not in contracting and d not in batch)
-
-
 def _canonical(x, contracting, batch, pad_k: bool, name: str = "operand"):
-    """float x -> [B, F, K] (batch dims, free dims, contracting dims), K zero-padded to 32 if asked.
-
-    Under an explicit-sharding mesh the merged dims keep their shardings (and a K shard must hold
-    whole 32-blocks), as in :mod:`jax_mxfp4.gemm`; see :mod:`jax_mxfp4.sharding`."""
-    free = _free_dims(x.ndim, contracting, batch)
-    perm = tuple(batch) + free + tuple(contracting)
-    b = math.prod(x.shape[d] for d in batch)
-    f = math.prod(x.shape[d] for d in free)
-    k = math.prod(x.shape[d] for d in contracting)
-    xt = jnp.transpose(x, perm)
-    spec = shd.explicit_spec(x)
-    if spec is None:
-        x3 = xt.reshape(b, f, k)
-    else:
-        mesh = shd.mesh_of(x)
-        eb, ef, ek = shd.canonical_operand_spec(spec, perm, len(batch), len(free))
-        shd.check_k_shards(mesh, ek, k, name)
-        x3 = jnp.reshape(xt, (b, f, k), out_sharding=shd.named(mesh, eb, ef, ek))
+    """float x -> [B, F, K] (:func:`jax_mxfp4.dims.to_bfk`), K zero-padded to 32 if asked."""
+    x3 = dims.to_bfk(x, contracting, batch, name)
     return _pad_axis(x3, 2) if pad_k else x3
-
-
-def _to_logical(y3, out_shape, lhs, rhs, lc, rc, lb, rb):
-    """[B, M, N] -> lax.dot_general's output shape (shardings kept under an explicit mesh)."""
-    ls, rs = shd.explicit_spec(lhs), shd.explicit_spec(rhs)
-    if ls is None or rs is None:
-        return y3.reshape(out_shape)
-    lfree = _free_dims(lhs.ndim, lc, lb)
-    rfree = _free_dims(rhs.ndim, rc, rb)
-    entries = shd.logical_out_entries([ls[d] for d in tuple(lb) + lfree], [rs[d] for d in rfree])
-    return jnp.reshape(y3, out_shape, out_sharding=shd.named(shd.mesh_of(lhs), *entries))
 
 
 def _out_sharding_3d(g, w, g_axis, w_axis):
@@ -185,10 +121,10 @@ def gradient_key(dy, site: int, tag: int):
     return jax.random.fold_in(key, h)
 
 
-def _bf16_gemm(a, b, dims):
-    (ac,), (bc,) = dims[0]
+def _bf16_gemm(a, b, dimension_numbers):
+    (ac,), (bc,) = dimension_numbers[0]
     return lax.dot_general(
-        a.astype(jnp.bfloat16), b.astype(jnp.bfloat16), dims, preferred_element_type=jnp.float32,
+        a.astype(jnp.bfloat16), b.astype(jnp.bfloat16), dimension_numbers, preferred_element_type=jnp.float32,
         out_sharding=_out_sharding_3d(a, b, ac, bc),
     )
 
@@ -206,9 +142,9 @@ def _grad_gemm(g, w, g_axis, w_axis, precision, key, recipe: Recipe, hadamard_se
     MXFP4: both padded along the contraction to a multiple of 32, optionally Hadamard-transformed,
     g quantized with ``recipe.grad_rounding`` (key ``key``), w with round-to-nearest-even.
     """
-    dims = (((g_axis,), (w_axis,)), ((0,), (0,)))
+    contraction = (((g_axis,), (w_axis,)), ((0,), (0,)))
     if precision == "bf16":
-        return _bf16_gemm(g, w, dims)
+        return _bf16_gemm(g, w, contraction)
     g, w = _pad_axis(g, g_axis), _pad_axis(w, w_axis)
     if hadamard_seed is not None:
         g = random_hadamard_transform(g, g_axis, hadamard_seed)
@@ -217,7 +153,7 @@ def _grad_gemm(g, w, g_axis, w_axis, precision, key, recipe: Recipe, hadamard_se
     gq = quantize(g, g_axis, scale_mode=recipe.scale_mode, rounding=rounding,
                   key=key if rounding == "stochastic" else None)
     wq = quantize(w, w_axis, scale_mode=recipe.scale_mode)
-    return gemm.dot_general(gq, wq, dims, preferred_element_type=jnp.float32, recipe=recipe)
+    return gemm.dot_general(gq, wq, contraction, preferred_element_type=jnp.float32, recipe=recipe)
 
 
 def _dgrad(dy, b, recipe: Recipe, site: int):
@@ -266,11 +202,11 @@ def _as_float(x):
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4, 5))
-def _mixed_gemm(lhs, rhs, dims, out_dtype, recipe, site):
-    return gemm.dot_general(lhs, rhs, dims, preferred_element_type=out_dtype, recipe=recipe)
+def _mixed_gemm(lhs, rhs, dimension_numbers, out_dtype, recipe, site):
+    return gemm.dot_general(lhs, rhs, dimension_numbers, preferred_element_type=out_dtype, recipe=recipe)
 
 
-def _mixed_fwd(lhs, rhs, dims, out_dtype, recipe, site):
+def _mixed_fwd(lhs, rhs, dimension_numbers, out_dtype, recipe, site):
     values = []
     for name, arg in (("lhs", lhs), ("rhs", rhs)):
         is_mx = isinstance(arg, MXFP4Array)
@@ -285,14 +221,14 @@ def _mixed_fwd(lhs, rhs, dims, out_dtype, recipe, site):
             )
         values.append(jax.tree_util.tree_map(lambda p: p.value, arg) if is_mx else arg.value)
     lhs_v, rhs_v = values
-    y = gemm.dot_general(lhs_v, rhs_v, dims, preferred_element_type=out_dtype, recipe=recipe)
+    y = gemm.dot_general(lhs_v, rhs_v, dimension_numbers, preferred_element_type=out_dtype, recipe=recipe)
     return y, (lhs_v, rhs_v)
 
 
-def _mixed_bwd(dims, out_dtype, recipe, site, res, dy):
+def _mixed_bwd(dimension_numbers, out_dtype, recipe, site, res, dy):
     lhs, rhs = res
     dy = _materialize(dy)
-    lc, rc, lb, rb, _ = _parse_dims(dims, lhs.shape, rhs.shape)
+    lc, rc, lb, rb, _ = dims.parse_dimension_numbers(dimension_numbers, lhs.shape, rhs.shape)
     lf, rf = _as_float(lhs), _as_float(rhs)
     a = _canonical(lf, lc, lb, pad_k=False)
     b = _canonical(rf, rc, rb, pad_k=False)
@@ -368,30 +304,25 @@ def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_t
 
 def _dot_general(lhs, rhs, dimension_numbers, preferred_element_type, recipe, *, pad_k: bool):
     """:func:`dot_general`; ``pad_k=True`` zero-pads a float x float contraction to 32 (dense, layers)."""
-    recipe = _check_recipe(recipe)
+    recipe = dims.check_recipe(recipe)
     out_dtype = checks.check_output_dtype(preferred_element_type)
     if isinstance(lhs, MXFP4Array) or isinstance(rhs, MXFP4Array):
         for name, x in (("lhs", lhs), ("rhs", rhs)):
             if not isinstance(x, MXFP4Array):
                 checks.check_float_input(x, name)
         gemm.explain(lhs, rhs, dimension_numbers, preferred_element_type=out_dtype, recipe=recipe)
-        lc, rc, lb, rb, _ = _parse_dims(dimension_numbers, lhs.shape, rhs.shape)
+        lc, rc, lb, rb, _ = dims.parse_dimension_numbers(dimension_numbers, lhs.shape, rhs.shape)
         site = _site_seed(lhs.shape, rhs.shape, str(jnp.dtype(lhs.dtype)), str(jnp.dtype(rhs.dtype)), (lc, rc, lb, rb))
         return _mixed_gemm(lhs, rhs, ((lc, rc), (lb, rb)), out_dtype, recipe, site)
     checks.check_float_input(lhs, "lhs")
     checks.check_float_input(rhs, "rhs")
-    lc, rc, lb, rb, out_shape = _parse_dims(dimension_numbers, jnp.shape(lhs), jnp.shape(rhs))
-    k = math.prod(lhs.shape[d] for d in lc)
-    if k % BLOCK_SIZE and not pad_k:
-        raise ValueError(
-            f"lhs: contracting dim(s) {lc} have total length {k}, which is not a multiple of the "
-            f"MXFP4 block size {BLOCK_SIZE} (OCP MX v1.0 §5.1); pad K with zeros (exact) or use "
-            "jax_mxfp4.dense or the jax_mxfp4.flax layers, which pad for you"
-        )
+    lc, rc, lb, rb, out_shape = dims.parse_dimension_numbers(dimension_numbers, jnp.shape(lhs), jnp.shape(rhs))
+    if not pad_k:
+        dims.check_block_k(math.prod(lhs.shape[d] for d in lc), lc)
     site = _site_seed(lhs.shape, rhs.shape, str(jnp.dtype(lhs.dtype)), str(jnp.dtype(rhs.dtype)), (lc, rc, lb, rb))
     a = _canonical(lhs, lc, lb, pad_k=pad_k, name="lhs")
     b = _canonical(rhs, rc, rb, pad_k=pad_k, name="rhs")
-    return _to_logical(_mx_gemm(a, b, recipe, out_dtype, site), out_shape, lhs, rhs, lc, rc, lb, rb)
+    return dims.to_logical(_mx_gemm(a, b, recipe, out_dtype, site), out_shape, lhs, rhs, lc, rc, lb, rb)
 
 
 def dense(x, kernel, bias=None, *, recipe=None):

@@ -1,0 +1,106 @@
+"""``dimension_numbers`` -> the canonical [B, F, K] operand form and back (one place for the layout).
+
+Every GEMM of the package (the forward :func:`jax_mxfp4.gemm.dot_general` and the fprop, dgrad
+and wgrad of the custom VJP in :mod:`jax_mxfp4.training`) maps its operands with these helpers:
+batch dims first, then the free dims, then the contracting dims, flattened to [B, F, K] (the "TN"
+form every backend takes), and the [B, M, N] result back to ``lax.dot_general``'s output shape.
+Under an explicit-sharding mesh the merges keep their shardings (:mod:`jax_mxfp4.sharding`).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from . import sharding
+from .mx_format import BLOCK_SIZE
+from .recipe import Recipe
+
+
+def check_recipe(recipe) -> Recipe:
+    """``recipe`` or the default ``Recipe()``; TypeError for anything else."""
+    if recipe is None:
+        return Recipe()
+    if not isinstance(recipe, Recipe):
+        raise TypeError(f"recipe must be a jax_mxfp4.Recipe or None, got {type(recipe).__name__}")
+    return recipe
+
+
+def parse_dimension_numbers(dimension_numbers, lshape, rshape):
+    """Normalized (non-negative) ``(lc, rc, lb, rb)`` and the output shape.
+
+    ``lax.dot_general``'s own shape rule validates ranks, dims and sizes (TypeError from it).
+    Raises ValueError for a malformed ``dimension_numbers`` or one without contracting dims.
+    """
+    try:
+        (lc, rc), (lb, rb) = dimension_numbers
+        lc, rc, lb, rb = (tuple(int(d) for d in t) for t in (lc, rc, lb, rb))
+    except (TypeError, ValueError):
+        raise ValueError(
+            "dimension_numbers must be ((lhs_contracting, rhs_contracting), (lhs_batch, rhs_batch)) "
+            f"as in jax.lax.dot_general, got {dimension_numbers!r}"
+        ) from None
+    la = jax.ShapeDtypeStruct(tuple(lshape), jnp.float32)
+    ra = jax.ShapeDtypeStruct(tuple(rshape), jnp.float32)
+    out = jax.eval_shape(functools.partial(lax.dot_general, dimension_numbers=((lc, rc), (lb, rb))), la, ra)
+    if not lc:
+        raise ValueError("dimension_numbers has no contracting dims: an MXFP4 GEMM needs one (K)")
+    nl, nr = len(lshape), len(rshape)
+    norm = lambda dims, n: tuple(d % n for d in dims)  # noqa: E731
+    return norm(lc, nl), norm(rc, nr), norm(lb, nl), norm(rb, nr), tuple(out.shape)
+
+
+def check_block_k(k: int, contracting, name: str = "lhs") -> None:
+    """ValueError unless the total contracting length ``k`` is a multiple of 32."""
+    if k % BLOCK_SIZE:
+        raise ValueError(
+            f"{name}: contracting dim(s) {tuple(contracting)} have total length {k}, which is not a "
+            f"multiple of the MXFP4 block size {BLOCK_SIZE} (OCP MX v1.0 §5.1); pad K with zeros "
+            "(exact) or use jax_mxfp4.dense or the jax_mxfp4.flax layers, which pad for you"
+        )
+
+
+def free_dims(ndim, contracting, batch) -> tuple[int, ...]:
+    return tuple(d for d in range(ndim) if d not in contracting and d not in batch)
+
+
+def canonical_sizes(shape, contracting, batch) -> tuple[int, int, int]:
+    """(B, F, K) sizes of an operand of ``shape``."""
+    free = free_dims(len(shape), contracting, batch)
+    return tuple(math.prod(shape[d] for d in dims) for dims in (batch, free, contracting))
+
+
+def to_bfk(x, contracting, batch, name, logical_k=None):
+    """Transpose ``x`` to (batch, free, contracting) dims and merge them into [B, F, K].
+
+    Also used on packed data (K/2) and plain scales (K/32) of an MXFP4Array, with ``logical_k``
+    the logical K. Under an explicit mesh the merged dims keep their shardings and a K shard must
+    hold whole 32-element blocks (ValueError otherwise, naming ``name``).
+    """
+    free = free_dims(x.ndim, contracting, batch)
+    perm = tuple(batch) + free + tuple(contracting)
+    shape3 = canonical_sizes(x.shape, contracting, batch)
+    xt = jnp.transpose(x, perm)
+    spec = sharding.explicit_spec(x)
+    if spec is None:
+        return xt.reshape(shape3)
+    mesh = sharding.mesh_of(x)
+    b, f, k = sharding.canonical_operand_spec(spec, perm, len(batch), len(free))
+    sharding.check_k_shards(mesh, k, shape3[2] if logical_k is None else logical_k, name)
+    return jnp.reshape(xt, shape3, out_sharding=sharding.named(mesh, b, f, k))
+
+
+def to_logical(y3, out_shape, lhs, rhs, lc, rc, lb, rb):
+    """[B, M, N] -> ``lax.dot_general``'s output shape. ``lhs``/``rhs`` are the logical operands
+    (arrays, or MXFP4Array data); under an explicit mesh each output dim keeps its operand dim's
+    sharding (the inverse of the merges done by :func:`to_bfk`)."""
+    ls, rs = sharding.explicit_spec(lhs), sharding.explicit_spec(rhs)
+    if ls is None or rs is None:
+        return y3.reshape(out_shape)
+    lfree, rfree = free_dims(lhs.ndim, lc, lb), free_dims(rhs.ndim, rc, rb)
+    entries = sharding.logical_out_entries([ls[d] for d in tuple(lb) + lfree], [rs[d] for d in rfree])
+    return jnp.reshape(y3, out_shape, out_sharding=sharding.named(sharding.mesh_of(lhs), *entries))
