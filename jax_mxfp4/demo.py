@@ -132,6 +132,40 @@ def build_model(cfg: dict, recipe, head_recipe=None):
     return ByteLM()
 
 
+# Megatron-style tensor parallelism over the "model" mesh axis: column-parallel layers split their
+# outputs (N), row-parallel layers their inputs (K, a sharded contraction: partial GEMMs + psum).
+COLUMN_PARALLEL = ("qkv", "mlp_in", "head")
+ROW_PARALLEL = ("proj", "mlp_out")
+
+
+def make_mesh(shape):
+    """A (data, model) ``jax.sharding.Mesh`` of ``shape`` over the first devices (Auto axes)."""
+    import jax
+
+    n = shape[0] * shape[1]
+    if n > len(jax.devices()):
+        raise ValueError(f"--mesh {shape[0]}x{shape[1]} needs {n} devices; JAX sees {len(jax.devices())}")
+    return jax.make_mesh(shape, ("data", "model"), axis_types=(jax.sharding.AxisType.Auto,) * 2,
+                         devices=jax.devices()[:n])
+
+
+def param_shardings(params, mesh):
+    """NamedShardings for the LM's params: column/row-parallel Dense layers, the rest replicated."""
+    import jax
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    def spec(path, leaf):
+        names = [getattr(k, "key", str(k)) for k in path]
+        layer, kind = names[-2], names[-1]
+        if layer in COLUMN_PARALLEL:
+            return P(None, "model") if kind == "kernel" else P("model")
+        if layer in ROW_PARALLEL and kind == "kernel":
+            return P("model", None)
+        return P()
+
+    return jax.tree_util.tree_map_with_path(lambda p, x: NamedSharding(mesh, spec(p, x)), params)
+
+
 @dataclasses.dataclass
 class RunResult:
     name: str
@@ -144,8 +178,9 @@ class RunResult:
 
 
 def train_one(name, recipe, cfg, steps, seed, train_b, eval_b, starts, eval_starts, eval_every, quiet=False,
-              head_recipe=None):
-    """Train one run; returns a :class:`RunResult` (losses in nats/byte)."""
+              head_recipe=None, mesh=None):
+    """Train one run; returns a :class:`RunResult` (losses in nats/byte). With ``mesh`` the
+    batch is sharded over "data" and the Dense layers over "model" (:func:`param_shardings`)."""
     import jax
     import jax.numpy as jnp
     import optax
@@ -154,6 +189,15 @@ def train_one(name, recipe, cfg, steps, seed, train_b, eval_b, starts, eval_star
     model = build_model(cfg, recipe, head_recipe)
     tokens0 = jnp.asarray(windows(train_b, starts[0], cfg["seq_len"]))[:, :-1]
     params = model.init(jax.random.key(seed), tokens0)
+    put_batch = jnp.asarray
+    if mesh is not None:
+        from jax.sharding import NamedSharding, PartitionSpec as P
+
+        params = jax.device_put(params, param_shardings(params, mesh))
+        batch_sharding = NamedSharding(mesh, P("data", None))
+
+        def put_batch(b):
+            return jax.device_put(b, batch_sharding)
     warmup = max(1, steps // 10)
     sched = optax.warmup_cosine_decay_schedule(0.0, cfg["lr"], warmup, max(steps, warmup + 1), cfg["lr"] * 0.1)
     opt = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(sched, b2=0.99, weight_decay=0.01))
@@ -170,7 +214,7 @@ def train_one(name, recipe, cfg, steps, seed, train_b, eval_b, starts, eval_star
         return optax.apply_updates(params, updates), opt_state, loss
 
     eval_loss_j = jax.jit(loss_fn)
-    eval_batches = [jnp.asarray(windows(eval_b, s, cfg["seq_len"])) for s in eval_starts]
+    eval_batches = [put_batch(windows(eval_b, s, cfg["seq_len"])) for s in eval_starts]
 
     def evaluate(params):
         return float(np.mean([float(eval_loss_j(params, b)) for b in eval_batches]))
@@ -181,7 +225,7 @@ def train_one(name, recipe, cfg, steps, seed, train_b, eval_b, starts, eval_star
     bar = tqdm(range(steps), desc=f"{name:>5}", unit="step", disable=quiet, dynamic_ncols=True, file=sys.stdout)
     for i in bar:
         t = time.perf_counter()
-        batch = jnp.asarray(windows(train_b, starts[i], cfg["seq_len"]))
+        batch = put_batch(windows(train_b, starts[i], cfg["seq_len"]))
         params, opt_state, loss = step(params, opt_state, batch)
         loss = float(loss)
         if i > 0:
@@ -258,8 +302,17 @@ def parse_args(argv=None):
                    help="E8M0 scale rule of the MXFP4 run (default even)")
     p.add_argument("--head", choices=["mxfp4", "bf16"], default="mxfp4",
                    help="precision of the LM head in the MXFP4 run (default mxfp4: every projection in MXFP4)")
+    p.add_argument("--mesh", default=None, metavar="DxM",
+                   help="run sharded on a (data x model) device mesh, e.g. 2x1 (data parallel) or 1x2 "
+                        "(tensor parallel: Megatron column/row layers); default: one device")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     args = p.parse_args(argv)
+    if args.mesh is not None:
+        try:
+            args.mesh = tuple(int(v) for v in args.mesh.lower().split("x"))
+            assert len(args.mesh) == 2 and min(args.mesh) >= 1
+        except (ValueError, AssertionError):
+            p.error(f"--mesh must look like DxM with positive integers (e.g. 2x1), got {args.mesh!r}")
     if args.steps is not None and args.steps < 1:
         p.error(f"--steps must be >= 1, got {args.steps}")
     return args
@@ -307,11 +360,14 @@ def run(argv=None) -> dict:
                        scale_mode=args.scale_mode)
     bf_recipe = Recipe(backend=args.backend, **BF16_RECIPE_FIELDS)
     backend = mxfp4_backend_used(mx_recipe, cfg)
+    mesh = make_mesh(args.mesh) if args.mesh else None
+    if mesh is not None:
+        print(f"mesh: {args.mesh[0]} (data) x {args.mesh[1]} (model) over {mesh.devices.size} x {jax.devices()[0].device_kind}")
     runs = []
     head_recipes = {"bf16": None, "mxfp4": bf_recipe if args.head == "bf16" else None}
     for name, recipe in (("bf16", bf_recipe), ("mxfp4", mx_recipe)):
         runs.append(train_one(name, recipe, cfg, steps, args.seed, train_b, eval_b, starts, eval_starts,
-                              eval_every, quiet=args.quiet, head_recipe=head_recipes[name]))
+                              eval_every, quiet=args.quiet, head_recipe=head_recipes[name], mesh=mesh))
     bf, mx4 = runs
     gap = 100.0 * (mx4.eval_loss - bf.eval_loss) / bf.eval_loss
     total = time.perf_counter() - t0
@@ -348,6 +404,8 @@ def run(argv=None) -> dict:
         "unigram_entropy_nats": unigram,
         "data": data_info,
         "platform": jax.default_backend(),
+        "device": jax.devices()[0].device_kind,
+        "mesh": list(args.mesh) if args.mesh else None,
         "cpu_count": os.cpu_count(),
         "total_wall_s": total,
     }
