@@ -28,6 +28,9 @@ def packed_to_float4(data: jax.Array) -> jax.Array:
 class ScaledDotBackend(Backend):
     name = "scaled_dot"
     auto_platforms = ("cuda",)
+    # XLA's SPMD partitioner cannot legalize the scaled-dot composite on sharded operands (seen on
+    # 2 H200s, jax 0.11.2): run it per shard under jax_mxfp4.partitioning's rule instead.
+    opaque = True
 
     def unavailable_reason(self):
         if not hasattr(lax, "scaled_dot"):

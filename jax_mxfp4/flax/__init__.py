@@ -12,7 +12,17 @@
 Needs the ``flax`` extra: ``pip install jax-mxfp4[flax]``.
 """
 
-from . import linen, nnx
+from . import linen
 from .params import abstract_params, default_select, quantize_params
 
 __all__ = ["linen", "nnx", "quantize_params", "default_select", "abstract_params"]
+
+
+def __getattr__(name):
+    # nnx is imported on first use: flax.linen never needs flax.nnx, and some jax/flax version
+    # pairs import one but not the other (flax 0.12.8's nnx fails on jax 0.11.2).
+    if name == "nnx":
+        import importlib
+
+        return importlib.import_module(f"{__name__}.nnx")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
