@@ -24,6 +24,7 @@ scale, and ``results.json`` and ``loss.png`` in ``--out``.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import math
@@ -366,8 +367,9 @@ def run(argv=None) -> dict:
     runs = []
     head_recipes = {"bf16": None, "mxfp4": bf_recipe if args.head == "bf16" else None}
     for name, recipe in (("bf16", bf_recipe), ("mxfp4", mx_recipe)):
-        runs.append(train_one(name, recipe, cfg, steps, args.seed, train_b, eval_b, starts, eval_starts,
-                              eval_every, quiet=args.quiet, head_recipe=head_recipes[name], mesh=mesh))
+        with (jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext()):
+            runs.append(train_one(name, recipe, cfg, steps, args.seed, train_b, eval_b, starts, eval_starts,
+                                  eval_every, quiet=args.quiet, head_recipe=head_recipes[name], mesh=mesh))
     bf, mx4 = runs
     gap = 100.0 * (mx4.eval_loss - bf.eval_loss) / bf.eval_loss
     total = time.perf_counter() - t0

@@ -77,7 +77,11 @@ def quantize(
     from .dispatch import current_platform
     from .kernels import quantize as fused
 
-    impl = fused.quantize_impl if fused.fast_path_enabled(current_platform(), rounding) else _quantize_impl
+    # The fused kernel is a pallas_call, opaque to SPMD partitioning (XLA would all-gather its
+    # input): under a mesh the reference jnp path runs instead, which XLA partitions shard-locally.
+    sharded = not jax.sharding.get_abstract_mesh().empty
+    use_fused = fused.fast_path_enabled(current_platform(), rounding) and not sharded
+    impl = fused.quantize_impl if use_fused else _quantize_impl
     data, scales = impl(x, key, axis=axis, scale_mode=scale_mode, rounding=rounding)
     q = MXFP4Array(data, scales, axis, x.shape, x.dtype, scale_mode, "plain")
     return q.with_scale_layout(scale_layout)
