@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from typing import Any
 
 import jax
@@ -52,15 +53,10 @@ class MXFP4Array:
     def tree_unflatten(cls, aux, children):
         axis, shape, dtype, scale_mode, scale_layout = aux
         data, scales = children
-        # vmap/scan batch the children along a leading axis while the static fields describe the
-        # unbatched array: re-describe leading dims added (out_axes=0) or removed (in_axes=0).
-        extra = getattr(data, "ndim", len(shape)) - len(shape)
-        if extra > 0 and scale_layout == "plain":
-            shape = tuple(data.shape[:extra]) + tuple(shape)
-            axis = axis + extra
-        elif extra < 0 and scale_layout == "plain" and axis + extra >= 0:
-            shape = tuple(shape[-extra:])
-            axis = axis + extra
+        # vmap/scan batch the children along some axis while the static fields describe the
+        # unbatched array: re-describe the dims added (out_axes) or removed (in_axes).
+        if scale_layout == "plain" and hasattr(data, "shape") and hasattr(scales, "shape"):
+            shape, axis = _rebatch(tuple(shape), axis, tuple(data.shape), tuple(scales.shape))
         obj = object.__new__(cls)
         for name, value in zip(
             ("data", "scales", "axis", "shape", "dtype", "scale_mode", "scale_layout"),
@@ -70,7 +66,8 @@ class MXFP4Array:
         return obj
 
     def __post_init__(self):
-        object.__setattr__(self, "shape", tuple(int(d) for d in self.shape))
+        checks.check_mx_dtype(self.dtype)
+        object.__setattr__(self, "shape", tuple(self.shape))
         object.__setattr__(self, "dtype", jnp.dtype(self.dtype))
         checks.check_scale_layout(self.scale_layout, "scale_layout")
         checks.check_scale_mode(self.scale_mode, "scale_mode")
@@ -138,3 +135,38 @@ def _scale_view_2d(shape: tuple[int, ...], axis: int) -> tuple[int, int]:
     k = shape[axis]
     rows = int(np.prod(shape)) // k if k else 0
     return rows, k // BLOCK_SIZE
+
+
+def _packed_shapes(shape, axis):
+    data = tuple(d // 2 if i == axis else d for i, d in enumerate(shape))
+    scales = tuple(d // BLOCK_SIZE if i == axis else d for i, d in enumerate(shape))
+    return data, scales
+
+
+def _rebatch(shape, axis, data_shape, scales_shape):
+    """(shape, axis) consistent with children of ``data_shape``/``scales_shape`` that vmap or scan
+    batched by inserting or removing dims. Unchanged if already consistent or not explainable by
+    batching along non-quantized dims (then the array's own shape checks report it)."""
+    if _packed_shapes(shape, axis) == (data_shape, scales_shape):
+        return shape, axis
+    extra = len(data_shape) - len(shape)
+    if extra > 0:  # dims were inserted: find their positions in the data shape
+        for pos in itertools.combinations(range(len(data_shape)), extra):
+            if axis + sum(p <= axis + i for i, p in enumerate(pos)) in pos:
+                continue
+            new_axis = axis + sum(1 for i, p in enumerate(pos) if p <= axis + i)
+            rest = [d for i, d in enumerate(data_shape) if i not in pos]
+            new_shape = list(data_shape)
+            new_shape[new_axis] = rest[axis] * 2
+            new_shape = tuple(new_shape)
+            if _packed_shapes(new_shape, new_axis) == (data_shape, scales_shape):
+                return new_shape, new_axis
+    elif extra < 0:  # dims were removed: find which of the logical dims are gone
+        for pos in itertools.combinations(range(len(shape)), -extra):
+            if axis in pos:
+                continue
+            new_shape = tuple(d for i, d in enumerate(shape) if i not in pos)
+            new_axis = axis - sum(1 for p in pos if p < axis)
+            if _packed_shapes(new_shape, new_axis) == (data_shape, scales_shape):
+                return new_shape, new_axis
+    return shape, axis

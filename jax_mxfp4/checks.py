@@ -23,8 +23,19 @@ def check_scale_mode(scale_mode, name="scale_mode"):
 def check_rounding(rounding, key, name="rounding"):
     if rounding not in ROUNDING_MODES:
         raise ValueError(f"{name} must be one of {ROUNDING_MODES}, got {rounding!r}")
-    if rounding == "stochastic" and key is None:
-        raise ValueError(f'{name}="stochastic" needs a PRNG key: pass key=jax.random.key(...)')
+    if rounding == "stochastic":
+        if key is None:
+            raise ValueError(f'{name}="stochastic" needs a PRNG key: pass key=jax.random.key(...)')
+        import jax
+
+        kd = getattr(key, "dtype", None)
+        typed = kd is not None and jax.dtypes.issubdtype(kd, jax.dtypes.prng_key) and jnp.ndim(key) == 0
+        raw = not typed and str(kd) == "uint32" and tuple(jnp.shape(key)) == (2,)
+        if not (typed or raw):
+            raise TypeError(
+                f"key must be one PRNG key (jax.random.key(seed), or a legacy uint32[2] "
+                f"jax.random.PRNGKey), got {type(key).__name__} with dtype {kd} and shape {jnp.shape(key)}"
+            )
 
 
 def check_scale_layout(scale_layout, name="scale_layout"):
@@ -35,6 +46,10 @@ def check_scale_layout(scale_layout, name="scale_layout"):
 
 
 def check_float_input(x, name="x"):
+    from .array import MXFP4Array
+
+    if isinstance(x, MXFP4Array):
+        raise TypeError(f"{name} is already an MXFP4Array; pass the float array (or dequantize it first)")
     dtype = getattr(x, "dtype", None)
     if dtype is None or jnp.dtype(dtype) not in INPUT_DTYPES:
         raise TypeError(
@@ -58,10 +73,23 @@ def check_block_multiple(length, axis, name="x"):
         )
 
 
+def check_mx_dtype(dtype, name="MXFP4Array dtype"):
+    """The logical dtype of an MXFP4Array: the float dtype it was quantized from."""
+    try:
+        ok = dtype is not None and jnp.dtype(dtype) in INPUT_DTYPES
+    except TypeError:
+        ok = False
+    if not ok:
+        raise TypeError(f"{name} must be float32, bfloat16 or float16 (the quantized input's dtype), got {dtype!r}")
+
+
 def check_output_dtype(dtype, name="preferred_element_type"):
     if dtype is None:
         return jnp.dtype(jnp.float32)
-    dt = jnp.dtype(dtype)
+    try:
+        dt = jnp.dtype(dtype)
+    except TypeError:
+        raise ValueError(f"{name} must be float32, bfloat16 or float16, got {dtype!r}") from None
     if dt not in OUTPUT_DTYPES:
         raise ValueError(f"{name} must be float32, bfloat16 or float16, got {dt}")
     return dt
@@ -73,11 +101,15 @@ def check_mx_array_parts(data, scales, axis, shape, scale_layout):
     from .layout import swizzled_shape
 
     ndim = len(shape)
-    if not isinstance(axis, (int, np.integer)) or not 0 <= axis < max(ndim, 1):
-        raise ValueError(f"MXFP4Array axis must be in [0, {ndim}), got {axis!r}")
+    if not all(isinstance(d, (int, np.integer)) and not isinstance(d, bool) and d >= 0 for d in shape):
+        raise TypeError(f"MXFP4Array shape must be a tuple of non-negative ints, got {shape!r}")
+    if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)) or not 0 <= axis < ndim:
+        raise ValueError(f"MXFP4Array axis must be an int in [0, {ndim}), got {axis!r}")
     check_block_multiple(shape[axis], axis, "MXFP4Array shape")
     if not hasattr(data, "dtype") or not hasattr(scales, "dtype"):
-        return  # pytree sentinels (e.g. inside jax.tree_util transformations)
+        raise TypeError(
+            f"MXFP4Array data and scales must be arrays, got {type(data).__name__} and {type(scales).__name__}"
+        )
     if jnp.dtype(data.dtype) != jnp.uint8:
         raise TypeError(f"MXFP4Array data must be uint8 (packed E2M1 pairs), got {data.dtype}")
     if jnp.dtype(scales.dtype) != jnp.dtype(jnp.float8_e8m0fnu):

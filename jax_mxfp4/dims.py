@@ -14,6 +14,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 
 from . import sharding
@@ -31,14 +32,20 @@ def check_recipe(recipe) -> Recipe:
 
 
 def parse_dimension_numbers(dimension_numbers, lshape, rshape):
-    """Normalized (non-negative) ``(lc, rc, lb, rb)`` and the output shape.
+    """Normalized (non-negative) ``(lc, rc, lb, rb)`` and the output shape; dims must be ints.
 
     ``lax.dot_general``'s own shape rule validates ranks, dims and sizes (TypeError from it).
     Raises ValueError for a malformed ``dimension_numbers`` or one without contracting dims.
     """
+    def as_dims(t):
+        dims = tuple(t)
+        if not all(isinstance(d, (int, np.integer)) and not isinstance(d, bool) for d in dims):
+            raise TypeError
+        return tuple(int(d) for d in dims)
+
     try:
         (lc, rc), (lb, rb) = dimension_numbers
-        lc, rc, lb, rb = (tuple(int(d) for d in t) for t in (lc, rc, lb, rb))
+        lc, rc, lb, rb = (as_dims(t) for t in (lc, rc, lb, rb))
     except (TypeError, ValueError):
         raise ValueError(
             "dimension_numbers must be ((lhs_contracting, rhs_contracting), (lhs_batch, rhs_batch)) "

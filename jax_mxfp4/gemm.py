@@ -116,7 +116,9 @@ def dot_general(
     a = _to_canonical(lhs, lc, lb, recipe, problem.lhs_kind, "lhs")
     b = _to_canonical(rhs, rc, rb, recipe, problem.rhs_kind, "rhs")
     backend = dispatch.get_backend(decision.backend)
-    if backend.opaque:
+    if 0 in (problem.batch, problem.m, problem.n, problem.k):  # empty operands: an exact zero sum
+        out = jnp.zeros((problem.batch, problem.m, problem.n), problem.out_dtype)
+    elif backend.opaque:
         out = partitioned_gemm(a, b, backend.name, problem)
     else:
         out = backend.gemm(a, b, problem)

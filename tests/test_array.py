@@ -80,3 +80,29 @@ def test_swizzled_layout_matches_closed_form_for_nd_arrays():
     np.testing.assert_array_equal(np.asarray(s.scales).view(np.uint8).reshape(-1)[dest], plain2d)
     with pytest.raises(ValueError, match="scale_layout must be one of"):
         q.with_scale_layout("tiled")
+
+
+def test_vmap_along_other_axes_keeps_shape_and_axis_consistent():
+    x = jax.random.normal(jax.random.key(4), (3, 4, 64))
+    q = jax.vmap(mx.quantize, out_axes=1)(x)  # examples [4, 64] stacked along axis 1
+    assert q.shape == (4, 3, 64) and q.axis == 2
+    assert_same(q, mx.quantize(jnp.moveaxis(x, 0, 1), axis=2))
+    q0 = jax.vmap(lambda a: mx.quantize(a, 0), out_axes=1)(jnp.ones((4, 64, 32)))
+    assert q0.shape == (64, 4, 32) and q0.axis == 0
+    # mapping over a non-leading axis on the way in
+    y = jax.vmap(lambda t: mx.dot_general(t, jnp.ones((64, 5)), (((1,), (0,)), ((), ()))), in_axes=1)(mx.quantize(x))
+    np.testing.assert_array_equal(np.asarray(y), np.asarray(mx.dot_general(mx.quantize(x), jnp.ones((64, 5)), (((2,), (0,)), ((), ())))).transpose(1, 0, 2))
+
+
+def test_constructor_rejects_non_arrays_and_bad_static_fields():
+    q = mx.quantize(jnp.ones((2, 32)))
+    with pytest.raises(TypeError, match="data and scales must be arrays"):
+        mx.MXFP4Array(None, None, 1, (2, 32), jnp.float32)
+    with pytest.raises(TypeError, match="dtype must be float32, bfloat16 or float16"):
+        mx.MXFP4Array(q.data, q.scales, 1, (2, 32), jnp.int8)
+    with pytest.raises(TypeError, match="shape must be a tuple of non-negative ints"):
+        mx.MXFP4Array(q.data, q.scales, 1, (2.0, 32), jnp.float32)
+    with pytest.raises(ValueError, match="axis must be an int"):
+        mx.MXFP4Array(q.data, q.scales, True, (2, 32), jnp.float32)
+    with pytest.raises(TypeError, match="already an MXFP4Array"):
+        mx.quantize(q)

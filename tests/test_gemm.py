@@ -178,3 +178,20 @@ class TestErrors:
             mx.Recipe(scale_mode="nearest")
         with pytest.raises(ValueError, match="Recipe.backend must be one of"):
             mx.Recipe(backend="cuda")
+
+
+@pytest.mark.parametrize("backend", ["xla", "scaled_dot", "pallas"])
+@pytest.mark.parametrize("ls,rs", [((4, 0), (0, 4)), ((0, 32), (32, 4)), ((4, 32), (32, 0))])
+def test_empty_operands_give_exact_zeros_or_empty(backend, ls, rs):
+    out = mx.dot_general(jnp.ones(ls), jnp.ones(rs), (((1,), (0,)), ((), ())), recipe=mx.Recipe(backend=backend))
+    assert out.shape == (ls[0], rs[1])
+    assert not np.asarray(out).any()
+
+
+def test_argument_errors_name_the_argument():
+    with pytest.raises(ValueError, match="dimension_numbers must be"):
+        mx.dot_general(jnp.ones((4, 64)), jnp.ones((64, 4)), (((1.0,), (0,)), ((), ())))
+    with pytest.raises(ValueError, match="preferred_element_type must be"):
+        mx.dot_general(jnp.ones((4, 64)), jnp.ones((64, 4)), (((1,), (0,)), ((), ())), preferred_element_type="bogus")
+    with pytest.raises(TypeError, match="key must be one PRNG key"):
+        mx.quantize(jnp.ones((4, 32)), rounding="stochastic", key=0)

@@ -146,6 +146,14 @@ class DenseGeneral(nn.Module):
             bias = self.param("bias", bias_init_wrap, batch_shape + features, self.param_dtype)
 
         if isinstance(kernel, MXFP4Array):
+            if n_axis != 1 or kernel.axis != contract_ind[0]:
+                raise ValueError(
+                    f"DenseGeneral: an MXFP4Array kernel must be quantized along the single contraction "
+                    f"axis {contract_ind[0] if n_axis == 1 else contract_ind} of the kernel, but this "
+                    f"layer contracts {n_axis} axes (axis={self.axis}, batch_dims={self.batch_dims}) and "
+                    f"the kernel is quantized along axis {kernel.axis}; quantize it with "
+                    "quantize_params(select=...) along the contraction axis, or keep this layer in float"
+                )
             inputs, bias = promote_dtype(inputs, bias, dtype=self.dtype)
             if n_axis == 1:  # a kernel padded by quantize_params: pad the inputs to its K
                 ax, kp = axis[0], kernel.shape[contract_ind[0]]
