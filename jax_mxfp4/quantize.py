@@ -58,7 +58,10 @@ def quantize(
       - a block holding any NaN or ±Inf gets scale byte 0xFF and dequantizes to all-NaN; other
         blocks are untouched;
       - float32 subnormal inputs (|x| < 2^-126) are treated as zeros of the same sign on every
-        backend (XLA on CPU would flush them anyway; the rule is applied explicitly).
+        backend (XLA on CPU would flush them anyway; the rule is applied explicitly);
+      - with "even", "ceil" and "rceil", a block with amax >= 1.75 * 2^127 gets scale 2^126 and
+        its largest elements the code 4: the value 2^128 is valid MXFP4 but dequantizes to +inf
+        in float32 ("floor" clips to 6 * 2^125 instead).
 
     Raises:
       TypeError: ``x`` is not float32/bfloat16/float16, or ``axis`` is not an int.
