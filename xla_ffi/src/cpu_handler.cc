@@ -12,12 +12,8 @@ ffi::Error CpuGemmImpl(ffi::AnyBuffer lhs, ffi::AnyBuffer lhs_scales, ffi::AnyBu
                        ffi::AnyBuffer rhs_scales, ffi::Result<ffi::AnyBuffer> out,
                        std::string_view scale_layout) {
   constexpr const char* kWhere = "jax_mxfp4_gemm_cpu";
-  ScaleLayout layout;
-  Status st = ParseScaleLayout(scale_layout, &layout);
-  if (!st.ok()) return ToFfi(st, kWhere);
   GemmProblem p;
-  st = ValidateGemm(View(lhs), View(lhs_scales), View(rhs), View(rhs_scales), View(*out), layout,
-                    {ElemType::kF32, ElemType::kBF16, ElemType::kF16}, &p);
+  Status st = DescribeGemm(lhs, lhs_scales, rhs, rhs_scales, *out, scale_layout, &p);
   if (!st.ok()) return ToFfi(st, kWhere);
   try {
     ReferenceGemm(p, static_cast<const uint8_t*>(lhs.untyped_data()),

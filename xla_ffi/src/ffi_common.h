@@ -2,6 +2,7 @@
 #pragma once
 
 #include <string>
+#include <string_view>
 
 #include "jax_mxfp4/problem.h"
 #include "xla/ffi/api/ffi.h"
@@ -42,6 +43,18 @@ inline ffi::Error ToFfi(const Status& s, const char* where) {
     default: break;
   }
   return ffi::Error(c, std::string(where) + ": " + s.message);
+}
+
+// The common prologue of every GEMM handler: parse the scale-layout attribute and validate the
+// operands against the one problem contract (problem.h). Output dtypes: f32, bf16, f16.
+inline Status DescribeGemm(const ffi::AnyBuffer& lhs, const ffi::AnyBuffer& lhs_scales,
+                           const ffi::AnyBuffer& rhs, const ffi::AnyBuffer& rhs_scales,
+                           const ffi::AnyBuffer& out, std::string_view scale_layout, GemmProblem* p) {
+  ScaleLayout layout;
+  Status st = ParseScaleLayout(scale_layout, &layout);
+  if (!st.ok()) return st;
+  return ValidateGemm(View(lhs), View(lhs_scales), View(rhs), View(rhs_scales), View(out), layout,
+                      {ElemType::kF32, ElemType::kBF16, ElemType::kF16}, p);
 }
 
 }  // namespace jax_mxfp4

@@ -29,12 +29,8 @@ ffi::Error HipblasltGemmImpl(abi::hipStream_t stream, int32_t device, ffi::Scrat
   try {
     const LoadResult& lib = LoadHipblaslt();
     if (lib.api == nullptr) return ToFfi(Status::Precondition(lib.error), kWhere);
-    ScaleLayout layout;
-    Status st = ParseScaleLayout(scale_layout, &layout);
-    if (!st.ok()) return ToFfi(st, kWhere);
     GemmProblem p;
-    st = ValidateGemm(View(lhs), View(lhs_scales), View(rhs), View(rhs_scales), View(*out), layout,
-                      {ElemType::kF32, ElemType::kBF16, ElemType::kF16}, &p);
+    Status st = DescribeGemm(lhs, lhs_scales, rhs, rhs_scales, *out, scale_layout, &p);
     if (!st.ok()) return ToFfi(st, kWhere);
     GemmBuffers b{lhs.untyped_data(), lhs_scales.untyped_data(), rhs.untyped_data(),
                   rhs_scales.untyped_data(), out->untyped_data()};
