@@ -96,3 +96,14 @@ def write_json(path, obj):
 def out_dir(path):
     os.makedirs(path, exist_ok=True)
     return path
+
+
+def save_figure(fig, out, name):
+    """Tight layout, save ``name`` (PNG, 120 dpi) into ``out``, close; returns the path."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    path = os.path.join(out, name)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

@@ -32,7 +32,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from jax import lax  # noqa: E402
 
-from benchmarks.common import device_info, geomean, n_sets_for, out_dir, time_fn, write_json  # noqa: E402
+from benchmarks.common import save_figure, device_info, geomean, n_sets_for, out_dir, time_fn, write_json  # noqa: E402
 from jax_mxfp4 import dispatch  # noqa: E402
 from jax_mxfp4.backends.base import GemmProblem  # noqa: E402
 from jax_mxfp4.quantize import quantize  # noqa: E402
@@ -223,10 +223,7 @@ def figures(result, out):
     ax.set_yscale("log")
     ax.set_title(f"MXFP4 GEMM on {result['info']['device']}")
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    p = os.path.join(out, "gemm_geomean_speedup.png")
-    fig.savefig(p, dpi=120)
-    plt.close(fig)
+    p = save_figure(fig, out, "gemm_geomean_speedup.png")
     paths.append(p)
 
     fig, ax = plt.subplots(figsize=(8, 4))
@@ -247,10 +244,7 @@ def figures(result, out):
     ax.set_xlabel("K (contraction length); marker = pass (o decode, s fprop, ^ dgrad, v wgrad)")
     ax.set_ylabel("speedup vs bf16 (>1 faster)")
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    p = os.path.join(out, "gemm_speedup_vs_k.png")
-    fig.savefig(p, dpi=120)
-    plt.close(fig)
+    p = save_figure(fig, out, "gemm_speedup_vs_k.png")
     paths.append(p)
     return paths
 

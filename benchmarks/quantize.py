@@ -21,7 +21,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
-from benchmarks.common import device_info, n_sets_for, out_dir, time_fn, write_json  # noqa: E402
+from benchmarks.common import save_figure, device_info, n_sets_for, out_dir, time_fn, write_json  # noqa: E402
 from jax_mxfp4 import dispatch  # noqa: E402
 from jax_mxfp4.kernels.quantize import QuantizeConfig, quantize_impl  # noqa: E402
 from jax_mxfp4.quantize import _quantize_impl  # noqa: E402
@@ -105,10 +105,7 @@ def figure(res, out):
     ax.invert_yaxis()
     ax.set_xlabel("GB/s (gray: same-run copy; blue: fused Pallas; orange: reference jnp)")
     ax.set_title(f"MXFP4 quantization on {res['info']['device']}")
-    fig.tight_layout()
-    p = os.path.join(out, "quantize_bandwidth.png")
-    fig.savefig(p, dpi=120)
-    plt.close(fig)
+    p = save_figure(fig, out, "quantize_bandwidth.png")
     return p
 
 

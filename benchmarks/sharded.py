@@ -34,7 +34,7 @@ from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 import jax_mxfp4 as mx  # noqa: E402
-from benchmarks.common import device_info, out_dir, time_fn, write_json  # noqa: E402
+from benchmarks.common import device_info, save_figure, out_dir, time_fn, write_json  # noqa: E402
 
 DIMS = (((1,), (0,)), ((), ()))
 LAYOUTS = {"data": (P("x", None), P(None, None)), "tp-column": (P(None, None), P(None, "x")),
@@ -115,8 +115,7 @@ def main(argv=None):
     ax.set_ylabel("train step (ms)")
     ax.set_title(f"linear layer {t}x{k}x{n}, {ndev} devices")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(os.path.join(out, "sharded.png"), dpi=120)
+    save_figure(fig, out, "sharded.png")
     print(f"wrote {out}/sharded.md, sharded.json, sharded.png")
 
 

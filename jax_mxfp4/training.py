@@ -233,20 +233,17 @@ def _mixed_bwd(dimension_numbers, out_dtype, recipe, site, res, dy):
     a = _canonical(lf, lc, lb, pad_k=False)
     b = _canonical(rf, rc, rb, pad_k=False)
     dy3 = dy.reshape(a.shape[0], a.shape[1], b.shape[1])
-    grads = []
-    if isinstance(lhs, MXFP4Array):
-        grads.append(None)
-    else:
-        da = _dgrad(dy3, b, recipe, site)
-        _, pull = jax.vjp(lambda x: _canonical(x, lc, lb, pad_k=False), lhs)
-        grads.append(pull(da.astype(lhs.dtype))[0])
-    if isinstance(rhs, MXFP4Array):
-        grads.append(None)
-    else:
-        db = _wgrad(dy3, a, recipe, site)
-        _, pull = jax.vjp(lambda x: _canonical(x, rc, rb, pad_k=False), rhs)
-        grads.append(pull(db.astype(rhs.dtype))[0])
-    return tuple(grads)
+
+    def grad_of(x, contracting, batch, canonical_grad):
+        # no gradient for a pre-quantized operand; else pull the canonical [B, F, K] gradient
+        # back through the transpose/reshape onto x's logical shape
+        if isinstance(x, MXFP4Array):
+            return None
+        _, pull = jax.vjp(lambda v: _canonical(v, contracting, batch, pad_k=False), x)
+        return pull(canonical_grad().astype(x.dtype))[0]
+
+    return (grad_of(lhs, lc, lb, lambda: _dgrad(dy3, b, recipe, site)),
+            grad_of(rhs, rc, rb, lambda: _wgrad(dy3, a, recipe, site)))
 
 
 _mixed_gemm.defvjp(_mixed_fwd, _mixed_bwd, symbolic_zeros=True)
