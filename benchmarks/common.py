@@ -1,12 +1,18 @@
 """Timing and reporting helpers shared by the benchmarks (no third-party code).
 
-Timing method: each sample runs ``inner`` calls of the measured function back to back inside ONE
-jitted program (unrolled, so no host round trip between calls). Every call gets its own operand
-buffers (copies where needed): identical calls on identical buffers would be merged by XLA's
-common-subexpression elimination, and distinct buffers (at least 3x the L2 in total) also keep
-repeated calls from reading operands out of L2. The sample time divided by ``inner`` is one
-measurement. After a warm-up (compilation + one untimed run), the reported time is the median of
-``reps`` samples. Host dispatch of the program is amortised over ``inner`` calls.
+Timing method ("fair timing", README "GPU speed"): one jitted program runs the measured function
+on ``calls`` distinct operand sets back to back (unrolled; the function is jitted once, so every
+call site shares one lowering). ``calls`` is grown until one program takes >= ``min_program_s``
+(20 ms by default), so the host cost of launching the program (a few hundred microseconds with
+many buffers) is amortised to ~1-2% even where one call takes 40 us. Operands:
+  * the caller's ``sets`` are distinct random operand sets whose bytes together exceed 3x the
+    L2 (``n_sets_for``); calls rotate over them, so no call finds its operands in L2 (between two
+    uses of a set, the other sets stream > 2x L2 through the cache);
+  * every extra call beyond ``len(sets)`` gets its own copy of the set's smallest operand, so no
+    two calls are identical and XLA cannot merge them (common-subexpression elimination).
+Time per call = program time / calls; the reported figure is the median over ``reps`` programs
+after a warm-up. ``kernel_time`` cross-checks one program against the profiler's device kernel
+times (sum of every kernel the program ran, divided by ``calls``).
 """
 
 from __future__ import annotations
@@ -41,46 +47,96 @@ def n_sets_for(bytes_per_set: int, cap: int = 8) -> int:
     return max(1, min(cap, math.ceil(3 * L2_BYTES / max(bytes_per_set, 1))))
 
 
-def time_fn(fn, sets, *, reps: int = 30, min_sample_s: float = 2e-3, max_inner: int = 64,
-            budget_s: float = 1.5) -> dict:
-    """Median seconds per call of ``fn(*args)`` for ``args`` rotating over ``sets``.
+def _with_distinct_calls(sets, calls):
+    """``calls`` operand tuples rotating over ``sets``; from the second round on, the smallest
+    leaf of each tuple is a fresh copy so that every call differs from every other."""
+    sets = list(sets)
+    out = list(sets[:calls])
+    for i in range(len(sets), calls):
+        leaves, tree = jax.tree.flatten(sets[i % len(sets)])
+        j = min(range(len(leaves)), key=lambda t: leaves[t].size * leaves[t].dtype.itemsize)
+        leaves = list(leaves)
+        leaves[j] = jax.numpy.array(leaves[j], copy=True)
+        out.append(jax.tree.unflatten(tree, leaves))
+    jax.block_until_ready(out)
+    return out
 
-    Returns {"median_s", "min_s", "samples", "inner", "reps"}.
+
+def _program(fn, calls):
+    def run(all_sets):
+        return [fn(*all_sets[i]) for i in range(calls)]
+
+    return jax.jit(run)
+
+
+def time_fn(fn, sets, *, reps: int = 5, min_program_s: float = 0.02, max_calls: int = 1024) -> dict:
+    """Median seconds per call of ``fn(*args)``, fair timing (module docstring).
+
+    Args:
+      fn: function of one operand tuple (jitted here once).
+      sets: list of distinct operand tuples, together > 3x the L2 (``n_sets_for``).
+      reps: programs timed after the warm-up (median reported).
+      min_program_s: grow the number of calls per program until one program takes this long.
+      max_calls: cap on calls per program (memory: each extra call copies the smallest operand).
+    Returns:
+      {"median_s", "min_s", "calls", "program_s", "reps", "method": "fair"}.
     """
+    fn = jax.jit(fn)
     n = len(sets)
-
-    def many(inner):
-        def run(all_sets):
-            return [fn(*all_sets[i]) for i in range(inner)]
-
-        return jax.jit(run)
-
-    one = many(n)
-    jax.block_until_ready(one(sets))  # compile + warm-up
-    t0 = time.perf_counter()
-    jax.block_until_ready(one(sets))
-    est = (time.perf_counter() - t0) / n
-    inner = int(min(max_inner, max(n, math.ceil(min_sample_s / max(est, 1e-7)))))
-    if inner > n:  # distinct buffers for every call (see the module docstring)
-        sets = list(sets) + [
-            jax.tree.map(lambda x: jax.numpy.array(x, copy=True), sets[i % n]) for i in range(n, inner)
-        ]
-        jax.block_until_ready(sets)
-    prog = many(inner) if inner != n else one
+    prog = _program(fn, n)
     jax.block_until_ready(prog(sets))  # compile + warm-up
-    reps = int(max(5, min(reps, budget_s / max(est * inner, 1e-7))))
+    t0 = time.perf_counter()
+    jax.block_until_ready(prog(sets))
+    est = (time.perf_counter() - t0) / n
+    calls = int(min(max_calls, max(n, math.ceil(1.1 * min_program_s / max(est, 1e-7)))))
+    if calls != n:
+        sets = _with_distinct_calls(sets, calls)
+        prog = _program(fn, calls)
+        jax.block_until_ready(prog(sets))  # compile + warm-up
     samples = []
-    for _ in range(reps):
+    for _ in range(max(3, reps)):
         t0 = time.perf_counter()
         jax.block_until_ready(prog(sets))
-        samples.append((time.perf_counter() - t0) / inner)
-    return {
-        "median_s": statistics.median(samples),
-        "min_s": min(samples),
-        "samples": reps,
-        "inner": inner,
-        "reps": reps,
-    }
+        samples.append(time.perf_counter() - t0)
+    med = statistics.median(samples)
+    return {"median_s": med / calls, "min_s": min(samples) / calls, "calls": calls,
+            "program_s": med, "reps": len(samples), "method": "fair"}
+
+
+def kernel_time(fn, sets, *, calls: int | None = None) -> dict:
+    """Device kernel time per call from the JAX profiler (one program over ``calls`` distinct
+    operand sets, as in ``time_fn``): the sum of the durations of every kernel on the GPU planes
+    divided by ``calls``. Returns {"kernel_s", "kernels": {name: seconds per call}} or
+    {"error": ...} where the profiler gives no device plane (e.g. on CPU)."""
+    import glob
+    import tempfile
+
+    fn = jax.jit(fn)
+    calls = calls or len(sets)
+    sets = _with_distinct_calls(sets, calls)
+    prog = _program(fn, calls)
+    jax.block_until_ready(prog(sets))
+    d = tempfile.mkdtemp(prefix="jax_mxfp4_prof_")
+    jax.profiler.start_trace(d)
+    jax.block_until_ready(prog(sets))
+    jax.profiler.stop_trace()
+    files = glob.glob(os.path.join(d, "**", "*.xplane.pb"), recursive=True)
+    if not files:
+        return {"error": "no profile written"}
+    data = jax.profiler.ProfileData.from_file(files[0])
+    per_kernel: dict = {}
+    for plane in data.planes:
+        if not plane.name.startswith("/device:GPU"):
+            continue
+        for line in plane.lines:
+            # kernel launches sit on the stream lines; skip summary lines (XLA ops/modules)
+            if "stream" not in line.name.lower():
+                continue
+            for ev in line.events:
+                per_kernel[ev.name] = per_kernel.get(ev.name, 0.0) + ev.duration_ns * 1e-9 / calls
+    if not per_kernel:
+        return {"error": "no GPU kernel events in the profile"}
+    return {"kernel_s": sum(per_kernel.values()), "kernels": per_kernel, "calls": calls}
 
 
 def geomean(xs):

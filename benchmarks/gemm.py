@@ -105,7 +105,7 @@ def run(args):
     info = device_info()
     quick = args.quick
     shapes = pass_shapes(QUICK_DECODE if quick else FULL_DECODE, QUICK_LAYERS if quick else FULL_LAYERS)
-    timing = dict(reps=3, min_sample_s=1e-4, max_inner=2, budget_s=0.2) if quick else dict(reps=20, budget_s=0.4)
+    timing = dict(reps=3, min_program_s=0.0) if quick else dict(reps=7)
     measured = {}  # (m, n, k, variant, backend) -> result dict
     rows = []
     t_start = time.time()
@@ -279,7 +279,7 @@ def tune(out):
         dflt = default_config(m, n, k, 1, a4w4=variant == "a4w4")
         for cfg in [dflt] + [c for c in cfgs if c != dflt]:
             try:
-                r = time_fn(lambda a, b, cfg=cfg: mxfp4_gemm(a, b, m=m, n=n, k=k, out_dtype=jnp.bfloat16, cfg=cfg), sets, reps=15, budget_s=0.5)
+                r = time_fn(lambda a, b, cfg=cfg: mxfp4_gemm(a, b, m=m, n=n, k=k, out_dtype=jnp.bfloat16, cfg=cfg), sets, reps=5)
                 t = r["median_s"]
             except Exception as e:
                 t = float("nan")

@@ -111,6 +111,63 @@ def gemm_checks():
     return res
 
 
+def wgemm_checks():
+    """Weight-stationary kernel (inline-PTX decode on CUDA) against the float32 reference."""
+    from jax_mxfp4.backends.pallas import decode_for
+    from jax_mxfp4.dispatch import current_platform
+    from jax_mxfp4.kernels.wgemm import WTileConfig, default_wconfig, weight_stationary_gemm
+
+    res = []
+    decode = decode_for(current_platform())
+    cases = [  # batch, m, n, k, cfg overrides, out dtype
+        (1, 16, 8192, 8192, {}, jnp.bfloat16),
+        (1, 1, 4096, 4096, {}, jnp.float32),
+        (2, 7, 520, 4160, {}, jnp.float32),
+        (1, 100, 300, 1024, {}, jnp.float32),
+        (1, 16, 1024, 2048, {"layout3d": True}, jnp.float32),
+        (1, 1024, 1024, 2048, {}, jnp.float32),
+    ]
+    for i, (batch, m, n, k, over, odt) in enumerate(cases):
+        t0 = time.time()
+        x = rand(100 + i, (batch, m, k)).astype(jnp.bfloat16)
+        q = mx.quantize(rand(200 + i, (batch, n, k)), 2)
+        cfg = default_wconfig(m, n, k, batch, decode=decode)
+        cfg = WTileConfig(**{**cfg.__dict__, **over})
+        out = jax.jit(lambda a, d, s_: weight_stationary_gemm(a, d, s_, out_dtype=odt, cfg=cfg))(
+            x, q.data, as_scale_bytes(q.scales))
+        da, db = x.astype(jnp.float32), mx.dequantize(q)
+        ref = jnp.einsum("bmk,bnk->bmn", da, db, precision="highest").astype(odt)
+        r = bound_check(out, ref, jnp.abs(da), jnp.abs(db), k, odt == jnp.bfloat16)
+        r.update(case=f"wgemm B={batch} {m}x{n}x{k} {jnp.dtype(odt).name} {cfg}", seconds=time.time() - t0)
+        res.append(r)
+        print(("PASS" if r["ok"] else "FAIL"), r["case"], f"err/bound={r['max_err_over_bound']:.3g}", flush=True)
+    # every E8M0 byte on the weight side (0x00..0xFE) and one NaN byte: products that are finite
+    # in float32 agree within the bound, the NaN block poisons exactly its output row
+    rng = np.random.default_rng(5)
+    m, n, k = 16, 256, 64
+    data = jnp.asarray(rng.integers(0, 256, (1, n, k // 2), dtype=np.uint8))
+    sb = np.arange(2 * n, dtype=np.int64).reshape(1, n, 2) % 255
+    sb[0, 17, 1] = 255
+    sb = jnp.asarray(sb.astype(np.uint8))
+    x = jnp.asarray(rng.standard_normal((1, m, k)) * 2.0**-10, jnp.bfloat16)
+    cfg = WTileConfig(bn=64, bm=16, bk=64, decode=decode)
+    out = np.asarray(jax.jit(lambda a, d, s_: weight_stationary_gemm(a, d, s_, out_dtype=jnp.float32, cfg=cfg))(x, data, sb), np.float64)
+    codes = np.stack([np.asarray(data) & 15, np.asarray(data) >> 4], -1).reshape(1, n, k)
+    e2m1 = np.array([0, .5, 1, 1.5, 2, 3, 4, 6, -0., -.5, -1, -1.5, -2, -3, -4, -6])
+    sc = np.where(np.asarray(sb) == 255, np.nan, 2.0 ** (np.asarray(sb, np.float64) - 127))
+    with np.errstate(over="ignore", invalid="ignore"):  # as float32 dequantization: 2^128 -> inf
+        w = (e2m1[codes] * np.repeat(sc, 32, axis=-1)).astype(np.float32).astype(np.float64)
+    with np.errstate(over="ignore", invalid="ignore"):
+        ref = np.einsum("bmk,bnk->bmn", np.asarray(x, np.float64), w)
+        mag = np.einsum("bmk,bnk->bmn", np.abs(np.asarray(x, np.float64)), np.abs(w))
+    fin = np.isfinite(ref) & (np.abs(ref) < 3e38)
+    ok_vals = bool(np.all(np.abs(out[fin] - ref[fin]) <= 2 * k * 2.0**-24 * mag[fin] + 2.0**-126))
+    ok_nan = bool(np.isnan(out[0, :, 17]).all())
+    res.append({"case": "wgemm every E8M0 byte + NaN byte", "ok": ok_vals and ok_nan})
+    print(("PASS" if ok_vals and ok_nan else "FAIL"), "wgemm every E8M0 byte, NaN block", ok_vals, ok_nan, flush=True)
+    return res
+
+
 def quantize_checks():
     res = []
     rng = np.random.default_rng(3)
@@ -161,7 +218,8 @@ def main(argv=None):
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "gpu_check"))
     args = ap.parse_args(argv)
     out = out_dir(args.out)
-    res = {"info": device_info(), "gemm": gemm_checks(), "quantize": [] if args.gemm_only else quantize_checks()}
+    res = {"info": device_info(), "gemm": gemm_checks() + wgemm_checks(),
+           "quantize": [] if args.gemm_only else quantize_checks()}
     n_fail = sum(not r["ok"] for r in res["gemm"] + res["quantize"] if "stochastic" not in r["case"])
     res["failures"] = n_fail
     write_json(os.path.join(out, "gpu_check.json"), res)

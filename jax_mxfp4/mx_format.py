@@ -302,3 +302,16 @@ def scale_factors_for_f16_codes(scale_bytes: jax.Array, code_exponent: int = 14)
     f2 = pow2_from_exponent(jnp.maximum(b, 1) - E8M0_BIAS)
     f2 = jnp.where(b == E8M0_NAN, jnp.float32(jnp.nan), f2)
     return f1, f2
+
+
+def e8m0_to_bf16_bits(scale_bytes: jax.Array) -> jax.Array:
+    """uint16 bits of the bfloat16 value 2^(b-127) for E8M0 bytes b (OCP MX v1.0 §5.4).
+
+    bfloat16 has float32's exponent range, so every E8M0 value is exact: b in [1, 254] is the
+    normal number with exponent field b (bits ``b << 7``), b = 0 (2^-127) the bfloat16 subnormal
+    0x0040, and b = 0xFF (NaN) the quiet NaN 0x7FC0, which poisons the whole block on multiply.
+    """
+    b = as_scale_bytes(scale_bytes).astype(jnp.uint16)
+    bits = b << 7
+    bits = jnp.where(b == 0, jnp.uint16(0x0040), bits)
+    return jnp.where(b == E8M0_NAN, jnp.uint16(0x7FC0), bits)

@@ -28,6 +28,10 @@ FLOAT_OPERAND_DTYPES = (np.dtype(jnp.bfloat16),)
 # 0.37 ms; 8192^3: 8.1 vs 1.8 ms). For w4a16 "scaled_dot" cannot run and pallas beats "xla"
 # (float32 reference path) at every measured shape (2.7x to 5.7x), so no rule applies.
 A4W4_MAX_SMALL_SIDE = 128
+# w4a16 with at least this many activation rows: decode the weight to bfloat16 once and run XLA's
+# bfloat16 GEMM (H200: within a few percent of bf16 at 8192 rows), rather than decoding every
+# weight tile once per activation-row tile inside the kernel.
+W4A16_TWO_PASS_MIN_ROWS = 2048
 
 
 def _operand(x, kind):
@@ -74,12 +78,11 @@ class PallasBackend(Backend):
         return None
 
     def gemm(self, lhs, rhs, problem: GemmProblem) -> jax.Array:
+        if problem.has_float_operand or min(problem.m, problem.n) <= A4W4_MAX_SMALL_SIDE:
+            return _weight_stationary(lhs, rhs, problem)
         from ..kernels.gemm import default_config, mxfp4_gemm
 
-        cfg = default_config(
-            problem.m, problem.n, problem.k, problem.batch,
-            a4w4=not problem.has_float_operand,
-        )
+        cfg = default_config(problem.m, problem.n, problem.k, problem.batch, a4w4=True)
         return mxfp4_gemm(
             _operand(lhs, problem.lhs_kind),
             _operand(rhs, problem.rhs_kind),
@@ -90,3 +93,41 @@ class PallasBackend(Backend):
             cfg=cfg,
             interpret=problem.platform == "cpu",
         )
+
+
+def decode_for(platform: str) -> str:
+    """E2M1 decode of the weight-stationary kernel on ``platform``: inline PTX on CUDA, the
+    portable float16-bits decode elsewhere (ROCm's Triton, the CPU interpreter)."""
+    from ..kernels import e2m1_asm
+
+    return "asm" if platform == "cuda" and e2m1_asm.LOWERING_ERROR is None else "f16"
+
+
+def _weight_stationary(lhs, rhs, problem: GemmProblem) -> jax.Array:
+    """w4a16, and a4w4 with one small side: the MXFP4 operand with more rows is the weight
+    (decoded inside the kernel's K loop); the other side is bfloat16 (a4w4: its exact dequantized
+    values, a small array by construction). Large-M w4a16 decodes the weight once instead and
+    runs XLA's bfloat16 GEMM (``W4A16_TWO_PASS_MIN_ROWS``)."""
+    from ..kernels.wgemm import default_wconfig, weight_stationary_gemm
+    from ..quantize import dequantize
+
+    if problem.has_float_operand:
+        swap = problem.lhs_kind != "float"  # the float operand plays x
+    else:
+        swap = problem.m > problem.n  # the smaller side plays x
+    x, w = (rhs, lhs) if swap else (lhs, rhs)
+    rows = problem.n if swap else problem.m
+    if isinstance(x, MXFP4Array):
+        x = dequantize(x, jnp.bfloat16)
+    x = x.astype(jnp.bfloat16)
+    interpret = problem.platform == "cpu"
+    if problem.has_float_operand and rows >= W4A16_TWO_PASS_MIN_ROWS and not interpret:
+        wf = dequantize(w, jnp.bfloat16)
+        out = jax.lax.dot_general(x, wf, (((2,), (2,)), ((0,), (0,))),
+                                  preferred_element_type=jnp.float32).astype(problem.out_dtype)
+    else:
+        wrows = problem.m if swap else problem.n
+        cfg = default_wconfig(rows, wrows, problem.k, problem.batch, decode=decode_for(problem.platform))
+        out = weight_stationary_gemm(x, w.data, as_scale_bytes(w.plain_scales()),
+                                     out_dtype=problem.out_dtype, cfg=cfg, interpret=interpret)
+    return jnp.swapaxes(out, 1, 2) if swap else out

@@ -1,0 +1,198 @@
+"""Weight-stationary MXFP4 kernel (w4a16 and decode-size a4w4): interpreter runs on CPU against a
+float64 reference, and the inline-PTX E2M1 decode executed by a small PTX model in NumPy.
+
+The PTX itself only runs on an NVIDIA GPU (benchmarks/gpu_check.py checks it there); here each
+instruction of ``e2m1_asm._DECODE_PTX`` is executed on uint32 words with its PTX semantics
+(bf16x2 multiply rounded by ml_dtypes), so the bit manipulation, the output order
+(``BYTE_ORDER``) and the operand pairing with ``permute_contraction`` are checked exhaustively.
+"""
+
+from __future__ import annotations
+
+import re
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import jax
+import jax.numpy as jnp
+
+import jax_mxfp4 as mx
+from jax_mxfp4.kernels import e2m1_asm
+from jax_mxfp4.kernels.wgemm import WTileConfig, default_wconfig, weight_stationary_gemm
+from jax_mxfp4.mx_format import as_scale_bytes, e8m0_to_bf16_bits
+
+# E2M1 code -> value, independently of the package: ml_dtypes' float4_e2m1fn (one code per byte)
+E2M1_VALUES = np.arange(16, dtype=np.uint8).view(ml_dtypes.float4_e2m1fn).astype(np.float64)
+
+
+def _bf16x2_mul(a, b):
+    def lanes(w):
+        return (np.array([w & 0xFFFF, w >> 16], np.uint16)).view(ml_dtypes.bfloat16).astype(np.float64)
+
+    with np.errstate(over="ignore"):
+        prod = (lanes(a) * lanes(b)).astype(ml_dtypes.bfloat16).view(np.uint16).astype(np.uint32)
+    return int(prod[0] | (prod[1] << 16))
+
+
+def run_ptx(asm: str, inputs: dict[int, int]) -> dict[int, int]:
+    """Execute the straight-line PTX subset used by the decode on 32-bit registers."""
+    regs = {f"${i}": v for i, v in inputs.items()}
+
+    def val(tok):
+        tok = tok.strip()
+        return int(tok, 0) if re.match(r"^(0x[0-9a-fA-F]+|\d+)$", tok) else regs[tok]
+
+    for line in asm.splitlines():
+        line = line.strip().rstrip(";")
+        if not line or line in "{}" or line.startswith(".reg"):
+            continue
+        op, args = line.split(None, 1)
+        dst, *src = [a.strip() for a in args.split(",")]
+        a = [val(t) for t in src]
+        if op == "mov.b32":
+            r = a[0]
+        elif op == "shl.b32":
+            r = (a[0] << a[1]) & 0xFFFFFFFF
+        elif op == "shr.u32":
+            r = a[0] >> a[1]
+        elif op == "and.b32":
+            r = a[0] & a[1]
+        elif op == "or.b32":
+            r = a[0] | a[1]
+        elif op == "mul.rn.bf16x2":
+            r = _bf16x2_mul(a[0], a[1])
+        else:
+            raise AssertionError(f"PTX model lacks {op}")
+        regs[dst] = r
+    return regs
+
+
+def _bf16_pair_values(word):
+    return np.array([word & 0xFFFF, word >> 16], np.uint16).view(ml_dtypes.bfloat16).astype(np.float64)
+
+
+@pytest.mark.parametrize("scale_byte", [0, 1, 100, 127, 128, 129, 200, 254, 255])
+def test_asm_decode_every_byte_pattern(scale_byte):
+    """All 256 byte values in every position of a 4-byte group, each scale rule edge: the PTX
+    gives E2M1(nibble) x 2^(s-127) (NaN for 0xFF) in BYTE_ORDER, bit for bit (signs included)."""
+    rng = np.random.default_rng(scale_byte)
+    sbits = int(np.asarray(e8m0_to_bf16_bits(jnp.uint8(scale_byte))))
+    scale_pair = sbits | (sbits << 16)
+    words = [int(v) for v in rng.integers(0, 2**32, 64, dtype=np.uint64)]
+    words += [b * 0x01010101 for b in range(256)]  # every byte value, in all four positions
+    scale = np.float64(2.0) ** (scale_byte - 127)
+    for q in words:
+        regs = run_ptx(e2m1_asm._DECODE_PTX, {4: q, 5: scale_pair, 6: scale_pair})
+        got_lo = np.concatenate([_bf16_pair_values(regs["$0"]), _bf16_pair_values(regs["$1"])])
+        got_hi = np.concatenate([_bf16_pair_values(regs["$2"]), _bf16_pair_values(regs["$3"])])
+        bytes_ = [(q >> (8 * j)) & 0xFF for j in e2m1_asm.BYTE_ORDER]
+        with np.errstate(over="ignore"):  # byte 254: |value| >= 2^128 overflows as in float32
+            exp_lo = (np.array([E2M1_VALUES[b & 0xF] for b in bytes_]) * scale).astype(np.float32)
+            exp_hi = (np.array([E2M1_VALUES[b >> 4] for b in bytes_]) * scale).astype(np.float32)
+        if scale_byte == 255:
+            assert np.all(np.isnan(got_lo)) and np.all(np.isnan(got_hi))
+            continue
+        np.testing.assert_array_equal(got_lo, exp_lo)
+        np.testing.assert_array_equal(got_hi, exp_hi)
+        np.testing.assert_array_equal(np.signbit(got_lo), np.signbit(exp_lo))
+        np.testing.assert_array_equal(np.signbit(got_hi), np.signbit(exp_hi))
+
+
+def test_permuted_contraction_pairs_with_asm_order():
+    """x_lo/x_hi from permute_contraction meet the decoded (lo, hi) positions: the permuted dot
+    equals the natural one (exactly, on small integers)."""
+    rng = np.random.default_rng(1)
+    k = 64
+    codes = rng.integers(0, 16, (3, k)).astype(np.uint8)
+    packed = codes[:, 0::2] | (codes[:, 1::2] << 4)
+    x = rng.integers(-4, 5, (2, k)).astype(np.float32)
+    w = np.asarray(E2M1_VALUES)[codes]
+    # decoded tile positions: group g, position p -> byte 4g + BYTE_ORDER[p]
+    order = np.array(e2m1_asm.BYTE_ORDER)
+    byte_idx = (np.arange(k // 2) // 4) * 4 + order[np.arange(k // 2) % 4]
+    lo = np.asarray(E2M1_VALUES)[packed[:, byte_idx] & 0xF]
+    hi = np.asarray(E2M1_VALUES)[packed[:, byte_idx] >> 4]
+    x_lo, x_hi = (np.asarray(v) for v in e2m1_asm.permute_contraction(jnp.asarray(x)))
+    np.testing.assert_array_equal(x_lo @ lo.T + x_hi @ hi.T, x @ w.T)
+
+
+def _reference(x, q):
+    return np.einsum("bmk,bnk->bmn", np.asarray(x, np.float64), np.asarray(mx.dequantize(q), np.float64))
+
+
+@pytest.mark.parametrize(
+    "b,m,n,k,cfg",
+    [
+        (1, 5, 72, 256, WTileConfig(bn=64, bm=16, bk=64, split_k=2, decode="f16")),  # ragged M, N
+        (2, 20, 40, 96, WTileConfig(bn=32, bm=16, bk=32, decode="e4m3")),  # batch, K = 3 blocks
+        (1, 33, 64, 128, WTileConfig(bn=64, bm=32, bk=64, split_k=2, decode="f16")),
+    ],
+)
+def test_weight_stationary_matches_float64(b, m, n, k, cfg):
+    rng = np.random.default_rng(m * n + k)
+    x = jnp.asarray(rng.standard_normal((b, m, k)), jnp.bfloat16)
+    w = rng.standard_normal((b, n, k)) * np.exp2(rng.integers(-20, 20, (b, n, k // 32)).repeat(32, -1))
+    q = mx.quantize(jnp.asarray(w, jnp.float32), axis=2)
+    out = weight_stationary_gemm(x, q.data, as_scale_bytes(q.plain_scales()), out_dtype=jnp.float32,
+                                 cfg=cfg, interpret=True)
+    ref = _reference(x, q)
+    mag = np.einsum("bmk,bnk->bmn", np.abs(np.asarray(x, np.float64)), np.abs(np.asarray(mx.dequantize(q), np.float64)))
+    assert np.all(np.abs(np.asarray(out, np.float64) - ref) <= 2 * k * 2.0**-24 * mag)
+
+
+def test_weight_stationary_rejects_bad_input():
+    x = jnp.zeros((1, 4, 64), jnp.bfloat16)
+    d = jnp.zeros((1, 8, 32), jnp.uint8)
+    s = jnp.zeros((1, 8, 2), jnp.uint8)
+    with pytest.raises(ValueError, match="interpreter"):
+        weight_stationary_gemm(x, d, s, out_dtype=jnp.float32, cfg=WTileConfig(bk=64), interpret=True)
+    with pytest.raises(ValueError, match="bfloat16"):
+        weight_stationary_gemm(x.astype(jnp.float32), d, s, out_dtype=jnp.float32,
+                               cfg=WTileConfig(bk=64, decode="f16"), interpret=True)
+    with pytest.raises(ValueError, match="multiple of bk"):
+        weight_stationary_gemm(x, d, s, out_dtype=jnp.float32, cfg=WTileConfig(bk=128, decode="f16"),
+                               interpret=True)
+    with pytest.raises(ValueError, match=r"\[B, N, K/2\]"):
+        weight_stationary_gemm(x, d[:, :, :16], s, out_dtype=jnp.float32,
+                               cfg=WTileConfig(bk=64, decode="f16"), interpret=True)
+    with pytest.raises(ValueError, match="decode"):
+        WTileConfig(decode="lut")
+
+
+def test_default_config_covers_decode_and_odd_k():
+    cfg = default_wconfig(16, 8192, 8192)
+    assert cfg.bm == 16 and 8192 % (cfg.bk * cfg.split_k) == 0 and cfg.split_k > 1
+    for k in (32, 96, 160, 8192 + 32):
+        c = default_wconfig(3, 100, k)
+        assert k % (c.bk * c.split_k) == 0
+
+
+@pytest.mark.parametrize("side", ["w4a16 rhs", "w4a16 lhs", "a4w4 small lhs", "a4w4 small rhs"])
+def test_pallas_backend_routes_through_weight_stationary(side):
+    """dot_general with backend "pallas" (interpreter) equals backend "xla" within the float32
+    reordering bound for every orientation the weight-stationary route takes."""
+    rng = np.random.default_rng(len(side))
+    k = 128
+    small, big = 7, 48
+    if side == "w4a16 rhs":
+        lhs = jnp.asarray(rng.standard_normal((small, k)), jnp.bfloat16)
+        rhs = mx.quantize(jnp.asarray(rng.standard_normal((big, k)), jnp.float32), axis=1)
+    elif side == "w4a16 lhs":
+        lhs = mx.quantize(jnp.asarray(rng.standard_normal((big, k)), jnp.float32), axis=1)
+        rhs = jnp.asarray(rng.standard_normal((small, k)), jnp.bfloat16)
+    elif side == "a4w4 small lhs":
+        lhs = mx.quantize(jnp.asarray(rng.standard_normal((small, k)), jnp.float32), axis=1)
+        rhs = mx.quantize(jnp.asarray(rng.standard_normal((big, k)), jnp.float32), axis=1)
+    else:
+        lhs = mx.quantize(jnp.asarray(rng.standard_normal((big, k)), jnp.float32), axis=1)
+        rhs = mx.quantize(jnp.asarray(rng.standard_normal((small, k)), jnp.float32), axis=1)
+    dims = (((1,), (1,)), ((), ()))
+    kw = dict(preferred_element_type=jnp.float32)
+    got = mx.dot_general(lhs, rhs, dims, recipe=mx.Recipe(backend="pallas", quantize_activations=False), **kw)
+    ref = mx.dot_general(lhs, rhs, dims, recipe=mx.Recipe(backend="xla", quantize_activations=False), **kw)
+    deq = [np.abs(np.asarray(mx.dequantize(v) if isinstance(v, mx.MXFP4Array) else v, np.float64)) for v in (lhs, rhs)]
+    bound = 2 * k * 2.0**-24 * (deq[0] @ deq[1].T)
+    assert got.shape == ref.shape
+    assert np.all(np.abs(np.asarray(got, np.float64) - np.asarray(ref, np.float64)) <= bound)
