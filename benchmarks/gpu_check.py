@@ -215,11 +215,12 @@ def quantize_checks():
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--gemm-only", action="store_true", help="skip the quantizer checks")
+    ap.add_argument("--wgemm-only", action="store_true", help="only the weight-stationary kernel checks")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "gpu_check"))
     args = ap.parse_args(argv)
     out = out_dir(args.out)
-    res = {"info": device_info(), "gemm": gemm_checks() + wgemm_checks(),
-           "quantize": [] if args.gemm_only else quantize_checks()}
+    res = {"info": device_info(), "gemm": ([] if args.wgemm_only else gemm_checks()) + wgemm_checks(),
+           "quantize": [] if (args.gemm_only or args.wgemm_only) else quantize_checks()}
     n_fail = sum(not r["ok"] for r in res["gemm"] + res["quantize"] if "stochastic" not in r["case"])
     res["failures"] = n_fail
     write_json(os.path.join(out, "gpu_check.json"), res)

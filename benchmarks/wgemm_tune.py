@@ -87,7 +87,7 @@ def run(args):
     interpret = jax.devices()[0].platform == "cpu"
     rows = []
     t0 = time.time()
-    timing = dict(reps=3, min_program_s=0.0) if args.quick else dict(reps=5, max_calls=512)
+    timing = dict(reps=3, min_program_s=0.0) if args.quick else dict(reps=5, min_program_s=args.min_program_s, max_calls=512)
 
     def record(row):
         rows.append(row)
@@ -186,6 +186,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="one tiny shape (CPU, interpreter)")
     ap.add_argument("--shapes", default="16,1,64,128,1024,8192", help="comma-separated M values (N = K = 8192)")
+    ap.add_argument("--min-program-s", type=float, default=0.02, help="fair timing: seconds per timed program")
     ap.add_argument("--profile", action="store_true", help="cross-check with profiler kernel times")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
