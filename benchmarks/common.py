@@ -82,15 +82,18 @@ def time_fn(fn, sets, *, reps: int = 5, min_program_s: float = 0.02, max_calls: 
       {"median_s", "min_s", "calls", "program_s", "reps", "method": "fair"}.
     """
     fn = jax.jit(fn)
-    n = len(sets)
-    prog = _program(fn, n)
+    base = list(sets)
+    calls = len(base)
+    prog = _program(fn, calls)
     jax.block_until_ready(prog(sets))  # compile + warm-up
-    t0 = time.perf_counter()
-    jax.block_until_ready(prog(sets))
-    est = (time.perf_counter() - t0) / n
-    calls = int(min(max_calls, max(n, math.ceil(1.1 * min_program_s / max(est, 1e-7)))))
-    if calls != n:
-        sets = _with_distinct_calls(sets, calls)
+    while True:  # grow until one program takes min_program_s (the first estimate carries launch cost)
+        t0 = time.perf_counter()
+        jax.block_until_ready(prog(sets))
+        took = time.perf_counter() - t0
+        if took >= min_program_s or calls >= max_calls:
+            break
+        calls = int(min(max_calls, max(calls + 1, math.ceil(1.2 * calls * min_program_s / took))))
+        sets = _with_distinct_calls(base, calls)
         prog = _program(fn, calls)
         jax.block_until_ready(prog(sets))  # compile + warm-up
     samples = []

@@ -55,23 +55,21 @@ def reference(x, d, s):
     return lax.dot_general(x.astype(jnp.float32), wf, DIMS, precision=lax.Precision.HIGHEST)
 
 
-def variants(m, n, k, quick):
+def variants(m, n, k, quick, full=True):
     base = default_wconfig(m, n, k)
     out = {"ws default": base}
     if quick:
         return {"ws default": WTileConfig(bn=64, bm=16, bk=64, decode="f16")}
     if m <= 128:
-        for split in (4, 8, 16):
-            for bn in (64, 128, 256):
-                out[f"ws asm bn{bn} s{split}"] = WTileConfig(bn=bn, bm=base.bm, bk=256, split_k=split,
-                                                             num_warps=4 if bn < 256 else 8, num_stages=4)
-        out["ws asm3d s8"] = WTileConfig(bn=128, bm=base.bm, bk=256, split_k=8, layout3d=True)
-        out["ws asm bk128 s8"] = WTileConfig(bn=128, bm=base.bm, bk=128, split_k=8)
-        out["ws asm s8 st3"] = WTileConfig(bn=128, bm=base.bm, bk=256, split_k=8, num_stages=3)
-        out["ws asm s8 st6"] = WTileConfig(bn=128, bm=base.bm, bk=256, split_k=8, num_stages=6)
-        out["ws asm s8 w8"] = WTileConfig(bn=128, bm=base.bm, bk=256, split_k=8, num_warps=8)
-        out["ws f16 s8"] = WTileConfig(bn=128, bm=base.bm, bk=256, split_k=8, decode="f16")
-        out["ws e4m3 s8"] = WTileConfig(bn=128, bm=base.bm, bk=256, split_k=8, decode="e4m3")
+        bm = base.bm
+        grid = [(sp, bk) for sp in (2, 4, 8) for bk in (128, 256, 512)] if full else [(2, 256), (4, 256), (4, 512), (8, 128)]
+        for split, bk in grid:
+            out[f"ws asm s{split} bk{bk}"] = WTileConfig(bn=128, bm=bm, bk=bk, split_k=split)
+        if full:
+            for name, over in (("bn64", dict(bn=64)), ("bn256 w8", dict(bn=256, num_warps=8)), ("3d", dict(layout3d=True)),
+                               ("st3", dict(num_stages=3)), ("st5", dict(num_stages=5)), ("w8", dict(num_warps=8)),
+                               ("f16", dict(decode="f16")), ("e4m3", dict(decode="e4m3"))):
+                out[f"ws asm s4 bk256 {name}"] = WTileConfig(**{**dict(bn=128, bm=bm, bk=256, split_k=4), **over})
     else:
         for bn, bm, w, st in ((128, 128, 8, 3), (128, 256, 8, 3), (256, 128, 8, 3), (128, 128, 4, 4),
                               (64, 256, 8, 3)):
@@ -87,7 +85,7 @@ def run(args):
     interpret = jax.devices()[0].platform == "cpu"
     rows = []
     t0 = time.time()
-    timing = dict(reps=3, min_program_s=0.0) if args.quick else dict(reps=5, min_program_s=args.min_program_s, max_calls=512)
+    timing = dict(reps=3, min_program_s=0.0) if args.quick else dict(reps=5, min_program_s=args.min_program_s, max_calls=768)
 
     def record(row):
         rows.append(row)
@@ -114,7 +112,7 @@ def run(args):
         del bf_sets
         ref = reference(*sets[0])
         cands = {}
-        for name, cfg in variants(m, n, k, args.quick).items():
+        for name, cfg in variants(m, n, k, args.quick, full=m in args.full_sweep).items():
             cands[name] = (lambda x, d, s, out=jnp.bfloat16, cfg=cfg: weight_stationary_gemm(
                 x, d, s, out_dtype=out, cfg=cfg, interpret=interpret), cfg)
         if m >= 512 and not args.quick:
@@ -187,10 +185,12 @@ def main(argv=None):
     ap.add_argument("--quick", action="store_true", help="one tiny shape (CPU, interpreter)")
     ap.add_argument("--shapes", default="16,1,64,128,1024,8192", help="comma-separated M values (N = K = 8192)")
     ap.add_argument("--min-program-s", type=float, default=0.02, help="fair timing: seconds per timed program")
+    ap.add_argument("--full-sweep", default="16", help="M values that get the full decode-size sweep")
     ap.add_argument("--profile", action="store_true", help="cross-check with profiler kernel times")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     args.shapes = [int(v) for v in args.shapes.split(",")]
+    args.full_sweep = [int(v) for v in args.full_sweep.split(",")]
     args.out_path = out_dir(args.out or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
                                                        "wgemm_tune-quick" if args.quick else "wgemm_tune"))
     rows = run(args)

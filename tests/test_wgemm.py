@@ -3,8 +3,8 @@ float64 reference, and the inline-PTX E2M1 decode executed by a small PTX model 
 
 The PTX itself only runs on an NVIDIA GPU (benchmarks/gpu_check.py checks it there); here each
 instruction of ``e2m1_asm._DECODE_PTX`` is executed on uint32 words with its PTX semantics
-(bf16x2 multiply rounded by ml_dtypes), so the bit manipulation, the output order
-(``BYTE_ORDER``) and the operand pairing with ``permute_contraction`` are checked exhaustively.
+(byte permute, bf16x2 multiply rounded by ml_dtypes), so the bit manipulation and the output
+positions are checked on every byte value and every E8M0 edge.
 """
 
 from __future__ import annotations
@@ -51,7 +51,16 @@ def run_ptx(asm: str, inputs: dict[int, int]) -> dict[int, int]:
         op, args = line.split(None, 1)
         dst, *src = [a.strip() for a in args.split(",")]
         a = [val(t) for t in src]
-        if op == "mov.b32":
+        if op == "prmt.b32":  # bytes of {a (0-3), b (4-7)} picked by c's four selector nibbles
+            pool = [(a[0] >> (8 * i)) & 0xFF for i in range(4)] + [(a[1] >> (8 * i)) & 0xFF for i in range(4)]
+            r = 0
+            for i in range(4):
+                sel = (a[2] >> (4 * i)) & 0xF
+                byte = pool[sel & 7]
+                if sel & 8:  # sign-replicate mode
+                    byte = 0xFF if byte & 0x80 else 0
+                r |= byte << (8 * i)
+        elif op == "mov.b32":
             r = a[0]
         elif op == "shl.b32":
             r = (a[0] << a[1]) & 0xFFFFFFFF
@@ -76,7 +85,7 @@ def _bf16_pair_values(word):
 @pytest.mark.parametrize("scale_byte", [0, 1, 100, 127, 128, 129, 200, 254, 255])
 def test_asm_decode_every_byte_pattern(scale_byte):
     """All 256 byte values in every position of a 4-byte group, each scale rule edge: the PTX
-    gives E2M1(nibble) x 2^(s-127) (NaN for 0xFF) in BYTE_ORDER, bit for bit (signs included)."""
+    gives E2M1(nibble) x 2^(s-127) (NaN for 0xFF) in place, bit for bit (signs included)."""
     rng = np.random.default_rng(scale_byte)
     sbits = int(np.asarray(e8m0_to_bf16_bits(jnp.uint8(scale_byte))))
     scale_pair = sbits | (sbits << 16)
@@ -87,7 +96,7 @@ def test_asm_decode_every_byte_pattern(scale_byte):
         regs = run_ptx(e2m1_asm._DECODE_PTX, {4: q, 5: scale_pair, 6: scale_pair})
         got_lo = np.concatenate([_bf16_pair_values(regs["$0"]), _bf16_pair_values(regs["$1"])])
         got_hi = np.concatenate([_bf16_pair_values(regs["$2"]), _bf16_pair_values(regs["$3"])])
-        bytes_ = [(q >> (8 * j)) & 0xFF for j in e2m1_asm.BYTE_ORDER]
+        bytes_ = [(q >> (8 * j)) & 0xFF for j in range(4)]
         with np.errstate(over="ignore"):  # byte 254: |value| >= 2^128 overflows as in float32
             exp_lo = (np.array([E2M1_VALUES[b & 0xF] for b in bytes_]) * scale).astype(np.float32)
             exp_hi = (np.array([E2M1_VALUES[b >> 4] for b in bytes_]) * scale).astype(np.float32)
@@ -100,22 +109,17 @@ def test_asm_decode_every_byte_pattern(scale_byte):
         np.testing.assert_array_equal(np.signbit(got_hi), np.signbit(exp_hi))
 
 
-def test_permuted_contraction_pairs_with_asm_order():
-    """x_lo/x_hi from permute_contraction meet the decoded (lo, hi) positions: the permuted dot
-    equals the natural one (exactly, on small integers)."""
+def test_even_odd_split_pairs_with_nibbles():
+    """split_even_odd(x) meets the (lo, hi) nibble tiles: the split dot equals the natural one
+    (exactly, on small integers)."""
     rng = np.random.default_rng(1)
     k = 64
     codes = rng.integers(0, 16, (3, k)).astype(np.uint8)
     packed = codes[:, 0::2] | (codes[:, 1::2] << 4)
     x = rng.integers(-4, 5, (2, k)).astype(np.float32)
-    w = np.asarray(E2M1_VALUES)[codes]
-    # decoded tile positions: group g, position p -> byte 4g + BYTE_ORDER[p]
-    order = np.array(e2m1_asm.BYTE_ORDER)
-    byte_idx = (np.arange(k // 2) // 4) * 4 + order[np.arange(k // 2) % 4]
-    lo = np.asarray(E2M1_VALUES)[packed[:, byte_idx] & 0xF]
-    hi = np.asarray(E2M1_VALUES)[packed[:, byte_idx] >> 4]
-    x_lo, x_hi = (np.asarray(v) for v in e2m1_asm.permute_contraction(jnp.asarray(x)))
-    np.testing.assert_array_equal(x_lo @ lo.T + x_hi @ hi.T, x @ w.T)
+    lo, hi = E2M1_VALUES[packed & 0xF], E2M1_VALUES[packed >> 4]
+    x_lo, x_hi = (np.asarray(v) for v in e2m1_asm.split_even_odd(jnp.asarray(x)))
+    np.testing.assert_array_equal(x_lo @ lo.T + x_hi @ hi.T, x @ E2M1_VALUES[codes].T)
 
 
 def _reference(x, q):

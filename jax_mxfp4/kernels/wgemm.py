@@ -4,10 +4,9 @@ Computes ``out[b] = x[b] · W[b]ᵀ`` for a bfloat16 operand x [B, M, K] and an 
 (packed bytes [B, N, K/2], E8M0 scale bytes [B, N, K/32]). The weight rows sit on the matrix
 units' M side (``bn`` rows per tile, decoded in registers inside the K loop); the activation
 rows on the N side (``bm``, down to 16, so a decode-size GEMM wastes no tensor-core work on
-padding rows). The contraction is permuted identically on both operands
-(:func:`jax_mxfp4.kernels.e2m1_asm.permute_contraction`), so each decoded half-tile (low or
-high nibbles) meets a contiguous bfloat16 half-tile of x: two dots per K step, no nibble
-interleave. Decode: ``"asm"`` (inline PTX, NVIDIA), ``"f16"``/``"e4m3"`` (portable: ROCm's
+padding rows). x is split once into its even and odd elements
+(:func:`jax_mxfp4.kernels.e2m1_asm.split_even_odd`), so each decoded half-tile (low or high
+nibbles) meets a contiguous bfloat16 half-tile of x: two dots per K step, no nibble interleave. Decode: ``"asm"`` (inline PTX, NVIDIA), ``"f16"``/``"e4m3"`` (portable: ROCm's
 Triton and the interpreter). Split-K fills the GPU when N gives few tiles; float32 partial sums
 are added afterwards in a fixed order (deterministic).
 
@@ -66,7 +65,7 @@ class WTileConfig:
 
 
 def _decoded_weight(w_ref, s_ref, b, n0, bn, kb0, bk, n_mask, cfg):
-    """Decode one weight tile -> bfloat16 (lo, hi) [bn, bk/2] (order per cfg.decode)."""
+    """Decode one weight tile -> bfloat16 (lo, hi) [bn, bk/2]: elements 2j and 2j+1."""
     half, nb = bk // 2, bk // BLOCK_SIZE
     data = plgpu.load(w_ref.at[b, pl.ds(n0, bn), pl.ds(kb0 // 2, half)], mask=n_mask[:, None], other=0)
     sbytes = plgpu.load(s_ref.at[b, pl.ds(n0, bn), pl.ds(kb0 // BLOCK_SIZE, nb)],
@@ -138,8 +137,7 @@ def weight_stationary_gemm(x, w_data, w_scales, *, out_dtype, cfg: WTileConfig,
     if interpret and cfg.decode == "asm":
         raise ValueError('weight_stationary_gemm: decode="asm" (inline PTX) cannot run in the interpreter')
     n = w_data.shape[1]
-    order = e2m1_asm.BYTE_ORDER if cfg.decode == "asm" else (0, 1, 2, 3)
-    x_lo, x_hi = e2m1_asm.permute_contraction(x, order)
+    x_lo, x_hi = e2m1_asm.split_even_odd(x)
     n_tiles_n = pl.cdiv(n, cfg.bn)
     n_tiles_m = pl.cdiv(m, cfg.bm)
     split = cfg.split_k > 1
