@@ -29,7 +29,7 @@ import jax_mxfp4 as mx  # noqa: E402
 from benchmarks.common import device_info, out_dir, write_json  # noqa: E402
 from jax_mxfp4.kernels.gemm import TileConfig, default_config, mxfp4_gemm  # noqa: E402
 from jax_mxfp4.kernels.quantize import quantize_impl  # noqa: E402
-from jax_mxfp4.mx_format import as_scale_bytes  # noqa: E402
+from jax_mxfp4.mx_format import as_e8m0, as_scale_bytes  # noqa: E402
 from jax_mxfp4.quantize import _quantize_impl  # noqa: E402
 
 XLA = mx.Recipe(backend="xla")
@@ -165,6 +165,30 @@ def wgemm_checks():
     ok_nan = bool(np.isnan(out[0, :, 17]).all())
     res.append({"case": "wgemm every E8M0 byte + NaN byte", "ok": ok_vals and ok_nan})
     print(("PASS" if ok_vals and ok_nan else "FAIL"), "wgemm every E8M0 byte, NaN block", ok_vals, ok_nan, flush=True)
+    # decode pass of the two-pass route: bit-identical to dequantize(bfloat16), NaN blocks included
+    from jax_mxfp4.kernels.wgemm import decode_to_bf16
+
+    q = mx.quantize(rand(300, (1024, 4096)), 1)
+    sb = as_scale_bytes(q.scales).at[3, 5].set(255)
+    q = mx.MXFP4Array(q.data, as_e8m0(sb), 1, q.shape, q.dtype, q.scale_mode, "plain")
+    got = np.asarray(jax.jit(lambda d, s_: decode_to_bf16(d, s_, decode=decode))(q.data, sb))
+    want = np.asarray(mx.dequantize(q, jnp.bfloat16))
+    nan_g, nan_w = np.isnan(got.astype(np.float32)), np.isnan(want.astype(np.float32))
+    ok = bool(np.array_equal(nan_g, nan_w) and np.array_equal(got.view(np.uint16)[~nan_w], want.view(np.uint16)[~nan_w]))
+    res.append({"case": f"decode_to_bf16 ({decode}) bit-exact", "ok": ok})
+    print(("PASS" if ok else "FAIL"), "decode_to_bf16 bit-exact", flush=True)
+    # w4a16 through dot_general at a two-pass size ("auto" on a GPU)
+    x = rand(301, (512, 1024)).astype(jnp.bfloat16)
+    w = mx.quantize(rand(302, (768, 1024)), 1)
+    dims = (((1,), (1,)), ((), ()))
+    rec = mx.Recipe(quantize_activations=False)
+    out = mx.dot_general(x, w, dims, recipe=rec, preferred_element_type=jnp.float32)
+    ref = mx.dot_general(x, w, dims, recipe=mx.Recipe(backend="xla", quantize_activations=False),
+                         preferred_element_type=jnp.float32)
+    r = bound_check(out[None], ref[None], jnp.abs(x.astype(jnp.float32))[None], jnp.abs(mx.dequantize(w))[None], 1024, False)
+    r["case"] = f"w4a16 512x768x1024 via auto ({mx.explain(x, w, dims, recipe=rec).backend})"
+    res.append(r)
+    print(("PASS" if r["ok"] else "FAIL"), r["case"], flush=True)
     return res
 
 

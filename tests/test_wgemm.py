@@ -200,3 +200,23 @@ def test_pallas_backend_routes_through_weight_stationary(side):
     bound = 2 * k * 2.0**-24 * (deq[0] @ deq[1].T)
     assert got.shape == ref.shape
     assert np.all(np.abs(np.asarray(got, np.float64) - np.asarray(ref, np.float64)) <= bound)
+
+
+@pytest.mark.parametrize("decode", ["f16", "e4m3"])
+def test_decode_to_bf16_bit_exact(decode):
+    """The decode pass of the two-pass w4a16 route equals dequantize(q, bfloat16) bit for bit,
+    over scales spanning 2^-60..2^60, signed zeros and a NaN block."""
+    from jax_mxfp4.kernels.wgemm import decode_to_bf16
+
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((128, 1024)) * np.exp2(rng.integers(-60, 60, (128, 32)).repeat(32, -1))
+    w[0, :32] = -0.0
+    w[1, 64] = np.nan
+    q = mx.quantize(jnp.asarray(w, jnp.float32), axis=1)
+    got = decode_to_bf16(q.data, as_scale_bytes(q.plain_scales()), decode=decode, interpret=True)
+    want = mx.dequantize(q, jnp.bfloat16)
+    np.testing.assert_array_equal(np.isnan(np.asarray(got, np.float32)), np.isnan(np.asarray(want, np.float32)))
+    finite = ~np.isnan(np.asarray(want, np.float32))
+    np.testing.assert_array_equal(np.asarray(got).view(np.uint16)[finite], np.asarray(want).view(np.uint16)[finite])
+    with pytest.raises(ValueError, match="does not divide"):
+        decode_to_bf16(q.data[:100], as_scale_bytes(q.plain_scales())[:100], decode=decode, interpret=True)

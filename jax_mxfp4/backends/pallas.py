@@ -28,10 +28,11 @@ FLOAT_OPERAND_DTYPES = (np.dtype(jnp.bfloat16),)
 # 0.37 ms; 8192^3: 8.1 vs 1.8 ms). For w4a16 "scaled_dot" cannot run and pallas beats "xla"
 # (float32 reference path) at every measured shape (2.7x to 5.7x), so no rule applies.
 A4W4_MAX_SMALL_SIDE = 128
-# w4a16 with at least this many activation rows: decode the weight to bfloat16 once and run XLA's
-# bfloat16 GEMM (H200: within a few percent of bf16 at 8192 rows), rather than decoding every
-# weight tile once per activation-row tile inside the kernel.
-W4A16_TWO_PASS_MIN_ROWS = 2048
+# w4a16 with at least this many activation rows: decode the weight to bfloat16 once (one
+# memory-bound Pallas pass) and run XLA's bfloat16 GEMM, rather than decoding every weight tile
+# once per 128-row activation tile inside the kernel (H200: the kernel at 128 rows already takes
+# 2.4x of bf16, benchmarks/results/wgemm_tune).
+W4A16_TWO_PASS_MIN_ROWS = 256
 
 
 def _operand(x, kind):
@@ -103,6 +104,21 @@ def decode_for(platform: str) -> str:
     return "asm" if platform == "cuda" and e2m1_asm.LOWERING_ERROR is None else "f16"
 
 
+def _decoded_bf16(w: MXFP4Array, platform: str) -> jax.Array:
+    """The MXFP4 operand [B, R, K] as bfloat16, exactly: one fused decode pass where the tile
+    divides it, else the jnp dequantization (which XLA fuses)."""
+    from ..kernels.wgemm import decode_to_bf16
+    from ..quantize import dequantize
+
+    b, r, k = w.shape
+    bk = next((t for t in (512, 256, 128, 64) if k % t == 0), None)
+    if bk is None or (b * r) % 64:
+        return dequantize(w, jnp.bfloat16)
+    flat = decode_to_bf16(w.data.reshape(b * r, k // 2), as_scale_bytes(w.plain_scales()).reshape(b * r, -1),
+                          decode=decode_for(platform), bk=bk)
+    return flat.reshape(b, r, k)
+
+
 def _weight_stationary(lhs, rhs, problem: GemmProblem) -> jax.Array:
     """w4a16, and a4w4 with one small side: the MXFP4 operand with more rows is the weight
     (decoded inside the kernel's K loop); the other side is bfloat16 (a4w4: its exact dequantized
@@ -122,7 +138,7 @@ def _weight_stationary(lhs, rhs, problem: GemmProblem) -> jax.Array:
     x = x.astype(jnp.bfloat16)
     interpret = problem.platform == "cpu"
     if problem.has_float_operand and rows >= W4A16_TWO_PASS_MIN_ROWS and not interpret:
-        wf = dequantize(w, jnp.bfloat16)
+        wf = _decoded_bf16(w, problem.platform)
         out = jax.lax.dot_general(x, wf, (((2,), (2,)), ((0,), (0,))),
                                   preferred_element_type=jnp.float32).astype(problem.out_dtype)
     else:

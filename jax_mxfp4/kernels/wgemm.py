@@ -64,12 +64,10 @@ class WTileConfig:
             raise ValueError(f"WTileConfig.split_k must be >= 1, got {self.split_k}")
 
 
-def _decoded_weight(w_ref, s_ref, b, n0, bn, kb0, bk, n_mask, cfg):
-    """Decode one weight tile -> bfloat16 (lo, hi) [bn, bk/2]: elements 2j and 2j+1."""
+def _decoded_weight_tile(data, sbytes, bn, bk, cfg):
+    """Packed bytes [bn, bk/2] and scale bytes [bn, bk/32] -> bfloat16 (lo, hi) [bn, bk/2]:
+    the values of elements 2j and 2j+1."""
     half, nb = bk // 2, bk // BLOCK_SIZE
-    data = plgpu.load(w_ref.at[b, pl.ds(n0, bn), pl.ds(kb0 // 2, half)], mask=n_mask[:, None], other=0)
-    sbytes = plgpu.load(s_ref.at[b, pl.ds(n0, bn), pl.ds(kb0 // BLOCK_SIZE, nb)],
-                        mask=n_mask[:, None], other=127)
     if cfg.decode != "asm":
         return _dequant_halves(data, sbytes, cfg.decode)
     scale = lax.bitcast_convert_type(e8m0_to_bf16_bits(sbytes), jnp.bfloat16)
@@ -80,6 +78,14 @@ def _decoded_weight(w_ref, s_ref, b, n0, bn, kb0, bk, n_mask, cfg):
         return lo.reshape(bn, half), hi.reshape(bn, half)
     s2 = jnp.broadcast_to(scale[:, :, None], (bn, nb, BLOCK_SIZE // 2)).reshape(bn, half)
     return e2m1_asm.decode_scaled_halves(data, s2)
+
+
+def _decoded_weight(w_ref, s_ref, b, n0, bn, kb0, bk, n_mask, cfg):
+    """Load and decode one weight tile (rows past N read as zeros)."""
+    data = plgpu.load(w_ref.at[b, pl.ds(n0, bn), pl.ds(kb0 // 2, bk // 2)], mask=n_mask[:, None], other=0)
+    sbytes = plgpu.load(s_ref.at[b, pl.ds(n0, bn), pl.ds(kb0 // BLOCK_SIZE, bk // BLOCK_SIZE)],
+                        mask=n_mask[:, None], other=127)
+    return _decoded_weight_tile(data, sbytes, bn, bk, cfg)
 
 
 def _kernel(xlo_ref, xhi_ref, w_ref, s_ref, o_ref, *, m, n, cfg: WTileConfig, k_per_split,
@@ -159,8 +165,9 @@ def weight_stationary_gemm(x, w_data, w_scales, *, out_dtype, cfg: WTileConfig,
 
 def default_wconfig(m: int, n: int, k: int, batch: int = 1, decode: str = "asm",
                     num_sms: int = 132) -> WTileConfig:
-    """Tiling by shape (H200 sweep, benchmarks/results/wgemm_tune.json): bm covers the
-    activation rows (16..128), bn = 128 weight rows, split-K until the grid has ~2 tiles per SM."""
+    """Tiling by shape (H200 sweep, benchmarks/results/wgemm_tune/wgemm_tune.json): bm covers the
+    activation rows (16..128), bn = 128 weight rows, bk = 256, the 3-D decode layout at decode
+    sizes, split-K until the grid has ~2 (bm <= 64) or ~4 (bm = 128) tiles per SM."""
     bk = 256
     while k % bk and bk > 32:
         bk //= 2
@@ -168,10 +175,44 @@ def default_wconfig(m: int, n: int, k: int, batch: int = 1, decode: str = "asm",
     while bm < min(m, 128):
         bm *= 2
     tiles = batch * pl.cdiv(n, 128) * pl.cdiv(m, bm)
+    fill = 1.9 if bm <= 64 else 3.8  # H200: split 4 best at M <= 16, split 8 at M = 128 (N = 8192)
     split = 1
     steps = k // bk if k % bk == 0 else 0
-    while steps and tiles * split < 2 * num_sms and steps % (2 * split) == 0 and steps // (2 * split) >= 2:
+    while steps and tiles * split < fill * num_sms and steps % (2 * split) == 0 and steps // (2 * split) >= 2:
         split *= 2
     warps = 4 if bm <= 64 else 8
     return WTileConfig(bn=128, bm=bm, bk=bk, split_k=split, num_warps=warps,
-                       num_stages=4 if bm <= 64 else 3, decode=decode)
+                       num_stages=4 if bm <= 64 else 3, decode=decode, layout3d=bm <= 64)
+
+
+def _decode_kernel(d_ref, s_ref, o_ref, *, cfg: WTileConfig):
+    bn, bk = d_ref.shape[0], d_ref.shape[1] * 2
+    lo, hi = _decoded_weight_tile(d_ref[...], s_ref[...], bn, bk, cfg)
+    o_ref[...] = jnp.stack([lo, hi], axis=-1).reshape(bn, bk)
+
+
+def decode_to_bf16(w_data, w_scales, *, decode: str = "asm", bn: int = 64, bk: int = 512,
+                   num_warps: int = 4, interpret: bool = False):
+    """Decode MXFP4 [R, K] (packed bytes [R, K/2], E8M0 scale bytes [R, K/32]) to bfloat16 [R, K]
+    in one memory-bound pass (exact: E2M1 x 2^(s-127) is a bfloat16 value).
+
+    The weight half of the two-pass w4a16 route (decode once, then XLA's bfloat16 GEMM) used for
+    many activation rows. ``bn`` must divide R and ``bk`` (a multiple of 64) must divide K.
+    Raises ValueError otherwise.
+    """
+    r, half = w_data.shape
+    k = 2 * half
+    if r % bn or k % bk or bk % 64:
+        raise ValueError(f"decode_to_bf16: tile {bn}x{bk} does not divide the operand [{r}, {k}]")
+    cfg = WTileConfig(bn=bn, bk=bk, decode=decode, layout3d=True)
+    return pl.pallas_call(
+        functools.partial(_decode_kernel, cfg=cfg),
+        out_shape=jax.ShapeDtypeStruct((r, k), jnp.bfloat16),
+        grid=(r // bn, k // bk),
+        in_specs=[pl.BlockSpec((bn, bk // 2), lambda i, j: (i, j)),
+                  pl.BlockSpec((bn, bk // BLOCK_SIZE), lambda i, j: (i, j))],
+        out_specs=pl.BlockSpec((bn, bk), lambda i, j: (i, j)),
+        compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
+        interpret=interpret,
+        name="mxfp4_decode_bf16",
+    )(w_data, w_scales)
