@@ -150,13 +150,12 @@ def run(args):
             r["tflops"] = flops / r["median_s"] / 1e12
             if base.get("status") == "ok":
                 r["time_ratio_vs_bf16"] = r["median_s"] / base["median_s"]
-                r["speedup_vs_bf16"] = base["median_s"] / r["median_s"]
     geo = {}
     for r in rows:
-        if r["variant"] == "bf16" or "speedup_vs_bf16" not in r:
+        if r["variant"] == "bf16" or "time_ratio_vs_bf16" not in r:
             continue
-        geo.setdefault((r["pass"], f"{r['variant']}:{r['backend']}"), []).append(r["speedup_vs_bf16"])
-    geomeans = [{"pass": p, "backend": b, "geomean_speedup_vs_bf16": geomean(v), "configs": len(v)}
+        geo.setdefault((r["pass"], f"{r['variant']}:{r['backend']}"), []).append(r["time_ratio_vs_bf16"])
+    geomeans = [{"pass": p, "backend": b, "geomean_time_ratio_vs_bf16": geomean(v), "configs": len(v)}
                 for (p, b), v in sorted(geo.items())]
     result = {"info": info, "quick": quick, "method": __doc__.split("Usage")[0].strip(),
               "rows": rows, "geomeans": geomeans}
@@ -190,10 +189,10 @@ def markdown(result):
                 ratio = hit[0].get("time_ratio_vs_bf16", float("nan"))
                 cells.append(f"{hit[0]['median_s'] * 1e3:.4g} ({ratio:.2f}x)")
         lines.append(f"| {key[0]} | {key[1]}x{key[2]}x{key[3]} | " + " | ".join(cells) + " |")
-    lines += ["", "Geometric mean speedup vs bf16 (> 1 is faster), per pass and backend:", "",
-              "| pass | backend | geomean speedup | configs |", "|---|---|---|---|"]
+    lines += ["", "Geometric mean of time / bf16 time (< 1 is faster), per pass and backend:", "",
+              "| pass | backend | geomean time / bf16 | configs |", "|---|---|---|---|"]
     for g in result["geomeans"]:
-        lines.append(f"| {g['pass']} | {g['backend']} | {g['geomean_speedup_vs_bf16']:.3f} | {g['configs']} |")
+        lines.append(f"| {g['pass']} | {g['backend']} | {g['geomean_time_ratio_vs_bf16']:.3f} | {g['configs']} |")
     skipped = {(r["variant"], r["backend"]): r.get("reason") for r in rows if r.get("status") in ("skipped", "error")}
     if skipped:
         lines += ["", "Not measured:", ""]
@@ -214,37 +213,37 @@ def figures(result, out):
     fig, ax = plt.subplots(figsize=(8, 4))
     width = 0.8 / max(len(backends), 1)
     for i, b in enumerate(backends):
-        ys = [next((g["geomean_speedup_vs_bf16"] for g in geos if g["pass"] == p and g["backend"] == b), np.nan) for p in passes]
+        ys = [next((g["geomean_time_ratio_vs_bf16"] for g in geos if g["pass"] == p and g["backend"] == b), np.nan) for p in passes]
         ax.bar(np.arange(len(passes)) + i * width, ys, width, label=b)
     ax.axhline(1.0, color="k", lw=0.8)
     ax.set_xticks(np.arange(len(passes)) + width * (len(backends) - 1) / 2)
     ax.set_xticklabels(passes)
-    ax.set_ylabel("geomean speedup vs bf16 (>1 faster)")
+    ax.set_ylabel("geomean time / bf16 time (<1 faster)")
     ax.set_yscale("log")
     ax.set_title(f"MXFP4 GEMM on {result['info']['device']}")
     ax.legend(fontsize=7)
-    p = save_figure(fig, out, "gemm_geomean_speedup.png")
+    p = save_figure(fig, out, "gemm_geomean_time_ratio.png")
     paths.append(p)
 
     fig, ax = plt.subplots(figsize=(8, 4))
     markers = {"decode": "o", "fprop": "s", "dgrad": "^", "wgrad": "v"}
     for i, b in enumerate(backends):
         v, name = b.split(":")
-        pts = [r for r in result["rows"] if r["variant"] == v and r["backend"] == name and "speedup_vs_bf16" in r]
+        pts = [r for r in result["rows"] if r["variant"] == v and r["backend"] == name and "time_ratio_vs_bf16" in r]
         labelled = False
         for ps, marker in markers.items():
             sel = [r for r in pts if r["pass"] == ps]
             if sel:
-                ax.scatter([r["k"] * (1 + 0.04 * i) for r in sel], [r["speedup_vs_bf16"] for r in sel],
+                ax.scatter([r["k"] * (1 + 0.04 * i) for r in sel], [r["time_ratio_vs_bf16"] for r in sel],
                            marker=marker, color=f"C{i}", label=None if labelled else b)
                 labelled = True
     ax.axhline(1.0, color="k", lw=0.8)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("K (contraction length); marker = pass (o decode, s fprop, ^ dgrad, v wgrad)")
-    ax.set_ylabel("speedup vs bf16 (>1 faster)")
+    ax.set_ylabel("time / bf16 time (<1 faster)")
     ax.legend(fontsize=7)
-    p = save_figure(fig, out, "gemm_speedup_vs_k.png")
+    p = save_figure(fig, out, "gemm_time_ratio_vs_k.png")
     paths.append(p)
     return paths
 

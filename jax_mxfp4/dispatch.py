@@ -60,6 +60,7 @@ class Decision:
     requested: str  # "auto", or the explicit name (from the recipe or the environment)
     problem: GemmProblem
     reasons: dict  # backend name -> why it was not chosen ("" for the chosen one)
+    route: str = ""  # the chosen backend's own path for this problem (Backend.route)
 
     def __str__(self) -> str:
         p = self.problem
@@ -68,7 +69,8 @@ class Decision:
             f"on {p.platform}: backend {self.backend!r} (requested {self.requested!r})"
         ]
         for name, why in self.reasons.items():
-            lines.append(f"  {'*' if name == self.backend else '-'} {name}: {why or 'chosen'}")
+            chosen = "chosen" + (f": {self.route}" if self.route else "")
+            lines.append(f"  {'*' if name == self.backend else '-'} {name}: {why or chosen}")
         return "\n".join(lines)
 
 
@@ -100,7 +102,7 @@ def decide(problem: GemmProblem, recipe_backend: str) -> Decision:
         for name in reasons:
             if name != chosen and not reasons[name]:
                 reasons[name] = f"not requested ({source}={requested!r})"
-        return Decision(chosen, requested, problem, reasons)
+        return Decision(chosen, requested, problem, reasons, _REGISTRY[chosen].route(problem))
 
     candidates = [n for n in AUTO_ORDER if n in _REGISTRY and problem.platform in _REGISTRY[n].auto_platforms]
     cannot_run = {n for n, why in reasons.items() if why}
@@ -128,7 +130,7 @@ def decide(problem: GemmProblem, recipe_backend: str) -> Decision:
             problem.platform,
             "; ".join(f"{n}: {reasons[n]}" for n in skipped),
         )
-    return Decision(chosen, "auto", problem, reasons)
+    return Decision(chosen, "auto", problem, reasons, _REGISTRY[chosen].route(problem))
 
 
 def _register_builtin() -> None:

@@ -107,7 +107,7 @@ def speed_table(backends, shapes, iters):
             except Exception as e:
                 rows.append((f"{m}x{n}x{k}", name, float("nan"), float("nan"), f"error: {str(e)[:60]}"))
                 continue
-            rows.append((f"{m}x{n}x{k}", name, t, 2 * m * n * k / t / 1e12, base / t))
+            rows.append((f"{m}x{n}x{k}", name, t, 2 * m * n * k / t / 1e12, t / base))
     return rows
 
 
@@ -152,8 +152,9 @@ def main(argv=None) -> int:
         big = [(1024, 1024, 1024), (4096, 4096, 4096), (8192, 8192, 8192)] if platform != "cpu" else [(256, 256, 1024)]
         if args.quick:
             big = big[:1]
-        print("\nspeed (bf16 out, pre-quantized operands; median of", args.iters, "runs)")
-        print(f"{'M x N x K':<17} {'backend':<17} {'ms':>9} {'TFLOP/s':>9} {'vs bf16':>9}")
+        print("\nspeed (bf16 out, pre-quantized operands; median of", args.iters, "single calls, launch cost "
+              "included: indicative only, benchmarks/gemm.py times fairly)")
+        print(f"{'M x N x K':<17} {'backend':<17} {'ms':>9} {'TFLOP/s':>9} {'time/bf16':>10}  (< 1 is faster)")
         for shape, name, t, tflops, ratio in speed_table(backends, big, args.iters):
             r = ratio if isinstance(ratio, str) else f"{ratio:.2f}x"
             print(f"{shape:<17} {name:<17} {t * 1e3:>9.3f} {tflops:>9.2f} {r:>9}")

@@ -63,5 +63,9 @@ class Backend:
         another backend is preferred there (shape rules justified by the benchmarks)."""
         return None
 
+    def route(self, problem: GemmProblem) -> str:
+        """The backend's own path for ``problem`` (kernel, tiling), for explain(); "" if one."""
+        return ""
+
     def gemm(self, lhs, rhs, problem: GemmProblem) -> jax.Array:
         raise NotImplementedError

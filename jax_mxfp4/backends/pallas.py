@@ -1,9 +1,16 @@
 """Backend "pallas": fused MXFP4 GEMM kernels written in Pallas (Triton lowering).
 
-a4w4 (both operands MXFP4) and w4a16 (MXFP4 x bfloat16): the kernels in
-:mod:`jax_mxfp4.kernels.gemm` unpack E2M1 nibbles and apply E8M0 scales inside the K loop and
-feed bfloat16 tiles to the matrix units with float32 accumulation; no dequantized operand is
-written to device memory. Results equal backend "xla" up to the order of float32 accumulation.
+Routes (``PallasBackend.route`` says which one a problem takes; ``explain()`` prints it):
+  * w4a16, and a4w4 with one side of <= 128 rows: the weight-stationary kernel
+    (:mod:`jax_mxfp4.kernels.wgemm`): the MXFP4 weight is decoded inside the K loop (inline-PTX
+    E2M1 decode on CUDA, :mod:`jax_mxfp4.kernels.e2m1_asm`; portable decode on ROCm and in the
+    interpreter); an MXFP4 activation is first dequantized exactly to bfloat16 (a small array);
+  * w4a16 with >= ``W4A16_TWO_PASS_MIN_ROWS`` activation rows on a GPU: the weight is decoded to
+    bfloat16 once (one memory-bound Pallas pass) and XLA's bfloat16 GEMM runs;
+  * a4w4 with both sides large: the tiled kernel of :mod:`jax_mxfp4.kernels.gemm` (both operands
+    decoded in the K loop; "auto" prefers other backends there).
+All are exact up to the order of float32 accumulation: decoded values are exact in bfloat16 and
+bfloat16 products exact in float32; results equal backend "xla" up to that order.
 
 "auto" picks it on CUDA and ROCm GPUs (``auto_platforms``), never on CPU. On CPU it can still be
 named explicitly: it then runs the same kernels in the Pallas interpreter (slow; for tests).
@@ -77,6 +84,21 @@ class PallasBackend(Backend):
                 "decode-bound here, 'scaled_dot' measured faster on the H200 (benchmarks/results/gemm)"
             )
         return None
+
+    def route(self, problem: GemmProblem) -> str:
+        if not (problem.has_float_operand or min(problem.m, problem.n) <= A4W4_MAX_SMALL_SIDE):
+            return "a4w4 tiled kernel (both operands decoded in the K loop)"
+        swap = problem.lhs_kind != "float" if problem.has_float_operand else problem.m > problem.n
+        rows = problem.n if swap else problem.m
+        decode = decode_for(problem.platform)
+        if problem.has_float_operand and rows >= W4A16_TWO_PASS_MIN_ROWS and problem.platform != "cpu":
+            return (f"two-pass w4a16: {rows} activation rows >= {W4A16_TWO_PASS_MIN_ROWS}, weight decoded "
+                    f"to bfloat16 once ({decode} decode), then XLA's bfloat16 GEMM")
+        from ..kernels.wgemm import default_wconfig
+
+        what = "w4a16" if problem.has_float_operand else "a4w4 with the small side dequantized to bfloat16"
+        cfg = default_wconfig(rows, problem.m if swap else problem.n, problem.k, problem.batch, decode=decode)
+        return f"weight-stationary kernel, {what}, {decode} E2M1 decode, {cfg}"
 
     def gemm(self, lhs, rhs, problem: GemmProblem) -> jax.Array:
         if problem.has_float_operand or min(problem.m, problem.n) <= A4W4_MAX_SMALL_SIDE:
