@@ -66,7 +66,9 @@ def variants(m, n, k, quick, full=True):
         for split, bk in grid:
             out[f"ws asm s{split} bk{bk}"] = WTileConfig(bn=128, bm=bm, bk=bk, split_k=split)
         if full:
-            for name, over in (("bn64", dict(bn=64)), ("bn256 w8", dict(bn=256, num_warps=8)), ("3d", dict(layout3d=True)),
+            for name, over in (("3d bn64", dict(bn=64, layout3d=True)), ("3d s8", dict(split_k=8, layout3d=True)),
+                               ("3d w2", dict(num_warps=2, layout3d=True)), ("3d st3", dict(num_stages=3, layout3d=True)),
+                               ("bn64", dict(bn=64)), ("bn256 w8", dict(bn=256, num_warps=8)), ("3d", dict(layout3d=True)),
                                ("st3", dict(num_stages=3)), ("st5", dict(num_stages=5)), ("w8", dict(num_warps=8)),
                                ("f16", dict(decode="f16")), ("e4m3", dict(decode="e4m3"))):
                 out[f"ws asm s4 bk256 {name}"] = WTileConfig(**{**dict(bn=128, bm=bm, bk=256, split_k=4), **over})
