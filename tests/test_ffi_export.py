@@ -55,7 +55,8 @@ def test_rocm_export_emits_the_hipblaslt_custom_call(layout):
     assert exp.platforms == ("rocm",)
 
 
-def test_rocm_export_swizzled_pads_scale_rows_and_blocks():
+def test_rocm_export_swizzled_pads_scale_rows_and_blocks(monkeypatch):
+    monkeypatch.setenv("JAX_MXFP4_HIPBLASLT_ENVELOPE", "documented")  # M=48, K=384: the wider envelope
     with target_platforms("rocm"):
         exp = export(gemm("hipblaslt", "swizzled", jnp.float32), "rocm")(
             jax.ShapeDtypeStruct((48, 384), jnp.float32), jax.ShapeDtypeStruct((16, 384), jnp.float32))
@@ -87,8 +88,8 @@ def test_mismatched_backend_and_platform_refuse_to_lower():
 def test_without_target_platforms_hipblaslt_is_unavailable_on_cpu():
     with pytest.raises(mx.BackendUnavailableError, match="hipblaslt"):
         export(gemm("hipblaslt"), "rocm")(*args())
-    with target_platforms("rocm"):  # shape rules still route: K % 128
-        with pytest.raises(mx.BackendUnavailableError, match="K % 128"):
+    with target_platforms("rocm"):  # shape rules still route: K % 256 (validated envelope)
+        with pytest.raises(mx.BackendUnavailableError, match="K % 256"):
             export(gemm("hipblaslt"), "rocm")(
                 jax.ShapeDtypeStruct((M, 96), jnp.float32), jax.ShapeDtypeStruct((N, 96), jnp.float32))
     with pytest.raises(ValueError, match="platform must be one of"):
