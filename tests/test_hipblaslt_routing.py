@@ -40,6 +40,7 @@ def rocm(monkeypatch):
     def setup(status=GFX950, native=None):
         native = native or FakeNative()
         monkeypatch.setattr(hb, "current_platform", lambda: "rocm")
+        monkeypatch.setattr(dispatch, "current_platform", lambda: "rocm")
         monkeypatch.setattr(registration, "hipblaslt_status", lambda: status)
         monkeypatch.setattr(registration, "native", lambda: native)
         return native
@@ -136,3 +137,18 @@ def test_unavailable_reasons(rocm, status, match):
     d = dispatch.decide(problem(), "auto")
     assert d.backend != "hipblaslt"
     assert pytest.importorskip("re").search(match, d.reasons["hipblaslt"]), d.reasons["hipblaslt"]
+
+
+def test_on_cpu_rocm_gets_its_own_choice_without_loading_rocm(monkeypatch):
+    # Judged for a platform this process does not run: shape rules only, no dlopen, no heuristic.
+    def boom():
+        raise AssertionError("ROCm libraries must not be loaded to decide for another platform")
+
+    monkeypatch.setattr(registration, "hipblaslt_status", boom)
+    cpu = GemmProblem(1, 64, 32, 256, np.dtype(np.float32), "plain", "cpu")
+    d = dispatch.plan(cpu, "auto")
+    assert d.backend == "xla" and d.per_platform["cpu"] == "xla" and d.per_platform["rocm"] == "hipblaslt"
+    odd = dispatch.plan(GemmProblem(1, 64, 32, 384, np.dtype(np.float32), "plain", "cpu"), "auto")
+    assert odd.per_platform["rocm"] != "hipblaslt"
+    explicit = dispatch.plan(cpu, "hipblaslt")  # runs nowhere here, but lowers for rocm
+    assert explicit.backend == "hipblaslt" and explicit.per_platform == {"default": "hipblaslt"}

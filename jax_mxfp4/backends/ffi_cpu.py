@@ -40,16 +40,17 @@ class FfiCpuBackend(Backend):
 
     name = "ffi-cpu"
     auto_platforms = ()
+    lowers_on = ("cpu",)
     opaque = True  # an FFI custom call: jax_mxfp4.partitioning gives it a sharding rule
+
+    def foreign_reason(self, platform):
+        if platform not in self.lowers_on:
+            return f"lowers only for cpu, not {platform}"
+        return registration.NATIVE_IMPORT_ERROR
 
     def unavailable_reason(self):
         if registration.NATIVE_IMPORT_ERROR:
             return registration.NATIVE_IMPORT_ERROR
-        from ..ffi import current_target_platforms
-
-        targets = current_target_platforms()
-        if targets:
-            return None if "cpu" in targets else f"not a target platform ({targets})"
         platform = current_platform()
         if platform != "cpu":
             return f"runs only on the CPU platform (JAX's default backend is {platform!r})"

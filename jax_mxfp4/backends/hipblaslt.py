@@ -48,16 +48,19 @@ def _version(v: int) -> str:
 
 class HipblasltBackend(Backend):
     """hipBLASLt MXFP4 GEMM on gfx950 (rules in the module docstring); "auto" prefers it on
-    ROCm. Under :func:`jax_mxfp4.ffi.target_platforms` ("rocm") only the shape rules apply."""
+    ROCm. Judged for a platform other than this process's own (``jax.export(...,
+    platforms=["rocm"])`` on a machine without the GPU), only the envelope's shape rules apply:
+    the handler checks device, library, version and route on the target and returns an error."""
 
     name = "hipblaslt"
     auto_platforms = ("rocm",)
+    lowers_on = ("rocm",)
     opaque = True  # an FFI custom call: jax_mxfp4.partitioning gives it a sharding rule
 
-    def _exporting(self) -> bool:
-        from ..ffi import current_target_platforms
-
-        return "rocm" in current_target_platforms()
+    def foreign_reason(self, platform):
+        if platform not in self.lowers_on:
+            return f"lowers only for rocm, not {platform}"
+        return registration.NATIVE_IMPORT_ERROR
 
     def _device(self):
         """(ordinal, info) of the device the handler will see first, or (None, reason)."""
@@ -75,8 +78,6 @@ class HipblasltBackend(Backend):
     def unavailable_reason(self):
         if registration.NATIVE_IMPORT_ERROR:
             return registration.NATIVE_IMPORT_ERROR
-        if self._exporting():
-            return None
         platform = current_platform()
         if platform != "rocm":
             return f"needs an AMD gfx950 GPU with ROCm >= 7.0 (JAX's default backend is {platform!r})"
@@ -93,7 +94,7 @@ class HipblasltBackend(Backend):
         if problem.has_float_operand:
             return "takes two MXFP4 operands only (no w4a16 float operand)"
         why = shape_reason(problem.m, problem.n, problem.k, problem.out_dtype)
-        if why or self._exporting():
+        if why or problem.platform != current_platform():  # judged for another platform: shapes only
             return why
         ordinal, info = self._device()
         if ordinal is None:
