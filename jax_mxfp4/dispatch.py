@@ -16,6 +16,12 @@ import os
 import jax
 
 from .backends.base import Backend, GemmProblem
+from .backends.ffi_cpu import FfiCpuBackend
+from .backends.hipblaslt import HipblasltBackend
+from .backends.pallas import PallasBackend
+from .backends.scaled_dot import ScaledDotBackend
+from .backends.xla import XlaBackend
+from .platform import current_platform
 
 ENV_VAR = "JAX_MXFP4_BACKEND"
 AUTO_ORDER = ("hipblaslt", "pallas", "scaled_dot", "xla")
@@ -45,15 +51,6 @@ def get_backend(name: str) -> Backend:
         raise BackendUnavailableError(
             f"backend {name!r} is not registered; known backends: {sorted(_REGISTRY)}"
         ) from None
-
-
-def current_platform() -> str:
-    """Platform of JAX's default backend: "cpu", "cuda", "rocm", "tpu", ..."""
-    platform = jax.default_backend()
-    if platform == "gpu":
-        version = jax.devices()[0].client.platform_version.lower()
-        return "rocm" if ("rocm" in version or "hip" in version) else "cuda"
-    return platform
 
 
 def available_backends() -> list[str]:
@@ -199,17 +196,9 @@ def plan(problem: GemmProblem, recipe_backend: str) -> Decision:
 
 
 def _register_builtin() -> None:
-    from .backends.scaled_dot import ScaledDotBackend
-    from .backends.xla import XlaBackend
-    from .backends.pallas import PallasBackend
-
     register_backend(XlaBackend())
     register_backend(ScaledDotBackend())
     register_backend(PallasBackend())
-
-    from .backends.ffi_cpu import FfiCpuBackend
-    from .backends.hipblaslt import HipblasltBackend
-
     register_backend(FfiCpuBackend())
     register_backend(HipblasltBackend())
 

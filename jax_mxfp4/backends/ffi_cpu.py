@@ -14,6 +14,7 @@ import jax
 from .. import layout
 from ..ffi import registration
 from ..ffi.primitive import mxfp4_gemm
+from ..platform import current_platform
 from .base import Backend
 
 
@@ -25,13 +26,6 @@ def packed_operands(lhs, rhs, problem):
     if problem.scale_layout == "swizzled":
         ls, rs = jax.vmap(layout.swizzle)(ls), jax.vmap(layout.swizzle)(rs)
     return lhs.data, ls, rhs.data, rs
-
-
-def current_platform() -> str:
-    """JAX's default platform ("cpu", "rocm", "cuda", ...), as dispatch sees it."""
-    from .. import dispatch
-
-    return dispatch.current_platform()
 
 
 class FfiCpuBackend(Backend):

@@ -27,7 +27,8 @@ import numpy as np
 from ..ffi import registration
 from ..ffi.primitive import mxfp4_gemm
 from .base import Backend
-from .ffi_cpu import current_platform, packed_operands
+from ..platform import current_platform
+from .ffi_cpu import packed_operands
 
 MIN_VERSION = 100000  # hipBLASLt 1.0.0 (ROCm 7.0): FP4 + VEC32_UE8M0 (below it: no FP4 at all)
 REQUIRED_ARCH = "gfx950"
