@@ -21,6 +21,7 @@ from .backends.hipblaslt import HipblasltBackend
 from .backends.pallas import PallasBackend
 from .backends.scaled_dot import ScaledDotBackend
 from .backends.xla import XlaBackend
+from .errors import BackendUnavailableError
 from .platform import current_platform
 
 ENV_VAR = "JAX_MXFP4_BACKEND"
@@ -33,10 +34,6 @@ logger = logging.getLogger("jax_mxfp4")
 
 _REGISTRY: dict[str, Backend] = {}
 _LOGGED: set[tuple] = set()
-
-
-class BackendUnavailableError(RuntimeError):
-    """A backend named explicitly (Recipe.backend or JAX_MXFP4_BACKEND) cannot run this GEMM."""
 
 
 def register_backend(backend: Backend) -> None:
@@ -161,7 +158,7 @@ def plan(problem: GemmProblem, recipe_backend: str) -> Decision:
     can run here; if it cannot run here but can be lowered for another platform whose shape rules
     it accepts (``Recipe(backend="hipblaslt")`` exported for ROCm from a CPU machine), it is staged
     for every platform and lowering it for a platform it has no handler on raises
-    ``NotImplementedError`` naming both; otherwise :class:`BackendUnavailableError` as
+    :class:`BackendUnavailableError` naming both; otherwise :class:`BackendUnavailableError` as
     :func:`decide`.
     """
     requested = requested_backend(recipe_backend)

@@ -108,12 +108,16 @@ def test_cpu_export_emits_the_cpu_custom_call():
 
 
 def test_mismatched_backend_and_platform_refuse_to_lower():
-    with pytest.raises(NotImplementedError, match="'hipblaslt' has no handler for platform 'cpu'"):
+    no_handler = "'hipblaslt' has no handler for platform 'cpu'"
+    with pytest.raises(mx.BackendUnavailableError, match=no_handler):
         export(gemm("hipblaslt"), "cpu")(*args())
-    with pytest.raises(NotImplementedError, match="'hipblaslt' has no handler for platform 'cpu'"):
+    with pytest.raises(mx.BackendUnavailableError, match=no_handler):
         export(gemm("hipblaslt"), "cpu", "rocm")(*args())  # an explicit backend is not swapped
-    with pytest.raises(NotImplementedError, match="'ffi-cpu' has no handler for platform 'rocm'"):
+    with pytest.raises(mx.BackendUnavailableError, match="'ffi-cpu' has no handler for platform 'rocm'"):
         export(gemm("ffi-cpu"), "rocm")(*args())
+    # Run here (not exported): the explicit request fails, never falls back to another backend.
+    with pytest.raises(mx.BackendUnavailableError, match=no_handler):
+        gemm("hipblaslt")(*[jnp.ones(a.shape) for a in args()])
 
 
 def test_explicit_hipblaslt_keeps_its_shape_rules_on_cpu():
