@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import checks, layout
-from .mx_format import BLOCK_SIZE
+from .mx_format import BLOCK_SIZE, as_scale_bytes, dequantize_packed
 
 
 @jax.tree_util.register_pytree_node_class
@@ -35,6 +35,8 @@ class MXFP4Array:
     the children: leading dims added or removed by batching are re-described on unflattening.
     Batching along the quantized axis itself, or a swizzled array, is not supported.
     """
+
+    _IS_MXFP4_ARRAY = True  # how jax_mxfp4.checks recognises it without importing this module
 
     data: Any
     scales: Any
@@ -98,16 +100,15 @@ class MXFP4Array:
         )
 
     def dequantize(self, dtype=jnp.float32) -> jax.Array:
-        """Same as :func:`jax_mxfp4.dequantize`."""
-        from .quantize import dequantize
-
-        return dequantize(self, dtype)
+        """Same as :func:`jax_mxfp4.dequantize` (which calls this)."""
+        dtype = checks.check_output_dtype(dtype, "dtype")
+        return dequantize_packed(self.data, as_scale_bytes(self.plain_scales()), axis=self.axis).astype(dtype)
 
     def plain_scales(self) -> jax.Array:
         """Scales in the plain layout (logical shape with ``axis`` divided by 32), E8M0."""
         if self.scale_layout == "plain":
             return self.scales
-        rows, cols = _scale_view_2d(self.shape, self.axis)
+        rows, cols = layout.scale_view_2d(self.shape, self.axis)
         flat = layout.unswizzle(self.scales, rows, cols)
         moved = list(np.moveaxis(np.empty(self.shape, np.bool_), self.axis, -1).shape)
         moved[-1] = moved[-1] // BLOCK_SIZE
@@ -126,15 +127,8 @@ class MXFP4Array:
         if scale_layout == "plain":
             scales = plain
         else:
-            scales = layout.swizzle(jnp.moveaxis(plain, self.axis, -1).reshape(_scale_view_2d(self.shape, self.axis)))
+            scales = layout.swizzle(jnp.moveaxis(plain, self.axis, -1).reshape(layout.scale_view_2d(self.shape, self.axis)))
         return dataclasses.replace(self, scales=scales, scale_layout=scale_layout)
-
-
-def _scale_view_2d(shape: tuple[int, ...], axis: int) -> tuple[int, int]:
-    """(rows, K/32) of the 2-D scale view: every dim but ``axis`` flattened, in order."""
-    k = shape[axis]
-    rows = int(np.prod(shape)) // k if k else 0
-    return rows, k // BLOCK_SIZE
 
 
 def _packed_shapes(shape, axis):

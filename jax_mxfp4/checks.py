@@ -9,6 +9,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 
+from .layout import SCALE_LAYOUTS, scale_view_2d, swizzled_shape
 from .mx_format import BLOCK_SIZE, ROUNDING_MODES, SCALE_MODES
 
 INPUT_DTYPES = (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16))
@@ -39,16 +40,13 @@ def check_rounding(rounding, key, name="rounding"):
 
 
 def check_scale_layout(scale_layout, name="scale_layout"):
-    from .layout import SCALE_LAYOUTS
-
     if scale_layout not in SCALE_LAYOUTS:
         raise ValueError(f"{name} must be one of {SCALE_LAYOUTS}, got {scale_layout!r}")
 
 
 def check_float_input(x, name="x"):
-    from .array import MXFP4Array
-
-    if isinstance(x, MXFP4Array):
+    # MXFP4Array marks itself (checks sits below jax_mxfp4.array and does not import it).
+    if getattr(type(x), "_IS_MXFP4_ARRAY", False):
         raise TypeError(f"{name} is already an MXFP4Array; pass the float array (or dequantize it first)")
     dtype = getattr(x, "dtype", None)
     if dtype is None or jnp.dtype(dtype) not in INPUT_DTYPES:
@@ -97,9 +95,6 @@ def check_output_dtype(dtype, name="preferred_element_type"):
 
 def check_mx_array_parts(data, scales, axis, shape, scale_layout):
     """Shape and dtype contract of an ``MXFP4Array``'s children (see its docstring)."""
-    from .array import _scale_view_2d
-    from .layout import swizzled_shape
-
     ndim = len(shape)
     if not all(isinstance(d, (int, np.integer)) and not isinstance(d, bool) and d >= 0 for d in shape):
         raise TypeError(f"MXFP4Array shape must be a tuple of non-negative ints, got {shape!r}")
@@ -123,7 +118,7 @@ def check_mx_array_parts(data, scales, axis, shape, scale_layout):
     if scale_layout == "plain":
         want = tuple(d // BLOCK_SIZE if i == axis else d for i, d in enumerate(shape))
     else:
-        want = swizzled_shape(*_scale_view_2d(shape, axis))
+        want = swizzled_shape(*scale_view_2d(shape, axis))
     if tuple(scales.shape) != tuple(want):
         raise ValueError(
             f"MXFP4Array scales shape {tuple(scales.shape)} does not match the {scale_layout!r} "

@@ -1,4 +1,11 @@
-"""Backend registry and selection: ``Recipe.backend``, ``JAX_MXFP4_BACKEND`` and "auto"."""
+"""Backend registry and selection: ``Recipe.backend``, ``JAX_MXFP4_BACKEND`` and "auto".
+
+Decisions are made per platform (:func:`plan`): for this process's platform with every check
+(devices, libraries), and for the other platforms a GEMM may be lowered for (``jax.export(...,
+platforms=[...])``) with what can be known here (the backend lowers there, shape rules).
+:mod:`jax_mxfp4.gemm` stages each platform's choice with ``lax.platform_dependent``, so the
+compiled or exported program runs the choice of the platform it is lowered for.
+"""
 
 from __future__ import annotations
 
@@ -9,19 +16,24 @@ import os
 import jax
 
 from .backends.base import Backend, GemmProblem
+from .backends.ffi_cpu import FfiCpuBackend
+from .backends.hipblaslt import HipblasltBackend
+from .backends.pallas import PallasBackend
+from .backends.scaled_dot import ScaledDotBackend
+from .backends.xla import XlaBackend
+from .errors import BackendUnavailableError
+from .platform import current_platform
 
 ENV_VAR = "JAX_MXFP4_BACKEND"
 AUTO_ORDER = ("hipblaslt", "pallas", "scaled_dot", "xla")
 """Preference of "auto" among backends whose ``auto_platforms`` include the current platform."""
+LOWERING_PLATFORMS = ("cpu", "cuda", "rocm")
+"""Platforms "auto" decides for besides the current one (each gets its own branch)."""
 
 logger = logging.getLogger("jax_mxfp4")
 
 _REGISTRY: dict[str, Backend] = {}
 _LOGGED: set[tuple] = set()
-
-
-class BackendUnavailableError(RuntimeError):
-    """A backend named explicitly (Recipe.backend or JAX_MXFP4_BACKEND) cannot run this GEMM."""
 
 
 def register_backend(backend: Backend) -> None:
@@ -38,15 +50,6 @@ def get_backend(name: str) -> Backend:
         ) from None
 
 
-def current_platform() -> str:
-    """Platform of JAX's default backend: "cpu", "cuda", "rocm", "tpu", ..."""
-    platform = jax.default_backend()
-    if platform == "gpu":
-        version = jax.devices()[0].client.platform_version.lower()
-        return "rocm" if ("rocm" in version or "hip" in version) else "cuda"
-    return platform
-
-
 def available_backends() -> list[str]:
     """Names of the backends that can run in this process (platform, libraries, devices)."""
     return [name for name, b in _REGISTRY.items() if b.unavailable_reason() is None]
@@ -61,6 +64,9 @@ class Decision:
     problem: GemmProblem
     reasons: dict  # backend name -> why it was not chosen ("" for the chosen one)
     route: str = ""  # the chosen backend's own path for this problem (Backend.route)
+    per_platform: dict = dataclasses.field(default_factory=dict)
+    """platform -> backend staged for it (:func:`plan`); the program lowered for a platform runs
+    that platform's entry ("default": any platform not listed)."""
 
     def __str__(self) -> str:
         p = self.problem
@@ -71,6 +77,9 @@ class Decision:
         for name, why in self.reasons.items():
             chosen = "chosen" + (f": {self.route}" if self.route else "")
             lines.append(f"  {'*' if name == self.backend else '-'} {name}: {why or chosen}")
+        others = {k: v for k, v in self.per_platform.items() if k not in (p.platform, "default")}
+        if others:
+            lines.append("  when lowered for another platform: " + ", ".join(f"{k} -> {v}" for k, v in others.items()))
         return "\n".join(lines)
 
 
@@ -81,12 +90,21 @@ def requested_backend(recipe_backend: str) -> str:
     return env or "auto"
 
 
+def _reason(b: Backend, problem: GemmProblem, here: str) -> str:
+    if problem.platform == here:
+        return b.unavailable_reason() or b.rejects(problem) or ""
+    return b.foreign_reason(problem.platform) or b.rejects(problem) or ""
+
+
 def decide(problem: GemmProblem, recipe_backend: str) -> Decision:
-    """Choose the backend for ``problem``; explicit requests that cannot run raise."""
+    """Choose the backend for ``problem`` on ``problem.platform``; explicit requests that cannot
+    run there raise. For a platform other than this process's own, backends are judged by
+    :meth:`Backend.foreign_reason` and their shape rules (no device or library checks)."""
     requested = requested_backend(recipe_backend)
+    here = current_platform()
     reasons: dict[str, str] = {}
     for name, b in _REGISTRY.items():
-        reasons[name] = b.unavailable_reason() or b.rejects(problem) or ""
+        reasons[name] = _reason(b, problem, here)
     if requested != "auto":
         source = "Recipe.backend" if recipe_backend != "auto" else f"${ENV_VAR}"
         if requested not in _REGISTRY:
@@ -122,7 +140,7 @@ def decide(problem: GemmProblem, recipe_backend: str) -> Decision:
     preferred = candidates[: candidates.index(chosen)] if chosen in candidates else candidates
     skipped = [n for n in preferred if n in cannot_run]
     key = (problem.platform, chosen, tuple(skipped))
-    if skipped and key not in _LOGGED:
+    if skipped and key not in _LOGGED and problem.platform == here:
         _LOGGED.add(key)
         logger.warning(
             "jax_mxfp4 'auto' fell back to backend %r on %s: %s",
@@ -133,18 +151,53 @@ def decide(problem: GemmProblem, recipe_backend: str) -> Decision:
     return Decision(chosen, "auto", problem, reasons, _REGISTRY[chosen].route(problem))
 
 
-def _register_builtin() -> None:
-    from .backends.scaled_dot import ScaledDotBackend
-    from .backends.xla import XlaBackend
-    from .backends.pallas import PallasBackend
+def plan(problem: GemmProblem, recipe_backend: str) -> Decision:
+    """:func:`decide` for ``problem.platform`` (this process's platform), with ``per_platform``
+    filled in: what each platform in :data:`LOWERING_PLATFORMS` runs when the program is lowered
+    for it, and "default" (this platform's choice) for any other.
 
+    "auto": each platform gets its own decision. An explicit backend runs on every platform if it
+    can run here; if it cannot run here but can be lowered for another platform whose shape rules
+    it accepts (``Recipe(backend="hipblaslt")`` exported for ROCm from a CPU machine), it is staged
+    for every platform and lowering it for a platform it has no handler on raises
+    :class:`BackendUnavailableError` naming both; otherwise :class:`BackendUnavailableError` as
+    :func:`decide`.
+    """
+    requested = requested_backend(recipe_backend)
+    here = problem.platform
+    if requested != "auto":
+        try:
+            d = decide(problem, recipe_backend)
+            return dataclasses.replace(d, per_platform={"default": d.backend})
+        except BackendUnavailableError as error:
+            backend = _REGISTRY.get(requested)
+            if backend is None or backend.lowers_on is None:
+                raise
+            elsewhere = []
+            for p in backend.lowers_on:
+                if p == here:
+                    continue
+                foreign = dataclasses.replace(problem, platform=p)
+                why = backend.foreign_reason(p) or backend.rejects(foreign)
+                if not why:
+                    d = decide(foreign, recipe_backend)
+                    return dataclasses.replace(d, per_platform={"default": d.backend})
+                elsewhere.append(f"lowered for {p}: {why}")
+            if elsewhere:
+                raise BackendUnavailableError(f"{error}; and {'; '.join(elsewhere)}") from None
+            raise
+    d = decide(problem, "auto")
+    per_platform = {"default": d.backend, here: d.backend}
+    for p in LOWERING_PLATFORMS:
+        if p != here:
+            per_platform[p] = decide(dataclasses.replace(problem, platform=p), "auto").backend
+    return dataclasses.replace(d, per_platform=per_platform)
+
+
+def _register_builtin() -> None:
     register_backend(XlaBackend())
     register_backend(ScaledDotBackend())
     register_backend(PallasBackend())
-
-    from .backends.ffi_cpu import FfiCpuBackend
-    from .backends.hipblaslt import HipblasltBackend
-
     register_backend(FfiCpuBackend())
     register_backend(HipblasltBackend())
 

@@ -2,10 +2,16 @@
 
 Operands are mapped with :mod:`jax_mxfp4.dims` (batch dims, free dims, contracting dims, flattened
 to [B, M, K] / [B, N, K]: the "TN" form every backend takes), quantized, and handed to the backend
-that :mod:`jax_mxfp4.dispatch` chooses.
+that :mod:`jax_mxfp4.dispatch` chooses for each platform. Where platforms choose differently the
+choices are staged with ``lax.platform_dependent``: only the branch of the platform a program is
+lowered for is compiled, and ``jax.export(..., platforms=["cpu", "rocm"])`` gets each platform's
+own path (as JAX's own platform-specific ops do).
 """
 
 from __future__ import annotations
+
+import dataclasses
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -75,6 +81,38 @@ def _plan(lhs, rhs, dimension_numbers, preferred_element_type, recipe):
     return recipe, (lc, rc, lb, rb), problem, out_shape
 
 
+def _run(a, b, backend_name: str, problem: GemmProblem, platforms=None):
+    backend = dispatch.get_backend(backend_name)
+    if backend.opaque:
+        return partitioned_gemm(a, b, backend_name, problem, platforms)
+    return backend.gemm(a, b, problem)
+
+
+def _staged_gemm(a, b, problem: GemmProblem, per_platform: dict):
+    """The canonical GEMM through each platform's backend (``dispatch.plan``): one
+    ``lax.platform_dependent`` branch per distinct backend, serving the platforms that chose it
+    (any other platform: ``default``, this platform's choice); a single backend is called
+    directly (no conditional is staged)."""
+    default = per_platform["default"]
+    if len(set(per_platform.values())) == 1:
+        return _run(a, b, default, problem)
+    listed = {p: name for p, name in per_platform.items() if p != "default"}
+    served: dict[str, list] = {}
+    for p, name in listed.items():
+        served.setdefault(name, []).append(p)
+    branches = {}
+    for name, plats in served.items():
+        here = problem.platform if problem.platform in plats else plats[0]
+        p_problem = dataclasses.replace(problem, platform=here)
+        # The default branch also serves unlisted platforms: it is not narrowed.
+        narrow = None if name == default else tuple(plats)
+        branches[name] = functools.partial(_run, backend_name=name, problem=p_problem, platforms=narrow)
+    if default not in branches:
+        branches[default] = functools.partial(_run, backend_name=default, problem=problem)
+    return jax.lax.platform_dependent(
+        a, b, default=branches[default], **{p: branches[name] for p, name in listed.items()})
+
+
 def dot_general(
     lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None, *, out_sharding=None, recipe=None
 ):
@@ -112,16 +150,13 @@ def dot_general(
     recipe, (lc, rc, lb, rb), problem, out_shape = _plan(
         lhs, rhs, dimension_numbers, preferred_element_type, recipe
     )
-    decision = dispatch.decide(problem, recipe.backend)
+    decision = dispatch.plan(problem, recipe.backend)
     a = _to_canonical(lhs, lc, lb, recipe, problem.lhs_kind, "lhs")
     b = _to_canonical(rhs, rc, rb, recipe, problem.rhs_kind, "rhs")
-    backend = dispatch.get_backend(decision.backend)
     if 0 in (problem.batch, problem.m, problem.n, problem.k):  # empty operands: an exact zero sum
         out = jnp.zeros((problem.batch, problem.m, problem.n), problem.out_dtype)
-    elif backend.opaque:
-        out = partitioned_gemm(a, b, backend.name, problem)
     else:
-        out = backend.gemm(a, b, problem)
+        out = _staged_gemm(a, b, problem, decision.per_platform)
     leaf = lambda v: v.data if isinstance(v, MXFP4Array) else v  # noqa: E731
     out = dims.to_logical(out, out_shape, leaf(lhs), leaf(rhs), lc, rc, lb, rb)
     return out if out_sharding is None else jax.sharding.reshard(out, out_sharding)
@@ -137,4 +172,4 @@ def explain(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=
     """
     del precision
     recipe, _, problem, _ = _plan(lhs, rhs, dimension_numbers, preferred_element_type, recipe)
-    return dispatch.decide(problem, recipe.backend)
+    return dispatch.plan(problem, recipe.backend)

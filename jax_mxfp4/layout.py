@@ -19,6 +19,9 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
+
+from .mx_format import BLOCK_SIZE
 
 SCALE_LAYOUTS = ("plain", "swizzled")
 SWIZZLE_ROWS = 32
@@ -28,6 +31,14 @@ SWIZZLE_PAD_BYTE = 0x00
 
 def _round_up(n: int, m: int) -> int:
     return -(-n // m) * m
+
+
+def scale_view_2d(shape: tuple[int, ...], axis: int) -> tuple[int, int]:
+    """(rows, K/32) of the 2-D scale view of a tensor of logical ``shape`` quantized along
+    ``axis``: every dim but ``axis`` flattened, in order (the view the swizzle applies to)."""
+    k = shape[axis]
+    rows = int(np.prod(shape)) // k if k else 0
+    return rows, k // BLOCK_SIZE
 
 
 def swizzled_shape(rows: int, cols: int) -> tuple[int, int]:

@@ -19,6 +19,8 @@ Pallas kernel bodies.
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -315,3 +317,14 @@ def e8m0_to_bf16_bits(scale_bytes: jax.Array) -> jax.Array:
     bits = b << 7
     bits = jnp.where(b == 0, jnp.uint16(0x0040), bits)
     return jnp.where(b == E8M0_NAN, jnp.uint16(0x7FC0), bits)
+
+
+@functools.partial(jax.jit, static_argnames=("axis",))
+def dequantize_packed(data, scale_bytes, *, axis):
+    """E2M1(code) x 2^(scale byte - 127) per element, float32, from packed ``data`` (uint8, the
+    logical shape with ``axis`` halved) and plain ``scale_bytes`` (uint8, ``axis`` divided by 32):
+    :func:`unpack_nibbles` then :func:`dequantize_blocks` along ``axis``."""
+    codes = unpack_nibbles(jnp.moveaxis(data, axis, -1))
+    blocks = codes.reshape(*codes.shape[:-1], codes.shape[-1] // BLOCK_SIZE, BLOCK_SIZE)
+    values = dequantize_blocks(blocks, jnp.moveaxis(scale_bytes, axis, -1))
+    return jnp.moveaxis(values.reshape(codes.shape), -1, axis)

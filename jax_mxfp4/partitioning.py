@@ -72,30 +72,35 @@ def _run_backend(args, backend_name, problem: GemmProblem):
     return dispatch.get_backend(backend_name).gemm(a, b, problem)
 
 
-def partitioned_gemm(lhs, rhs, backend_name: str, problem: GemmProblem) -> jax.Array:
+def partitioned_gemm(lhs, rhs, backend_name: str, problem: GemmProblem, platforms=None) -> jax.Array:
     """Canonical GEMM through ``backend_name`` with a sharding rule (module docstring).
 
     ``lhs``/``rhs``: canonical MXFP4Arrays [B, M|N, K] (plain scales) or float arrays (w4a16).
+    ``platforms``: when this call is one branch of a ``lax.platform_dependent``, the platforms
+    that branch serves; in a multi-platform lowering the call is then lowered for those platforms
+    only (JAX lowers every kept branch for all of them, and a backend that has no lowering for
+    another platform would fail there in code that never runs). None: every platform.
     Returns [B, M, N] in ``problem.out_dtype``.
     """
     args = _flatten(lhs, problem.lhs_kind) + _flatten(rhs, problem.rhs_kind)
-    return partitioned_gemm_p.bind(*args, backend_name=backend_name, problem=problem)
+    platforms = None if platforms is None else tuple(platforms)
+    return partitioned_gemm_p.bind(*args, backend_name=backend_name, problem=problem, platforms=platforms)
 
 
-def _abstract_eval(*args, backend_name, problem):
+def _abstract_eval(*args, backend_name, problem, platforms):
     lhs, rhs = _split(args, problem)
     b, m = lhs[0].shape[:2]
     return jax.core.ShapedArray((b, m, rhs[0].shape[1]), problem.out_dtype)
 
 
-def _batch(args, dims, *, backend_name, problem):
+def _batch(args, dims, *, backend_name, problem, platforms):
     size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
     folded = []
     for a, d in zip(args, dims):
         a = jnp.broadcast_to(a, (size,) + a.shape) if d is None else jnp.moveaxis(a, d, 0)
         folded.append(a.reshape((size * a.shape[1],) + a.shape[2:]))
     problem = dataclasses.replace(problem, batch=problem.batch * size)
-    out = partitioned_gemm_p.bind(*folded, backend_name=backend_name, problem=problem)
+    out = partitioned_gemm_p.bind(*folded, backend_name=backend_name, problem=problem, platforms=platforms)
     return out.reshape((size, out.shape[0] // size) + out.shape[1:]), 0
 
 
@@ -158,8 +163,13 @@ def _partitioned_impl(backend_name: str, problem: GemmProblem):
     return impl
 
 
-def _lowering(ctx, *args, backend_name, problem):
+def _lowering(ctx, *args, backend_name, problem, platforms):
     impl = _partitioned_impl(backend_name, problem)
+    if platforms is not None:
+        lowering_for = ctx.platforms or ctx.module_context.platforms
+        narrowed = [p for p in lowering_for if p in platforms]
+        if narrowed and len(narrowed) < len(lowering_for):
+            ctx = ctx.replace(platforms=narrowed)
     return mlir.lower_fun(lambda *a: impl(*a), multiple_results=False)(ctx, *args)
 
 

@@ -9,20 +9,18 @@ import jax.numpy as jnp
 
 from . import checks
 from .array import MXFP4Array
+from .platform import current_platform
 from .mx_format import (
     BLOCK_SIZE,
     E8M0_BIAS,
     E8M0_NAN,
     as_e8m0,
-    as_scale_bytes,
-    dequantize_blocks,
     e2m1_code_nearest,
     e2m1_code_stochastic,
     e8m0_from_amax,
     flush_subnormal_inputs,
     pack_nibbles,
     pow2_from_exponent,
-    unpack_nibbles,
 )
 
 
@@ -77,7 +75,6 @@ def quantize(
     if rounding == "nearest":
         key = None
     # GPU fast path (round-to-nearest): one fused Pallas pass, bit-identical to _quantize_impl.
-    from .dispatch import current_platform
     from .kernels import quantize as fused
 
     # The fused kernel is a pallas_call, opaque to SPMD partitioning (XLA would all-gather its
@@ -128,13 +125,6 @@ def dequantize(q: MXFP4Array, dtype=jnp.float32) -> jax.Array:
     """
     if not isinstance(q, MXFP4Array):
         raise TypeError(f"q must be an MXFP4Array, got {type(q).__name__}")
-    dtype = checks.check_output_dtype(dtype, "dtype")
-    return _dequantize_impl(q.data, as_scale_bytes(q.plain_scales()), axis=q.axis).astype(dtype)
+    return q.dequantize(dtype)
 
 
-@functools.partial(jax.jit, static_argnames=("axis",))
-def _dequantize_impl(data, scale_bytes, *, axis):
-    codes = unpack_nibbles(jnp.moveaxis(data, axis, -1))
-    blocks = codes.reshape(*codes.shape[:-1], codes.shape[-1] // BLOCK_SIZE, BLOCK_SIZE)
-    values = dequantize_blocks(blocks, jnp.moveaxis(scale_bytes, axis, -1))
-    return jnp.moveaxis(values.reshape(codes.shape), -1, axis)

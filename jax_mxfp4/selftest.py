@@ -8,6 +8,14 @@ g(n) = n u / (1 - n u) bounds any float32 summation order of K exact products, a
 ulp of the output dtype at |exact| (bf16: 2^-8 |exact|, f16: 2^-11 |exact|, plus subnormal
 spacing). The hipBLASLt kernels accumulate in float32 (compute type 32F), so they must pass too.
 
+hipBLASLt gates. Each rule of backend "hipblaslt" (the validated envelope, the opt-in documented
+one behind ``JAX_MXFP4_HIPBLASLT_ENVELOPE=documented``, swizzled scales below hipBLASLt 1.5, plain
+scales on the TensileLite route) is exercised with a shape on each side of it: a shape inside must
+run and pass the bound above, a shape outside must be routed away with the rule as the reason. On
+a gfx950 machine this is what verifies the documented envelope (its cases run); elsewhere only the
+shape rules can be judged. The internal route hipBLASLt takes (rocRoller or TensileLite, and why)
+is printed per device.
+
 Exit status: 0 when every case that ran passed, 1 otherwise. Options: --quick (small shapes only),
 --no-speed, --iters N.
 """
@@ -15,6 +23,9 @@ Exit status: 0 when every case that ran passed, 1 otherwise. Options: --quick (s
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
+import os
 import sys
 import time
 
@@ -25,6 +36,7 @@ import numpy as np
 
 from . import dispatch
 from .array import MXFP4Array
+from .backends.base import GemmProblem
 from .gemm import dot_general
 from .recipe import Recipe
 
@@ -73,10 +85,71 @@ def check_case(backend, m, n, k, layout, out, seed=0):
 
 
 def dispatch_problem(a, b, out, recipe):
-    from .backends.base import GemmProblem
-
     return GemmProblem(1, a.shape[0], b.shape[0], a.shape[1], np.dtype(getattr(jnp, out)), recipe.scale_layout,
                        dispatch.current_platform())
+
+
+ENVELOPE_ENV = "JAX_MXFP4_HIPBLASLT_ENVELOPE"
+
+# (M, N, K, scale layout, out dtype, envelope, what the rule says, expected reason when routed).
+# "run": inside every rule; "route": outside the envelope's shape/dtype rules; "either": inside
+# the shape rules, decided by the device's version/route (runs, or routes naming that rule).
+GATE_CASES = (
+    (64, 32, 256, "plain", "bfloat16", "validated", "run", ""),
+    (64, 32, 512, "swizzled", "float32", "validated", "run", ""),
+    (64, 32, 384, "plain", "bfloat16", "validated", "route", "K % 256"),
+    (48, 32, 256, "plain", "float32", "validated", "route", "M % 32"),
+    (64, 48, 256, "swizzled", "float32", "validated", "route", "N % 32"),
+    (64, 32, 256, "plain", "float16", "validated", "route", "float32 or bfloat16"),
+    (48, 16, 384, "plain", "float32", "documented", "either", "TensileLite"),
+    (48, 16, 384, "swizzled", "bfloat16", "documented", "either", "< 1.5.0"),
+    (64, 64, 256, "plain", "float16", "documented", "either", "no usable algorithm"),
+    (24, 16, 128, "plain", "float32", "documented", "route", "M % 16"),
+    (32, 32, 96, "plain", "float32", "documented", "route", "K % 128"),
+)
+
+
+@contextlib.contextmanager
+def _envelope(value):
+    old = os.environ.get(ENVELOPE_ENV)
+    os.environ[ENVELOPE_ENV] = value
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(ENVELOPE_ENV, None)
+        else:
+            os.environ[ENVELOPE_ENV] = old
+
+
+def hipblaslt_gates(platform):
+    """Rows (case, expectation, outcome, status) for :data:`GATE_CASES`. On ROCm every case is
+    decided with all checks and the ones that run are checked against the exact product; on
+    other platforms the decision is the one made for a ROCm lowering (shape rules only)."""
+    backend = dispatch.get_backend("hipblaslt")
+    rows = []
+    for m, n, k, layout, out, envelope, expect, reason in GATE_CASES:
+        with _envelope(envelope):
+            problem = GemmProblem(1, m, n, k, np.dtype(getattr(jnp, out)), layout, platform)
+            if platform != "rocm":
+                problem = dataclasses.replace(problem, platform="rocm")  # judged for a ROCm lowering
+                why = backend.foreign_reason("rocm") or backend.rejects(problem)
+            else:
+                why = backend.unavailable_reason() or backend.rejects(problem)
+            if why:
+                # "either": the device's version/route rule, or an empty heuristic (reported).
+                ok = (expect == "route" and reason in why) or (
+                    expect == "either" and (reason in why or "no usable algorithm" in why))
+                outcome, status = f"routed: {why[:110]}", "PASS" if ok else "FAIL"
+            elif platform != "rocm":
+                ok = expect in ("run", "either")
+                outcome, status = "taken (shape rules; device checks happen on ROCm)", "PASS" if ok else "FAIL"
+            else:
+                status, detail = check_case("hipblaslt", m, n, k, layout, out)
+                status = status if expect in ("run", "either") else "FAIL"
+                outcome = f"ran: {detail}"
+        rows.append((f"{m}x{n}x{k} {layout} {out} [{envelope}]", expect, outcome, status))
+    return rows
 
 
 def _time(fn, args, iters):
@@ -126,9 +199,11 @@ def main(argv=None) -> int:
 
         st = hipblaslt_status()
         print(f"hipBLASLt: loaded={st.get('loaded')} path={st.get('hipblaslt_path')} error={st.get('error') or '-'}")
+        print(f"  envelope: {st.get('envelope')}; librocroller: {st.get('rocroller_path') or 'none seen'}")
         for d in st.get("devices", []):
             v = d.get("hipblaslt_version", 0)
-            print(f"  device {d['ordinal']}: {d['arch']} hipBLASLt {v // 100000}.{v // 100 % 1000}.{v % 100} {d['error']}")
+            print(f"  device {d['ordinal']}: {d['arch']} hipBLASLt {v // 100000}.{v // 100 % 1000}.{v % 100} "
+                  f"route: {d.get('route', '?')} {d['error']}")
     names = [n for n in dispatch._REGISTRY if n != "xla"] + ["xla"]
     unavailable = {n: dispatch.get_backend(n).unavailable_reason() for n in names}
     for n, why in unavailable.items():
@@ -147,6 +222,14 @@ def main(argv=None) -> int:
                     status, detail = check_case(name, m, n, k, layout, out)
                     failures += status == "FAIL"
                     print(f"{name:<11} {f'{m}x{n}x{k}':<15} {layout:<9} {out:<9} {status:<7} {detail}")
+
+    if "hipblaslt" in dispatch._REGISTRY and not dispatch.get_backend("hipblaslt").foreign_reason("rocm"):
+        where = "on this device" if platform == "rocm" else "as judged for a ROCm lowering (shape rules only)"
+        print(f"\nhipBLASLt gates, {where}")
+        print(f"{'case':<40} {'rule says':<9} result  outcome")
+        for case, expect, outcome, status in hipblaslt_gates(platform):
+            failures += status == "FAIL"
+            print(f"{case:<40} {expect:<9} {status:<7} {outcome}")
 
     if not args.no_speed:
         big = [(1024, 1024, 1024), (4096, 4096, 4096), (8192, 8192, 8192)] if platform != "cpu" else [(256, 256, 1024)]

@@ -1,10 +1,15 @@
-"""Lowering checks that run on the CPU: ``jax.export`` for platform "rocm" of a jitted GEMM with
-backend "hipblaslt" emits a StableHLO custom_call to the hipBLASLt FFI target with the packed
-operand shapes; "ffi-cpu" likewise for "cpu"; mismatched backend/platform pairs refuse to lower."""
+"""``jax.export`` on the CPU, as JAX users write it (no context manager): for platform "rocm" a
+jitted GEMM emits a StableHLO custom_call to the hipBLASLt FFI target with the packed operand
+shapes, both with ``Recipe(backend="hipblaslt")`` and with the default "auto"; a multi-platform
+export (cpu + rocm) lowers each platform's own path and runs here; mismatched backend/platform
+pairs refuse to lower; and every export example in README.md and the docstrings runs as written."""
 
 from __future__ import annotations
 
+import pathlib
 import re
+import textwrap
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -12,40 +17,45 @@ import numpy as np
 import pytest
 
 import jax_mxfp4 as mx
+import jax_mxfp4.ffi
 from jax_mxfp4 import Recipe
-from jax_mxfp4.ffi import target_platforms
+from jax_mxfp4.ffi import export_safety_checks, target_platforms
 
 M, N, K = 64, 32, 256
+DN = (((1,), (1,)), ((), ()))
 
 
-def gemm(backend, layout="plain", out=jnp.bfloat16):
+def gemm(backend="auto", layout="plain", out=jnp.bfloat16):
     def f(x, w):
-        return mx.dot_general(x, w, (((1,), (1,)), ((), ())), preferred_element_type=out,
-                              recipe=Recipe(backend=backend, scale_layout=layout))
+        return mx.dot_general(x, w, DN, preferred_element_type=out, recipe=Recipe(backend=backend, scale_layout=layout))
 
     return jax.jit(f)
 
 
-def args():
-    return (jax.ShapeDtypeStruct((M, K), jnp.float32), jax.ShapeDtypeStruct((N, K), jnp.float32))
+def args(m=M, n=N, k=K):
+    return (jax.ShapeDtypeStruct((m, k), jnp.float32), jax.ShapeDtypeStruct((n, k), jnp.float32))
 
 
-def export(fn, platform):
+def export(fn, *platforms):
     """jax.export; our targets are not on JAX's stable custom-call list, so say so explicitly."""
-    checks = [jax.export.DisabledSafetyCheck.custom_call(t) for t in ("jax_mxfp4_gemm_cpu", "jax_mxfp4_gemm_hipblaslt")]
-    return jax.export.export(fn, platforms=[platform], disabled_checks=checks)
+    return jax.export.export(fn, platforms=list(platforms), disabled_checks=export_safety_checks())
 
 
 def custom_calls(text):
-    return [line for line in text.splitlines() if "stablehlo.custom_call" in line]
+    return [line for line in text.splitlines() if "stablehlo.custom_call @jax_mxfp4_gemm" in line]
 
 
+@pytest.fixture(autouse=True)
+def _validated_envelope(monkeypatch):
+    monkeypatch.delenv("JAX_MXFP4_HIPBLASLT_ENVELOPE", raising=False)
+    monkeypatch.delenv("JAX_MXFP4_BACKEND", raising=False)
+
+
+@pytest.mark.parametrize("backend", ["hipblaslt", "auto"])
 @pytest.mark.parametrize("layout", ["plain", "swizzled"])
-def test_rocm_export_emits_the_hipblaslt_custom_call(layout):
-    with target_platforms("rocm"):
-        exp = export(gemm("hipblaslt", layout), "rocm")(*args())
-    text = exp.mlir_module()
-    (call,) = [c for c in custom_calls(text) if "jax_mxfp4" in c]
+def test_rocm_export_emits_the_hipblaslt_custom_call(backend, layout):
+    exp = export(gemm(backend, layout), "rocm")(*args())
+    (call,) = custom_calls(exp.mlir_module())
     assert "@jax_mxfp4_gemm_hipblaslt" in call
     operands = re.findall(r"tensor<([0-9x]+)x(ui8|f8E8M0FNU)>", call.split("->")[0])
     # Packed data [B, rows, K/2]; scales [B, rows, K/32] (already multiples of 32 x 8 here).
@@ -55,19 +65,40 @@ def test_rocm_export_emits_the_hipblaslt_custom_call(layout):
     assert exp.platforms == ("rocm",)
 
 
-def test_rocm_export_swizzled_pads_scale_rows_and_blocks():
-    with target_platforms("rocm"):
-        exp = export(gemm("hipblaslt", "swizzled", jnp.float32), "rocm")(
-            jax.ShapeDtypeStruct((48, 384), jnp.float32), jax.ShapeDtypeStruct((16, 384), jnp.float32))
-    (call,) = [c for c in custom_calls(exp.mlir_module()) if "jax_mxfp4" in c]
+def test_rocm_export_swizzled_pads_scale_rows_and_blocks(monkeypatch):
+    monkeypatch.setenv("JAX_MXFP4_HIPBLASLT_ENVELOPE", "documented")  # M=48, K=384: the wider envelope
+    exp = export(gemm("hipblaslt", "swizzled", jnp.float32), "rocm")(*args(48, 16, 384))
+    (call,) = custom_calls(exp.mlir_module())
     # K/32 = 12 -> padded to 16; rows 48 -> 64, 16 -> 32.
     assert re.findall(r"tensor<([0-9x]+)xf8E8M0FNU>", call.split("->")[0]) == ["1x64x16", "1x32x16"]
     assert "tensor<1x48x16xf32>" in call.split("->")[1]
 
 
+def test_multi_platform_export_lowers_each_platforms_path_and_runs_here():
+    exp = export(gemm("auto", out=jnp.float32), "cpu", "rocm")(*args())
+    assert exp.platforms == ("cpu", "rocm")
+    (call,) = custom_calls(exp.mlir_module())  # one hipBLASLt call, in the rocm branch only
+    assert "@jax_mxfp4_gemm_hipblaslt" in call
+    x = jax.random.normal(jax.random.key(0), (M, K))
+    w = jax.random.normal(jax.random.key(1), (N, K))
+    # On the CPU the exported program runs the cpu branch ("xla"), equal to the direct call.
+    np.testing.assert_array_equal(np.asarray(exp.call(x, w)), np.asarray(gemm("xla", out=jnp.float32)(x, w)))
+    pytest.importorskip("flatbuffers")  # jax.export serialization (in the test extra)
+    round_trip = jax.export.deserialize(exp.serialize())
+    np.testing.assert_array_equal(np.asarray(round_trip.call(x, w)), np.asarray(exp.call(x, w)))
+
+
+def test_auto_outside_the_hipblaslt_envelope_exports_another_path_for_rocm():
+    # K = 384: outside the validated envelope; "auto" stages the Pallas kernel for rocm instead.
+    assert "rocm -> pallas" in str(mx.explain(*args(64, 32, 384), DN))
+    exp = export(gemm("auto"), "rocm")(*args(64, 32, 384))
+    assert custom_calls(exp.mlir_module()) == []
+    assert "__gpu$xla.gpu.triton" in exp.mlir_module()
+
+
 def test_cpu_export_emits_the_cpu_custom_call():
     exp = export(gemm("ffi-cpu"), "cpu")(*args())
-    (call,) = [c for c in custom_calls(exp.mlir_module()) if "jax_mxfp4" in c]
+    (call,) = custom_calls(exp.mlir_module())
     assert "@jax_mxfp4_gemm_cpu" in call
     assert re.findall(r"tensor<([0-9x]+)xui8>", call.split("->")[0]) == ["1x64x128", "1x32x128"]
     # And the exported artifact runs here, equal to the same call made directly.
@@ -77,20 +108,66 @@ def test_cpu_export_emits_the_cpu_custom_call():
 
 
 def test_mismatched_backend_and_platform_refuse_to_lower():
-    with target_platforms("rocm"):
-        with pytest.raises(NotImplementedError, match="'hipblaslt' has no handler for platform 'cpu'"):
-            export(gemm("hipblaslt"), "cpu")(*args())
-    with pytest.raises(NotImplementedError, match="'ffi-cpu' has no handler for platform 'rocm'"):
+    no_handler = "'hipblaslt' has no handler for platform 'cpu'"
+    with pytest.raises(mx.BackendUnavailableError, match=no_handler):
+        export(gemm("hipblaslt"), "cpu")(*args())
+    with pytest.raises(mx.BackendUnavailableError, match=no_handler):
+        export(gemm("hipblaslt"), "cpu", "rocm")(*args())  # an explicit backend is not swapped
+    with pytest.raises(mx.BackendUnavailableError, match="'ffi-cpu' has no handler for platform 'rocm'"):
         export(gemm("ffi-cpu"), "rocm")(*args())
+    # Run here (not exported): the explicit request fails, never falls back to another backend.
+    with pytest.raises(mx.BackendUnavailableError, match=no_handler):
+        gemm("hipblaslt")(*[jnp.ones(a.shape) for a in args()])
 
 
-def test_without_target_platforms_hipblaslt_is_unavailable_on_cpu():
+def test_explicit_hipblaslt_keeps_its_shape_rules_on_cpu():
+    with pytest.raises(mx.BackendUnavailableError, match="K % 256"):
+        export(gemm("hipblaslt"), "rocm")(*args(64, 32, 384))
     with pytest.raises(mx.BackendUnavailableError, match="hipblaslt"):
-        export(gemm("hipblaslt"), "rocm")(*args())
-    with target_platforms("rocm"):  # shape rules still route: K % 128
-        with pytest.raises(mx.BackendUnavailableError, match="K % 128"):
-            export(gemm("hipblaslt"), "rocm")(
-                jax.ShapeDtypeStruct((M, 96), jnp.float32), jax.ShapeDtypeStruct((N, 96), jnp.float32))
+        gemm("hipblaslt")(*[jnp.ones(a.shape) for a in args(64, 32, 384)])
+
+
+def test_target_platforms_is_a_deprecated_no_op():
+    with pytest.warns(DeprecationWarning, match="no effect"):
+        with target_platforms("rocm"):
+            exp = export(gemm("hipblaslt"), "rocm")(*args())
+    assert custom_calls(exp.mlir_module())
     with pytest.raises(ValueError, match="platform must be one of"):
         with target_platforms("ROCM"):
             pass
+
+
+# ---- Every export example in the documentation runs as written.
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def _readme_examples():
+    readme = (ROOT / "README.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", readme, re.S)
+    return [b for b in blocks if "jax.export" in b]
+
+
+def _docstring_examples():
+    out = []
+    for obj in (jax_mxfp4.ffi,):
+        doc = obj.__doc__ or ""
+        for block in re.findall(r"::\n\n((?:    .*\n|\n)+)", doc):
+            block = textwrap.dedent(block)
+            if "jax.export" in block:
+                out.append(block)
+    return out
+
+
+def test_the_documentation_has_export_examples():
+    assert _readme_examples(), "README.md lost its export example"
+    assert _docstring_examples(), "jax_mxfp4.ffi lost its export example"
+
+
+@pytest.mark.parametrize("source", ["readme", "docstring"])
+def test_export_examples_run_as_written(source):
+    blocks = _readme_examples() if source == "readme" else _docstring_examples()
+    for code in blocks:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("error", message=".*target_platforms.*")  # no deprecated API
+            exec(compile(code, f"<{source} export example>", "exec"), {})

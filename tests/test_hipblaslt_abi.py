@@ -34,6 +34,15 @@ NAMED_IN_THE_ISSUE = {
 }
 
 
+NOT_IN_THE_ABI_FILE = {
+    # Zeroes C = D before hipblasLtMatmul (beta = 0 may still read C). Declared as in ROCm/HIP
+    # include/hip/hip_runtime_api.h: hipError_t hipMemsetAsync(void* dst, int value,
+    # size_t sizeBytes, hipStream_t stream); exported by libamdhip64 under that plain C name.
+    # Its signature is static_asserted by check/rocm_abi_check.cc like every other symbol.
+    "hipMemsetAsync",
+}
+
+
 def _abi_json():
     candidates = [os.environ.get("JAX_MXFP4_ABI_JSON", "")]
     here = pathlib.Path(__file__).resolve()
@@ -75,7 +84,8 @@ def test_every_declared_value_equals_the_abi_file():
     assert ABI["sizeof(hipDeviceProp_tR0600)"] == prop["size"]
     for field in ("gcnArchName", "major", "minor"):
         assert ABI[f"offsetof(hipDeviceProp_tR0600, {field})"] == prop["key_offsets"][field]
-    # Every symbol we dlsym is one the ABI file lists; never the legacy device-properties name.
-    assert set(ABI["symbols"]) <= set(ref["functions"])
+    # Every symbol we dlsym is one the ABI file lists, or one of NOT_IN_THE_ABI_FILE; never the
+    # legacy device-properties name.
+    assert set(ABI["symbols"]) <= set(ref["functions"]) | set(NOT_IN_THE_ABI_FILE)
     assert "hipGetDeviceProperties" not in ABI["symbols"]
     assert "hipGetDevicePropertiesR0600" in ABI["symbols"]

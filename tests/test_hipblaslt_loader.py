@@ -3,7 +3,9 @@ missing libraries and symbols reported (never a crash), and a full load of stand
 built here with the declared sonames and C symbols, through which hipblaslt_status() reads the
 gfx arch from the hipDeviceProp_tR0600 buffer at offset 1160 and the hipBLASLt version.
 
-Each case runs in a subprocess: the libraries are loaded once per process."""
+Each case runs in a subprocess: the libraries are loaded once per process. The TheRock cases lay
+the stand-ins out as pip-installed ROCm does (site-packages/_rocm_sdk_core/lib/libamdhip64.so.7,
+site-packages/_rocm_sdk_libraries_<family>/lib/libhipblaslt.so.1, each with its dist-info)."""
 
 from __future__ import annotations
 
@@ -18,8 +20,9 @@ import pytest
 PROBE = """
 import json, sys
 from jax_mxfp4 import _native
-st = dict(_native.hipblaslt_status(True))
-st["devices"] = [dict(d) for d in st["devices"]]
+from jax_mxfp4.ffi import registration
+st = registration.hipblaslt_status()
+st["wheel_dirs"] = registration.rocm_wheel_library_dirs()
 if st["loaded"]:
     st["find"] = list(_native.hipblaslt_find_algorithm(0, 32, 32, 256, "bfloat16", "plain"))
     st["find_swizzled"] = list(_native.hipblaslt_find_algorithm(0, 32, 32, 256, "bfloat16", "swizzled"))
@@ -42,6 +45,7 @@ unsigned hipGetDevicePropertiesR0600(void* p, int d) {
 }
 unsigned hipDeviceGetAttribute(int* v, unsigned a, int d) { *v = a == 23 ? 9 : 5; return 0; }
 unsigned hipRuntimeGetVersion(int* v) { *v = 70100000; return 0; }
+unsigned hipMemsetAsync(void* p, int v, size_t n, void*) { std::memset(p, v, n); return 0; }
 const char* hipGetErrorString(unsigned e) { return "stand-in"; }
 }
 """
@@ -79,23 +83,48 @@ unsigned hipblasLtMatmul(void*, void*, const void*, const void*, void*, const vo
 def probe(env_updates):
     env = {k: v for k, v in os.environ.items() if k not in ("JAX_MXFP4_ROCM_LIB_DIR", "ROCM_PATH")}
     env.update(env_updates)
+    # The package as the tests import it (installed, or the source tree via PYTHONPATH).
+    import jax_mxfp4
+
+    pkg_parent = os.path.dirname(os.path.dirname(jax_mxfp4.__file__))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH", ""), pkg_parent) if p)
     out = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, timeout=120,
                          cwd="/")
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def build(tmp_path, arch="gfx950:sramecc+:xnack-", version=100300, omit_matmul=False):
+def build(tmp_path, arch="gfx950:sramecc+:xnack-", version=100300, omit_matmul=False, hip_dir=None, blas_dir=None):
     cxx = shutil.which("c++") or shutil.which("g++")
     if cxx is None:
         pytest.skip("no C++ compiler to build the stand-in libraries")
+    hip_dir, blas_dir = hip_dir or tmp_path, blas_dir or tmp_path
+    for d in (hip_dir, blas_dir):
+        d.mkdir(parents=True, exist_ok=True)
     (tmp_path / "hip.cc").write_text(HIP_SRC)
     (tmp_path / "blas.cc").write_text(BLAS_SRC)
     common = [cxx, "-shared", "-fPIC", "-O0"]
-    subprocess.run(common + [f'-DARCH="{arch}"', "-o", str(tmp_path / "libamdhip64.so.7"), str(tmp_path / "hip.cc")], check=True)
+    subprocess.run(common + [f'-DARCH="{arch}"', "-o", str(hip_dir / "libamdhip64.so.7"), str(tmp_path / "hip.cc")], check=True)
     extra = ["-DOMIT_MATMUL"] if omit_matmul else []
-    subprocess.run(common + extra + [f"-DVERSION={version}", "-o", str(tmp_path / "libhipblaslt.so.1"), str(tmp_path / "blas.cc")], check=True)
+    subprocess.run(common + extra + [f"-DVERSION={version}", "-o", str(blas_dir / "libhipblaslt.so.1"), str(tmp_path / "blas.cc")], check=True)
     return tmp_path
+
+
+def therock_site(tmp_path, family="gfx950"):
+    """A site-packages with TheRock's layout: two packages, their dist-info, the libraries in lib/."""
+    site = tmp_path / "site-packages"
+    packages = {"rocm_sdk_core": "_rocm_sdk_core", f"rocm_sdk_libraries_{family}": f"_rocm_sdk_libraries_{family}"}
+    for dist, top in packages.items():
+        (site / top).mkdir(parents=True)
+        (site / top / "__init__.py").write_text("")
+        info = site / f"{dist}-7.10.0.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {dist.replace('_', '-')}\nVersion: 7.10.0\n")
+        (info / "top_level.txt").write_text(top + "\n")
+        (info / "RECORD").write_text(f"{top}/__init__.py,,\n")
+    core, libs = site / "_rocm_sdk_core" / "lib", site / f"_rocm_sdk_libraries_{family}" / "lib"
+    build(tmp_path, hip_dir=core, blas_dir=libs)
+    return site, core, libs
 
 
 def test_missing_libraries_are_reported_with_the_search_order(tmp_path):
@@ -138,3 +167,33 @@ def test_missing_symbol_is_named(tmp_path):
     st = probe({"JAX_MXFP4_ROCM_LIB_DIR": str(d)})
     assert st["loaded"] is False
     assert "lack the symbols: hipblasLtMatmul" in st["error"]
+
+
+def test_therock_wheels_are_found_after_the_env_dir_and_before_system_paths(tmp_path):
+    site, core, libs = therock_site(tmp_path)
+    st = probe({"PYTHONPATH": str(site), "ROCM_PATH": str(tmp_path / "rocm")})
+    assert st["wheel_dirs"] == [str(core), str(libs)]
+    assert st["loaded"] is True, st["error"]
+    assert st["hip_path"] == f"{core}/libamdhip64.so.7" and st["hipblaslt_path"] == f"{libs}/libhipblaslt.so.1"
+    hip_searched = st["searched"].split(" | ")[0].split("; ")
+    # already loaded?, then the wheels (core first), and no system path was needed.
+    assert hip_searched == ["libamdhip64.so.7 (already loaded?)", f"{core}/libamdhip64.so.7"]
+    blas_searched = st["searched"].split(" | ")[1].split("; ")
+    assert blas_searched[:4] == ["libhipblaslt.so.1 (already loaded?)", f"{core}/libhipblaslt.so.1",
+                                 f"{core}/libhipblaslt.so", f"{libs}/libhipblaslt.so.1"]
+    assert st["find"] == [True, ""]
+    # The stand-in hipBLASLt links no librocroller: the route is reported, and assumed TensileLite.
+    assert st["rocroller_path"] == "" and "TensileLite" in st["devices"][0]["route"]
+
+
+def test_env_dir_still_wins_over_therock_wheels(tmp_path):
+    site, core, libs = therock_site(tmp_path)
+    other = build(tmp_path / "env")
+    st = probe({"PYTHONPATH": str(site), "JAX_MXFP4_ROCM_LIB_DIR": str(other)})
+    assert st["loaded"] is True and st["hip_path"] == f"{other}/libamdhip64.so.7"
+    assert str(core) not in st["searched"]
+
+
+def test_no_wheels_no_wheel_dirs(tmp_path):
+    st = probe({"ROCM_PATH": str(tmp_path / "rocm")})
+    assert st["wheel_dirs"] == [] and "_rocm_sdk" not in st["searched"]

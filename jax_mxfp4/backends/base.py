@@ -50,9 +50,23 @@ class Backend:
     """True for FFI custom calls and Pallas kernels, which XLA's SPMD partitioner cannot see into:
     jax_mxfp4.partitioning then supplies their sharding rule."""
 
+    lowers_on: tuple[str, ...] | None = None
+    """Platforms ("cpu", "cuda", "rocm", ...) whose compiled programs this backend's GEMM can be
+    lowered into; None: every platform."""
+
     def unavailable_reason(self) -> str | None:
         """None if this backend can run in this process, else why not (for explain())."""
         return None
+
+    def foreign_reason(self, platform: str) -> str | None:
+        """None if this backend's GEMM can be traced here and lowered for ``platform``, a platform
+        other than this process's own (``jax.export(..., platforms=[...])``, multi-platform
+        lowering), else why not. Device and library checks cannot apply there; shape rules
+        (:meth:`rejects`) still do. Default: ``lowers_on``, then :meth:`unavailable_reason`
+        (right for backends whose availability does not depend on the local devices)."""
+        if self.lowers_on is not None and platform not in self.lowers_on:
+            return f"lowers only for {', '.join(self.lowers_on)}, not {platform}"
+        return self.unavailable_reason()
 
     def rejects(self, problem: GemmProblem) -> str | None:
         """None if this backend handles ``problem``, else why not."""

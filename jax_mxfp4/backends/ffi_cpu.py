@@ -14,6 +14,7 @@ import jax
 from .. import layout
 from ..ffi import registration
 from ..ffi.primitive import mxfp4_gemm
+from ..platform import current_platform
 from .base import Backend
 
 
@@ -27,29 +28,23 @@ def packed_operands(lhs, rhs, problem):
     return lhs.data, ls, rhs.data, rs
 
 
-def current_platform() -> str:
-    """JAX's default platform ("cpu", "rocm", "cuda", ...), as dispatch sees it."""
-    from .. import dispatch
-
-    return dispatch.current_platform()
-
-
 class FfiCpuBackend(Backend):
     """CPU reference handler through XLA FFI; MXFP4 x MXFP4 only, plain or swizzled scales,
     float32/bfloat16/float16 out. Unavailable off the CPU platform (explicit use only)."""
 
     name = "ffi-cpu"
     auto_platforms = ()
+    lowers_on = ("cpu",)
     opaque = True  # an FFI custom call: jax_mxfp4.partitioning gives it a sharding rule
+
+    def foreign_reason(self, platform):
+        if platform not in self.lowers_on:
+            return f"lowers only for cpu, not {platform}"
+        return registration.NATIVE_IMPORT_ERROR
 
     def unavailable_reason(self):
         if registration.NATIVE_IMPORT_ERROR:
             return registration.NATIVE_IMPORT_ERROR
-        from ..ffi import current_target_platforms
-
-        targets = current_target_platforms()
-        if targets:
-            return None if "cpu" in targets else f"not a target platform ({targets})"
         platform = current_platform()
         if platform != "cpu":
             return f"runs only on the CPU platform (JAX's default backend is {platform!r})"

@@ -2,30 +2,45 @@
 ``jax_mxfp4_gemm_hipblaslt`` (platform "ROCM").
 
 Routing rules (checked here so "auto" can route elsewhere before the call; the handler checks
-them again and returns an error): operands both MXFP4; M % 16, N % 16, K % 128 (hipBLASLt
-api-reference, VEC32_UE8M0); a gfx950 device; hipBLASLt >= 1.0 (ROCm 7.0) for plain scales and
->= 1.3 for swizzled ones; and the hipBLASLt heuristic must return an algorithm for the shape and
-output dtype (float16 output often has none). The ROCm libraries are loaded with dlopen on first
-use, never at import time.
+them again and returns an error). Every rule lives once, in C++ (xla_ffi/src/hipblaslt_gemm.cc);
+this module asks it through ``_native``:
+
+- operands both MXFP4 (no w4a16);
+- the envelope (``JAX_MXFP4_HIPBLASLT_ENVELOPE``). Default "validated", the envelope ROCm
+  TransformerEngine runs its MXFP4 hipBLASLt GEMM in on gfx950: hipBLASLt >= 1.3,
+  K % 256 == 0, M % 32 == N % 32 == 0, bfloat16 or float32 out, beta = 0. "documented"
+  (opt-in, UNVERIFIED on hardware): hipBLASLt's api-reference rules M % 16, N % 16, K % 128,
+  float16 out too, hipBLASLt >= 1.0 for plain scales (>= 1.3 swizzled), plus the route gates:
+  swizzled scales on hipBLASLt < 1.5 only unpadded (M % 32, N % 32, K % 256), and plain scales on
+  hipBLASLt's TensileLite route (``HIPBLASLT_USE_ROCROLLER`` set to anything not starting with
+  "1", or no rocRoller library) likewise, since that route reads scales padded;
+- a gfx950 device, ROCm >= 7.0;
+- the hipBLASLt heuristic returns an algorithm for the shape and output dtype.
+
+The ROCm libraries are loaded with dlopen on first use, never at import time.
 """
 
 from __future__ import annotations
 
+import numpy as np
+
 from ..ffi import registration
 from ..ffi.primitive import mxfp4_gemm
 from .base import Backend
-from .ffi_cpu import current_platform, packed_operands
+from ..platform import current_platform
+from .ffi_cpu import packed_operands
 
-MIN_VERSION = 100000  # hipBLASLt 1.0.0 (ROCm 7.0): FP4 + VEC32_UE8M0
-MIN_VERSION_SWIZZLED = 100300  # hipBLASLt 1.3.0: BLK32_UE8M0_32_8_EXT usable
+MIN_VERSION = 100000  # hipBLASLt 1.0.0 (ROCm 7.0): FP4 + VEC32_UE8M0 (below it: no FP4 at all)
 REQUIRED_ARCH = "gfx950"
+ENVELOPE_ENV = "JAX_MXFP4_HIPBLASLT_ENVELOPE"
 
 
-def shape_reason(m: int, n: int, k: int) -> str | None:
-    """Why hipBLASLt's MX path cannot take an M x N x K GEMM, or None."""
-    if m % 16 or n % 16 or k % 128 or k <= 0:
-        return f"hipBLASLt MXFP4 needs M % 16 == 0, N % 16 == 0, K % 128 == 0; got M={m}, N={n}, K={k}"
-    return None
+def shape_reason(m: int, n: int, k: int, out_dtype="bfloat16") -> str | None:
+    """Why the hipBLASLt envelope in force (``$JAX_MXFP4_HIPBLASLT_ENVELOPE``) excludes an
+    M x N x K GEMM writing ``out_dtype``, or None. The rule is the handler's own
+    (``CheckHipblasltShape`` in C++); needs the compiled extension."""
+    ok, why = registration.native().hipblaslt_check_shape(m, n, k, np.dtype(out_dtype).name)
+    return None if ok else why
 
 
 def _version(v: int) -> str:
@@ -34,16 +49,19 @@ def _version(v: int) -> str:
 
 class HipblasltBackend(Backend):
     """hipBLASLt MXFP4 GEMM on gfx950 (rules in the module docstring); "auto" prefers it on
-    ROCm. Under :func:`jax_mxfp4.ffi.target_platforms` ("rocm") only the shape rules apply."""
+    ROCm. Judged for a platform other than this process's own (``jax.export(...,
+    platforms=["rocm"])`` on a machine without the GPU), only the envelope's shape rules apply:
+    the handler checks device, library, version and route on the target and returns an error."""
 
     name = "hipblaslt"
     auto_platforms = ("rocm",)
+    lowers_on = ("rocm",)
     opaque = True  # an FFI custom call: jax_mxfp4.partitioning gives it a sharding rule
 
-    def _exporting(self) -> bool:
-        from ..ffi import current_target_platforms
-
-        return "rocm" in current_target_platforms()
+    def foreign_reason(self, platform):
+        if platform not in self.lowers_on:
+            return f"lowers only for rocm, not {platform}"
+        return registration.NATIVE_IMPORT_ERROR
 
     def _device(self):
         """(ordinal, info) of the device the handler will see first, or (None, reason)."""
@@ -61,8 +79,6 @@ class HipblasltBackend(Backend):
     def unavailable_reason(self):
         if registration.NATIVE_IMPORT_ERROR:
             return registration.NATIVE_IMPORT_ERROR
-        if self._exporting():
-            return None
         platform = current_platform()
         if platform != "rocm":
             return f"needs an AMD gfx950 GPU with ROCm >= 7.0 (JAX's default backend is {platform!r})"
@@ -78,17 +94,13 @@ class HipblasltBackend(Backend):
     def rejects(self, problem):
         if problem.has_float_operand:
             return "takes two MXFP4 operands only (no w4a16 float operand)"
-        why = shape_reason(problem.m, problem.n, problem.k)
-        if why or self._exporting():
+        why = shape_reason(problem.m, problem.n, problem.k, problem.out_dtype)
+        if why or problem.platform != current_platform():  # judged for another platform: shapes only
             return why
         ordinal, info = self._device()
         if ordinal is None:
             return info
-        if problem.scale_layout == "swizzled" and info["hipblaslt_version"] < MIN_VERSION_SWIZZLED:
-            return (
-                f"swizzled scales need hipBLASLt >= 1.3 (BLK32_UE8M0_32_8_EXT); found "
-                f"{_version(info['hipblaslt_version'])}"
-            )
+        # Version, route and heuristic: the handler's own gates, then hipBLASLt's answer.
         ok, why = registration.native().hipblaslt_find_algorithm(
             ordinal, problem.m, problem.n, problem.k, problem.out_dtype.name, problem.scale_layout
         )

@@ -8,8 +8,8 @@
 
 Lowering: platform "cpu" emits a custom_call to ``jax_mxfp4_gemm_cpu`` (only for
 ``backend="ffi-cpu"``), platform "rocm" to ``jax_mxfp4_gemm_hipblaslt`` (only for
-``backend="hipblaslt"``); any other pairing raises at lowering time, so an explicit backend never
-silently becomes another one. The ``scale_layout`` attribute ("plain" | "swizzled") is the only
+``backend="hipblaslt"``); any other pairing raises ``BackendUnavailableError`` at lowering time,
+so an explicit backend never silently becomes another one. The ``scale_layout`` attribute ("plain" | "swizzled") is the only
 FFI attribute.
 
 No JVP/transpose: differentiation is handled above the backends (custom VJP of dot_general).
@@ -24,6 +24,7 @@ from jax._src import dispatch as jax_dispatch
 from jax.extend.core import Primitive
 from jax.interpreters import batching, mlir
 
+from ..errors import BackendUnavailableError
 from ..layout import SCALE_LAYOUTS, swizzled_shape
 from ..mx_format import BLOCK_SIZE
 from .registration import CPU_TARGET, HIPBLASLT_TARGET
@@ -52,7 +53,7 @@ def mxfp4_gemm(lhs_data, lhs_scales, rhs_data, rhs_scales, *, out_dtype, scale_l
 
     Raises:
       TypeError / ValueError: dtypes or shapes break the contract (checked at trace time).
-      NotImplementedError: lowering for a platform that ``backend`` has no handler on.
+      BackendUnavailableError: lowering for a platform that ``backend`` has no handler on.
     """
     return mxfp4_gemm_p.bind(
         lhs_data, lhs_scales, rhs_data, rhs_scales,
@@ -125,9 +126,10 @@ def _batch(args, dims, *, out_dtype, scale_layout, backend):
 def _lowering(ctx, *args, out_dtype, scale_layout, backend, platform):
     want_backend, target = LOWERING_TARGETS[platform]
     if backend != want_backend:
-        raise NotImplementedError(
+        raise BackendUnavailableError(
             f"jax_mxfp4 backend {backend!r} has no handler for platform {platform!r} (only "
-            f"{want_backend!r} lowers there); choose the backend for the platform you compile for"
+            f"{want_backend!r} lowers there); choose the backend for the platform you compile for, "
+            f"or backend='auto', which stages each platform's own"
         )
     del out_dtype
     return jax.ffi.ffi_lowering(target)(ctx, *args, scale_layout=scale_layout)

@@ -30,6 +30,8 @@ struct Pref {
 };
 struct Handle {
   int device;
+  hipStream_t stream = nullptr;  // the stream of its first matmul
+  bool used = false;
 };
 
 struct State {
@@ -121,6 +123,14 @@ hipError_t FakeDeviceGetAttribute(int* v, hipDeviceAttribute_t attr, int d) {
 hipError_t FakeRuntimeGetVersion(int* v) {
   if (auto s = Enter("hipRuntimeGetVersion", {})) return s;
   *v = g->cfg.hip_runtime_version;
+  return hipSuccess;
+}
+hipError_t FakeMemsetAsync(void* dst, int value, size_t bytes, hipStream_t stream) {
+  if (auto s = Enter("hipMemsetAsync", {{"dst", P(dst)}, {"value", int64_t{value}}, {"bytes", static_cast<int64_t>(bytes)},
+                                        {"stream", P(stream)}}))
+    return s;
+  if (bytes > 0 && !Valid(dst, bytes)) return 1;  // hipErrorInvalidValue
+  std::memset(dst, value, bytes);
   return hipSuccess;
 }
 const char* FakeGetErrorString(hipError_t e) {
@@ -271,6 +281,11 @@ hipblasStatus_t FakeMatmul(hipblasLtHandle_t h, hipblasLtMatmulDesc_t d, const v
   auto hi = g->handles.find(h);
   if (hi == g->handles.end()) return reject("unknown handle", HIPBLAS_STATUS_NOT_INITIALIZED);
   if (hi->second->device != g->cfg.current_device) return reject("handle used on another device", HIPBLAS_STATUS_INVALID_VALUE);
+  // hipblaslt.h: a handle must not serve two streams while work may be in flight. The double
+  // cannot see "in flight", so it holds every handle to the stream of its first matmul.
+  if (hi->second->used && hi->second->stream != stream) return reject("handle shared by two streams", HIPBLAS_STATUS_INVALID_VALUE);
+  hi->second->used = true;
+  hi->second->stream = stream;
   if (!g->descs.count(d) || !g->layouts.count(a_desc) || !g->layouts.count(b_desc) || !g->layouts.count(c_desc) ||
       !g->layouts.count(d_desc))
     return reject("unknown descriptor", HIPBLAS_STATUS_INVALID_VALUE);
@@ -293,6 +308,7 @@ hipblasStatus_t FakeMatmul(hipblasLtHandle_t h, hipblasLtMatmulDesc_t d, const v
                            mode_a != HIPBLASLT_MATMUL_MATRIX_SCALE_BLK32_UE8M0_32_8_EXT))
     return reject("scale modes", HIPBLAS_STATUS_NOT_SUPPORTED);
   if (!(al == 1.0f && be == 0.0f)) return reject("the double implements alpha = 1, beta = 0 only", HIPBLAS_STATUS_NOT_SUPPORTED);
+  if (C == nullptr) return reject("C is null", HIPBLAS_STATUS_INVALID_VALUE);
   // op(A) = A^T is (m x K): A is stored (K x m) col-major; op(B) = B is (K x n); D is (m x n).
   const int64_t k = static_cast<int64_t>(la.rows), m = static_cast<int64_t>(la.cols), n = static_cast<int64_t>(lb.cols);
   if (static_cast<int64_t>(lb.rows) != k || static_cast<int64_t>(ld.rows) != m || static_cast<int64_t>(ld.cols) != n)
@@ -322,11 +338,43 @@ hipblasStatus_t FakeMatmul(hipblasLtHandle_t h, hipblasLtMatmulDesc_t d, const v
   if (!Valid(sa, p.rhs_scale_rows * p.scale_cols)) return reject("A scales outside device memory", HIPBLAS_STATUS_INVALID_VALUE);
   if (!Valid(sb, p.lhs_scale_rows * p.scale_cols)) return reject("B scales outside device memory", HIPBLAS_STATUS_INVALID_VALUE);
   if (!Valid(D, (ld.ld * (n - 1) + m) * elem)) return reject("D outside device memory", HIPBLAS_STATUS_INVALID_VALUE);
+  if (!Valid(C, (lc.ld * (n - 1) + m) * elem)) return reject("C outside device memory", HIPBLAS_STATUS_INVALID_VALUE);
+  // Like rocRoller's kernels, form beta * C even for beta = 0: a NaN/Inf in C makes D NaN there.
+  std::vector<bool> c_poison(static_cast<size_t>(m * n), false);
+  int64_t poisoned = 0;
+  for (int64_t j = 0; j < n; ++j) {
+    for (int64_t i = 0; i < m; ++i) {
+      const uint8_t* e = static_cast<const uint8_t*>(C) + (j * lc.ld + i) * elem;
+      bool bad = false;
+      if (out == ElemType::kF32) {
+        uint32_t v;
+        std::memcpy(&v, e, 4);
+        bad = (v & 0x7F800000u) == 0x7F800000u;
+      } else {
+        uint16_t v;
+        std::memcpy(&v, e, 2);
+        bad = out == ElemType::kBF16 ? (v & 0x7F80u) == 0x7F80u : (v & 0x7C00u) == 0x7C00u;
+      }
+      c_poison[static_cast<size_t>(j * m + i)] = bad;
+      poisoned += bad;
+    }
+  }
+  Note("c_nonfinite", poisoned);
   // Gather the strided columns into dense rows, compute, scatter into D with its ld.
   std::vector<uint8_t> a_dense(m * k / 2), b_dense(n * k / 2), d_dense(m * n * elem);
   for (int64_t i = 0; i < m; ++i) std::memcpy(&a_dense[i * k / 2], static_cast<const uint8_t*>(A) + i * la.ld / 2, k / 2);
   for (int64_t j = 0; j < n; ++j) std::memcpy(&b_dense[j * k / 2], static_cast<const uint8_t*>(B) + j * lb.ld / 2, k / 2);
   ReferenceGemm(p, b_dense.data(), static_cast<const uint8_t*>(sb), a_dense.data(), static_cast<const uint8_t*>(sa), d_dense.data());
+  for (int64_t j = 0; j < n; ++j) {
+    for (int64_t i = 0; i < m; ++i) {
+      uint8_t* e = &d_dense[(j * m + i) * elem];
+      if (!c_poison[static_cast<size_t>(j * m + i)]) continue;
+      const uint32_t nan32 = 0x7FC00000u;
+      const uint16_t nan16 = out == ElemType::kBF16 ? 0x7FC0u : 0x7E00u;
+      if (out == ElemType::kF32) std::memcpy(e, &nan32, 4);
+      else std::memcpy(e, &nan16, 2);
+    }
+  }
   for (int64_t j = 0; j < n; ++j) std::memcpy(static_cast<uint8_t*>(D) + j * ld.ld * elem, &d_dense[j * m * elem], m * elem);
   return HIPBLAS_STATUS_SUCCESS;
 }
@@ -344,6 +392,7 @@ const HipblasltApi* Reset(const Config& config) {
   api.hipGetDevicePropertiesR0600 = FakeGetDeviceProps;
   api.hipDeviceGetAttribute = FakeDeviceGetAttribute;
   api.hipRuntimeGetVersion = FakeRuntimeGetVersion;
+  api.hipMemsetAsync = FakeMemsetAsync;
   api.hipGetErrorString = FakeGetErrorString;
   api.hipblasLtCreate = FakeCreate;
   api.hipblasLtDestroy = FakeDestroy;

@@ -1,5 +1,6 @@
 // Recording test double of the hipBLASLt + HIP functions in HipblasltApi (CI runs the real call
-// path against it on the CPU). "Device memory" is host memory registered with the double; every
+// path against it on the CPU). Built only into the test-only module _hipblaslt_double, never
+// into the shipped jax_mxfp4._native. "Device memory" is host memory registered with the double; every
 // pointer hipblasLtMatmul receives is checked to lie inside a registered region of the size the
 // descriptors imply, and the product is computed from the descriptors and attributes as
 // hipBLASLt defines them (column-major, opA/opB, ld in elements, scale mode) with the CPU
@@ -28,6 +29,7 @@ struct Config {
   std::string fail_fn;               // inject a failure into this function ...
   int fail_nth = 1;                  // ... on its nth call ...
   int fail_status = 0;               // ... returning this status (hipblasStatus_t / hipError_t)
+  bool rocroller_library = true;     // what the loader would report (LoadResult::rocroller_path)
 };
 
 using Value = std::variant<int64_t, double, std::string>;

@@ -2,6 +2,7 @@
 // every HIP / hipBLASLt status becomes a Status naming the call and the status.
 #include "jax_mxfp4/hipblaslt_gemm.h"
 
+#include <cstdlib>
 #include <cstring>
 #include <sstream>
 
@@ -55,11 +56,39 @@ alignas(256) const uint8_t kDummyScales[256] = {};
 
 }  // namespace
 
-Status CheckHipblasltShape(int64_t m, int64_t n, int64_t k, ElemType out) {
+Status ReadEnvelope(Envelope* envelope) {
+  const char* v = std::getenv(kEnvelopeEnv);
+  const std::string value = v ? v : "";
+  if (value.empty() || value == "validated") {
+    *envelope = Envelope::kValidated;
+  } else if (value == "documented") {
+    *envelope = Envelope::kDocumented;
+  } else {
+    return Status::Invalid(std::string(kEnvelopeEnv) + " must be \"validated\" (default) or \"documented\", got \"" +
+                           value + "\"");
+  }
+  return Status::Ok();
+}
+
+Status CheckHipblasltShape(int64_t m, int64_t n, int64_t k, ElemType out, Envelope envelope) {
+  std::ostringstream s;
+  if (envelope == Envelope::kValidated) {
+    if (m % 32 != 0 || n % 32 != 0 || k % 256 != 0 || k <= 0) {
+      s << "hipBLASLt MXFP4 (validated envelope: the gfx950-tested gate of ROCm TransformerEngine) "
+           "needs M % 32 == 0, N % 32 == 0 and K % 256 == 0 with K > 0; got M="
+        << m << " N=" << n << " K=" << k << " (" << kEnvelopeEnv
+        << "=documented opts into the wider, unverified M % 16, N % 16, K % 128)";
+      return Status::Invalid(s.str());
+    }
+    if (out != ElemType::kF32 && out != ElemType::kBF16) {
+      return Status::Invalid(std::string("hipBLASLt MXFP4 (validated envelope) writes float32 or bfloat16, not ") +
+                             ElemTypeName(out) + " (" + kEnvelopeEnv + "=documented opts into unverified float16)");
+    }
+    return Status::Ok();
+  }
   if (m % 16 != 0 || n % 16 != 0 || k % 128 != 0 || k <= 0) {
-    std::ostringstream s;
     s << "hipBLASLt MXFP4 needs M % 16 == 0, N % 16 == 0 and K % 128 == 0 with K > 0 "
-         "(hipBLASLt api-reference, VEC32_UE8M0); got M="
+         "(hipBLASLt api-reference, VEC32_UE8M0; documented envelope); got M="
       << m << " N=" << n << " K=" << k;
     return Status::Invalid(s.str());
   }
@@ -70,20 +99,57 @@ Status CheckHipblasltShape(int64_t m, int64_t n, int64_t k, ElemType out) {
   return Status::Ok();
 }
 
+Route HipblasltRoute(bool rocroller_library) {
+  Route r;
+  const char* v = std::getenv(kRocrollerEnv);
+  if (v != nullptr && std::strncmp(v, "1", 1) != 0) {  // the library's own test
+    r.tensilelite = true;
+    r.why = std::string("TensileLite (") + kRocrollerEnv + "=\"" + v + "\" turns rocRoller off)";
+  } else if (!rocroller_library) {
+    r.tensilelite = true;
+    r.why = "TensileLite (assumed: no librocroller loaded with hipBLASLt)";
+  } else {
+    r.why = std::string("rocRoller (") + (v ? std::string(kRocrollerEnv) + "=\"" + v + "\"" : kRocrollerEnv + std::string(" unset")) +
+            ", librocroller loaded)";
+  }
+  return r;
+}
+
+Status CheckHipblasltRoute(int64_t m, int64_t n, int64_t k, ScaleLayout layout, int hipblaslt_version,
+                           const Route& route) {
+  const bool unpadded = m % 32 == 0 && n % 32 == 0 && k % 256 == 0;
+  if (unpadded) return Status::Ok();
+  std::ostringstream s;
+  s << "M=" << m << " N=" << n << " K=" << k;
+  if (layout == ScaleLayout::kSwizzled && hipblaslt_version < kHipblasltVersionPaddedSwizzle) {
+    return Status::Unimplemented(
+        "swizzled scales (BLK32_UE8M0_32_8_EXT) on hipBLASLt " + VersionString(hipblaslt_version) +
+        " < 1.5.0 need M % 32 == 0, N % 32 == 0 and K % 256 == 0 (padded buffers are only fixed in 1.5.0); got " +
+        s.str());
+  }
+  if (layout == ScaleLayout::kPlain && route.tensilelite) {
+    return Status::Unimplemented(
+        "plain scales on hipBLASLt's " + route.why +
+        " are read with rows padded to 32 and K/32 padded to 8, so dense scales need M % 32 == 0, N % 32 == 0 "
+        "and K % 256 == 0; got " + s.str());
+  }
+  return Status::Ok();
+}
+
 // One GEMM's resources: a borrowed handle, the four layouts, the matmul descriptor and the
 // preference. The destructor releases everything; the first release failure is stored in
 // *cleanup (reported when the call itself succeeded).
 class HipblasltRuntime::Call {
  public:
-  Call(HipblasltRuntime* rt, int device, Status* cleanup)
-      : rt_(rt), api_(rt->api_), device_(device), cleanup_(cleanup) {}
+  Call(HipblasltRuntime* rt, int device, abi::hipStream_t stream, Status* cleanup)
+      : rt_(rt), api_(rt->api_), device_(device), stream_(stream), cleanup_(cleanup) {}
   ~Call() {
     if (pref_) Release("hipblasLtMatmulPreferenceDestroy", api_->hipblasLtMatmulPreferenceDestroy(pref_));
     if (desc_) Release("hipblasLtMatmulDescDestroy", api_->hipblasLtMatmulDescDestroy(desc_));
     for (hipblasLtMatrixLayout_t l : {a_, b_, c_, d_}) {
       if (l) Release("hipblasLtMatrixLayoutDestroy", api_->hipblasLtMatrixLayoutDestroy(l));
     }
-    if (handle_) rt_->ReturnHandle(device_, handle_);
+    if (handle_) rt_->ReturnHandle({device_, stream_}, handle_);
     if (switched_) {
       hipError_t e = api_->hipSetDevice(previous_device_);
       if (e != hipSuccess && cleanup_->ok()) *cleanup_ = HipError(api_, "hipSetDevice (restore)", e);
@@ -102,7 +168,7 @@ class HipblasltRuntime::Call {
   }
 
   Status Prepare(int64_t m, int64_t n, int64_t k, ElemType out, ScaleLayout layout) {
-    Status st = rt_->BorrowHandle(device_, &handle_);
+    Status st = rt_->BorrowHandle({device_, stream_}, &handle_);
     if (!st.ok()) return st;
     const std::string ctx = Shape(m, n, k, out, layout);
     hipblasStatus_t s;
@@ -164,11 +230,11 @@ class HipblasltRuntime::Call {
                                  "; route this GEMM to another backend");
   }
 
-  Status Matmul(const CachedAlgo& algo, const void* w, const void* x, void* y, void* workspace,
-                abi::hipStream_t stream) {
+  Status Matmul(const CachedAlgo& algo, const void* w, const void* x, void* y, void* workspace) {
     const float alpha = 1.0f, beta = 0.0f;
+    // C = D = y, zeroed on this stream before the first matmul (see Gemm).
     hipblasStatus_t s = api_->hipblasLtMatmul(handle_, desc_, &alpha, w, a_, x, b_, &beta, y, c_,
-                                              y, d_, &algo.algo, workspace, algo.workspace_size, stream);
+                                              y, d_, &algo.algo, workspace, algo.workspace_size, stream_);
     if (s) return BlasError("hipblasLtMatmul", s);
     return Status::Ok();
   }
@@ -181,6 +247,7 @@ class HipblasltRuntime::Call {
   HipblasltRuntime* rt_;
   const HipblasltApi* api_;
   int device_;
+  abi::hipStream_t stream_;
   Status* cleanup_;
   int previous_device_ = 0;
   bool switched_ = false;
@@ -196,10 +263,10 @@ HipblasltRuntime::~HipblasltRuntime() {
   }
 }
 
-Status HipblasltRuntime::BorrowHandle(int device, hipblasLtHandle_t* handle) {
+Status HipblasltRuntime::BorrowHandle(const PoolKey& key, hipblasLtHandle_t* handle) {
   {
     std::lock_guard<std::mutex> lock(mu_);
-    auto& free_list = pool_[device];
+    auto& free_list = pool_[key];
     if (!free_list.empty()) {
       *handle = free_list.back();
       free_list.pop_back();
@@ -210,14 +277,14 @@ Status HipblasltRuntime::BorrowHandle(int device, hipblasLtHandle_t* handle) {
   hipblasStatus_t s = api_->hipblasLtCreate(handle);
   if (s != HIPBLAS_STATUS_SUCCESS) {
     *handle = nullptr;
-    return BlasError("hipblasLtCreate", s, "device " + std::to_string(device));
+    return BlasError("hipblasLtCreate", s, "device " + std::to_string(key.first));
   }
   return Status::Ok();
 }
 
-void HipblasltRuntime::ReturnHandle(int device, hipblasLtHandle_t handle) {
+void HipblasltRuntime::ReturnHandle(const PoolKey& key, hipblasLtHandle_t handle) {
   std::lock_guard<std::mutex> lock(mu_);
-  pool_[device].push_back(handle);
+  pool_[key].push_back(handle);
 }
 
 Status HipblasltRuntime::DeviceCount(int* count) {
@@ -238,7 +305,7 @@ Status HipblasltRuntime::GetDeviceInfo(int device, DeviceInfo* info) {
   Status cleanup;
   DeviceInfo d;
   Status st = [&]() -> Status {
-    Call call(this, device, &cleanup);
+    Call call(this, device, nullptr, &cleanup);
     Status s = call.SelectDevice();
     if (!s.ok()) return s;
     hipError_t e = api_->hipRuntimeGetVersion(&d.hip_runtime_version);
@@ -256,10 +323,10 @@ Status HipblasltRuntime::GetDeviceInfo(int device, DeviceInfo* info) {
     if ((e = api_->hipDeviceGetAttribute(&d.minor, hipDeviceAttributeComputeCapabilityMinor, device)))
       return HipError(api_, "hipDeviceGetAttribute(ComputeCapabilityMinor)", e);
     hipblasLtHandle_t h = nullptr;
-    s = BorrowHandle(device, &h);
+    s = BorrowHandle({device, nullptr}, &h);
     if (!s.ok()) return s;
     hipblasStatus_t bs = api_->hipblasLtGetVersion(h, &d.hipblaslt_version);
-    ReturnHandle(device, h);
+    ReturnHandle({device, nullptr}, h);
     if (bs != HIPBLAS_STATUS_SUCCESS) return BlasError("hipblasLtGetVersion", bs);
     return Status::Ok();
   }();
@@ -281,7 +348,10 @@ Status HipblasltRuntime::GetDeviceInfo(int device, DeviceInfo* info) {
 
 Status HipblasltRuntime::Gates(int device, int64_t m, int64_t n, int64_t k, ElemType out,
                                ScaleLayout layout) {
-  Status st = CheckHipblasltShape(m, n, k, out);
+  Envelope envelope;
+  Status st = ReadEnvelope(&envelope);
+  if (!st.ok()) return st;
+  st = CheckHipblasltShape(m, n, k, out, envelope);
   if (!st.ok()) return st;
   DeviceInfo d;
   st = GetDeviceInfo(device, &d);
@@ -298,11 +368,16 @@ Status HipblasltRuntime::Gates(int device, int64_t m, int64_t n, int64_t k, Elem
     return Status::Precondition("hipBLASLt " + VersionString(d.hipblaslt_version) +
                                 " has no FP4/VEC32_UE8M0 support; need >= 1.0.0 (ROCm 7.0)");
   }
+  if (envelope == Envelope::kValidated && d.hipblaslt_version < kMinHipblasltVersionValidated) {
+    return Status::Unimplemented("hipBLASLt " + VersionString(d.hipblaslt_version) +
+                                 " is below the validated envelope's 1.3.0 (" + kEnvelopeEnv +
+                                 "=documented opts into unverified >= 1.0.0 with plain scales)");
+  }
   if (layout == ScaleLayout::kSwizzled && d.hipblaslt_version < kMinHipblasltVersionSwizzled) {
     return Status::Unimplemented("swizzled scales (BLK32_UE8M0_32_8_EXT) need hipBLASLt >= 1.3.0, found " +
                                  VersionString(d.hipblaslt_version) + "; use scale_layout=\"plain\"");
   }
-  return Status::Ok();
+  return CheckHipblasltRoute(m, n, k, layout, d.hipblaslt_version, CurrentRoute());
 }
 
 Status HipblasltRuntime::FindAlgorithm(int device, int64_t m, int64_t n, int64_t k, ElemType out,
@@ -317,7 +392,7 @@ Status HipblasltRuntime::FindAlgorithm(int device, int64_t m, int64_t n, int64_t
   Status cleanup;
   CachedAlgo found{};
   st = [&]() -> Status {
-    Call call(this, device, &cleanup);
+    Call call(this, device, nullptr, &cleanup);  // the heuristic enqueues no work
     Status s = call.SelectDevice();
     if (s.ok()) s = call.Prepare(m, n, k, out, layout);
     if (s.ok()) s = call.Heuristic(Shape(m, n, k, out, layout), &found);
@@ -338,7 +413,7 @@ Status HipblasltRuntime::Gemm(const GemmProblem& p, const GemmBuffers& b, abi::h
   const Key key{device, p.m, p.n, p.k, static_cast<int>(p.out_type), static_cast<int>(p.layout)};
   Status cleanup;
   st = [&]() -> Status {
-    Call call(this, device, &cleanup);
+    Call call(this, device, stream, &cleanup);
     Status s = call.SelectDevice();
     if (!s.ok()) return s;
     s = call.Prepare(p.m, p.n, p.k, p.out_type, p.layout);
@@ -368,6 +443,14 @@ Status HipblasltRuntime::Gemm(const GemmProblem& p, const GemmBuffers& b, abi::h
                           "-byte hipBLASLt workspace from the XLA scratch allocator"};
       }
     }
+    // beta = 0 does not keep hipBLASLt from reading C: rocRoller's generated kernels always form
+    // beta * C, and C aliases the output, which XLA hands over uninitialised; NaN/Inf bit
+    // patterns there would give 0 * NaN = NaN. So the output is zeroed on the same stream first
+    // (one memset, ordered before the matmuls by the stream).
+    const size_t out_bytes = static_cast<size_t>(p.batch) * p.out_stride_bytes();
+    if (hipError_t e = api_->hipMemsetAsync(b.out, 0, out_bytes, stream)) {
+      return HipError(api_, "hipMemsetAsync (zero C = D before beta = 0)", e);
+    }
     for (int64_t i = 0; i < p.batch; ++i) {
       const uint8_t* ls = static_cast<const uint8_t*>(b.lhs_scales) + i * p.lhs_scale_stride();
       const uint8_t* rs = static_cast<const uint8_t*>(b.rhs_scales) + i * p.rhs_scale_stride();
@@ -375,7 +458,7 @@ Status HipblasltRuntime::Gemm(const GemmProblem& p, const GemmBuffers& b, abi::h
       if (!s.ok()) return s;
       s = call.Matmul(algo, static_cast<const uint8_t*>(b.rhs) + i * p.rhs_data_stride(),
                       static_cast<const uint8_t*>(b.lhs) + i * p.lhs_data_stride(),
-                      static_cast<uint8_t*>(b.out) + i * p.out_stride_bytes(), ws, stream);
+                      static_cast<uint8_t*>(b.out) + i * p.out_stride_bytes(), ws);
       if (!s.ok()) {
         s.message += " [" + Shape(p.m, p.n, p.k, p.out_type, p.layout) + ", batch element " +
                      std::to_string(i) + "]";
@@ -389,7 +472,8 @@ Status HipblasltRuntime::Gemm(const GemmProblem& p, const GemmBuffers& b, abi::h
 }
 
 HipblasltRuntime& ProcessHipblasltRuntime(const HipblasltApi* api) {
-  static HipblasltRuntime* rt = new HipblasltRuntime(api);  // intentionally leaked
+  // Intentionally leaked. rocRoller presence as seen by the loader (LoadResult::rocroller_path).
+  static HipblasltRuntime* rt = new HipblasltRuntime(api, !LoadHipblaslt().rocroller_path.empty());
   return *rt;
 }
 

@@ -1,7 +1,9 @@
 // dlopen loader for libamdhip64 + libhipblaslt (search order documented in hipblaslt_api.h).
 #include <dlfcn.h>
+#include <link.h>
 
 #include <cstdlib>
+#include <cstring>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -52,6 +54,10 @@ void* OpenFirst(const std::vector<std::pair<std::string, int>>& candidates, std:
   return nullptr;
 }
 
+std::mutex wheel_mu;
+std::vector<std::string> wheel_dirs;  // guarded by wheel_mu
+bool loaded = false;                  // guarded by wheel_mu: LoadHipblaslt() has started
+
 std::vector<std::pair<std::string, int>> Candidates(const char* versioned, const char* plain,
                                                     const std::string& extra_dir) {
   std::vector<std::pair<std::string, int>> c;
@@ -63,6 +69,15 @@ std::vector<std::pair<std::string, int>> Candidates(const char* versioned, const
     return c;
   }
   c.push_back({versioned, RTLD_NOLOAD});
+  std::vector<std::string> wheels;
+  {
+    std::lock_guard<std::mutex> lock(wheel_mu);
+    wheels = wheel_dirs;
+  }
+  for (const auto& d : wheels) {
+    c.push_back({d + "/" + versioned, 0});
+    c.push_back({d + "/" + plain, 0});
+  }
   if (!extra_dir.empty()) {
     c.push_back({extra_dir + "/" + versioned, 0});
     c.push_back({extra_dir + "/" + plain, 0});
@@ -79,6 +94,20 @@ std::vector<std::pair<std::string, int>> Candidates(const char* versioned, const
     c.push_back({d + "/" + plain, 0});
   }
   return c;
+}
+
+// The first loaded object whose file name starts with "librocroller" (hipBLASLt links rocRoller,
+// the generator of its default MX kernels, as a shared library where it is built with it).
+int FindRocroller(struct dl_phdr_info* info, size_t, void* out) {
+  const char* name = info->dlpi_name;
+  if (name == nullptr) return 0;
+  const char* base = std::strrchr(name, '/');
+  base = base ? base + 1 : name;
+  if (std::strncmp(base, "librocroller", 12) == 0) {
+    *static_cast<std::string*>(out) = name;
+    return 1;
+  }
+  return 0;
 }
 
 LoadResult DoLoad() {
@@ -115,6 +144,7 @@ LoadResult DoLoad() {
   JAX_MXFP4_HIPBLASLT_FUNCTIONS(JAX_MXFP4_LOAD_BLAS)
 #undef JAX_MXFP4_LOAD_BLAS
   r.hipblaslt_path = PathOf(reinterpret_cast<void*>(api.hipblasLtCreate));
+  dl_iterate_phdr(&FindRocroller, &r.rocroller_path);
   if (!missing.empty()) {
     std::string m;
     for (const auto& s : missing) m += (m.empty() ? "" : ", ") + s;
@@ -131,8 +161,21 @@ LoadResult DoLoad() {
 const LoadResult& LoadHipblaslt() {
   static std::once_flag once;
   static LoadResult result;
-  std::call_once(once, [] { result = DoLoad(); });
+  std::call_once(once, [] {
+    {
+      std::lock_guard<std::mutex> lock(wheel_mu);
+      loaded = true;
+    }
+    result = DoLoad();
+  });
   return result;
+}
+
+bool SetWheelLibraryDirs(const std::vector<std::string>& dirs) {
+  std::lock_guard<std::mutex> lock(wheel_mu);
+  if (loaded) return false;
+  wheel_dirs = dirs;
+  return true;
 }
 
 }  // namespace jax_mxfp4

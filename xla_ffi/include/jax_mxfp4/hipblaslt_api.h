@@ -16,6 +16,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace jax_mxfp4::abi {
 
@@ -137,6 +138,7 @@ static_assert(offsetof(DevicePropR0600View, major) == 360 && offsetof(DeviceProp
   X(hipError_t, hipGetDevicePropertiesR0600, (void* prop, int device))                         \
   X(hipError_t, hipDeviceGetAttribute, (int* value, hipDeviceAttribute_t attr, int device))    \
   X(hipError_t, hipRuntimeGetVersion, (int* version))                                          \
+  X(hipError_t, hipMemsetAsync, (void* dst, int value, size_t size_bytes, hipStream_t stream)) \
   X(const char*, hipGetErrorString, (hipError_t error))
 
 #define JAX_MXFP4_HIPBLASLT_FUNCTIONS(X)                                                        \
@@ -198,16 +200,25 @@ struct LoadResult {
   std::string hip_path;               // the files actually loaded (from dladdr)
   std::string hipblaslt_path;
   std::string searched;               // every candidate tried, in order
+  // A shared object named librocroller* loaded in the process once hipBLASLt is (hipBLASLt
+  // builds with rocRoller link it); empty if none was seen. Tells the internal MX route.
+  std::string rocroller_path;
 };
 
 // Loads libamdhip64 and libhipblaslt with dlopen. Search order, for each library:
 //   1. $JAX_MXFP4_ROCM_LIB_DIR only, if set (no other location is tried);
 //   2. a copy already loaded in the process (e.g. by the JAX ROCm plugin), versioned soname;
-//   3. for libhipblaslt: the directory libamdhip64 was loaded from;
-//   4. the dynamic linker's search (LD_LIBRARY_PATH, RUNPATH, ld.so.cache) by soname;
-//   5. $ROCM_PATH/lib, then /opt/rocm/lib.
+//   3. the pip-installed ROCm directories given to SetWheelLibraryDirs (TheRock wheels:
+//      _rocm_sdk_core/lib holds libamdhip64, _rocm_sdk_libraries*/lib holds libhipblaslt);
+//   4. for libhipblaslt: the directory libamdhip64 was loaded from;
+//   5. the dynamic linker's search (LD_LIBRARY_PATH, RUNPATH, ld.so.cache) by soname;
+//   6. $ROCM_PATH/lib, then /opt/rocm/lib.
 // In each location the versioned sonames (libamdhip64.so.7, libhipblaslt.so.1) are tried before
 // the unversioned names. Never fails the process: errors are returned in LoadResult::error.
 const LoadResult& LoadHipblaslt();
+
+// The directories of step 3 above (found by the Python side through importlib.metadata). Takes
+// effect only before the first LoadHipblaslt(); returns false (and changes nothing) after it.
+bool SetWheelLibraryDirs(const std::vector<std::string>& dirs);
 
 }  // namespace jax_mxfp4

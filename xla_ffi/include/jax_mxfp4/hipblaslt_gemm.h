@@ -8,6 +8,17 @@
 // Compute type 32F, scale type 32F; scale mode VEC32_UE8M0 (plain) or BLK32_UE8M0_32_8_EXT
 // (swizzled). Scale pointers get a dummy before the heuristic and the real ones before
 // hipblasLtMatmul. A leading batch dim runs one hipblasLtMatmul per element (MX needs batch 1).
+// The output is zeroed on the stream first, because C = D and rocRoller's kernels may read C
+// even with beta = 0 (reference/hipblaslt-mxfp4.md §6.4).
+//
+// Envelopes (which GEMMs the handler accepts; reference/hipblaslt-mxfp4.md §2 and §6):
+//   validated (default): the envelope ROCm TransformerEngine gates its MXFP4 hipBLASLt GEMM to,
+//     run on gfx950 hardware: hipBLASLt >= 1.3, K % 256 == 0, M % 32 == N % 32 == 0, bf16 or
+//     f32 out, beta = 0. Inside it both scale layouts and both internal routes read the same
+//     bytes (no padding exists).
+//   documented (opt-in, JAX_MXFP4_HIPBLASLT_ENVELOPE=documented; UNVERIFIED on hardware): the
+//     hipBLASLt api-reference rules M % 16, N % 16, K % 128, f16 out too, hipBLASLt >= 1.0 for
+//     plain scales, plus the route gates of CheckHipblasltRoute.
 #pragma once
 
 #include <cstdint>
@@ -15,6 +26,7 @@
 #include <mutex>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "jax_mxfp4/hipblaslt_api.h"
@@ -27,6 +39,10 @@ inline constexpr int kRequestedAlgos = 8;
 inline constexpr size_t kWorkspaceAlignment = 256;  // hipBLASLt needs >= 16
 inline constexpr int kMinHipblasltVersion = 100000;         // 1.0.0 (ROCm 7.0): FP4 + VEC32_UE8M0
 inline constexpr int kMinHipblasltVersionSwizzled = 100300; // 1.3.0: BLK32_UE8M0_32_8_EXT
+inline constexpr int kMinHipblasltVersionValidated = 100300; // 1.3.0: TE-ROCm's hardware gate
+inline constexpr int kHipblasltVersionPaddedSwizzle = 100500; // 1.5.0: padded swizzled buffers
+inline constexpr const char* kEnvelopeEnv = "JAX_MXFP4_HIPBLASLT_ENVELOPE";
+inline constexpr const char* kRocrollerEnv = "HIPBLASLT_USE_ROCROLLER";
 inline constexpr int kMinHipRuntimeVersion = 70000000;      // HIP 7.0
 inline constexpr const char* kRequiredArch = "gfx950";
 
@@ -53,15 +69,47 @@ struct DeviceInfo {
   int hipblaslt_version = 0;  // MAJOR*100000 + MINOR*100 + PATCH
 };
 
-// Shape and dtype rules of hipBLASLt's MX path (hipBLASLt api-reference "Supported data types":
-// m%16, n%16, K%128, TN only); InvalidArgument naming the rule, or Ok.
-Status CheckHipblasltShape(int64_t m, int64_t n, int64_t k, ElemType out);
+enum class Envelope { kValidated, kDocumented };
 
-// Per-process state over one API table: per-device handle pools, device info, algorithm cache
-// keyed by (device, M, N, K, out dtype, scale mode). Thread-safe.
+// The envelope in force: $JAX_MXFP4_HIPBLASLT_ENVELOPE, "validated" (default, also when unset
+// or empty) or "documented"; InvalidArgument for any other value.
+Status ReadEnvelope(Envelope* envelope);
+
+// Shape and dtype rules of the envelope (header comment); InvalidArgument naming the rule, or Ok.
+Status CheckHipblasltShape(int64_t m, int64_t n, int64_t k, ElemType out, Envelope envelope);
+
+// hipBLASLt's internal route for block-scaled GEMMs. The library reads HIPBLASLT_USE_ROCROLLER
+// when a handle is created (rocblaslt handle constructor): unset -> rocRoller for eligible MX
+// problems; set with first character '1' -> rocRoller; set to anything else (even "") -> off,
+// i.e. TensileLite. A build without rocRoller always takes TensileLite.
+struct Route {
+  bool tensilelite = false;
+  std::string why;  // one line for error messages and the selftest
+};
+// `rocroller_library`: a librocroller* object is loaded in the process (LoadResult).
+Route HipblasltRoute(bool rocroller_library);
+
+// Layout rules that depend on the route and the library version (reference §6.1, §6.2):
+//  - swizzled scales on hipBLASLt < 1.5.0: M % 32 == N % 32 == 0 and K % 256 == 0 (no padding);
+//  - plain scales on the TensileLite route: that route reads scales with the per-row stride
+//    K/32 rounded up to 8 and rows rounded up to 32, so dense buffers are read right only when
+//    K % 256 == 0 and M % 32 == N % 32 == 0; other shapes are refused (routed elsewhere).
+// Unimplemented naming the rule, or Ok.
+Status CheckHipblasltRoute(int64_t m, int64_t n, int64_t k, ScaleLayout layout, int hipblaslt_version,
+                           const Route& route);
+
+// Per-process state over one API table: handle pools keyed by (device, stream), device info,
+// algorithm cache keyed by (device, M, N, K, out dtype, scale mode). Thread-safe.
+//
+// Handles: hipblaslt.h forbids using one handle from two streams while work may be in flight
+// (the 1.5.0 CHANGELOG fixes a Stream-K deadlock caused by that), so a handle returned after
+// a GEMM on stream S is only ever handed out again for stream S on the same device, where the
+// stream orders the work. Calls that enqueue nothing (version query, heuristic) use the
+// stream-less pool (key stream = nullptr).
 class HipblasltRuntime {
  public:
-  explicit HipblasltRuntime(const HipblasltApi* api) : api_(api) {}
+  explicit HipblasltRuntime(const HipblasltApi* api, bool rocroller_library = true)
+      : api_(api), rocroller_library_(rocroller_library) {}
   ~HipblasltRuntime();  // destroys pooled handles (the process-wide instance is never destroyed)
   HipblasltRuntime(const HipblasltRuntime&) = delete;
   HipblasltRuntime& operator=(const HipblasltRuntime&) = delete;
@@ -74,6 +122,7 @@ class HipblasltRuntime {
                        ScaleLayout layout);
   Status GetDeviceInfo(int device, DeviceInfo* info);
   Status DeviceCount(int* count);
+  Route CurrentRoute() const { return HipblasltRoute(rocroller_library_); }
 
  private:
   struct CachedAlgo {
@@ -83,13 +132,15 @@ class HipblasltRuntime {
   using Key = std::tuple<int, int64_t, int64_t, int64_t, int, int>;
   class Call;
 
-  Status BorrowHandle(int device, abi::hipblasLtHandle_t* handle);
-  void ReturnHandle(int device, abi::hipblasLtHandle_t handle);
+  using PoolKey = std::pair<int, abi::hipStream_t>;
+  Status BorrowHandle(const PoolKey& key, abi::hipblasLtHandle_t* handle);
+  void ReturnHandle(const PoolKey& key, abi::hipblasLtHandle_t handle);
   Status Gates(int device, int64_t m, int64_t n, int64_t k, ElemType out, ScaleLayout layout);
 
   const HipblasltApi* api_;
+  bool rocroller_library_;
   std::mutex mu_;
-  std::map<int, std::vector<abi::hipblasLtHandle_t>> pool_;
+  std::map<PoolKey, std::vector<abi::hipblasLtHandle_t>> pool_;
   std::map<int, DeviceInfo> info_;
   std::map<Key, CachedAlgo> cache_;
 };

@@ -1,0 +1,75 @@
+"""Import structure of the package: platform detection lives in one module that imports nothing
+from jax_mxfp4, and no import cycle (counting imports inside functions too) runs through
+``array``, ``checks``, ``quantize``, ``dispatch`` or the ``backends``."""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+
+import jax_mxfp4
+
+PKG = pathlib.Path(jax_mxfp4.__file__).resolve().parent
+CORE = ("jax_mxfp4.array", "jax_mxfp4.checks", "jax_mxfp4.quantize", "jax_mxfp4.dispatch", "jax_mxfp4.backends")
+
+
+def _module_name(path: pathlib.Path) -> str:
+    parts = ("jax_mxfp4",) + path.relative_to(PKG).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _graph():
+    modules = {_module_name(p): p for p in PKG.rglob("*.py")}
+    edges = {m: set() for m in modules}
+    for name, path in modules.items():
+        is_pkg = path.name == "__init__.py"
+        for node in ast.walk(ast.parse(path.read_text())):  # every import, also inside functions
+            targets = []
+            if isinstance(node, ast.ImportFrom):
+                base = name if is_pkg else name.rpartition(".")[0]
+                for _ in range(node.level - 1):
+                    base = base.rpartition(".")[0]
+                mod = (f"{base}.{node.module}" if node.module else base) if node.level else (node.module or "")
+                targets.append(mod)
+                targets += [f"{mod}.{a.name}" for a in node.names]
+            elif isinstance(node, ast.Import):
+                targets += [a.name for a in node.names]
+            for t in targets:
+                # The root package is always initialised before its submodules: not an edge.
+                if t in modules and t != "jax_mxfp4" and t != name:
+                    edges[name].add(t)
+    return edges
+
+
+def _cycles_through(edges, start):
+    """A path start -> ... -> start, or None."""
+    stack, seen = [(start, [start])], set()
+    while stack:
+        node, path = stack.pop()
+        for nxt in edges[node]:
+            if nxt == start:
+                return path + [start]
+            if nxt not in seen:
+                seen.add(nxt)
+                stack.append((nxt, path + [nxt]))
+    return None
+
+
+def test_no_import_cycle_through_the_core_modules():
+    edges = _graph()
+    core = [m for m in edges if m.startswith(CORE)]
+    assert len(core) >= 10
+    cycles = {m: _cycles_through(edges, m) for m in core}
+    assert {m: c for m, c in cycles.items() if c} == {}
+
+
+def test_platform_detection_is_one_module_importing_nothing_of_the_package():
+    edges = _graph()
+    assert edges["jax_mxfp4.platform"] == set()
+    users = {m for m, e in edges.items() if "jax_mxfp4.platform" in e}
+    assert {"jax_mxfp4.dispatch", "jax_mxfp4.quantize", "jax_mxfp4.backends.ffi_cpu",
+            "jax_mxfp4.backends.hipblaslt"} <= users
+    # Nobody else asks jax.default_backend() which GPU it is.
+    for path in PKG.rglob("*.py"):
+        if path.name != "platform.py":
+            assert "platform_version" not in path.read_text(), path
