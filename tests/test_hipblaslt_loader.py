@@ -197,3 +197,27 @@ def test_env_dir_still_wins_over_therock_wheels(tmp_path):
 def test_no_wheels_no_wheel_dirs(tmp_path):
     st = probe({"ROCM_PATH": str(tmp_path / "rocm")})
     assert st["wheel_dirs"] == [] and "_rocm_sdk" not in st["searched"]
+
+
+@pytest.mark.parametrize("env,route", [({}, "rocRoller"), ({"HIPBLASLT_USE_ROCROLLER": "0"}, "TensileLite")])
+def test_a_librocroller_loaded_with_hipblaslt_is_seen(tmp_path, env, route):
+    # A stand-in hipBLASLt that links a stand-in librocroller (as rocRoller builds link it): the
+    # loader sees it in the process, so the route is rocRoller unless HIPBLASLT_USE_ROCROLLER
+    # (read as hipBLASLt reads it) turns rocRoller off.
+    cxx = shutil.which("c++") or shutil.which("g++")
+    if cxx is None:
+        pytest.skip("no C++ compiler to build the stand-in libraries")
+    (tmp_path / "rr.cc").write_text('extern "C" int rocroller_stand_in() { return 1; }\n')
+    subprocess.run([cxx, "-shared", "-fPIC", "-o", str(tmp_path / "librocroller.so.1"), str(tmp_path / "rr.cc")], check=True)
+    (tmp_path / "hip.cc").write_text(HIP_SRC)
+    (tmp_path / "blas.cc").write_text(BLAS_SRC)
+    common = [cxx, "-shared", "-fPIC", "-O0"]
+    subprocess.run(common + ['-DARCH="gfx950:sramecc+:xnack-"', "-o", str(tmp_path / "libamdhip64.so.7"),
+                             str(tmp_path / "hip.cc")], check=True)
+    subprocess.run(common + ["-DVERSION=100300", "-o", str(tmp_path / "libhipblaslt.so.1"), str(tmp_path / "blas.cc"),
+                             "-Wl,--no-as-needed", f"-L{tmp_path}", "-l:librocroller.so.1", "-Wl,-rpath,$ORIGIN"],
+                   check=True)
+    st = probe({"JAX_MXFP4_ROCM_LIB_DIR": str(tmp_path), **env})
+    assert st["loaded"] is True, st["error"]
+    assert st["rocroller_path"] == f"{tmp_path}/librocroller.so.1"
+    assert st["devices"][0]["route"].startswith(route), st["devices"][0]["route"]
