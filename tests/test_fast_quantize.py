@@ -139,8 +139,10 @@ def _special_rows(dtype):
     x[1, 3], x[1, 40], x[1, 70] = np.nan, np.inf, -np.inf
     x[1, 71:] = 1.5
     x[2, :32] = tiny * np.arange(-16, 16)  # subnormals (of float32 for float32, of bf16 for bf16)
-    x[2, 32:64] = np.linspace(-1, 1, 32) * 2.0**-124  # block max near 2^-126: scale 2^-127..
-    x[2, 40] = tiny  # with a subnormal in it (flushed before the scale is applied)
+    x[2, 32:64] = np.linspace(-1, 1, 32) * 1.5 * 2.0**-125  # block max 1.5 x 2^-125: scale 2^-127
+    # the largest subnormal, flushed before the 2^127 multiply (else code 2; float16 subnormals are
+    # normal float32 and kept)
+    x[2, 40] = (2.0**-14 if dtype == jnp.float16 else 2.0**-126) - tiny
     x[2, 64:] = -tiny
     x[3, :32] = big * np.linspace(-1, 1, 32)
     x[3, 32:64] = -big
