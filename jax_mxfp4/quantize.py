@@ -76,7 +76,7 @@ def quantize(
     checks.check_scale_layout(scale_layout)
     if rounding == "nearest":
         key = None
-    # GPU fast path (round-to-nearest): one fused Pallas pass, bit-identical to _quantize_impl.
+    # GPU fast path (both roundings): one fused Pallas pass, bit-identical to _quantize_impl.
     from .dispatch import current_platform
     from .kernels import quantize as fused
 
