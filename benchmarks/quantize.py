@@ -16,7 +16,8 @@ in the "kernel only" row that takes them as an input and counts them). Copy: XLA
 ``x * 1.0001`` on the same input (bytes read + written).
 
 Usage (from the repository root):
-  python benchmarks/quantize.py [--quick] [--sweep] [--no-check] [--dtypes bfloat16,float32] [--out DIR]
+  python benchmarks/quantize.py [--quick] [--no-check] [--dtypes bfloat16,float32] [--modes ...] [--out DIR]
+  python benchmarks/quantize.py --sweep --no-check --out DIR   (tile configs; prints the best per dtype)
 """
 
 from __future__ import annotations
@@ -218,6 +219,28 @@ def run(quick, sweep=False, check=True, dtypes=("bfloat16", "float32"), modes=SC
         def make_xk(i):
             return make_x(i), jax.random.key_data(jax.random.key(1000 + i))
 
+        if sweep:  # tile configs only (even/nearest), then the best one with stochastic rounding
+            for cfg in SWEEP[:2] if quick else SWEEP:
+                fn = lambda x, cfg=cfg: quantize_2d(x, None, scale_mode="even", cfg=cfg, interpret=interpret)  # noqa: E731
+                try:
+                    res = fair_time(fn, lambda i: (make_x(i),), bytes_per_call=q_bytes, **(timing or {"programs": 3}))
+                except Exception as e:  # a tile Triton cannot compile: report and go on
+                    log(f"sweep {cfg}: error {type(e).__name__}: {str(e)[:300]}")
+                    continue
+                add(f"sweep even/nearest tile {cfg.rows}x{cfg.cols} w{cfg.num_warps}", res, q_bytes, copy_gbs)
+                rows[-1]["cfg"] = [cfg.rows, cfg.cols, cfg.num_warps]
+            best = max((x for x in rows if x["dtype"] == dname and "cfg" in x), key=lambda x: x["gb_s"], default=None)
+            if best:
+                cfg = QuantizeConfig(*best["cfg"])
+                fn = lambda x, kd: quantize_impl(x, jax.random.wrap_key_data(kd), axis=1, scale_mode="even",  # noqa: E731
+                                                 rounding="stochastic", cfg=cfg, interpret=interpret)
+                add(f"sweep even/stochastic tile {cfg.rows}x{cfg.cols} w{cfg.num_warps} (best nearest tile)",
+                    fair_time(fn, make_xk, bytes_per_call=q_bytes, **timing), q_bytes, copy_gbs)
+                log(f"best tile for {dname}: DEFAULT_CONFIGS[{dname!r}] = QuantizeConfig(rows={cfg.rows}, "
+                    f"cols={cfg.cols}, num_warps={cfg.num_warps})  # {best['ratio_vs_copy']:.3f} x copy")
+            xs.clear()
+            continue
+
         for rounding in ROUNDINGS:
             for mode in modes:
                 fused = lambda x, kd, m=mode, rd=rounding: quantize_impl(  # noqa: E731
@@ -236,19 +259,6 @@ def run(quick, sweep=False, check=True, dtypes=("bfloat16", "float32"), modes=SC
             b = q_bytes + 4 * r * k
             add("fused even/stochastic, kernel only (uniforms given, counted)",
                 fair_time(kern, make_xu, bytes_per_call=b, max_pool_bytes=32e9), b, copy_gbs)
-        if sweep and not quick:
-            for cfg in SWEEP:
-                fn = lambda x, cfg=cfg: quantize_2d(x, None, scale_mode="even", cfg=cfg)  # noqa: E731
-                try:
-                    res = fair_time(fn, lambda i: (make_x(i),), bytes_per_call=q_bytes, programs=3)
-                except Exception as e:  # a tile Triton cannot compile: report and go on
-                    log(f"sweep {cfg}: error {type(e).__name__}: {str(e)[:200]}")
-                    continue
-                add(f"sweep even/nearest tile {cfg.rows}x{cfg.cols} w{cfg.num_warps}", res, q_bytes, copy_gbs)
-            best = max((x for x in rows if x["dtype"] == dname and x["what"].startswith("sweep")),
-                       key=lambda x: x["gb_s"], default=None)
-            if best:
-                log(f"best tile for {dname}: {best['what']} ({best['ratio_vs_copy']:.3f} x copy)")
         xs.clear()
     return {"info": device_info(), "quick": quick, "method": __doc__.split("Usage")[0].strip(), "rows": rows,
             "checks": [{"what": w, "ok": ok, "mismatched_bytes": n} for w, ok, n in checks]}
@@ -292,7 +302,8 @@ def figure(res, out):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="tiny shapes (CPU CI): checks the pipeline and files")
-    ap.add_argument("--sweep", action="store_true", help="also time a set of tile configs (even/nearest) per dtype")
+    ap.add_argument("--sweep", action="store_true", help="instead of the mode matrix, time the tile configs "
+                    "(even/nearest) per dtype and print the best as a DEFAULT_CONFIGS line")
     ap.add_argument("--no-tune", action="store_true", help=argparse.SUPPRESS)  # old flag: the sweep is opt-in now
     ap.add_argument("--no-check", action="store_true", help="skip the fused-vs-reference bit-exactness check")
     ap.add_argument("--dtypes", default=None, help="comma-separated input dtypes (default bfloat16,float32; "
