@@ -16,7 +16,14 @@ import numpy as np
 import pytest
 
 import mx_reference as ref
-from jax_mxfp4.kernels.quantize import QuantizeConfig, fast_path_enabled, quantize_2d, quantize_impl
+from jax_mxfp4.kernels.quantize import (
+    QuantizeConfig,
+    fast_path_enabled,
+    kernel_rng_supported,
+    quantize_2d,
+    quantize_impl,
+    threefry_uniform,
+)
 from jax_mxfp4.mx_format import (
     e2m1_code_nearest,
     e2m1_magnitude_code,
@@ -195,6 +202,28 @@ def test_stochastic_bit_identical(scale_mode, dtype):
     assert neg_zero.any() and (codes[neg_zero] == 8).all()
 
 
+@pytest.mark.parametrize("key", [jax.random.key(3), jax.random.PRNGKey(77), jax.random.fold_in(jax.random.key(5), 9)],
+                         ids=["typed", "raw", "folded"])
+def test_threefry_uniform_equals_jax_random_uniform(key):
+    kd = jax.random.key_data(key) if jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key) else key
+    for shape in [(7, 3, 32), (1000, 32), (2, 2, 2, 32)]:
+        want = np.asarray(jax.random.uniform(key, shape, jnp.float32)).ravel()
+        got = np.asarray(threefry_uniform(kd[0], kd[1], jnp.arange(want.size, dtype=jnp.uint32)))
+        np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32))
+    assert kernel_rng_supported(key, 10) and not kernel_rng_supported(key, 2**32)
+    assert not kernel_rng_supported(jax.random.key(0, impl="rbg"), 10)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: jnp.dtype(d).name)
+@pytest.mark.parametrize("scale_mode", ["floor", "rceil"])
+def test_stochastic_uniforms_in_kernel_bit_identical(scale_mode, dtype):
+    x = _input(20 + MODES.index(scale_mode), dtype, scale_mode)
+    for key in (jax.random.key(31), jax.random.PRNGKey(32)):
+        got = quantize_impl(x, key, axis=1, scale_mode=scale_mode, rounding="stochastic", interpret=True, cfg=CFG,
+                            uniforms="kernel")
+        _same(got, _quantize_impl(x, key, axis=1, scale_mode=scale_mode, rounding="stochastic"))
+
+
 def test_stochastic_with_given_uniforms_matches_float64_model():
     # quantize_2d with chosen uniforms (random, 0, 0.5, u == frac exactly) against the NumPy model.
     rng = np.random.default_rng(3)
@@ -229,15 +258,23 @@ def test_ragged_shapes_axes_and_tiles(shape, axis, cfg, rounding):
     rng = np.random.default_rng(sum(shape))
     x = jnp.asarray(rng.standard_normal(shape) * np.exp2(rng.integers(-20, 20, shape)), jnp.bfloat16)
     key = jax.random.key(5) if rounding == "stochastic" else None
-    got = quantize_impl(x, key, axis=axis % x.ndim, scale_mode="even", rounding=rounding, interpret=True, cfg=cfg)
-    _same(got, _quantize_impl(x, key, axis=axis % x.ndim, scale_mode="even", rounding=rounding))
+    want = _quantize_impl(x, key, axis=axis % x.ndim, scale_mode="even", rounding=rounding)
+    for uniforms in ("input", "kernel") if rounding == "stochastic" else ("input",):
+        got = quantize_impl(x, key, axis=axis % x.ndim, scale_mode="even", rounding=rounding, interpret=True, cfg=cfg,
+                            uniforms=uniforms)
+        _same(got, want)
 
 
-def test_quantize_2d_refuses_bad_shapes():
+def test_quantize_2d_and_impl_refuse_bad_arguments():
     with pytest.raises(ValueError, match="multiple of 32"):
         quantize_2d(jnp.zeros((4, 48)), interpret=True)
     with pytest.raises(ValueError, match="2-D"):
         quantize_2d(jnp.zeros((4, 2, 32)), interpret=True)
+    with pytest.raises(ValueError, match="not both"):
+        quantize_2d(jnp.zeros((4, 32)), jnp.zeros((4, 32)), key_data=jnp.zeros(2, jnp.uint32), interpret=True)
+    with pytest.raises(ValueError, match="uniforms"):
+        quantize_impl(jnp.zeros((4, 32)), jax.random.key(0), axis=1, scale_mode="even", rounding="stochastic",
+                      interpret=True, uniforms="device")
 
 
 def test_fast_path_on_gpus_for_both_roundings(monkeypatch):

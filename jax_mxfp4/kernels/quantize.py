@@ -80,8 +80,54 @@ def _split_pairs(v):
     return even, odd
 
 
-def _quantize_kernel(*refs, n_rows, n_blocks, br, nbt, scale_mode, stochastic):
-    if stochastic:
+_THREEFRY_ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
+
+
+def threefry_uniform(k1, k2, counter):
+    """float32 uniforms equal to ``jax.random.uniform(key, shape).ravel()[counter]``.
+
+    For a threefry2x32 key with data (k1, k2) (uint32 scalars) under
+    ``jax_threefry_partitionable`` (the default since jax 0.5): element i of the draw hashes the
+    64-bit counter (0, i) with Threefry-2x32 (20 rounds, Salmon et al. 2011; as
+    ``jax._src.random.threefry2x32``), takes ``bits = x0 ^ x1`` and maps it to
+    ``((bits >> 9) | 0x3F800000) as float - 1`` (``jax.random.uniform``). ``counter`` is uint32
+    (draws of fewer than 2^32 elements). About 80 integer operations per element.
+    """
+    u32 = jnp.uint32
+    counter = counter.astype(u32)
+
+    def rotl(v, r):
+        return (v << u32(r)) | lax.shift_right_logical(v, u32(32 - r))
+
+    ks = (k1, k2, k1 ^ k2 ^ u32(0x1BD11BDA))
+    x0 = jnp.zeros_like(counter) + ks[0]
+    x1 = counter + ks[1]
+    for i in range(5):
+        for r in _THREEFRY_ROTATIONS[i % 2]:
+            x0 = x0 + x1
+            x1 = rotl(x1, r) ^ x0
+        x0 = x0 + ks[(i + 1) % 3]
+        x1 = x1 + ks[(i + 2) % 3] + u32(i + 1)
+    bits = lax.shift_right_logical(x0 ^ x1, u32(9)) | u32(0x3F800000)
+    return lax.bitcast_convert_type(bits, jnp.float32) - jnp.float32(1.0)
+
+
+def kernel_rng_supported(key, n_elements: int) -> bool:
+    """Whether :func:`threefry_uniform` reproduces ``jax.random.uniform(key, ...)`` here: a
+    threefry2x32 key (typed, or raw uint32[2] with that default implementation), the partitionable
+    threefry (jax default), fewer than 2^32 elements."""
+    if jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key):
+        impl_name = str(jax.random.key_impl(key))
+    else:
+        impl_name = str(jax.config.jax_default_prng_impl)
+    return ("threefry2x32" in impl_name and bool(jax.config.jax_threefry_partitionable)
+            and n_elements < 2**32)
+
+
+def _quantize_kernel(*refs, n_rows, n_blocks, br, nbt, scale_mode, stochastic, kernel_rng=False):
+    if kernel_rng:
+        x_ref, key_ref, data_ref, scale_ref = refs
+    elif stochastic:
         x_ref, u_ref, data_ref, scale_ref = refs
     else:
         x_ref, data_ref, scale_ref = refs
@@ -121,7 +167,16 @@ def _quantize_kernel(*refs, n_rows, n_blocks, br, nbt, scale_mode, stochastic):
             y = e2m1_stochastic_magnitude(y, u)
         return e2m1_magnitude_code(y)
 
-    if stochastic:
+    if kernel_rng:  # the reference's uniforms, generated here from their flat index
+        k1, k2 = key_ref[0], key_ref[1]
+        shape = (br, nbt, BLOCK_SIZE // 2)
+        row = (r0 + lax.broadcasted_iota(jnp.int32, shape, 0)).astype(jnp.uint32)
+        col = (b0 * BLOCK_SIZE + BLOCK_SIZE * lax.broadcasted_iota(jnp.int32, shape, 1)
+               + 2 * lax.broadcasted_iota(jnp.int32, shape, 2)).astype(jnp.uint32)
+        idx = row * jnp.uint32(n_blocks * BLOCK_SIZE) + col
+        u_ev = threefry_uniform(k1, k2, idx)
+        u_od = threefry_uniform(k1, k2, idx + jnp.uint32(1))
+    elif stochastic:
         u_ev, u_od = _split_pairs(load(u_ref))
     else:
         u_ev = u_od = None
@@ -142,14 +197,18 @@ def _pow2_at_most(n, cap):
 
 
 @functools.partial(jax.jit, static_argnames=("scale_mode", "cfg", "interpret"))
-def quantize_2d(x, uniform=None, *, scale_mode="even", cfg: QuantizeConfig = DEFAULT_CONFIG,
+def quantize_2d(x, uniform=None, *, key_data=None, scale_mode="even", cfg: QuantizeConfig = DEFAULT_CONFIG,
                 interpret=False):
     """Quantize a 2-D array [R, K] along its last axis in one fused pass.
 
     Args:
       x: float32/bfloat16/float16 [R, K], K a multiple of 32.
-      uniform: None for round-to-nearest-even; for stochastic rounding, float32 uniforms in
-        [0, 1) with R * K elements, element-aligned with x (the reference's draw, any shape).
+      uniform: None for round-to-nearest-even (unless ``key_data``); for stochastic rounding,
+        float32 uniforms in [0, 1) with R * K elements, element-aligned with x (the reference's
+        draw, any shape).
+      key_data: uint32[2], the data of a threefry2x32 key: stochastic rounding with the uniforms
+        of ``jax.random.uniform(key, [R, K])`` generated inside the kernel (no uniform traffic;
+        see :func:`threefry_uniform`, :func:`kernel_rng_supported`). Exclusive with ``uniform``.
       scale_mode: as in :func:`jax_mxfp4.quantize`.
       cfg: :class:`QuantizeConfig` (a tile larger than the array is shrunk to it).
       interpret: run the Pallas interpreter (CPU tests).
@@ -166,13 +225,18 @@ def quantize_2d(x, uniform=None, *, scale_mode="even", cfg: QuantizeConfig = DEF
     n_blocks = k // BLOCK_SIZE
     br = _pow2_at_most(n_rows, cfg.rows)
     nbt = _pow2_at_most(n_blocks, cfg.cols // BLOCK_SIZE)
-    stochastic = uniform is not None
+    if uniform is not None and key_data is not None:
+        raise ValueError("quantize_2d: give uniform or key_data, not both")
+    kernel_rng = key_data is not None
+    stochastic = uniform is not None or kernel_rng
     args = [x.reshape(n_rows, n_blocks, BLOCK_SIZE)]
-    if stochastic:
+    if kernel_rng:
+        args.append(jnp.asarray(key_data, jnp.uint32).reshape(2))
+    elif stochastic:
         args.append(uniform.astype(jnp.float32).reshape(n_rows, n_blocks, BLOCK_SIZE))
     kernel = functools.partial(
         _quantize_kernel, n_rows=n_rows, n_blocks=n_blocks, br=br, nbt=nbt,
-        scale_mode=scale_mode, stochastic=stochastic,
+        scale_mode=scale_mode, stochastic=stochastic, kernel_rng=kernel_rng,
     )
     data, byte = pl.pallas_call(
         kernel,
@@ -213,13 +277,21 @@ DEFAULT_CONFIGS = {
 """Per input dtype; to be set from ``benchmarks/quantize.py --sweep`` on the target GPU."""
 
 
+SR_UNIFORMS = "input"
+"""Default source of stochastic rounding's uniforms in :func:`quantize_impl`: "input" (drawn by
+``jax.random.uniform`` in XLA and read by the kernel, 4 bytes per element) or "kernel" (the same
+values generated in the kernel by :func:`threefry_uniform` where :func:`kernel_rng_supported`)."""
+
+
 @functools.partial(
-    jax.jit, static_argnames=("axis", "scale_mode", "rounding", "interpret", "cfg")
+    jax.jit, static_argnames=("axis", "scale_mode", "rounding", "interpret", "cfg", "uniforms")
 )
 def quantize_impl(x, key, *, axis, scale_mode, rounding, interpret=False,
-                  cfg: QuantizeConfig | None = None):
+                  cfg: QuantizeConfig | None = None, uniforms: str | None = None):
     """Drop-in for the reference ``_quantize_impl``: returns (data uint8, E8M0 scales) for
-    ``axis``, bit-identical to it (stochastic rounding draws the same uniforms from ``key``)."""
+    ``axis``, bit-identical to it (stochastic rounding uses the same uniforms from ``key``:
+    ``uniforms`` "input" or "kernel", default :data:`SR_UNIFORMS`; "kernel" falls back to
+    "input" where :func:`kernel_rng_supported` is false)."""
     from ..mx_format import as_e8m0
 
     xm = jnp.moveaxis(x, axis, -1)
@@ -227,11 +299,16 @@ def quantize_impl(x, key, *, axis, scale_mode, rounding, interpret=False,
     x2 = xm.reshape(-1, xm.shape[-1])
     if cfg is None:
         cfg = default_config(x.dtype)
-    uniform = None
+    uniform = key_data = None
     if rounding == "stochastic":  # the reference's draw: same key, same [..., K/32, 32] shape
         blocks = (*lead, xm.shape[-1] // BLOCK_SIZE, BLOCK_SIZE)
-        uniform = jax.random.uniform(key, blocks, jnp.float32)
-    data, byte = quantize_2d(x2, uniform, scale_mode=scale_mode, cfg=cfg, interpret=interpret)
+        if uniforms not in (None, "input", "kernel"):
+            raise ValueError(f"uniforms must be 'input' or 'kernel', got {uniforms!r}")
+        if (uniforms or SR_UNIFORMS) == "kernel" and kernel_rng_supported(key, x.size):
+            key_data = jax.random.key_data(key) if jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key) else key
+        else:
+            uniform = jax.random.uniform(key, blocks, jnp.float32)
+    data, byte = quantize_2d(x2, uniform, key_data=key_data, scale_mode=scale_mode, cfg=cfg, interpret=interpret)
     data = data.reshape(*lead, data.shape[-1])
     byte = byte.reshape(*lead, byte.shape[-1])
     return jnp.moveaxis(data, -1, axis), as_e8m0(jnp.moveaxis(byte, -1, axis))
