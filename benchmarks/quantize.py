@@ -12,7 +12,8 @@ work: XLA drops the barriers and merges the repeated calls.)
 
 Bytes counted per quantization: input read once + packed data + scale bytes written once
 ("useful bytes"; stochastic rounding's float32 uniforms are extra traffic, not counted, except
-in the "kernel only" row that takes them as an input and counts them). Copy: XLA elementwise
+in the "kernel only" row that takes them as an input and counts them; "uniforms in kernel"
+generates the same uniforms inside the kernel, no extra traffic). Copy: XLA elementwise
 ``x * 1.0001`` on the same input (bytes read + written).
 
 Usage (from the repository root):
@@ -153,13 +154,14 @@ def check_exact(dtype, k, rows, interpret, modes=SCALE_MODES):
     program (one compile): [(what, ok, mismatched bytes)]."""
     x = jnp.concatenate([_special_rows(k, dtype), _block_spread(jax.random.key(1), (rows, k), dtype),
                          jax.random.normal(jax.random.key(2), (rows, k), jnp.float32).astype(dtype)])
-    cases = [(m, rd) for rd in ROUNDINGS for m in modes]
+    cases = [(m, rd, "input") for rd in ROUNDINGS for m in modes] + [(m, "stochastic", "kernel") for m in modes]
 
     @jax.jit
     def mismatches(x, key):
         counts = []
-        for mode, rounding in cases:
-            got = quantize_impl(x, key, axis=1, scale_mode=mode, rounding=rounding, interpret=interpret)
+        for mode, rounding, uniforms in cases:
+            got = quantize_impl(x, key, axis=1, scale_mode=mode, rounding=rounding, interpret=interpret,
+                                uniforms=uniforms)
             want = _quantize_impl(x, key, axis=1, scale_mode=mode, rounding=rounding)
             counts.append(sum(jnp.sum(lax.bitcast_convert_type(g, jnp.uint8) != lax.bitcast_convert_type(w, jnp.uint8))
                               for g, w in zip(got, want)))
@@ -167,9 +169,10 @@ def check_exact(dtype, k, rows, interpret, modes=SCALE_MODES):
 
     counts = np.asarray(mismatches(x, jax.random.key(11)))
     out = []
-    for (mode, rounding), bad in zip(cases, counts.tolist()):
-        out.append((f"{jnp.dtype(dtype).name} {mode}/{rounding}", bad == 0, bad))
-        print(f"  exact {jnp.dtype(dtype).name:8s} {mode:5s} {rounding:10s}: {'PASS' if bad == 0 else 'FAIL'}"
+    for (mode, rounding, uniforms), bad in zip(cases, counts.tolist()):
+        what = f"{mode}/{rounding}" + (" (uniforms in kernel)" if uniforms == "kernel" else "")
+        out.append((f"{jnp.dtype(dtype).name} {what}", bad == 0, bad))
+        print(f"  exact {jnp.dtype(dtype).name:8s} {what:40s}: {'PASS' if bad == 0 else 'FAIL'}"
               f" ({bad} mismatched bytes of {x.size // 2 + x.size // 32})", flush=True)
     return out
 
@@ -246,6 +249,13 @@ def run(quick, sweep=False, check=True, dtypes=("bfloat16", "float32"), modes=SC
                 fused = lambda x, kd, m=mode, rd=rounding: quantize_impl(  # noqa: E731
                     x, jax.random.wrap_key_data(kd), axis=1, scale_mode=m, rounding=rd, interpret=interpret)
                 add(f"fused {mode}/{rounding}", fair_time(fused, make_xk, bytes_per_call=q_bytes, **timing), q_bytes, copy_gbs)
+            if rounding == "stochastic":  # uniforms generated in the kernel (no uniform traffic)
+                for mode in modes[:1] if quick else ("even",):
+                    fused = lambda x, kd, m=mode: quantize_impl(  # noqa: E731
+                        x, jax.random.wrap_key_data(kd), axis=1, scale_mode=m, rounding="stochastic",
+                        interpret=interpret, uniforms="kernel")
+                    add(f"fused {mode}/stochastic (uniforms in kernel)",
+                        fair_time(fused, make_xk, bytes_per_call=q_bytes, **timing), q_bytes, copy_gbs)
             if quick:
                 continue
             refq = lambda x, kd, rd=rounding: _quantize_impl(  # noqa: E731
