@@ -278,6 +278,19 @@ def test_quantize_2d_and_impl_refuse_bad_arguments():
                       interpret=True, uniforms="device")
 
 
+def test_inputs_too_large_for_int32_offsets_take_the_reference(monkeypatch):
+    import jax_mxfp4.kernels.quantize as fused
+
+    def no_kernel(*a, **k):
+        raise AssertionError("the kernel must not be called")
+
+    monkeypatch.setattr(fused, "MAX_KERNEL_ELEMENTS", 64 * 96)
+    monkeypatch.setattr(fused, "quantize_2d", no_kernel)
+    x = jnp.asarray(np.random.default_rng(4).standard_normal((64, 96)), jnp.float32)
+    got = fused.quantize_impl(x, None, axis=1, scale_mode="ceil", rounding="nearest", interpret=True)
+    _same(got, _quantize_impl(x, None, axis=1, scale_mode="ceil", rounding="nearest"))
+
+
 def test_fast_path_on_gpus_for_both_roundings(monkeypatch):
     assert not fast_path_enabled("cpu")
     assert fast_path_enabled("cuda") and fast_path_enabled("rocm")

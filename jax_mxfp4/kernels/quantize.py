@@ -19,8 +19,12 @@ benchmarks/quantize.py compares on the GPU). Integer formulation (gpu-speed.md Â
   keep code 0x8 (the Triton lowering computes a float negation as ``0 - x``, which loses -0.0).
 
 Stochastic rounding consumes the uniforms the reference draws
-(``jax.random.uniform(key, [..., K/32, 32])``, float32, element-aligned with the input), passed
-in as a second input.
+(``jax.random.uniform(key, [..., K/32, 32])``, float32, element-aligned with the input), either
+passed in as a second input (``uniforms="input"``, 4 more bytes read per element) or generated in
+the kernel from the key and each element's flat index (``uniforms="kernel"``, Threefry-2x32 as in
+``jax.random``, ~80 integer operations per element, no extra traffic). Either way the bits equal
+the reference's; 32 random bits per element from Threefry are what keep stochastic rounding far
+from copy bandwidth.
 """
 
 from __future__ import annotations
@@ -277,6 +281,10 @@ DEFAULT_CONFIGS = {
 """Per input dtype; to be set from ``benchmarks/quantize.py --sweep`` on the target GPU."""
 
 
+MAX_KERNEL_ELEMENTS = 2**31
+"""Inputs with this many elements or more go to the reference path (the kernel's element
+offsets are int32)."""
+
 SR_UNIFORMS = "input"
 """Default source of stochastic rounding's uniforms in :func:`quantize_impl`: "input" (drawn by
 ``jax.random.uniform`` in XLA and read by the kernel, 4 bytes per element) or "kernel" (the same
@@ -294,6 +302,10 @@ def quantize_impl(x, key, *, axis, scale_mode, rounding, interpret=False,
     "input" where :func:`kernel_rng_supported` is false)."""
     from ..mx_format import as_e8m0
 
+    if x.size >= MAX_KERNEL_ELEMENTS:  # int32 element offsets in the kernel: the reference instead
+        from ..quantize import _quantize_impl
+
+        return _quantize_impl(x, key, axis=axis, scale_mode=scale_mode, rounding=rounding)
     xm = jnp.moveaxis(x, axis, -1)
     lead = xm.shape[:-1]
     x2 = xm.reshape(-1, xm.shape[-1])
