@@ -298,10 +298,10 @@ def e2m1_magnitude_code(a: jax.Array) -> jax.Array:
     bit operations), so nothing here negates a float.
     """
     a = a.astype(jnp.float32)
-    e = lax.bitcast_convert_type(jnp.minimum(jnp.maximum(a, 1.0), 4.0), jnp.int32) & 0x7F800000
-    m = lax.bitcast_convert_type(e + (22 << 23), jnp.float32)  # 2^(22 + e')
+    e = lax.bitcast_convert_type(jnp.minimum(jnp.maximum(a, 1.0), 4.0), jnp.int32) & 0x7F800000  # 2^e'
+    m = lax.bitcast_convert_type(e, jnp.float32) * jnp.float32(2.0**22)  # 2^(22 + e'): exact, FP unit
     t = lax.bitcast_convert_type(a + m, jnp.int32)
-    return jnp.minimum(t - e + (e >> 22) - ((22 << 23) + 254), 7)
+    return jnp.minimum(t - lax.bitcast_convert_type(m, jnp.int32) + (e >> 22) - 254, 7)
 
 
 def e4m3_bits_from_packed(data: jax.Array) -> tuple[jax.Array, jax.Array]:
