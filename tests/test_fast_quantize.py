@@ -86,6 +86,17 @@ def test_rceil_byte_without_division_matches_float32_division():
     np.testing.assert_array_equal(got, np.clip(s, -127, 127) + 127)
 
 
+def test_subnormal_flush_threshold_of_the_nearest_kernel():
+    # The kernel skips the per-element flush of float32 subnormals in tiles whose block scales
+    # are all >= 2^-124 (round to nearest): there the largest subnormal lands below 0.25, code 0
+    # like the flushed zero; at 2^-125 it would round to 0.5. (CPU flushes subnormals itself, so
+    # this threshold is checked here in float64 and on the GPU by benchmarks/quantize.py.)
+    largest_subnormal = 2.0**-126 - 2.0**-149
+    assert largest_subnormal * 2.0**124 < 0.25 <= largest_subnormal * 2.0**125
+    # what an unflushed subnormal in a 2^-125-scaled block would give: code 1 (0.5)
+    assert np.array(largest_subnormal * 2.0**125).astype(ml_dtypes.float4_e2m1fn).view(np.uint8) == 1
+
+
 def _stochastic_oracle(a, u):
     a = np.asarray(a, np.float64)
     step = np.where(a < 2, 0.5, np.where(a < 4, 1.0, 2.0))
