@@ -1,18 +1,32 @@
-"""MXFP4 quantization benchmark: GB/s of the fused Pallas quantizer and of the reference jnp
-quantizer, against the same run's device copy bandwidth.
+"""MXFP4 quantization benchmark: GB/s of the fused Pallas quantizer (every scale mode x rounding x
+input dtype) and of the reference jnp quantizer, against the same run's copy bandwidth, plus a
+bit-exactness check of fused against reference on the device.
 
-Bytes counted per quantization: the input read once plus packed data and scale bytes written once
-(stochastic rounding also reads its float32 uniforms; they are not counted, so its GB/s is the
-useful-bytes rate). Copy bandwidth: XLA elementwise ``x * 1.0001`` on the same input (bytes read
-plus bytes written), timed the same way. Timing: benchmarks/common.py.
+Fair timing (``fair_time``): one jitted program runs the operation once on each of n distinct
+input copies (distinct buffers: XLA cannot merge the calls; together >= 3.5x the 60 MB L2, so no
+call finds its input in L2), n grown until one program takes >= 20 ms (capped by device memory);
+time per call = program time / n, median over several programs (host launch cost is < 1% of a
+program). Stochastic rounding gets a distinct key per copy, so the uniforms are drawn per call as
+in real use. (Re-using fewer copies in rounds separated by ``optimization_barrier`` does not
+work: XLA drops the barriers and merges the repeated calls.)
 
-Usage: python benchmarks/quantize.py [--quick] [--out DIR]
+Bytes counted per quantization: input read once + packed data + scale bytes written once
+("useful bytes"; stochastic rounding's float32 uniforms are extra traffic, not counted, except
+in the "kernel only" row that takes them as an input and counts them; "uniforms in kernel"
+generates the same uniforms inside the kernel, no extra traffic). Copy: XLA elementwise
+``x * 1.0001`` on the same input (bytes read + written).
+
+Usage (from the repository root):
+  python benchmarks/quantize.py [--quick] [--no-check] [--dtypes bfloat16,float32] [--modes ...] [--out DIR]
+  python benchmarks/quantize.py --sweep --no-check --out DIR   (tile configs; prints the best per dtype)
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
+import statistics
 import sys
 import time
 
@@ -20,72 +34,264 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from jax import lax  # noqa: E402
 
-from benchmarks.common import save_figure, device_info, n_sets_for, out_dir, time_fn, write_json  # noqa: E402
+from benchmarks.common import device_info, out_dir, save_figure, write_json  # noqa: E402
 from jax_mxfp4 import dispatch  # noqa: E402
-from jax_mxfp4.kernels.quantize import QuantizeConfig, quantize_impl  # noqa: E402
+from jax_mxfp4.kernels.quantize import QuantizeConfig, default_config, quantize_2d, quantize_impl  # noqa: E402
+from jax_mxfp4.mx_format import SCALE_MODES  # noqa: E402
 from jax_mxfp4.quantize import _quantize_impl  # noqa: E402
 
-FULL_SHAPES = [((16384, 8192), jnp.bfloat16), ((16384, 8192), jnp.float32), ((8192, 28672), jnp.bfloat16)]
-QUICK_SHAPES = [((64, 256), jnp.bfloat16)]
-MODES = [("even", "nearest"), ("rceil", "nearest"), ("floor", "nearest"), ("even", "stochastic")]
-TUNE = [QuantizeConfig(r, c, w) for (r, c, w) in [(16, 256, 4), (8, 512, 4), (32, 256, 8), (64, 128, 4),
-                                                   (4, 1024, 4), (16, 512, 8), (32, 512, 8), (8, 256, 2)]]
+L2_BYTES = 60e6  # H200
+FULL_SHAPE = (16384, 8192)
+QUICK_SHAPE = (64, 256)
+ROUNDINGS = ("nearest", "stochastic")
+SWEEP = [QuantizeConfig(r, c, w) for (r, c, w) in [
+    (1, 1024, 4), (1, 2048, 4), (1, 4096, 8), (2, 512, 2), (2, 512, 4), (2, 1024, 4), (2, 2048, 8),
+    (4, 256, 2), (4, 256, 4), (4, 512, 4), (4, 1024, 8), (4, 2048, 8), (8, 256, 4), (8, 512, 4),
+    (8, 512, 8), (8, 1024, 8), (16, 256, 8), (16, 512, 8), (16, 1024, 8), (32, 128, 4), (32, 256, 8)]]
 
 
-def run(quick, tune=True):
+def _nbytes(tree):
+    return sum(a.size * a.dtype.itemsize for a in jax.tree.leaves(tree))
+
+
+def fair_time(fn, make_inputs, *, min_pool_bytes=3.5 * L2_BYTES, min_program_s=0.02, programs=5,
+              guess_bytes_per_s=3.5e12, bytes_per_call=None, max_pool_bytes=48e9, max_calls=512,
+              max_program_s=0.25):
+    """Seconds per call of ``fn(*make_inputs(i))``, timed fairly (method in the module docstring).
+
+    One jitted program calls ``fn`` once on each of n distinct input copies (distinct buffers, so
+    XLA cannot merge the calls; together >= ``min_pool_bytes``, so no call finds its input in L2);
+    n is grown until one program takes >= ``min_program_s``; per-call time = program time / n,
+    median over ``programs`` programs.
+
+    Args:
+      fn: the operation, called as ``fn(*args)`` inside the program.
+      make_inputs: ``i -> tuple of arrays``, the i-th distinct input copy (cache them in the caller
+        to share copies between measurements).
+      min_pool_bytes: least total input bytes per program (default 3.5x the 60 MB L2 of an H200).
+      min_program_s: least program time.
+      programs: number of timed programs (median reported).
+      guess_bytes_per_s, bytes_per_call: first guess of the per-call time, so that most
+        operations compile once.
+      max_pool_bytes, max_calls: caps on n (device memory, compile time); a program capped there
+        may be shorter than ``min_program_s`` (its length is reported).
+      max_program_s: a program longer than this is shrunk (slow operations).
+    Returns:
+      {"median_s", "min_s", "calls", "programs", "program_s"}: per-call median and minimum, calls
+      per program, programs timed, median program seconds.
+    """
+    first = make_inputs(0)
+    b = max(_nbytes(first), 1)
+    n_min = max(2, math.ceil(min_pool_bytes / b))
+    cap = max(n_min, min(max_calls, int(max_pool_bytes // b)))
+    guess = (bytes_per_call or b) / guess_bytes_per_s
+    n = max(n_min, min(cap, math.ceil(1.1 * min_program_s / guess)))
+
+    def once(prog, pool):
+        t0 = time.perf_counter()
+        jax.block_until_ready(prog(pool))
+        return time.perf_counter() - t0
+
+    made = [first]
+    for _ in range(4):
+        made += [make_inputs(i) for i in range(len(made), n)]  # each copy made once
+        pool = made[:n]
+        prog = jax.jit(lambda pool: [fn(*args) for args in pool])
+        once(prog, pool)  # compile + warm-up
+        t = once(prog, pool)
+        if t < min_program_s and n < cap:
+            n = min(cap, math.ceil(n * 1.2 * min_program_s / t))
+        elif t > max_program_s and n > n_min:
+            n = max(n_min, math.ceil(n * 2 * min_program_s / t))
+        else:
+            break
+    samples = [once(prog, pool) for _ in range(programs)]
+    return {"median_s": statistics.median(samples) / n, "min_s": min(samples) / n, "calls": n,
+            "programs": programs, "program_s": statistics.median(samples)}
+
+
+# ------------------------------------------------------------------------------- inputs
+
+
+def _block_spread(key, shape, dtype):
+    """Normal data with one random power-of-two magnitude per 32-block (2^-135 .. 2^120)."""
+    k1, k2 = jax.random.split(key)
+    r, k = shape
+    x = jax.random.normal(k1, (r, k // 32, 32), jnp.float32)
+    lo, hi = (-30, 14) if dtype == jnp.float16 else (-135, 120)
+    e = jax.random.randint(k2, (r, k // 32, 1), lo, hi).astype(jnp.float32)
+    return (x * jnp.exp2(e)).reshape(shape).astype(dtype)
+
+
+def _special_rows(k, dtype):
+    """16 rows of width k: zeros, -0.0, NaN/Inf blocks, subnormals (and the largest one in a block
+    whose scale is 2^-127), values near the dtype's max, every E2M1 midpoint and grid point +-."""
+    import ml_dtypes
+
+    fi = ml_dtypes.finfo(jnp.dtype(dtype))
+    big, tiny = float(fi.max), float(fi.smallest_subnormal)
+    ties = np.array([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0])
+    x = np.zeros((16, k))
+    x[1] = -0.0
+    x[2, ::37], x[3, ::41], x[3, 1::41] = np.nan, np.inf, -np.inf
+    x[4] = tiny * (np.arange(k) % 64 - 32)
+    x[5] = np.resize(np.linspace(-1, 1, 32) * 1.5 * 2.0**-125, k)
+    x[5, 7::32] = (2.0**-14 if dtype == jnp.float16 else 2.0**-126) - tiny
+    x[6] = np.resize(big * np.linspace(-1, 1, 32), k)
+    x[7] = np.resize([big, -0.0], k)
+    for i, scale in enumerate([1.0, 0.5, 2.0, 2.0**-10, 2.0**10, -1.0, 0.25, 16.0]):
+        x[8 + i] = np.resize(np.concatenate([[6.0], ties, -ties, [4.0]]), k) * scale
+    with np.errstate(over="ignore"):
+        return jnp.asarray(x.astype(np.float32)).astype(dtype)
+
+
+# ------------------------------------------------------------------------------- checks
+
+
+def check_exact(dtype, k, rows, interpret, modes=SCALE_MODES):
+    """Fused vs reference on the device for every scale mode x rounding, all in one jitted
+    program (one compile): [(what, ok, mismatched bytes)]."""
+    x = jnp.concatenate([_special_rows(k, dtype), _block_spread(jax.random.key(1), (rows, k), dtype),
+                         jax.random.normal(jax.random.key(2), (rows, k), jnp.float32).astype(dtype)])
+    if interpret:
+        x = x[:24]  # the Pallas interpreter is slow
+    cases = [(m, rd, "input") for rd in ROUNDINGS for m in modes] + [(m, "stochastic", "kernel") for m in modes]
+
+    @jax.jit
+    def mismatches(x, key):
+        counts = []
+        for mode, rounding, uniforms in cases:
+            got = quantize_impl(x, key, axis=1, scale_mode=mode, rounding=rounding, interpret=interpret,
+                                uniforms=uniforms)
+            want = _quantize_impl(x, key, axis=1, scale_mode=mode, rounding=rounding)
+            counts.append(sum(jnp.sum(lax.bitcast_convert_type(g, jnp.uint8) != lax.bitcast_convert_type(w, jnp.uint8))
+                              for g, w in zip(got, want)))
+        return jnp.stack(counts)
+
+    counts = np.asarray(mismatches(x, jax.random.key(11)))
+    out = []
+    for (mode, rounding, uniforms), bad in zip(cases, counts.tolist()):
+        what = f"{mode}/{rounding}" + (" (uniforms in kernel)" if uniforms == "kernel" else "")
+        out.append((f"{jnp.dtype(dtype).name} {what}", bad == 0, bad))
+        print(f"  exact {jnp.dtype(dtype).name:8s} {what:40s}: {'PASS' if bad == 0 else 'FAIL'}"
+              f" ({bad} mismatched bytes of {x.size // 2 + x.size // 32})", flush=True)
+    return out
+
+
+# ------------------------------------------------------------------------------- runs
+
+
+def run(quick, sweep=False, check=True, dtypes=("bfloat16", "float32"), modes=SCALE_MODES):
     interpret = dispatch.current_platform() == "cpu"
-    timing = dict(reps=3, min_program_s=0.0) if quick else dict(reps=7)
-    rows = []
-    t0 = time.time()
-    for shape, dtype in QUICK_SHAPES if quick else FULL_SHAPES:
-        r, k = shape
-        nbytes_in = r * k * jnp.dtype(dtype).itemsize
-        q_bytes = nbytes_in + r * k // 2 + r * k // 32
-        sets = []
-        for i in range(n_sets_for(nbytes_in)):
-            sets.append((jax.random.normal(jax.random.key(i), shape, jnp.float32).astype(dtype),))
-        copy = time_fn(lambda x: x * jnp.asarray(1.0001, dtype), sets, **timing)
-        copy_gbs = 2 * nbytes_in / copy["median_s"] / 1e9
-        rows.append({"shape": shape, "dtype": jnp.dtype(dtype).name, "what": "copy (x*1.0001)", "median_s": copy["median_s"],
-                     "gb_s": copy_gbs, "ratio_vs_copy": 1.0})
-        key = jax.random.key(42)
-        modes = MODES[:1] if quick else MODES
-        for scale_mode, rounding in modes:
-            for name, fn in [
-                ("fused", lambda x, m=scale_mode, rd=rounding: quantize_impl(x, key, axis=1, scale_mode=m, rounding=rd, interpret=interpret)),
-                ("reference", lambda x, m=scale_mode, rd=rounding: _quantize_impl(x, key if rd == "stochastic" else None, axis=1, scale_mode=m, rounding=rd)),
-            ]:
-                t = time_fn(fn, sets, **timing)["median_s"]
-                gbs = q_bytes / t / 1e9
-                rows.append({"shape": shape, "dtype": jnp.dtype(dtype).name, "what": f"{name} {scale_mode}/{rounding}",
-                             "median_s": t, "gb_s": gbs, "ratio_vs_copy": gbs / copy_gbs})
-                print(f"[{time.time() - t0:6.1f}s] {shape} {jnp.dtype(dtype).name} {name} {scale_mode}/{rounding}: "
-                      f"{t * 1e3:.4f} ms {gbs:.1f} GB/s = {gbs / copy_gbs:.3f} of copy ({copy_gbs:.1f} GB/s)", flush=True)
-        if tune and not quick and shape == FULL_SHAPES[0][0] and dtype == FULL_SHAPES[0][1]:
-            for cfg in TUNE:
+    shape = QUICK_SHAPE if quick else FULL_SHAPE
+    r, k = shape
+    timing = dict(min_pool_bytes=1e5, min_program_s=1e-3, programs=3, guess_bytes_per_s=1e9, max_calls=16) if quick else {}
+    rows, checks, t0 = [], [], time.time()
+
+    def log(msg):
+        print(f"[{time.time() - t0:6.1f}s] {msg}", flush=True)
+
+    for dname in dtypes:
+        dtype = jnp.dtype(dname)
+        if check:
+            # the timed shape (16 special rows + two kinds of random rows), so the kernels compiled
+            # here are the ones timed below
+            checks += check_exact(dtype, k, (r - 16) // 2, interpret, modes=modes if quick else SCALE_MODES)
+            log(f"checks {dname} done")
+        in_bytes = r * k * dtype.itemsize
+        q_bytes = in_bytes + r * k // 2 + r * k // 32
+        xs = {}
+
+        def make_x(i, dtype=dtype, xs=xs):
+            if i not in xs:
+                xs[i] = jax.random.normal(jax.random.key(100 + i), shape, jnp.float32).astype(dtype)
+            return xs[i]
+
+        def add(what, res, nbytes, copy_gbs):
+            gbs = nbytes / res["median_s"] / 1e9
+            row = {"shape": shape, "dtype": dname, "what": what, "median_s": res["median_s"], "min_s": res["min_s"],
+                   "calls": res["calls"], "gb_s": gbs, "ratio_vs_copy": gbs / copy_gbs if copy_gbs else 1.0}
+            rows.append(row)
+            log(f"{r}x{k} {dname} {what}: {res['median_s'] * 1e6:.1f} us/call ({res['calls']} calls/program), "
+                f"{gbs:.0f} GB/s = {row['ratio_vs_copy']:.3f} x copy")
+            return gbs
+
+        one = jnp.asarray(1.0001, dtype)
+        copy = fair_time(lambda x: x * one, lambda i: (make_x(i),), bytes_per_call=2 * in_bytes, **timing)
+        copy_gbs = add("copy (x*1.0001)", copy, 2 * in_bytes, None)
+        rows[-1]["ratio_vs_copy"] = 1.0
+
+        def make_xk(i):
+            return make_x(i), jax.random.key_data(jax.random.key(1000 + i))
+
+        if sweep:  # tile configs only (even/nearest), then the best one with stochastic rounding
+            for cfg in SWEEP[:2] if quick else SWEEP:
+                fn = lambda x, cfg=cfg: quantize_2d(x, None, scale_mode="even", cfg=cfg, interpret=interpret)  # noqa: E731
                 try:
-                    t = time_fn(lambda x, cfg=cfg: quantize_impl(x, None, axis=1, scale_mode="even", rounding="nearest", cfg=cfg), sets, reps=5)["median_s"]
-                except Exception as e:
-                    print("  error", cfg, type(e).__name__, str(e)[:200])
+                    res = fair_time(fn, lambda i: (make_x(i),), bytes_per_call=q_bytes, **(timing or {"programs": 3}))
+                except Exception as e:  # a tile Triton cannot compile: report and go on
+                    log(f"sweep {cfg}: error {type(e).__name__}: {str(e)[:300]}")
                     continue
-                gbs = q_bytes / t / 1e9
-                rows.append({"shape": shape, "dtype": jnp.dtype(dtype).name, "what": f"fused even/nearest tile {cfg.rows}x{cfg.cols} w{cfg.num_warps}",
-                             "median_s": t, "gb_s": gbs, "ratio_vs_copy": gbs / copy_gbs})
-                print(f"  tune {cfg}: {gbs:.1f} GB/s = {gbs / copy_gbs:.3f} of copy", flush=True)
-        del sets
-    return {"info": device_info(), "quick": quick, "method": __doc__.split("Usage")[0].strip(), "rows": rows}
+                add(f"sweep even/nearest tile {cfg.rows}x{cfg.cols} w{cfg.num_warps}", res, q_bytes, copy_gbs)
+                rows[-1]["cfg"] = [cfg.rows, cfg.cols, cfg.num_warps]
+            best = max((x for x in rows if x["dtype"] == dname and "cfg" in x), key=lambda x: x["gb_s"], default=None)
+            if best:
+                cfg = QuantizeConfig(*best["cfg"])
+                fn = lambda x, kd: quantize_impl(x, jax.random.wrap_key_data(kd), axis=1, scale_mode="even",  # noqa: E731
+                                                 rounding="stochastic", cfg=cfg, interpret=interpret)
+                add(f"sweep even/stochastic tile {cfg.rows}x{cfg.cols} w{cfg.num_warps} (best nearest tile)",
+                    fair_time(fn, make_xk, bytes_per_call=q_bytes, **timing), q_bytes, copy_gbs)
+                log(f"best tile for {dname}: DEFAULT_CONFIGS[{dname!r}] = QuantizeConfig(rows={cfg.rows}, "
+                    f"cols={cfg.cols}, num_warps={cfg.num_warps})  # {best['ratio_vs_copy']:.3f} x copy")
+            xs.clear()
+            continue
+
+        for rounding in ROUNDINGS:
+            for mode in modes:
+                fused = lambda x, kd, m=mode, rd=rounding: quantize_impl(  # noqa: E731
+                    x, jax.random.wrap_key_data(kd), axis=1, scale_mode=m, rounding=rd, interpret=interpret)
+                add(f"fused {mode}/{rounding}", fair_time(fused, make_xk, bytes_per_call=q_bytes, **timing), q_bytes, copy_gbs)
+            if rounding == "stochastic":  # uniforms generated in the kernel (no uniform traffic)
+                for mode in modes[:1] if quick else ("even",):
+                    fused = lambda x, kd, m=mode: quantize_impl(  # noqa: E731
+                        x, jax.random.wrap_key_data(kd), axis=1, scale_mode=m, rounding="stochastic",
+                        interpret=interpret, uniforms="kernel")
+                    add(f"fused {mode}/stochastic (uniforms in kernel)",
+                        fair_time(fused, make_xk, bytes_per_call=q_bytes, **timing), q_bytes, copy_gbs)
+            if quick:
+                continue
+            refq = lambda x, kd, rd=rounding: _quantize_impl(  # noqa: E731
+                x, jax.random.wrap_key_data(kd) if rd == "stochastic" else None, axis=1, scale_mode="even", rounding=rd)
+            add(f"reference even/{rounding}", fair_time(refq, make_xk, bytes_per_call=q_bytes, **timing), q_bytes, copy_gbs)
+        if not quick:  # the stochastic kernel alone, uniforms given (counted in its bytes)
+            def make_xu(i):
+                return make_x(i), jax.random.uniform(jax.random.key(2000 + i), shape, jnp.float32)
+
+            kern = lambda x, u: quantize_2d(x, u, scale_mode="even", cfg=default_config(dtype))  # noqa: E731
+            b = q_bytes + 4 * r * k
+            add("fused even/stochastic, kernel only (uniforms given, counted)",
+                fair_time(kern, make_xu, bytes_per_call=b, max_pool_bytes=32e9), b, copy_gbs)
+        xs.clear()
+    return {"info": device_info(), "quick": quick, "method": __doc__.split("Usage")[0].strip(), "rows": rows,
+            "checks": [{"what": w, "ok": ok, "mismatched_bytes": n} for w, ok, n in checks]}
 
 
 def markdown(res):
     info = res["info"]
     lines = [f"# MXFP4 quantization: {info['device']} ({info['platform']}), jax {info['jax']}, {info['date_utc']} UTC", "",
-             "GB/s = (input bytes + packed data + scale bytes) / median time; ratio against the same run's "
-             "XLA elementwise copy (bytes read + written).", "",
-             "| shape | dtype | what | median ms | GB/s | x copy |", "|---|---|---|---|---|---|"]
+             "GB/s = (input bytes + packed data + scale bytes) / median time per call (fair timing, see "
+             "benchmarks/quantize.py); x copy = GB/s / the same run's XLA elementwise copy GB/s (bytes read + written).", "",
+             "| shape | dtype | what | median us | GB/s | x copy |", "|---|---|---|---|---|---|"]
     for r in res["rows"]:
-        lines.append(f"| {r['shape'][0]}x{r['shape'][1]} | {r['dtype']} | {r['what']} | {r['median_s'] * 1e3:.4g} | "
+        lines.append(f"| {r['shape'][0]}x{r['shape'][1]} | {r['dtype']} | {r['what']} | {r['median_s'] * 1e6:.1f} | "
                      f"{r['gb_s']:.1f} | {r['ratio_vs_copy']:.3f} |")
+    if res.get("checks"):
+        lines += ["", "Bit-exactness, fused vs reference on this device:", "",
+                  "| case | result | mismatched bytes |", "|---|---|---|"]
+        lines += [f"| {c['what']} | {'PASS' if c['ok'] else 'FAIL'} | {c['mismatched_bytes']} |" for c in res["checks"]]
     return "\n".join(lines) + "\n"
 
 
@@ -95,7 +301,7 @@ def figure(res, out):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = [r for r in res["rows"] if "tile" not in r["what"]]
+    rows = [r for r in res["rows"] if not r["what"].startswith("sweep")]
     labels = [f"{r['shape'][0]}x{r['shape'][1]} {r['dtype']}\n{r['what']}" for r in rows]
     fig, ax = plt.subplots(figsize=(8, 0.35 * len(rows) + 1.5))
     ax.barh(range(len(rows)), [r["gb_s"] for r in rows],
@@ -105,26 +311,34 @@ def figure(res, out):
     ax.invert_yaxis()
     ax.set_xlabel("GB/s (gray: same-run copy; blue: fused Pallas; orange: reference jnp)")
     ax.set_title(f"MXFP4 quantization on {res['info']['device']}")
-    p = save_figure(fig, out, "quantize_bandwidth.png")
-    return p
+    return save_figure(fig, out, "quantize_bandwidth.png")
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="tiny shapes (CPU CI): checks the pipeline and files")
-    ap.add_argument("--no-tune", action="store_true", help="skip the tile sweep")
+    ap.add_argument("--sweep", action="store_true", help="instead of the mode matrix, time the tile configs "
+                    "(even/nearest) per dtype and print the best as a DEFAULT_CONFIGS line")
+    ap.add_argument("--no-tune", action="store_true", help=argparse.SUPPRESS)  # old flag: the sweep is opt-in now
+    ap.add_argument("--no-check", action="store_true", help="skip the fused-vs-reference bit-exactness check")
+    ap.add_argument("--dtypes", default=None, help="comma-separated input dtypes (default bfloat16,float32; "
+                    "--quick: bfloat16)")
+    ap.add_argument("--modes", default=None, help="comma-separated scale modes to time (default all; --quick: even)")
     ap.add_argument("--out", default=None, help="output folder (default benchmarks/results/quantize[-quick])")
     args = ap.parse_args(argv)
     here = os.path.dirname(os.path.abspath(__file__))
     out = out_dir(args.out or os.path.join(here, "results", "quantize-quick" if args.quick else "quantize"))
-    res = run(args.quick, tune=not args.no_tune)
+    dtypes = args.dtypes or ("bfloat16" if args.quick else "bfloat16,float32")
+    modes = args.modes or ("even" if args.quick else ",".join(SCALE_MODES))
+    res = run(args.quick, sweep=args.sweep, check=not args.no_check, dtypes=tuple(dtypes.split(",")),
+              modes=tuple(modes.split(",")))
     write_json(os.path.join(out, "quantize.json"), res)
     md = markdown(res)
     with open(os.path.join(out, "quantize.md"), "w") as f:
         f.write(md)
     figure(res, out)
     print(md)
-    return 0
+    return 0 if all(c["ok"] for c in res["checks"]) else 1
 
 
 if __name__ == "__main__":

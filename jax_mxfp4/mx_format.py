@@ -113,12 +113,13 @@ def e8m0_from_amax(amax: jax.Array, scale_mode: str) -> jax.Array:
 
 
 def _rceil_byte(amax, bits, exp_field, mant):
-    # Normal d = amax / 6 (amax >= 6 * 2^-126): the float32 division is exact-rounded and normal on
-    # every backend, and the byte is d's biased exponent plus one when d is not a power of two.
-    d = amax / jnp.float32(E2M1_MAX)
-    d_bits = _f32_bits(d)
-    d_exp = ((d_bits >> 23) & 0xFF).astype(jnp.int32)
-    byte_normal = d_exp + ((d_bits & 0x7FFFFF) != 0).astype(jnp.int32)
+    # Normal d = RN(amax / 6) (amax >= 6 * 2^-126): the byte is d's biased exponent plus one when d
+    # is not a power of two. Evaluated in integers, without the division (a GPU kernel's float
+    # division may be approximate): with amax = M 2^(e-23), M in [2^23, 2^24), d = (M/3) 2^(e-24);
+    # M/3 rounded to 24 bits is a power of two only for M = 3 * 2^22 (mantissa field 0x400000),
+    # its exponent is e - 2 for M >= 3 * 2^22 and e - 3 below, so byte = e_biased - 2 + [m > 0x400000]
+    # (checked against the float32 division in tests/test_fast_quantize.py).
+    byte_normal = exp_field - 2 + (mant > 0x400000).astype(jnp.int32)
     # Subnormal d: FTZ would flush it, so round amax / 6 onto the 2^-149 grid in integers.
     # For amax < 6 * 2^-126 the exponent field is 1..3, so N = amax * 2^149 < 2^26 fits int32.
     n = (mant | 0x800000).astype(jnp.int32) << jnp.clip(exp_field - 1, 0, 2)
@@ -192,13 +193,26 @@ def e2m1_code_stochastic(y: jax.Array, uniform: jax.Array) -> jax.Array:
     "even", "ceil" and "rceil" keep |y| <= 7, "floor" up to < 8). The spacing is a power of two, so
     lo and the fraction are exact in float32.
     """
-    a = jnp.abs(y)
+    rounded = e2m1_stochastic_magnitude(jnp.abs(y), uniform)
+    # `rounded` is on the grid, so nearest-rounding it is the identity on magnitudes; the sign
+    # nibble comes from y's bits (-0.0 and negatives rounded to zero give code 0x8).
+    return e2m1_code_nearest(rounded) | _sign_nibble(y)
+
+
+def e2m1_stochastic_magnitude(a: jax.Array, uniform: jax.Array) -> jax.Array:
+    """Stochastically rounded E2M1 magnitude (float32 on the grid {0, 0.5, ..., 6}) of ``a >= 0``.
+
+    The rule of :func:`e2m1_code_stochastic`: with lo <= a < lo + step on the grid (step 0.5 below
+    2, 1 in [2, 4), 2 from 4), a rounds up when ``uniform < (a - lo) / step``; saturates at 6.
+    Divisions by the power of two ``step`` are multiplications by its exact reciprocal (same bits),
+    and no float is negated, so it lowers to GPU kernels unchanged.
+    """
+    a = a.astype(jnp.float32)
     step = jnp.where(a < 2.0, 0.5, jnp.where(a < 4.0, 1.0, 2.0)).astype(jnp.float32)
-    lo = jnp.floor(a / step) * step
-    frac = (a - lo) / step
-    rounded = jnp.minimum(jnp.where(uniform < frac, lo + step, lo), E2M1_MAX)
-    # `rounded` is on the grid, so nearest-rounding it is the identity on magnitudes.
-    return e2m1_code_nearest(jnp.where(jnp.signbit(y), -rounded, rounded))
+    inv_step = jnp.where(a < 2.0, 2.0, jnp.where(a < 4.0, 1.0, 0.5)).astype(jnp.float32)
+    lo = jnp.floor(a * inv_step) * step
+    frac = (a - lo) * inv_step
+    return jnp.minimum(jnp.where(uniform < frac, lo + step, lo), jnp.float32(E2M1_MAX))
 
 
 def _sign_nibble(y: jax.Array) -> jax.Array:
@@ -272,6 +286,24 @@ def e2m1_times_2pow_minus14(codes: jax.Array) -> jax.Array:
     c = codes.astype(jnp.uint16)
     bits = ((c & 7) << 9) | ((c & 8) << 12)
     return lax.bitcast_convert_type(bits, jnp.float16)
+
+
+def e2m1_magnitude_code(a: jax.Array) -> jax.Array:
+    """E2M1 magnitude code (int32, 0..7) of float32 ``a >= 0``: the rule of
+    :func:`e2m1_code_nearest` (round half to even, saturating at 6) in ~8 operations, no table.
+
+    Per-binade magic add (gpu-speed.md §4, torchao ``_f32_to_floatx_unpacked``): with
+    e' = clamp(floor(log2 a), 0, 2), adding M = 2^(22 + e') makes the float32 adder round ``a`` to
+    the E2M1 spacing 2^(e' - 1) of its binade, half to even; the code is the number of those
+    steps above M plus 2e' (the codes below the binade), capped at 7. Non-finite ``a`` gives an
+    unspecified code (callers zero NaN/Inf blocks). Sign handling is left to the caller (integer
+    bit operations), so nothing here negates a float.
+    """
+    a = a.astype(jnp.float32)
+    e = lax.bitcast_convert_type(jnp.minimum(jnp.maximum(a, 1.0), 4.0), jnp.int32) & 0x7F800000  # 2^e'
+    m = lax.bitcast_convert_type(e, jnp.float32) * jnp.float32(2.0**22)  # 2^(22 + e'): exact, FP unit
+    t = lax.bitcast_convert_type(a + m, jnp.int32)
+    return jnp.minimum(t - lax.bitcast_convert_type(m, jnp.int32) + (e >> 22) - 254, 7)
 
 
 def e4m3_bits_from_packed(data: jax.Array) -> tuple[jax.Array, jax.Array]:

@@ -74,13 +74,13 @@ def quantize(
     checks.check_scale_layout(scale_layout)
     if rounding == "nearest":
         key = None
-    # GPU fast path (round-to-nearest): one fused Pallas pass, bit-identical to _quantize_impl.
+    # GPU fast path (both roundings): one fused Pallas pass, bit-identical to _quantize_impl.
     from .kernels import quantize as fused
 
     # The fused kernel is a pallas_call, opaque to SPMD partitioning (XLA would all-gather its
     # input): under a mesh the reference jnp path runs instead, which XLA partitions shard-locally.
     sharded = not jax.sharding.get_abstract_mesh().empty
-    use_fused = fused.fast_path_enabled(current_platform(), rounding) and not sharded
+    use_fused = fused.fast_path_enabled(current_platform(), rounding, x.size) and not sharded
     impl = fused.quantize_impl if use_fused else _quantize_impl
     data, scales = impl(x, key, axis=axis, scale_mode=scale_mode, rounding=rounding)
     q = MXFP4Array(data, scales, axis, x.shape, x.dtype, scale_mode, "plain")

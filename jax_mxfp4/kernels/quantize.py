@@ -1,15 +1,30 @@
 """Fused MXFP4 quantization in one pass: a Pallas (Triton lowering) kernel.
 
 Reads each input element once and writes the packed E2M1 bytes and the E8M0 scale bytes once.
-The kernel body applies the rules of :mod:`jax_mxfp4.mx_format` (``flush_subnormal_inputs``,
-``e8m0_from_amax``, ``pow2_from_exponent``, ``e2m1_code_nearest`` / ``e2m1_code_stochastic``) in the
-same order as the reference ``jax_mxfp4.quantize._quantize_impl``, so its output is bit-identical
-in every scale mode and rounding (tests/test_fast_quantize.py checks this, special values too).
+The kernel body applies the rules of :mod:`jax_mxfp4.mx_format` to the same values as the
+reference ``jax_mxfp4.quantize._quantize_impl``, so its output is bit-identical in every scale
+mode, rounding and input dtype (tests/test_fast_quantize.py in the Pallas interpreter;
+benchmarks/quantize.py compares on the GPU). Integer formulation (gpu-speed.md §4):
 
-Each tile is loaded contiguously and split into its even and odd elements in registers, so a packed byte is
-``code(even) | code(odd) << 4`` without an in-register interleave; block amax is the max over
-both halves of the block's 16 + 16 elements. Stochastic rounding takes the same uniforms the
-reference draws (``jax.random.uniform(key, blocks_shape)``), passed in as a second input.
+- the input is viewed as [R, K/32, 32] (a free reshape) and a tile of whole 32-element blocks is
+  loaded contiguously; the float32 bits of each element are split into even and odd elements in
+  registers, so a packed byte is ``code(even) | code(odd) << 4 | signs`` without an interleave;
+- block amax is an integer max of |bits| (sign bit cleared); a maximum at or above 0x7F800000
+  marks a NaN/Inf block (scale byte 0xFF, codes 0), one below 0x00800000 an all-zero or
+  subnormal block (amax 0): ``flush_subnormal_inputs`` and the NaN-block rule without float
+  compares; the scale byte comes from :func:`~jax_mxfp4.mx_format.e8m0_from_amax`;
+- element codes by :func:`~jax_mxfp4.mx_format.e2m1_magnitude_code` (magic add per binade),
+  stochastic rounding by :func:`~jax_mxfp4.mx_format.e2m1_stochastic_magnitude`; the sign nibble
+  is taken from the input bits with integer operations, so -0.0 and negatives rounded to zero
+  keep code 0x8 (the Triton lowering computes a float negation as ``0 - x``, which loses -0.0).
+
+Stochastic rounding consumes the uniforms the reference draws
+(``jax.random.uniform(key, [..., K/32, 32])``, float32, element-aligned with the input), either
+passed in as a second input (``uniforms="input"``, 4 more bytes read per element) or generated in
+the kernel from the key and each element's flat index (``uniforms="kernel"``, Threefry-2x32 as in
+``jax.random``, ~80 integer operations per element, no extra traffic). Either way the bits equal
+the reference's; 32 random bits per element from Threefry are what keep stochastic rounding far
+from copy bandwidth.
 """
 
 from __future__ import annotations
@@ -28,163 +43,298 @@ from ..mx_format import (
     BLOCK_SIZE,
     E8M0_BIAS,
     E8M0_NAN,
-    e2m1_code_nearest,
-    e2m1_code_stochastic,
+    e2m1_magnitude_code,
+    e2m1_stochastic_magnitude,
     e8m0_from_amax,
-    flush_subnormal_inputs,
     pow2_from_exponent,
 )
 
 ENV_VAR = "JAX_MXFP4_FAST_QUANTIZE"
 """Set to "0" to make :func:`jax_mxfp4.quantize` use the reference jnp path on GPUs too."""
 
+_ABS = 0x7FFFFFFF
+_INF_BITS = 0x7F800000
+_MIN_NORMAL_BITS = 0x00800000
+
 
 @dataclasses.dataclass(frozen=True)
 class QuantizeConfig:
-    """Tile of the quantization kernel: ``rows`` x ``cols`` input elements (powers of two,
-    cols a multiple of 64), Triton ``num_warps``."""
+    """Tile of the quantization kernel: ``rows`` x ``cols`` input elements (powers of two, cols
+    >= 32, i.e. whole 32-element blocks), Triton ``num_warps``."""
 
-    rows: int = 16
-    cols: int = 256
+    rows: int = 8
+    cols: int = 512
     num_warps: int = 4
 
     def __post_init__(self):
         if self.rows < 1 or self.rows & (self.rows - 1):
             raise ValueError(f"QuantizeConfig.rows must be a power of two, got {self.rows}")
-        if self.cols < 64 or self.cols & (self.cols - 1):
-            raise ValueError(f"QuantizeConfig.cols must be a power of two >= 64, got {self.cols}")
+        if self.cols < BLOCK_SIZE or self.cols & (self.cols - 1):
+            raise ValueError(f"QuantizeConfig.cols must be a power of two >= {BLOCK_SIZE}, got {self.cols}")
+        if self.num_warps < 1 or self.num_warps & (self.num_warps - 1):
+            raise ValueError(f"QuantizeConfig.num_warps must be a power of two, got {self.num_warps}")
 
 
-def _quantize_kernel(*refs, n_rows, k, cfg, scale_mode, stochastic):
-    if stochastic:
+DEFAULT_CONFIG = QuantizeConfig()
+
+
+def _split_pairs(v):
+    """[..., 32] -> (even elements, odd elements), each [..., 16] (Triton tt.split, in registers)."""
+    even, odd = jnp.unstack(v.reshape(*v.shape[:-1], BLOCK_SIZE // 2, 2), axis=-1)
+    return even, odd
+
+
+_THREEFRY_ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
+
+
+def threefry_uniform(k1, k2, counter):
+    """float32 uniforms equal to ``jax.random.uniform(key, shape).ravel()[counter]``.
+
+    For a threefry2x32 key with data (k1, k2) (uint32 scalars) under
+    ``jax_threefry_partitionable`` (the default since jax 0.5): element i of the draw hashes the
+    64-bit counter (0, i) with Threefry-2x32 (20 rounds, Salmon et al. 2011; as
+    ``jax._src.random.threefry2x32``), takes ``bits = x0 ^ x1`` and maps it to
+    ``((bits >> 9) | 0x3F800000) as float - 1`` (``jax.random.uniform``). ``counter`` is uint32
+    (draws of fewer than 2^32 elements). About 80 integer operations per element.
+    """
+    u32 = jnp.uint32
+    counter = counter.astype(u32)
+
+    def rotl(v, r):
+        return (v << u32(r)) | lax.shift_right_logical(v, u32(32 - r))
+
+    ks = (k1, k2, k1 ^ k2 ^ u32(0x1BD11BDA))
+    x0 = jnp.zeros_like(counter) + ks[0]
+    x1 = counter + ks[1]
+    for i in range(5):
+        for r in _THREEFRY_ROTATIONS[i % 2]:
+            x0 = x0 + x1
+            x1 = rotl(x1, r) ^ x0
+        x0 = x0 + ks[(i + 1) % 3]
+        x1 = x1 + ks[(i + 2) % 3] + u32(i + 1)
+    bits = lax.shift_right_logical(x0 ^ x1, u32(9)) | u32(0x3F800000)
+    return lax.bitcast_convert_type(bits, jnp.float32) - jnp.float32(1.0)
+
+
+def kernel_rng_supported(key, n_elements: int) -> bool:
+    """Whether :func:`threefry_uniform` reproduces ``jax.random.uniform(key, ...)`` here: a
+    threefry2x32 key (typed, or raw uint32[2] with that default implementation), the partitionable
+    threefry (jax default), fewer than 2^32 elements."""
+    if jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key):
+        impl_name = str(jax.random.key_impl(key))
+    else:
+        impl_name = str(jax.config.jax_default_prng_impl)
+    return ("threefry2x32" in impl_name and bool(jax.config.jax_threefry_partitionable)
+            and n_elements < 2**32)
+
+
+def _quantize_kernel(*refs, n_rows, n_blocks, br, nbt, scale_mode, stochastic, kernel_rng=False):
+    if kernel_rng:
+        x_ref, key_ref, data_ref, scale_ref = refs
+    elif stochastic:
         x_ref, u_ref, data_ref, scale_ref = refs
     else:
         x_ref, data_ref, scale_ref = refs
-    br, bc = cfg.rows, cfg.cols
-    half, nb = bc // 2, bc // BLOCK_SIZE
     r0 = pl.program_id(0) * br
-    c0 = pl.program_id(1) * bc
-    rows = r0 + lax.broadcasted_iota(jnp.int32, (br, 1), 0)
-    cols = c0 + lax.broadcasted_iota(jnp.int32, (1, bc), 1)
-    mask = (rows < n_rows) & (cols < k)
-    pmask = (rows < n_rows) & ((c0 + 2 * lax.broadcasted_iota(jnp.int32, (1, half), 1)) < k)
+    b0 = pl.program_id(1) * nbt
+    # Masks only where the grid overhangs the array (static shapes): unmasked loads vectorize.
+    mask2 = None
+    if n_rows % br or n_blocks % nbt:
+        mask2 = ((r0 + lax.broadcasted_iota(jnp.int32, (br, nbt), 0)) < n_rows) & (
+            (b0 + lax.broadcasted_iota(jnp.int32, (br, nbt), 1)) < n_blocks
+        )
 
-    def load_halves(ref):
-        # One contiguous load, split into even/odd elements in registers (Triton tt.split).
-        v = plgpu.load(ref.at[pl.ds(r0, br), pl.ds(c0, bc)], mask=mask, other=0)
-        even, odd = jnp.unstack(v.reshape(br, half, 2), axis=-1)
-        shape = (br, nb, BLOCK_SIZE // 2)
-        return even.reshape(shape), odd.reshape(shape)
+    def load(ref):
+        shape = (br, nbt, BLOCK_SIZE)
+        view = ref.at[pl.ds(r0, br), pl.ds(b0, nbt), :]
+        if mask2 is None:
+            return plgpu.load(view)
+        return plgpu.load(view, mask=jnp.broadcast_to(mask2[..., None], shape), other=0)
 
-    xe, xo = load_halves(x_ref)
-    xe, xo = flush_subnormal_inputs(xe), flush_subnormal_inputs(xo)
-    if stochastic:
-        ue, uo = load_halves(u_ref)
-    fin_e, fin_o = jnp.isfinite(xe), jnp.isfinite(xo)
-    bad = jnp.maximum(
-        jnp.max((~fin_e).astype(jnp.int32), axis=-1), jnp.max((~fin_o).astype(jnp.int32), axis=-1)
-    ) > 0
-    amax = jnp.maximum(
-        jnp.max(jnp.where(fin_e, jnp.abs(xe), 0.0), axis=-1),
-        jnp.max(jnp.where(fin_o, jnp.abs(xo), 0.0), axis=-1),
-    )
+    x = load(x_ref)
+    bits = lax.bitcast_convert_type(x.astype(jnp.float32), jnp.int32)  # exact widening
+    ev, od = _split_pairs(bits)
+    # Signs by integer ops: element 2i's sign to bit 3, element 2i+1's to bit 7.
+    sign = ((ev >> 28) & 0x8) | ((od >> 24) & 0x80)
+    a_ev, a_od = ev & _ABS, od & _ABS
+    amax_bits = jnp.max(jnp.maximum(a_ev, a_od), axis=-1)  # [br, nbt]
+    bad = amax_bits >= _INF_BITS  # a NaN or Inf in the block
+    amax = lax.bitcast_convert_type(jnp.where(amax_bits < _MIN_NORMAL_BITS, 0, amax_bits), jnp.float32)
     byte = jnp.where(bad, jnp.uint8(E8M0_NAN), e8m0_from_amax(amax, scale_mode))
     s = jnp.clip(byte.astype(jnp.int32) - E8M0_BIAS, -E8M0_BIAS, 126)
-    inv = pow2_from_exponent(-s)[..., None]
+    inv = pow2_from_exponent(-s)[..., None]  # 2^-s, exact
 
-    def codes(x, fin, u):
-        y = jnp.where(fin, x * inv, 0.0)
-        if stochastic:
-            c = e2m1_code_stochastic(y, u)
-        else:
-            c = e2m1_code_nearest(y)
-        return jnp.where(bad[..., None], jnp.uint8(0), c)
+    def magnitude(a_bits, u, flush=True):
+        # Subnormal inputs count as zeros (flush_subnormal_inputs); then y = |x| / 2^s exactly.
+        if flush:
+            a_bits = jnp.where(a_bits < _MIN_NORMAL_BITS, 0, a_bits)
+        y = lax.bitcast_convert_type(a_bits, jnp.float32) * inv
+        if u is not None:
+            y = e2m1_stochastic_magnitude(y, u)
+        return e2m1_magnitude_code(y)
 
-    packed = codes(xe, fin_e, ue if stochastic else None) | (
-        codes(xo, fin_o, uo if stochastic else None) << 4
-    )
-    plgpu.store(data_ref.at[pl.ds(r0, br), pl.ds(c0 // 2, half)], packed.reshape(br, half), mask=pmask)
-    brows = r0 + lax.broadcasted_iota(jnp.int32, (br, 1), 0)
-    bcols = c0 // BLOCK_SIZE + lax.broadcasted_iota(jnp.int32, (1, nb), 1)
-    plgpu.store(
-        scale_ref.at[pl.ds(r0, br), pl.ds(c0 // BLOCK_SIZE, nb)],
-        byte,
-        mask=(brows < n_rows) & (bcols < k // BLOCK_SIZE),
-    )
+    if kernel_rng:  # the reference's uniforms, generated here from their flat index
+        k1, k2 = key_ref[0], key_ref[1]
+        shape = (br, nbt, BLOCK_SIZE // 2)
+        row = (r0 + lax.broadcasted_iota(jnp.int32, shape, 0)).astype(jnp.uint32)
+        col = (b0 * BLOCK_SIZE + BLOCK_SIZE * lax.broadcasted_iota(jnp.int32, shape, 1)
+               + 2 * lax.broadcasted_iota(jnp.int32, shape, 2)).astype(jnp.uint32)
+        idx = row * jnp.uint32(n_blocks * BLOCK_SIZE) + col
+        u_ev = threefry_uniform(k1, k2, idx)
+        u_od = threefry_uniform(k1, k2, idx + jnp.uint32(1))
+    elif stochastic:
+        u_ev, u_od = _split_pairs(load(u_ref))
+    else:
+        u_ev = u_od = None
+    if stochastic:
+        codes = magnitude(a_ev, u_ev) | (magnitude(a_od, u_od) << 4)
+    else:
+        # Round to nearest: a float32 subnormal (< 2^-126) times 2^-s stays below 0.25 (code 0,
+        # like the flushed zero) unless s <= -125, so the flush is needed only in tiles holding
+        # such a block (block max below ~2^-122): a branch taken per tile, not per element.
+        codes = lax.cond(
+            jnp.min(s) <= -125,
+            lambda: magnitude(a_ev, None) | (magnitude(a_od, None) << 4),
+            lambda: magnitude(a_ev, None, flush=False) | (magnitude(a_od, None, flush=False) << 4),
+        )
+    packed = codes | sign
+    packed = jnp.where(bad[..., None], 0, packed).astype(jnp.uint8)
+    dview = data_ref.at[pl.ds(r0, br), pl.ds(b0, nbt), :]
+    sview = scale_ref.at[pl.ds(r0, br), pl.ds(b0, nbt)]
+    if mask2 is None:
+        plgpu.store(dview, packed)
+        plgpu.store(sview, byte)
+    else:
+        plgpu.store(dview, packed, mask=jnp.broadcast_to(mask2[..., None], packed.shape))
+        plgpu.store(sview, byte, mask=mask2)
+
+
+def _pow2_at_most(n, cap):
+    return min(cap, 1 << max(0, (n - 1).bit_length()))
 
 
 @functools.partial(jax.jit, static_argnames=("scale_mode", "cfg", "interpret"))
-def quantize_2d(x, uniform=None, *, scale_mode="even", cfg: QuantizeConfig = QuantizeConfig(),
+def quantize_2d(x, uniform=None, *, key_data=None, scale_mode="even", cfg: QuantizeConfig = DEFAULT_CONFIG,
                 interpret=False):
     """Quantize a 2-D array [R, K] along its last axis in one fused pass.
 
     Args:
       x: float32/bfloat16/float16 [R, K], K a multiple of 32.
-      uniform: None for round-to-nearest-even; for stochastic rounding, float32 [R, K] uniforms
-        in [0, 1) (element-aligned with x).
+      uniform: None for round-to-nearest-even (unless ``key_data``); for stochastic rounding,
+        float32 uniforms in [0, 1) with R * K elements, element-aligned with x (the reference's
+        draw, any shape).
+      key_data: uint32[2], the data of a threefry2x32 key: stochastic rounding with the uniforms
+        of ``jax.random.uniform(key, [R, K])`` generated inside the kernel (no uniform traffic;
+        see :func:`threefry_uniform`, :func:`kernel_rng_supported`). Exclusive with ``uniform``.
       scale_mode: as in :func:`jax_mxfp4.quantize`.
-      cfg: :class:`QuantizeConfig`. interpret: run the Pallas interpreter (CPU tests).
+      cfg: :class:`QuantizeConfig` (a tile larger than the array is shrunk to it).
+      interpret: run the Pallas interpreter (CPU tests).
     Returns:
       (data uint8 [R, K/2], scale bytes uint8 [R, K/32]), bit-identical to the reference.
+    Raises:
+      ValueError: x is not 2-D or K is not a multiple of 32.
     """
+    if x.ndim != 2:
+        raise ValueError(f"quantize_2d: x must be 2-D, got shape {x.shape}")
     n_rows, k = x.shape
     if k % BLOCK_SIZE:
         raise ValueError(f"quantized axis length {k} is not a multiple of {BLOCK_SIZE}")
-    stochastic = uniform is not None
-    args = [x] if uniform is None else [x, uniform.reshape(n_rows, k)]
+    n_blocks = k // BLOCK_SIZE
+    br = _pow2_at_most(n_rows, cfg.rows)
+    nbt = _pow2_at_most(n_blocks, cfg.cols // BLOCK_SIZE)
+    if uniform is not None and key_data is not None:
+        raise ValueError("quantize_2d: give uniform or key_data, not both")
+    kernel_rng = key_data is not None
+    stochastic = uniform is not None or kernel_rng
+    args = [x.reshape(n_rows, n_blocks, BLOCK_SIZE)]
+    if kernel_rng:
+        args.append(jnp.asarray(key_data, jnp.uint32).reshape(2))
+    elif stochastic:
+        args.append(uniform.astype(jnp.float32).reshape(n_rows, n_blocks, BLOCK_SIZE))
     kernel = functools.partial(
-        _quantize_kernel, n_rows=n_rows, k=k, cfg=cfg, scale_mode=scale_mode, stochastic=stochastic
+        _quantize_kernel, n_rows=n_rows, n_blocks=n_blocks, br=br, nbt=nbt,
+        scale_mode=scale_mode, stochastic=stochastic, kernel_rng=kernel_rng,
     )
-    return pl.pallas_call(
+    data, byte = pl.pallas_call(
         kernel,
         out_shape=(
-            jax.ShapeDtypeStruct((n_rows, k // 2), jnp.uint8),
-            jax.ShapeDtypeStruct((n_rows, k // BLOCK_SIZE), jnp.uint8),
+            jax.ShapeDtypeStruct((n_rows, n_blocks, BLOCK_SIZE // 2), jnp.uint8),
+            jax.ShapeDtypeStruct((n_rows, n_blocks), jnp.uint8),
         ),
-        grid=(pl.cdiv(n_rows, cfg.rows), pl.cdiv(k, cfg.cols)),
+        grid=(pl.cdiv(n_rows, br), pl.cdiv(n_blocks, nbt)),
         compiler_params=plgpu.CompilerParams(num_warps=cfg.num_warps, num_stages=1),
         interpret=interpret,
         name="mxfp4_quantize",
     )(*args)
+    return data.reshape(n_rows, k // 2), byte
 
 
-def fast_path_enabled(platform: str, rounding: str = "nearest") -> bool:
-    """Whether :func:`jax_mxfp4.quantize` uses this kernel: round-to-nearest-even on CUDA/ROCm,
-    unless disabled by ``JAX_MXFP4_FAST_QUANTIZE=0``.
+def fast_path_enabled(platform: str, rounding: str = "nearest", size: int = 0) -> bool:
+    """Whether :func:`jax_mxfp4.quantize` uses this kernel: on CUDA/ROCm, for both roundings,
+    for inputs of fewer than :data:`MAX_KERNEL_ELEMENTS` elements (``size``; the kernel's element
+    offsets are int32), unless disabled by ``JAX_MXFP4_FAST_QUANTIZE=0``.
 
-    Stochastic rounding stays on the reference path on GPUs: the kernel matches the reference
-    bit for bit in the CPU interpreter, but on the H200 it gave +0.0 (code 0x0) where the
-    reference gives -0.0 (code 0x8) for negative values rounded to zero (8.6-16.5% of the data
-    bytes; benchmarks/results/gpu_check.json). ``e2m1_code_stochastic`` negates a float zero,
-    and the Pallas Triton lowering computes a negation as ``0 - x``, which gives +0.0 for
-    -(+0.0). With its uniforms read from memory the kernel was also no faster there (0.99 vs
-    0.94 ms, 16384x8192 bf16).
+    ``rounding`` is accepted for callers that ask per rounding; both are bit-identical to the
+    reference (stochastic rounding builds its sign nibble with integer operations, so the -0.0
+    that Triton's ``0 - x`` negation lost before is kept).
     """
-    return (
-        rounding == "nearest"
-        and platform in ("cuda", "rocm")
-        and os.environ.get(ENV_VAR, "1").strip() != "0"
-    )
+    del rounding
+    return (platform in ("cuda", "rocm") and size < MAX_KERNEL_ELEMENTS
+            and os.environ.get(ENV_VAR, "1").strip() != "0")
+
+
+def default_config(dtype) -> QuantizeConfig:
+    """Tile used by :func:`quantize_impl` for input ``dtype`` when none is given."""
+    return DEFAULT_CONFIGS.get(jnp.dtype(dtype).name, DEFAULT_CONFIG)
+
+
+DEFAULT_CONFIGS = {
+    "bfloat16": QuantizeConfig(rows=8, cols=512, num_warps=4),
+    "float16": QuantizeConfig(rows=8, cols=512, num_warps=4),
+    "float32": QuantizeConfig(rows=8, cols=256, num_warps=4),
+}
+"""Per input dtype; to be set from ``benchmarks/quantize.py --sweep`` on the target GPU."""
+
+
+MAX_KERNEL_ELEMENTS = 2**31
+"""Inputs with this many elements or more go to the reference path (the kernel's element
+offsets are int32)."""
+
+SR_UNIFORMS = "input"
+"""Default source of stochastic rounding's uniforms in :func:`quantize_impl`: "input" (drawn by
+``jax.random.uniform`` in XLA and read by the kernel, 4 bytes per element) or "kernel" (the same
+values generated in the kernel by :func:`threefry_uniform` where :func:`kernel_rng_supported`)."""
 
 
 @functools.partial(
-    jax.jit, static_argnames=("axis", "scale_mode", "rounding", "interpret", "cfg")
+    jax.jit, static_argnames=("axis", "scale_mode", "rounding", "interpret", "cfg", "uniforms")
 )
 def quantize_impl(x, key, *, axis, scale_mode, rounding, interpret=False,
-                  cfg: QuantizeConfig | None = None):
-    """Drop-in for the reference ``_quantize_impl``: returns (data, E8M0 scales) for ``axis``."""
+                  cfg: QuantizeConfig | None = None, uniforms: str | None = None):
+    """Drop-in for the reference ``_quantize_impl``: returns (data uint8, E8M0 scales) for
+    ``axis``, bit-identical to it (stochastic rounding uses the same uniforms from ``key``:
+    ``uniforms`` "input" or "kernel", default :data:`SR_UNIFORMS`; "kernel" falls back to
+    "input" where :func:`kernel_rng_supported` is false)."""
     from ..mx_format import as_e8m0
 
+    if x.size >= MAX_KERNEL_ELEMENTS:  # int32 element offsets (fast_path_enabled routes these away)
+        raise ValueError(f"quantize_impl: x has {x.size} elements; the fused kernel takes fewer than "
+                         f"{MAX_KERNEL_ELEMENTS} (int32 offsets): use jax_mxfp4.quantize")
     xm = jnp.moveaxis(x, axis, -1)
     lead = xm.shape[:-1]
     x2 = xm.reshape(-1, xm.shape[-1])
     if cfg is None:
-        cfg = QuantizeConfig(rows=32, cols=min(256, max(64, 1 << (x2.shape[1] - 1).bit_length())), num_warps=8)
-    uniform = None
+        cfg = default_config(x.dtype)
+    uniform = key_data = None
     if rounding == "stochastic":  # the reference's draw: same key, same [..., K/32, 32] shape
         blocks = (*lead, xm.shape[-1] // BLOCK_SIZE, BLOCK_SIZE)
-        uniform = jax.random.uniform(key, blocks, jnp.float32).reshape(x2.shape)
-    data, byte = quantize_2d(x2, uniform, scale_mode=scale_mode, cfg=cfg, interpret=interpret)
+        if uniforms not in (None, "input", "kernel"):
+            raise ValueError(f"uniforms must be 'input' or 'kernel', got {uniforms!r}")
+        if (uniforms or SR_UNIFORMS) == "kernel" and kernel_rng_supported(key, x.size):
+            key_data = jax.random.key_data(key) if jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key) else key
+        else:
+            uniform = jax.random.uniform(key, blocks, jnp.float32)
+    data, byte = quantize_2d(x2, uniform, key_data=key_data, scale_mode=scale_mode, cfg=cfg, interpret=interpret)
     data = data.reshape(*lead, data.shape[-1])
     byte = byte.reshape(*lead, byte.shape[-1])
     return jnp.moveaxis(data, -1, axis), as_e8m0(jnp.moveaxis(byte, -1, axis))
