@@ -7,7 +7,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from . import checks
+from . import checks, sharding
 from .array import MXFP4Array
 from .mx_format import (
     BLOCK_SIZE,
@@ -71,6 +71,7 @@ def quantize(
     checks.check_float_input(x, "x")
     axis = checks.normalize_axis(axis, jnp.ndim(x), "axis")
     checks.check_block_multiple(x.shape[axis], axis, "x")
+    sharding.check_dim_blocks(x, axis, "x", f"the quantized axis {axis}")
     checks.check_scale_mode(scale_mode)
     checks.check_rounding(rounding, key)
     checks.check_scale_layout(scale_layout)
