@@ -130,6 +130,16 @@ def gather_partial_blocks(x, axis: int, padded_length: int | None = None):
     return jax.sharding.reshard(x, named(mesh, *new))
 
 
+def like(g, x):
+    """``g`` resharded to ``x``'s sharding under an explicit mesh, else as is: a cotangent must
+    have its primal's type (the backward GEMMs shard their outputs by their own operands)."""
+    gs = explicit_spec(g)
+    if gs is None:
+        return g
+    xs = explicit_spec(x) or (None,) * x.ndim
+    return g if gs == xs else jax.sharding.reshard(g, named(mesh_of(g), *xs))
+
+
 def named(mesh, *entries) -> NamedSharding:
     return NamedSharding(mesh, PartitionSpec(*entries))
 

@@ -201,8 +201,8 @@ def _mx_gemm_fwd(a, b, recipe, out_dtype, site, key):
 
 def _mx_gemm_bwd(recipe, out_dtype, site, res, dy):
     a, b, key = res
-    da = _dgrad(dy, b, recipe, site, key).astype(a.dtype)
-    db = _wgrad(dy, a, recipe, site, key).astype(b.dtype)
+    da = shd.like(_dgrad(dy, b, recipe, site, key).astype(a.dtype), a)
+    db = shd.like(_wgrad(dy, a, recipe, site, key).astype(b.dtype), b)
     return da, db, None
 
 
@@ -252,8 +252,8 @@ def _mixed_bwd(dimension_numbers, out_dtype, recipe, site, res, dy):
         # back through the transpose/reshape onto x's logical shape
         if isinstance(x, MXFP4Array):
             return None
-        _, pull = jax.vjp(lambda v: _canonical(v, contracting, batch, pad_k=False), x)
-        return pull(canonical_grad().astype(x.dtype))[0]
+        x3, pull = jax.vjp(lambda v: _canonical(v, contracting, batch, pad_k=False), x)
+        return shd.like(pull(shd.like(canonical_grad().astype(x.dtype), x3))[0], x)
 
     return (grad_of(lhs, lc, lb, lambda: _dgrad(dy3, b, recipe, site, key)),
             grad_of(rhs, rc, rb, lambda: _wgrad(dy3, a, recipe, site, key)), None)
