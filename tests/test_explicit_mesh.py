@@ -172,15 +172,18 @@ def test_b_block_rule_is_checked_before_any_reshape_or_quantization():
 
 
 # ----------------------------------------------------------------------------- tokens per device
+@pytest.mark.parametrize("variant", ["step-key", "fallback-key+hadamard"])
 @pytest.mark.parametrize("tokens", [48, 100])
-def test_data_parallel_training_with_token_counts_not_a_multiple_of_32(tokens):
+def test_data_parallel_training_with_token_counts_not_a_multiple_of_32(tokens, variant):
     """Per-device token counts 48 and 100 (wgrad contracts the tokens: blocks straddle devices,
-    and 200 tokens are padded to 224): a Flax training step gives the single-device gradients on
-    the explicit mesh, as on an Auto mesh; stochastic rounding with a step key too."""
-    model = mxf.linen.Dense(32, recipe=mx.Recipe())
+    and 200 tokens are padded to 224): a Flax training step with stochastic rounding gives the
+    single-device gradients on the explicit mesh, as on an Auto mesh -- with a step key from the
+    RNG stream, and with the data-derived fallback key plus the wgrad Hadamard transform."""
+    hadamard = variant != "step-key"
+    model = mxf.linen.Dense(32, recipe=mx.Recipe(hadamard=hadamard))
     x, t = normal(2 * tokens, 64), normal(2 * tokens, 32)
     params = model.init(jax.random.key(0), x)
-    rngs = {"stochastic_rounding": jax.random.key(7)}
+    rngs = None if hadamard else {"stochastic_rounding": jax.random.key(7)}
 
     def step(p, a, b):
         return jax.grad(lambda p: jnp.sum((model.apply(p, a, rngs=rngs) - b) ** 2))(p)
@@ -194,6 +197,43 @@ def test_data_parallel_training_with_token_counts_not_a_multiple_of_32(tokens):
             got = jax.jit(step)(params, xs, ts)
         for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
             assert_within_reassociation(g, w)
+
+
+# ----------------------------------------------------------------------------- MXFP4Array weights
+@pytest.mark.parametrize("wspec", [P(None, None), P(None, "model")], ids=["replicated", "tp-column"])
+def test_pre_quantized_weight_serving_and_activation_grad(wspec):
+    """quantize_params-style MXFP4Array weight (device_put replicated or column-sharded) against
+    batch-sharded 3-D activations: forward bit-equal to one device with plain ``x @ w``'s
+    sharding, and the activation gradient (e.g. for an adapter upstream) equal too."""
+    x, w = normal(4, 16, 64), normal(64, 32, scale=0.1)
+    wq = mx.quantize(w, axis=0)
+    f = lambda a, b: mx.dense(a, b, recipe=NEAREST)  # noqa: E731
+    single = jax.jit(f)(x, wq)
+    g1 = jax.jit(jax.grad(lambda a, b: jnp.sum(f(a, b) ** 2)))(x, wq)
+    mesh = mesh_2x4()
+    with jax.set_mesh(mesh):
+        xx = jax.device_put(x, NamedSharding(mesh, P("data", None, None)))
+        wqs = jax.device_put(wq, NamedSharding(mesh, wspec))
+        ws = jax.device_put(w, NamedSharding(mesh, wspec))
+        out = jax.jit(f)(xx, wqs)
+        plain = jax.jit(lambda a, b: a @ b)(xx, ws)
+        g = jax.jit(jax.grad(lambda a, b: jnp.sum(f(a, b) ** 2)))(xx, wqs)
+    assert spec_of(out) == spec_of(plain)
+    np.testing.assert_array_equal(np.asarray(out), np.asarray(single))
+    assert_within_reassociation(g, g1)
+    assert spec_of(g) == ("data", None, None)
+
+
+def test_nnx_out_sharding_on_an_explicit_mesh():
+    lin = mxf.nnx.Linear(64, 32, rngs=nnx.Rngs(0))
+    x = normal(4, 16, 64)
+    single = lin(x)
+    mesh = mesh_2x4()
+    with jax.set_mesh(mesh):
+        xx = jax.device_put(x, NamedSharding(mesh, P("data", None, None)))
+        out = nnx.jit(lambda m, a: m(a, out_sharding=P("data", None, "model")))(lin, xx)
+    assert spec_of(out) == ("data", None, "model")
+    np.testing.assert_array_equal(np.asarray(out), np.asarray(single))
 
 
 # ----------------------------------------------------------------------------- batch dims
