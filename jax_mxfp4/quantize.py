@@ -66,7 +66,8 @@ def quantize(
     Raises:
       TypeError: ``x`` is not float32/bfloat16/float16, or ``axis`` is not an int.
       ValueError: ``axis`` out of range; ``x.shape[axis]`` not a multiple of 32; an unknown
-        ``scale_mode``, ``rounding`` or ``scale_layout``; "stochastic" without ``key``.
+        ``scale_mode``, ``rounding`` or ``scale_layout``; "stochastic" without ``key``; under an
+        explicit-sharding mesh, ``axis`` sharded so that a shard would split a 32-element block.
     """
     checks.check_float_input(x, "x")
     axis = checks.normalize_axis(axis, jnp.ndim(x), "axis")

@@ -104,7 +104,7 @@ def check_dim_blocks(x, axis: int, name: str, what: str = "the contracting dim (
 
 def check_k_shards(mesh, k_entry, k: int, name: str) -> None:
     """A K shard must hold whole 32-element blocks (quantization stays shard-local)."""
-    check_block_shards(mesh, k_entry, k, name, f"the contracting dim (K={k})")
+    check_block_shards(mesh, k_entry, k, name)
 
 
 def gather_partial_blocks(x, axis: int, padded_length: int | None = None):

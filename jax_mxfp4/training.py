@@ -22,8 +22,12 @@ nothing to a block's amax or to the dot product): N in dgrad, M in wgrad, and K 
 :func:`dense` and the Flax layers (the public :func:`dot_general` asks for K % 32 == 0, as
 :func:`jax_mxfp4.gemm.dot_general` does).
 
-**Stochastic rounding keys** are derived deterministically, so the same inputs always give the
-same gradients (reproducible runs, and ``jax.checkpoint`` recomputation is consistent):
+**Stochastic rounding keys.** With a ``key`` argument (:func:`dot_general`, :func:`dense`; the
+Flax layers take it from an RNG stream) dgrad uses ``fold_in(key, 1)`` and wgrad
+``fold_in(key, 2)``: pass a fresh key per step for noise that averages out over steps,
+reproducible from the seed. Without one, the documented fallback derives the key from the data
+(the same inputs always give the same gradients, and ``jax.checkpoint`` recomputation is
+consistent, but the draw repeats whenever dY repeats):
 ``key = fold_in(fold_in(fold_in(key(0x4D584634), site), pass), hash32(dY))`` where ``site`` is
 ``zlib.crc32(repr((lhs.shape, rhs.shape, lhs_dtype_name, rhs_dtype_name, (lc, rc, lb, rb)))) &
 0x7FFFFFFF`` (normalized contracting/batch dims; the call's static signature), ``pass`` is 1
