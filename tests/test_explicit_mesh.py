@@ -289,16 +289,27 @@ def sharded_problem(draw):
     return lead, k, n, spec(lead + (k,)), spec((k, n))
 
 
-@settings(max_examples=6, deadline=None)
-@given(sharded_problem(), st.sampled_from(["xla", "ffi-cpu"]))
-def test_random_shardings_train_like_one_device(problem, backend):
-    """Forward and gradients of mx.dense under random explicit shardings equal the single-device
-    run (or raise the documented block-rule error when a K shard would split a block); the output
-    sharding equals plain ``x @ w``'s wherever plain JAX accepts the shardings."""
-    if backend not in mx.available_backends():
+RECIPES = {
+    "a4w4": NEAREST,
+    "w4a16": NEAREST.replace(quantize_activations=False),
+    "bf16-fprop": NEAREST.replace(fprop="bf16"),
+    "bf16-backward": NEAREST.replace(dgrad="bf16", wgrad="bf16"),
+}
+
+
+@settings(max_examples=8, deadline=None)
+@given(sharded_problem(), st.sampled_from(["xla", "ffi-cpu"]), st.sampled_from(list(RECIPES)), st.booleans())
+def test_random_shardings_train_like_one_device(problem, backend, recipe_name, weight_outside_mesh):
+    """Forward and gradients of mx.dense under random explicit shardings (the weight possibly
+    made outside the mesh) and recipes equal the single-device run (or raise the documented
+    block-rule error when a K shard would split a block); the output sharding equals plain
+    ``x @ w``'s wherever plain JAX accepts the shardings."""
+    if backend not in mx.available_backends() or recipe_name == "w4a16":  # ffi-cpu: a4w4 only
         backend = "xla"
     lead, k, n, xs, ws = problem
-    recipe = NEAREST.replace(backend=backend)
+    if weight_outside_mesh:
+        ws = P(None, None)
+    recipe = RECIPES[recipe_name].replace(backend=backend)
     x, w, c = normal(*lead, k), normal(k, n, scale=0.1), normal(*lead, n)
     f = lambda a, b: mx.dense(a, b, recipe=recipe)  # noqa: E731
     grad = jax.grad(lambda a, b: jnp.sum(f(a, b) * c), argnums=(0, 1))  # dY = c: no forward dependence
@@ -307,7 +318,7 @@ def test_random_shardings_train_like_one_device(problem, backend):
     splits = any(e is not None and k % (32 * _shards(e)) for e in (xs[-1], ws[0]))
     with jax.set_mesh(mesh):
         xx = jax.device_put(x, NamedSharding(mesh, xs))
-        ww = jax.device_put(w, NamedSharding(mesh, ws))
+        ww = w if weight_outside_mesh else jax.device_put(w, NamedSharding(mesh, ws))
         if splits:
             with pytest.raises(ValueError, match="split a 32-element MXFP4 block"):
                 jax.jit(f)(xx, ww)
