@@ -313,7 +313,7 @@ def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_t
         with respect to an MXFP4Array operand (at differentiation time); unsupported output dtype.
       TypeError: an operand that is neither float nor MXFP4Array; a ``recipe`` that is not a
         Recipe; shape mismatches (``lax.dot_general``'s shape rule).
-      ValueError/TypeError: ``key`` not one PRNG key.
+      TypeError: ``key`` not one PRNG key (``jax.random.key`` or a legacy uint32[2] key).
       BackendUnavailableError: the requested backend cannot run a GEMM.
     """
     del precision

@@ -178,6 +178,24 @@ def test_explicit_key_is_the_documented_source_of_both_passes():
     np.testing.assert_array_equal(np.asarray(pull(c)[0]), np.asarray(dx))
 
 
+def test_key_with_a_pre_quantized_weight_legacy_keys_and_vmap():
+    """The key also drives dgrad through an MXFP4Array weight; legacy uint32[2] keys work; under
+    vmap each example may carry its own key."""
+    rng = np.random.default_rng()
+    x = jnp.asarray(rng.standard_normal((40, 64)), jnp.float32)
+    w = jnp.asarray(rng.standard_normal((64, 24)), jnp.float32)
+    wq = mx.quantize(w, axis=0)
+    g = lambda k: jax.grad(lambda a: jnp.sum(mx.dense(a, wq, key=k) ** 2))(x)  # noqa: E731
+    np.testing.assert_array_equal(g(jax.random.key(3)), g(jax.random.key(3)))
+    assert not np.array_equal(g(jax.random.key(3)), g(jax.random.key(4)))
+    np.testing.assert_array_equal(g(jax.random.PRNGKey(3)), g(jax.random.PRNGKey(3)))
+    keys = jax.random.split(jax.random.key(0), 2)
+    per_example = jax.vmap(lambda a, k: jax.grad(lambda a: jnp.sum(mx.dense(a, w, key=k) ** 2))(a))(
+        jnp.stack([x, x]), keys)
+    assert not np.array_equal(per_example[0], per_example[1])
+    np.testing.assert_array_equal(per_example[1], jax.grad(lambda a: jnp.sum(mx.dense(a, w, key=keys[1]) ** 2))(x))
+
+
 def test_bad_key_is_rejected_at_the_call():
     with pytest.raises(TypeError, match="key must be one PRNG key"):
         mx.dense(jnp.ones((4, 32)), jnp.ones((32, 8)), key=jnp.ones((3,)))
