@@ -199,6 +199,23 @@ def test_data_parallel_training_with_token_counts_not_a_multiple_of_32(tokens, v
             assert_within_reassociation(g, w)
 
 
+def test_wgrad_keeps_the_token_shards_that_hold_whole_blocks():
+    """256 tokens over ("data", "model") = 8 shards of 32 hold whole blocks (no regather); 128
+    tokens over 8 shards of 16 do not: "model" is dropped from the token dim (2 shards of 64) and
+    the partial wgrads are summed over "data". Both equal the single-device gradients."""
+    for tokens in (256, 128):
+        x, w = normal(tokens, 64), normal(64, 32, scale=0.1)
+        grad = jax.grad(lambda a, b: jnp.sum(mx.dense(a, b, recipe=NEAREST) ** 2), argnums=(0, 1))
+        want = jax.jit(grad)(x, w)
+        mesh = mesh_2x4()
+        with jax.set_mesh(mesh):
+            xx = jax.device_put(x, NamedSharding(mesh, P(("data", "model"), None)))
+            got = jax.jit(grad)(xx, w)
+        assert spec_of(got[0]) == (("data", "model"), None)
+        for g, wnt in zip(got, want):
+            assert_within_reassociation(g, wnt)
+
+
 # ----------------------------------------------------------------------------- MXFP4Array weights
 @pytest.mark.parametrize("wspec", [P(None, None), P(None, "model")], ids=["replicated", "tp-column"])
 def test_pre_quantized_weight_serving_and_activation_grad(wspec):

@@ -107,7 +107,8 @@ class DenseGeneral(nn.Module):
 
     Attributes: those of ``flax.linen.DenseGeneral`` (``features``, ``axis``, ``batch_dims``,
     ``use_bias``, ``dtype``, ``param_dtype``, ``kernel_init``, ``bias_init``, ``precision``) plus
-    ``recipe`` and ``rng_collection`` (as in :class:`Dense`). Params: ``kernel`` [*batch, *in_axes, *features], ``bias`` [*batch, *features].
+    ``recipe`` and ``rng_collection`` (as in :class:`Dense`). Params: ``kernel`` [*batch, *in_axes,
+    *features], ``bias`` [*batch, *features].
     The contracted axes are flattened into one K (zero-padded to a multiple of 32). An
     MXFP4Array kernel must be quantized along its single contraction axis.
 
