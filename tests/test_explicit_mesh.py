@@ -25,7 +25,7 @@ import jax_mxfp4.flax as mxf
 pytestmark = pytest.mark.skipif(len(jax.devices()) < 8, reason="needs 8 (simulated) devices")
 
 NEAREST = mx.Recipe(grad_rounding="nearest")
-BACKENDS = ["xla", "pallas"] + (["ffi-cpu"] if "ffi-cpu" in mx.available_backends() else [])
+BACKENDS = ["xla", "pallas"] + [b for b in ("ffi-cpu", "scaled_dot") if b in mx.available_backends()]
 
 
 def mesh_2x4():
@@ -79,8 +79,11 @@ def _entry_points():
 ENTRY_POINTS = _entry_points()
 
 
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("entry", list(ENTRY_POINTS))
+# every entry point on "xla"; every backend through dense and nnx.Linear (one GEMM path below them)
+A0_CASES = [(e, "xla") for e in ENTRY_POINTS] + [(e, b) for b in BACKENDS[1:] for e in ("dense", "nnx.Linear")]
+
+
+@pytest.mark.parametrize("entry,backend", A0_CASES)
 def test_a0_batch_sharded_3d_activation_with_weight_made_outside_the_mesh(entry, backend):
     """Issue case (a0): x [2, 64, 64] on P("data", None, None) of a 2-device explicit mesh, the
     weight created before entering the mesh. Output: the single-device values bit for bit and
