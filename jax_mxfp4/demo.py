@@ -204,13 +204,19 @@ def train_one(name, recipe, cfg, steps, seed, train_b, eval_b, starts, eval_star
     opt = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(sched, b2=0.99, weight_decay=0.01))
     opt_state = opt.init(params)
 
-    def loss_fn(params, batch):
-        logits = model.apply(params, batch[:, :-1])
+    def loss_fn(params, batch, rngs=None):
+        logits = model.apply(params, batch[:, :-1], rngs=rngs)
         return optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), batch[:, 1:]).mean()
 
+    # Stochastic rounding of the gradients draws a fresh key every step from the seed (the Dense
+    # layers' "stochastic_rounding" RNG stream; jax_mxfp4.flax.linen): reproducible runs whose
+    # rounding noise averages out over steps.
+    rounding_key = jax.random.fold_in(jax.random.key(seed), 0x5352)  # "SR"
+
     @jax.jit
-    def step(params, opt_state, batch):
-        loss, grads = jax.value_and_grad(loss_fn)(params, batch)
+    def step(params, opt_state, batch, i):
+        rngs = {"stochastic_rounding": jax.random.fold_in(rounding_key, i)}
+        loss, grads = jax.value_and_grad(loss_fn)(params, batch, rngs)
         updates, opt_state = opt.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, loss
 
@@ -227,7 +233,7 @@ def train_one(name, recipe, cfg, steps, seed, train_b, eval_b, starts, eval_star
     for i in bar:
         t = time.perf_counter()
         batch = put_batch(windows(train_b, starts[i], cfg["seq_len"]))
-        params, opt_state, loss = step(params, opt_state, batch)
+        params, opt_state, loss = step(params, opt_state, batch, i)
         loss = float(loss)
         if i > 0:
             step_time += time.perf_counter() - t

@@ -86,28 +86,41 @@ def to_bfk(x, contracting, batch, name, logical_k=None):
 
     Also used on packed data (K/2) and plain scales (K/32) of an MXFP4Array, with ``logical_k``
     the logical K. Under an explicit mesh the merged dims keep their shardings and a K shard must
-    hold whole 32-element blocks (ValueError otherwise, naming ``name``).
+    hold whole 32-element blocks (ValueError otherwise, naming ``name``, raised before any reshape).
     """
     free = free_dims(x.ndim, contracting, batch)
     perm = tuple(batch) + free + tuple(contracting)
     shape3 = canonical_sizes(x.shape, contracting, batch)
-    xt = jnp.transpose(x, perm)
+    spec = sharding.explicit_spec(x)
+    if spec is not None:
+        k = sharding.canonical_operand_spec(spec, perm, len(batch), len(free))[2]
+        sharding.check_k_shards(sharding.mesh_of(x), k, shape3[2] if logical_k is None else logical_k, name)
+    return merge3(jnp.transpose(x, perm), len(batch), len(free))
+
+
+def merge3(x, n_batch: int, n_free: int):
+    """Merge ``x``'s leading ``n_batch`` dims, the next ``n_free`` dims and the rest, row-major, into
+    [B, F, K]; under an explicit mesh each merged dim keeps its dims' shardings (no check)."""
+    shape3 = (
+        math.prod(x.shape[:n_batch]), math.prod(x.shape[n_batch : n_batch + n_free]),
+        math.prod(x.shape[n_batch + n_free :]),
+    )
     spec = sharding.explicit_spec(x)
     if spec is None:
-        return xt.reshape(shape3)
-    mesh = sharding.mesh_of(x)
-    b, f, k = sharding.canonical_operand_spec(spec, perm, len(batch), len(free))
-    sharding.check_k_shards(mesh, k, shape3[2] if logical_k is None else logical_k, name)
-    return jnp.reshape(xt, shape3, out_sharding=sharding.named(mesh, b, f, k))
+        return x.reshape(shape3)
+    entries = sharding.canonical_operand_spec(spec, tuple(range(x.ndim)), n_batch, n_free)
+    return jnp.reshape(x, shape3, out_sharding=sharding.named(sharding.mesh_of(x), *entries))
 
 
 def to_logical(y3, out_shape, lhs, rhs, lc, rc, lb, rb):
     """[B, M, N] -> ``lax.dot_general``'s output shape. ``lhs``/``rhs`` are the logical operands
     (arrays, or MXFP4Array data); under an explicit mesh each output dim keeps its operand dim's
-    sharding (the inverse of the merges done by :func:`to_bfk`)."""
-    ls, rs = sharding.explicit_spec(lhs), sharding.explicit_spec(rhs)
-    if ls is None or rs is None:
+    sharding (the inverse of the merges done by :func:`to_bfk`), an operand without an explicit
+    sharding counting as replicated (as in ``lax.dot_general``)."""
+    mesh, specs = sharding.explicit_specs(lhs, rhs)
+    if mesh is None:
         return y3.reshape(out_shape)
+    ls, rs = specs
     lfree, rfree = free_dims(lhs.ndim, lc, lb), free_dims(rhs.ndim, rc, rb)
     entries = sharding.logical_out_entries([ls[d] for d in tuple(lb) + lfree], [rs[d] for d in rfree])
-    return jnp.reshape(y3, out_shape, out_sharding=sharding.named(sharding.mesh_of(lhs), *entries))
+    return jnp.reshape(y3, out_shape, out_sharding=sharding.named(mesh, *entries))

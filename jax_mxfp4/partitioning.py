@@ -31,6 +31,7 @@ from jax.sharding import NamedSharding, PartitionSpec
 from .array import MXFP4Array
 from .backends.base import GemmProblem
 from .mx_format import BLOCK_SIZE
+from .sharding import canonical_out_sharding
 
 partitioned_gemm_p = Primitive("jax_mxfp4_partitioned_gemm")
 
@@ -84,7 +85,16 @@ def partitioned_gemm(lhs, rhs, backend_name: str, problem: GemmProblem, platform
     """
     args = _flatten(lhs, problem.lhs_kind) + _flatten(rhs, problem.rhs_kind)
     platforms = None if platforms is None else tuple(platforms)
-    return partitioned_gemm_p.bind(*args, backend_name=backend_name, problem=problem, platforms=platforms)
+    bind = functools.partial(partitioned_gemm_p.bind, backend_name=backend_name, problem=problem,
+                             platforms=platforms)
+    out_sharding = canonical_out_sharding(args[0], args[len(_flatten(lhs, problem.lhs_kind))])
+    if out_sharding is None:
+        return bind(*args)
+    # Under an explicit-sharding mesh the call is typed with Auto axes inside: a kernel traced on
+    # explicitly sharded types fails (Pallas: "sharded ref can only be indexed by slices"), and
+    # the custom_partitioning rule below shards it all the same; the result is typed as the
+    # canonical GEMM's output (jax_mxfp4.sharding.canonical_out_sharding).
+    return jax.sharding.auto_axes(bind, out_sharding=out_sharding)(*args)
 
 
 def _abstract_eval(*args, backend_name, problem, platforms):

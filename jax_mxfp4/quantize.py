@@ -7,7 +7,7 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from . import checks
+from . import checks, sharding
 from .array import MXFP4Array
 from .platform import current_platform
 from .mx_format import (
@@ -64,11 +64,13 @@ def quantize(
     Raises:
       TypeError: ``x`` is not float32/bfloat16/float16, or ``axis`` is not an int.
       ValueError: ``axis`` out of range; ``x.shape[axis]`` not a multiple of 32; an unknown
-        ``scale_mode``, ``rounding`` or ``scale_layout``; "stochastic" without ``key``.
+        ``scale_mode``, ``rounding`` or ``scale_layout``; "stochastic" without ``key``; under an
+        explicit-sharding mesh, ``axis`` sharded so that a shard would split a 32-element block.
     """
     checks.check_float_input(x, "x")
     axis = checks.normalize_axis(axis, jnp.ndim(x), "axis")
     checks.check_block_multiple(x.shape[axis], axis, "x")
+    sharding.check_dim_blocks(x, axis, "x", f"the quantized axis {axis}")
     checks.check_scale_mode(scale_mode)
     checks.check_rounding(rounding, key)
     checks.check_scale_layout(scale_layout)

@@ -17,18 +17,34 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec
 from .mx_format import BLOCK_SIZE
 
 
-def explicit_spec(x) -> tuple | None:
-    """Per-dim PartitionSpec entries of ``x`` if it carries an explicit-mesh sharding, else None."""
+def _explicit_mesh(x):
     sharding = getattr(jax.typeof(x), "sharding", None)
     mesh = getattr(sharding, "mesh", None)
     if mesh is None or mesh.empty or AxisType.Explicit not in tuple(mesh.axis_types):
         return None
-    spec = tuple(sharding.spec)
+    return mesh
+
+
+def explicit_spec(x) -> tuple | None:
+    """Per-dim PartitionSpec entries of ``x`` if it carries an explicit-mesh sharding, else None."""
+    if _explicit_mesh(x) is None:
+        return None
+    spec = tuple(jax.typeof(x).sharding.spec)
     return spec + (None,) * (jax.typeof(x).ndim - len(spec))
 
 
 def mesh_of(x):
     return jax.typeof(x).sharding.mesh
+
+
+def explicit_specs(*xs):
+    """``(mesh, [spec of each x])`` when any of ``xs`` carries an explicit-mesh sharding, else
+    ``(None, None)``. An operand without one (e.g. a weight created outside ``jax.set_mesh``) is
+    replicated on that mesh, as in JAX's own ops: its entries are all None."""
+    mesh = next((m for m in map(_explicit_mesh, xs) if m is not None), None)
+    if mesh is None:
+        return None, None
+    return mesh, [explicit_spec(x) or (None,) * jax.typeof(x).ndim for x in xs]
 
 
 def _axes(entry) -> tuple[str, ...]:
@@ -59,15 +75,69 @@ def canonical_operand_spec(spec, perm, n_batch, n_free) -> tuple:
     )
 
 
+def whole_blocks(mesh, entry, length: int) -> bool:
+    """True if a dim of ``length`` elements sharded as ``entry`` gives every shard whole 32-element
+    blocks: unsharded, or ``length`` a multiple of 32 * shards (the one sharding rule of MXFP4)."""
+    shards = axis_size(mesh, entry)
+    return shards == 1 or length % (BLOCK_SIZE * shards) == 0
+
+
+def check_block_shards(mesh, entry, length: int, name: str, what: str = "the contracting dim (K)") -> None:
+    """ValueError unless each shard of a quantized dim holds whole 32-element blocks
+    (:func:`whole_blocks`); checked before any reshape or quantization that it would break."""
+    if not whole_blocks(mesh, entry, length):
+        shards = axis_size(mesh, entry)
+        raise ValueError(
+            f"{name}: {what} of length {length} is sharded over mesh axes {_axes(entry)} ({shards} "
+            f"shards), so a shard would split a 32-element MXFP4 block ({length} is not a multiple of "
+            f"32 x {shards} = {BLOCK_SIZE * shards}); reshard that dim so each shard holds a multiple "
+            "of 32 elements, or leave it unsharded"
+        )
+
+
+def check_dim_blocks(x, axis: int, name: str, what: str = "the contracting dim (K)") -> None:
+    """:func:`check_block_shards` for dim ``axis`` of ``x`` under an explicit mesh (no-op elsewhere)."""
+    spec = explicit_spec(x)
+    if spec is not None:
+        check_block_shards(mesh_of(x), spec[axis], x.shape[axis], name, what)
+
+
 def check_k_shards(mesh, k_entry, k: int, name: str) -> None:
     """A K shard must hold whole 32-element blocks (quantization stays shard-local)."""
-    shards = axis_size(mesh, k_entry)
-    if shards > 1 and (k // BLOCK_SIZE) % shards:
-        raise ValueError(
-            f"{name}: the contracting dim (K={k}) is sharded over mesh axes {_axes(k_entry)} "
-            f"({shards} shards), so a shard would split a 32-element MXFP4 block (K/32={k // BLOCK_SIZE} "
-            f"is not divisible by {shards}); reshard K so each shard holds a multiple of 32 elements"
-        )
+    check_block_shards(mesh, k_entry, k, name)
+
+
+def gather_partial_blocks(x, axis: int, padded_length: int | None = None):
+    """``x`` resharded, under an explicit mesh, so that ``axis`` (to be zero-padded to
+    ``padded_length`` and quantized along) gives every shard whole 32-element blocks: the mesh axes
+    of that dim are dropped from the minor end until :func:`whole_blocks` holds, and all of them if
+    the dim will be padded (padding a sharded dim would shift the shard boundaries). What XLA does
+    by itself on an ``AxisType.Auto`` mesh; used by the backward passes, whose contraction (N in
+    dgrad, the token axis M in wgrad) the user does not shard directly. ``x`` as is elsewhere."""
+    spec = explicit_spec(x)
+    if spec is None:
+        return x
+    mesh, length = mesh_of(x), x.shape[axis]
+    axes = _axes(spec[axis])
+    if padded_length is not None and padded_length != length:
+        axes = ()
+    while axes and not whole_blocks(mesh, axes, length):
+        axes = axes[:-1]
+    if axes == _axes(spec[axis]):
+        return x
+    new = list(spec)
+    new[axis] = merge_entries([axes])
+    return jax.sharding.reshard(x, named(mesh, *new))
+
+
+def like(g, x):
+    """``g`` resharded to ``x``'s sharding under an explicit mesh, else as is: a cotangent must
+    have its primal's type (the backward GEMMs shard their outputs by their own operands)."""
+    gs = explicit_spec(g)
+    if gs is None:
+        return g
+    xs = explicit_spec(x) or (None,) * x.ndim
+    return g if gs == xs else jax.sharding.reshard(g, named(mesh_of(g), *xs))
 
 
 def named(mesh, *entries) -> NamedSharding:
@@ -98,7 +168,7 @@ def canonical_out_spec(lhs_spec, rhs_spec) -> tuple:
 def canonical_out_sharding(lhs3, rhs3) -> NamedSharding | None:
     """Output sharding of the canonical [B, M, K] x [B, N, K] -> [B, M, N] contraction under an
     explicit mesh (a sharded K is reduced), or None elsewhere."""
-    ls, rs = explicit_spec(lhs3), explicit_spec(rhs3)
-    if ls is None or rs is None:
+    mesh, specs = explicit_specs(lhs3, rhs3)
+    if mesh is None:
         return None
-    return named(mesh_of(lhs3), *canonical_out_spec(ls, rs))
+    return named(mesh, *canonical_out_spec(*specs))

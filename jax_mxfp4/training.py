@@ -22,8 +22,12 @@ nothing to a block's amax or to the dot product): N in dgrad, M in wgrad, and K 
 :func:`dense` and the Flax layers (the public :func:`dot_general` asks for K % 32 == 0, as
 :func:`jax_mxfp4.gemm.dot_general` does).
 
-**Stochastic rounding keys** are derived deterministically, so the same inputs always give the
-same gradients (reproducible runs, and ``jax.checkpoint`` recomputation is consistent):
+**Stochastic rounding keys.** With a ``key`` argument (:func:`dot_general`, :func:`dense`; the
+Flax layers take it from an RNG stream) dgrad uses ``fold_in(key, 1)`` and wgrad
+``fold_in(key, 2)``: pass a fresh key per step for noise that averages out over steps,
+reproducible from the seed. Without one, the documented fallback derives the key from the data
+(the same inputs always give the same gradients, and ``jax.checkpoint`` recomputation is
+consistent, but the draw repeats whenever dY repeats):
 ``key = fold_in(fold_in(fold_in(key(0x4D584634), site), pass), hash32(dY))`` where ``site`` is
 ``zlib.crc32(repr((lhs.shape, rhs.shape, lhs_dtype_name, rhs_dtype_name, (lc, rc, lb, rb)))) &
 0x7FFFFFFF`` (normalized contracting/batch dims; the call's static signature), ``pass`` is 1
@@ -74,13 +78,12 @@ def _canonical(x, contracting, batch, pad_k: bool, name: str = "operand"):
 
 def _out_sharding_3d(g, w, g_axis, w_axis):
     """Output sharding of a [B, ., .] x [B, ., .] contraction (batch dim 0) under an explicit mesh."""
-    gs, ws = shd.explicit_spec(g), shd.explicit_spec(w)
-    if gs is None or ws is None:
+    mesh, specs = shd.explicit_specs(g, w)
+    if mesh is None:
         return None
-    g_free, w_free = 3 - g_axis, 3 - w_axis  # the axis that is neither 0 nor the contraction
+    (gs, ws), g_free, w_free = specs, 3 - g_axis, 3 - w_axis  # the axis neither 0 nor the contraction
     return shd.named(
-        shd.mesh_of(g),
-        *shd.canonical_out_spec((gs[0], gs[g_free], gs[g_axis]), (ws[0], ws[w_free], ws[w_axis])),
+        mesh, *shd.canonical_out_spec((gs[0], gs[g_free], gs[g_axis]), (ws[0], ws[w_free], ws[w_axis]))
     )
 
 
@@ -145,6 +148,10 @@ def _grad_gemm(g, w, g_axis, w_axis, precision, key, recipe: Recipe, hadamard_se
     contraction = (((g_axis,), (w_axis,)), ((0,), (0,)))
     if precision == "bf16":
         return _bf16_gemm(g, w, contraction)
+    # Under an explicit mesh a contraction whose shards would split a (padded) 32-block is
+    # regathered first, as XLA does on an Auto mesh (e.g. 48 or 100 tokens per device in wgrad).
+    padded = -(-g.shape[g_axis] // BLOCK_SIZE) * BLOCK_SIZE
+    g, w = shd.gather_partial_blocks(g, g_axis, padded), shd.gather_partial_blocks(w, w_axis, padded)
     g, w = _pad_axis(g, g_axis), _pad_axis(w, w_axis)
     if hadamard_seed is not None:
         g = random_hadamard_transform(g, g_axis, hadamard_seed)
@@ -156,16 +163,25 @@ def _grad_gemm(g, w, g_axis, w_axis, precision, key, recipe: Recipe, hadamard_se
     return gemm.dot_general(gq, wq, contraction, preferred_element_type=jnp.float32, recipe=recipe)
 
 
-def _dgrad(dy, b, recipe: Recipe, site: int):
+def rounding_key(key, dy, site: int, tag: int):
+    """The key for stochastic rounding of ``dy`` in pass ``tag`` (1 dgrad, 2 wgrad):
+    ``fold_in(key, tag)`` for a caller's ``key``, else the data-derived :func:`gradient_key`."""
+    if key is None:
+        return gradient_key(dy, site, tag)
+    return jax.random.fold_in(key, tag)
+
+
+def _dgrad(dy, b, recipe: Recipe, site: int, key=None):
     """dA [B, M, K] = dY [B, M, N] · b [B, N, K], contracted along N (float32)."""
-    key = gradient_key(dy, site, DGRAD_TAG) if recipe.dgrad == "mxfp4" and recipe.grad_rounding == "stochastic" else None
+    sr = recipe.dgrad == "mxfp4" and recipe.grad_rounding == "stochastic"
+    key = rounding_key(key, dy, site, DGRAD_TAG) if sr else None
     return _grad_gemm(dy, b, 2, 1, recipe.dgrad, key, recipe)
 
 
-def _wgrad(dy, a, recipe: Recipe, site: int):
+def _wgrad(dy, a, recipe: Recipe, site: int, key=None):
     """dB [B, N, K] = dYᵀ · a, both [B, M, ·], contracted along the token axis M (float32)."""
     mx = recipe.wgrad == "mxfp4"
-    key = gradient_key(dy, site, WGRAD_TAG) if mx and recipe.grad_rounding == "stochastic" else None
+    key = rounding_key(key, dy, site, WGRAD_TAG) if mx and recipe.grad_rounding == "stochastic" else None
     seed = site if (mx and recipe.hadamard) else None
     return _grad_gemm(dy, a, 1, 1, recipe.wgrad, key, recipe, hadamard_seed=seed)
 
@@ -177,20 +193,21 @@ def _materialize(dy):
 
 
 # ----------------------------------------------------------------------------- float x float
+# ``key`` (a PRNG key or None) is a primal argument with no cotangent: it may be a tracer.
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4))
-def _mx_gemm(a, b, recipe, out_dtype, site):
+def _mx_gemm(a, b, recipe, out_dtype, site, key):
     return _fprop(a, b, recipe, out_dtype)
 
 
-def _mx_gemm_fwd(a, b, recipe, out_dtype, site):
-    return _fprop(a, b, recipe, out_dtype), (a, b)
+def _mx_gemm_fwd(a, b, recipe, out_dtype, site, key):
+    return _fprop(a, b, recipe, out_dtype), (a, b, key)
 
 
 def _mx_gemm_bwd(recipe, out_dtype, site, res, dy):
-    a, b = res
-    da = _dgrad(dy, b, recipe, site).astype(a.dtype)
-    db = _wgrad(dy, a, recipe, site).astype(b.dtype)
-    return da, db
+    a, b, key = res
+    da = shd.like(_dgrad(dy, b, recipe, site, key).astype(a.dtype), a)
+    db = shd.like(_wgrad(dy, a, recipe, site, key).astype(b.dtype), b)
+    return da, db, None
 
 
 _mx_gemm.defvjp(_mx_gemm_fwd, _mx_gemm_bwd)
@@ -202,11 +219,11 @@ def _as_float(x):
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4, 5))
-def _mixed_gemm(lhs, rhs, dimension_numbers, out_dtype, recipe, site):
+def _mixed_gemm(lhs, rhs, dimension_numbers, out_dtype, recipe, site, key):
     return gemm.dot_general(lhs, rhs, dimension_numbers, preferred_element_type=out_dtype, recipe=recipe)
 
 
-def _mixed_fwd(lhs, rhs, dimension_numbers, out_dtype, recipe, site):
+def _mixed_fwd(lhs, rhs, dimension_numbers, out_dtype, recipe, site, key):
     values = []
     for name, arg in (("lhs", lhs), ("rhs", rhs)):
         is_mx = isinstance(arg, MXFP4Array)
@@ -222,28 +239,28 @@ def _mixed_fwd(lhs, rhs, dimension_numbers, out_dtype, recipe, site):
         values.append(jax.tree_util.tree_map(lambda p: p.value, arg) if is_mx else arg.value)
     lhs_v, rhs_v = values
     y = gemm.dot_general(lhs_v, rhs_v, dimension_numbers, preferred_element_type=out_dtype, recipe=recipe)
-    return y, (lhs_v, rhs_v)
+    return y, (lhs_v, rhs_v, key.value if key is not None else None)
 
 
 def _mixed_bwd(dimension_numbers, out_dtype, recipe, site, res, dy):
-    lhs, rhs = res
+    lhs, rhs, key = res
     dy = _materialize(dy)
     lc, rc, lb, rb, _ = dims.parse_dimension_numbers(dimension_numbers, lhs.shape, rhs.shape)
     lf, rf = _as_float(lhs), _as_float(rhs)
     a = _canonical(lf, lc, lb, pad_k=False)
     b = _canonical(rf, rc, rb, pad_k=False)
-    dy3 = dy.reshape(a.shape[0], a.shape[1], b.shape[1])
+    dy3 = dims.merge3(dy, len(lb), len(dims.free_dims(lf.ndim, lc, lb)))  # [B, M, N]
 
     def grad_of(x, contracting, batch, canonical_grad):
         # no gradient for a pre-quantized operand; else pull the canonical [B, F, K] gradient
         # back through the transpose/reshape onto x's logical shape
         if isinstance(x, MXFP4Array):
             return None
-        _, pull = jax.vjp(lambda v: _canonical(v, contracting, batch, pad_k=False), x)
-        return pull(canonical_grad().astype(x.dtype))[0]
+        x3, pull = jax.vjp(lambda v: _canonical(v, contracting, batch, pad_k=False), x)
+        return shd.like(pull(shd.like(canonical_grad().astype(x.dtype), x3))[0], x)
 
-    return (grad_of(lhs, lc, lb, lambda: _dgrad(dy3, b, recipe, site)),
-            grad_of(rhs, rc, rb, lambda: _wgrad(dy3, a, recipe, site)))
+    return (grad_of(lhs, lc, lb, lambda: _dgrad(dy3, b, recipe, site, key)),
+            grad_of(rhs, rc, rb, lambda: _wgrad(dy3, a, recipe, site, key)), None)
 
 
 _mixed_gemm.defvjp(_mixed_fwd, _mixed_bwd, symbolic_zeros=True)
@@ -251,14 +268,14 @@ _mixed_gemm.defvjp(_mixed_fwd, _mixed_bwd, symbolic_zeros=True)
 
 # ----------------------------------------------------------------------------- public API
 def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None,
-                out_sharding=None, *, recipe=None):
+                out_sharding=None, *, recipe=None, key=None):
     """Differentiable MXFP4 ``jax.lax.dot_general`` (same signature; drop-in for Flax layers).
 
     Forward (fprop): both float operands quantized to MXFP4 along their contracting dim(s) and
     multiplied by the backend chosen by ``recipe.backend`` (see :func:`jax_mxfp4.explain`).
     Backward: custom VJP with MXFP4 dgrad and wgrad as described in :mod:`jax_mxfp4.training`
-    (re-quantization along N and along the token axis M, stochastic rounding of dY with a
-    deterministic key, optional Hadamard transform, straight-through quantizers). Works under
+    (re-quantization along N and along the token axis M, stochastic rounding of dY with ``key``
+    or a data-derived key, optional Hadamard transform, straight-through quantizers). Works under
     ``jit``, ``vmap``, ``lax.scan`` and ``jax.checkpoint``.
 
     Args:
@@ -278,6 +295,12 @@ def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_t
         hold whole 32-element blocks); see :mod:`jax_mxfp4.sharding`.
       recipe: :class:`jax_mxfp4.Recipe`; default ``Recipe()`` (all three passes MXFP4,
         stochastic rounding of dY, no Hadamard, scale rule "even", backend "auto").
+      key: optional ``jax.random`` key (typed or legacy uint32[2]) for the stochastic rounding of
+        dY in the backward pass: dgrad uses ``fold_in(key, 1)``, wgrad ``fold_in(key, 2)``. Pass a
+        fresh key per step (e.g. ``fold_in(seed_key, step)``) and a distinct one per call site
+        for noise that averages out over steps and is reproducible from the seed. None (default):
+        the documented fallback, a key derived from dY's bits and the call site
+        (:func:`gradient_key`), which repeats whenever dY repeats.
 
     Returns:
       ``lax.dot_general``'s output shape (batch dims, lhs free dims, rhs free dims). Gradients
@@ -290,18 +313,21 @@ def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_t
         with respect to an MXFP4Array operand (at differentiation time); unsupported output dtype.
       TypeError: an operand that is neither float nor MXFP4Array; a ``recipe`` that is not a
         Recipe; shape mismatches (``lax.dot_general``'s shape rule).
+      TypeError: ``key`` not one PRNG key (``jax.random.key`` or a legacy uint32[2] key).
       BackendUnavailableError: the requested backend cannot run a GEMM.
     """
     del precision
-    out = _dot_general(lhs, rhs, dimension_numbers, preferred_element_type, recipe, pad_k=False)
+    out = _dot_general(lhs, rhs, dimension_numbers, preferred_element_type, recipe, pad_k=False, key=key)
     if out_sharding is not None:
         out = jax.sharding.reshard(out, out_sharding)
     return out
 
 
-def _dot_general(lhs, rhs, dimension_numbers, preferred_element_type, recipe, *, pad_k: bool):
+def _dot_general(lhs, rhs, dimension_numbers, preferred_element_type, recipe, *, pad_k: bool, key=None):
     """:func:`dot_general`; ``pad_k=True`` zero-pads a float x float contraction to 32 (dense, layers)."""
     recipe = dims.check_recipe(recipe)
+    if key is not None:
+        checks.check_rounding("stochastic", key)  # one PRNG key
     out_dtype = checks.check_output_dtype(preferred_element_type)
     if isinstance(lhs, MXFP4Array) or isinstance(rhs, MXFP4Array):
         for name, x in (("lhs", lhs), ("rhs", rhs)):
@@ -310,7 +336,7 @@ def _dot_general(lhs, rhs, dimension_numbers, preferred_element_type, recipe, *,
         gemm.explain(lhs, rhs, dimension_numbers, preferred_element_type=out_dtype, recipe=recipe)
         lc, rc, lb, rb, _ = dims.parse_dimension_numbers(dimension_numbers, lhs.shape, rhs.shape)
         site = _site_seed(lhs.shape, rhs.shape, str(jnp.dtype(lhs.dtype)), str(jnp.dtype(rhs.dtype)), (lc, rc, lb, rb))
-        return _mixed_gemm(lhs, rhs, ((lc, rc), (lb, rb)), out_dtype, recipe, site)
+        return _mixed_gemm(lhs, rhs, ((lc, rc), (lb, rb)), out_dtype, recipe, site, key)
     checks.check_float_input(lhs, "lhs")
     checks.check_float_input(rhs, "rhs")
     lc, rc, lb, rb, out_shape = dims.parse_dimension_numbers(dimension_numbers, jnp.shape(lhs), jnp.shape(rhs))
@@ -319,10 +345,10 @@ def _dot_general(lhs, rhs, dimension_numbers, preferred_element_type, recipe, *,
     site = _site_seed(lhs.shape, rhs.shape, str(jnp.dtype(lhs.dtype)), str(jnp.dtype(rhs.dtype)), (lc, rc, lb, rb))
     a = _canonical(lhs, lc, lb, pad_k=pad_k, name="lhs")
     b = _canonical(rhs, rc, rb, pad_k=pad_k, name="rhs")
-    return dims.to_logical(_mx_gemm(a, b, recipe, out_dtype, site), out_shape, lhs, rhs, lc, rc, lb, rb)
+    return dims.to_logical(_mx_gemm(a, b, recipe, out_dtype, site, key), out_shape, lhs, rhs, lc, rc, lb, rb)
 
 
-def dense(x, kernel, bias=None, *, recipe=None):
+def dense(x, kernel, bias=None, *, recipe=None, key=None):
     """MXFP4 dense layer: ``x [..., K] · kernel [K, N] (+ bias [N]) -> [..., N]``, differentiable.
 
     Args:
@@ -332,6 +358,7 @@ def dense(x, kernel, bias=None, *, recipe=None):
         x is then zero-padded to Kp (exact).
       bias: optional float array [N], added in the output dtype.
       recipe: :class:`jax_mxfp4.Recipe` (see :func:`dot_general`).
+      key: optional PRNG key for the stochastic rounding of the gradients (see :func:`dot_general`).
 
     Returns:
       [..., N] in ``jnp.result_type(x, kernel)`` (``x.dtype`` for an MXFP4Array kernel), computed
@@ -340,8 +367,15 @@ def dense(x, kernel, bias=None, *, recipe=None):
     Raises:
       TypeError: non-float ``x``/``kernel``/``bias``.
       ValueError: ``kernel`` not 2-D; an MXFP4Array kernel not quantized along axis 0; K of ``x``
-        and ``kernel`` incompatible; ``bias`` not of shape [N].
+        and ``kernel`` incompatible; ``bias`` not of shape [N]; under an explicit mesh, a sharded
+        K whose shards would split a 32-element block.
     """
+    return _dense(x, kernel, bias, recipe, key)
+
+
+def _dense(x, kernel, bias, recipe, key, out_dtype=None):
+    """:func:`dense`; ``out_dtype`` (default: as documented there) is the GEMM's output dtype, so a
+    layer can compute in its ``dtype`` while the kernel is quantized from its ``param_dtype`` value."""
     checks.check_float_input(x, "x")
     if jnp.ndim(x) < 1:
         raise ValueError("x must have at least one dim (the contraction dim K last)")
@@ -358,17 +392,18 @@ def dense(x, kernel, bias=None, *, recipe=None):
                     f"x has K={k} but the MXFP4Array kernel has K={kp}; expected K={kp} or K padded "
                     f"up to it (K rounded up to a multiple of {BLOCK_SIZE})"
                 )
+            shd.check_dim_blocks(x, x.ndim - 1, "x")  # before padding the sharded dim
             x = jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, kp - k)])
-        out_dtype = jnp.dtype(x.dtype)
+        out_dtype = jnp.dtype(x.dtype) if out_dtype is None else out_dtype
     else:
         checks.check_float_input(kernel, "kernel")
         if jnp.ndim(kernel) != 2:
             raise ValueError(f"kernel must be 2-D [K, N], got shape {jnp.shape(kernel)}")
         if kernel.shape[0] != k:
             raise ValueError(f"kernel has K={kernel.shape[0]} rows but x has K={k} (last dim)")
-        out_dtype = jnp.result_type(x.dtype, kernel.dtype)
+        out_dtype = jnp.result_type(x.dtype, kernel.dtype) if out_dtype is None else out_dtype
     n = kernel.shape[1]
-    y = _dot_general(x, kernel, (((x.ndim - 1,), (0,)), ((), ())), out_dtype, recipe, pad_k=True)
+    y = _dot_general(x, kernel, (((x.ndim - 1,), (0,)), ((), ())), out_dtype, recipe, pad_k=True, key=key)
     if bias is not None:
         checks.check_float_input(bias, "bias")
         if tuple(jnp.shape(bias)) != (n,):

@@ -3,10 +3,19 @@
 Parameter names (``kernel``, ``bias``), shapes, ``param_dtype`` and default initializers
 (``lecun_normal`` kernel, zero bias) are those of ``flax.linen.Dense``/``DenseGeneral``, so
 checkpoints move between the two freely. ``dtype`` is the computation dtype as in Flax (inputs,
-kernel and bias promoted to it; default: inferred). The GEMMs (fprop, dgrad, wgrad) run through
-:func:`jax_mxfp4.dot_general` with ``recipe`` (default ``Recipe()``); the float32 accumulator is
-returned in the promoted dtype. A kernel replaced by an :class:`jax_mxfp4.MXFP4Array`
-(:func:`jax_mxfp4.flax.quantize_params`) is used as is (inference).
+bias promoted to it; default: inferred from inputs, kernel and bias). The kernel is quantized
+from its ``param_dtype`` value, never from a cast copy, so the trained forward uses exactly the
+weights :func:`jax_mxfp4.flax.quantize_params` produces for serving. The GEMMs (fprop, dgrad,
+wgrad) run through :func:`jax_mxfp4.dot_general` with ``recipe`` (default ``Recipe()``); the
+float32 accumulator is returned in the computation dtype. A kernel replaced by an
+:class:`jax_mxfp4.MXFP4Array` (:func:`jax_mxfp4.flax.quantize_params`) is used as is (inference).
+
+Stochastic rounding of the gradients (``Recipe.grad_rounding="stochastic"``) draws its key from
+the RNG stream ``rng_collection`` (default ``"stochastic_rounding"``) when ``apply`` is given one:
+``model.apply(params, x, rngs={"stochastic_rounding": jax.random.fold_in(key, step)})`` gives
+fresh noise every step (each layer gets its own key from ``make_rng``), reproducible from the
+seed. Without that stream the data-derived key of :func:`jax_mxfp4.training.gradient_key` is
+used (the documented fallback; it repeats whenever dY repeats).
 """
 
 from __future__ import annotations
@@ -19,11 +28,26 @@ import numpy as np
 from flax.linen import initializers
 from flax.linen.dtypes import promote_dtype
 
+from .. import dims, sharding
 from ..array import MXFP4Array
 from ..recipe import Recipe
-from ..training import _dot_general, dense
+from ..training import _dense, _dot_general
+from .params import layer_operands
 
 default_kernel_init = initializers.lecun_normal()
+
+
+def _promote(args, dtype):
+    return promote_dtype(*args, dtype=dtype)
+
+
+def _rounding_key(module: nn.Module):
+    """A key from the module's rounding RNG stream, or None (data-derived fallback)."""
+    recipe = dims.check_recipe(module.recipe)
+    needs = recipe.grad_rounding == "stochastic" and "mxfp4" in (recipe.dgrad, recipe.wgrad)
+    if needs and module.has_rng(module.rng_collection):
+        return module.make_rng(module.rng_collection)
+    return None
 
 
 def _quantized_kernel(module: nn.Module):
@@ -45,6 +69,7 @@ class Dense(nn.Module):
       precision: accepted for compatibility; ignored (float32 accumulation).
       kernel_init, bias_init: as in Flax (``lecun_normal()``, zeros).
       recipe: :class:`jax_mxfp4.Recipe` for the three GEMMs (default ``Recipe()``).
+      rng_collection: RNG stream for stochastic rounding of the gradients (module docstring).
 
     Input [..., K] (any K), output [..., N]. Params: ``kernel`` [K, N], ``bias`` [N].
     """
@@ -57,6 +82,7 @@ class Dense(nn.Module):
     kernel_init: Any = default_kernel_init
     bias_init: Any = initializers.zeros_init()
     recipe: Recipe | None = None
+    rng_collection: str = "stochastic_rounding"
 
     @nn.compact
     def __call__(self, inputs):
@@ -64,11 +90,8 @@ class Dense(nn.Module):
         if kernel is None:
             kernel = self.param("kernel", self.kernel_init, (jnp.shape(inputs)[-1], self.features), self.param_dtype)
         bias = self.param("bias", self.bias_init, (self.features,), self.param_dtype) if self.use_bias else None
-        if isinstance(kernel, MXFP4Array):
-            inputs, bias = promote_dtype(inputs, bias, dtype=self.dtype)
-        else:
-            inputs, kernel, bias = promote_dtype(inputs, kernel, bias, dtype=self.dtype)
-        return dense(inputs, kernel, bias, recipe=self.recipe)
+        inputs, kernel, bias, out_dtype = layer_operands(inputs, kernel, bias, self.dtype, self.recipe, _promote)
+        return _dense(inputs, kernel, bias, self.recipe, _rounding_key(self), out_dtype)
 
 
 def _canonicalize_tuple(x):
@@ -84,7 +107,8 @@ class DenseGeneral(nn.Module):
 
     Attributes: those of ``flax.linen.DenseGeneral`` (``features``, ``axis``, ``batch_dims``,
     ``use_bias``, ``dtype``, ``param_dtype``, ``kernel_init``, ``bias_init``, ``precision``) plus
-    ``recipe``. Params: ``kernel`` [*batch, *in_axes, *features], ``bias`` [*batch, *features].
+    ``recipe`` and ``rng_collection`` (as in :class:`Dense`). Params: ``kernel`` [*batch, *in_axes,
+    *features], ``bias`` [*batch, *features].
     The contracted axes are flattened into one K (zero-padded to a multiple of 32). An
     MXFP4Array kernel must be quantized along its single contraction axis.
 
@@ -102,6 +126,7 @@ class DenseGeneral(nn.Module):
     bias_init: Any = initializers.zeros_init()
     precision: Any = None
     recipe: Recipe | None = None
+    rng_collection: str = "stochastic_rounding"
 
     @nn.compact
     def __call__(self, inputs):
@@ -154,17 +179,17 @@ class DenseGeneral(nn.Module):
                     f"the kernel is quantized along axis {kernel.axis}; quantize it with "
                     "quantize_params(select=...) along the contraction axis, or keep this layer in float"
                 )
-            inputs, bias = promote_dtype(inputs, bias, dtype=self.dtype)
             if n_axis == 1:  # a kernel padded by quantize_params: pad the inputs to its K
                 ax, kp = axis[0], kernel.shape[contract_ind[0]]
                 if inputs.shape[ax] < kp:
+                    sharding.check_dim_blocks(inputs, ax, "inputs")  # before padding a sharded K
                     widths = [(0, 0)] * inputs.ndim
                     widths[ax] = (0, kp - inputs.shape[ax])
                     inputs = jnp.pad(inputs, widths)
-        else:
-            inputs, kernel, bias = promote_dtype(inputs, kernel, bias, dtype=self.dtype)
+        inputs, kernel, bias, out_dtype = layer_operands(inputs, kernel, bias, self.dtype, self.recipe, _promote)
         out = _dot_general(
-            inputs, kernel, ((axis, contract_ind), (batch_dims, batch_ind)), inputs.dtype, self.recipe, pad_k=True
+            inputs, kernel, ((axis, contract_ind), (batch_dims, batch_ind)), out_dtype, self.recipe, pad_k=True,
+            key=_rounding_key(self),
         )
         if bias is not None:
             out = out + jnp.reshape(bias, expanded_batch_shape + features).astype(out.dtype)

@@ -2,11 +2,22 @@
 
 from __future__ import annotations
 
+import jax
 from flax import nnx
 
-from ..array import MXFP4Array
+from .. import dims, sharding
 from ..recipe import Recipe
-from ..training import dense
+from ..training import _dense
+from .params import layer_operands
+
+
+def _stream(rngs, collection):
+    """An ``nnx.RngStream`` from ``rngs`` (Rngs, RngStream or None), as ``nnx.Dropout`` does."""
+    if rngs is None or isinstance(rngs, nnx.RngStream):
+        return rngs
+    if isinstance(rngs, nnx.Rngs):
+        return rngs[collection]
+    raise TypeError(f"rngs must be an nnx.Rngs, an nnx.RngStream, a PRNG key or None, got {type(rngs).__name__}")
 
 
 class Linear(nnx.Linear):
@@ -15,29 +26,53 @@ class Linear(nnx.Linear):
     Same constructor as ``nnx.Linear`` (``in_features``, ``out_features``, ``use_bias``,
     ``dtype``, ``param_dtype``, ``precision`` (ignored), ``kernel_init``, ``bias_init``,
     ``promote_dtype``, ``rngs``, ...) plus ``recipe`` (:class:`jax_mxfp4.Recipe`, default
-    ``Recipe()``). Params ``kernel`` [in, out] and ``bias`` [out] as in Flax, so states are
-    interchangeable. Any ``in_features`` works (K zero-padded to 32 inside). The kernel may be
-    replaced by an :class:`jax_mxfp4.MXFP4Array` (:func:`jax_mxfp4.flax.quantize_params` on
-    ``nnx.state(model, nnx.Param)`` then ``nnx.update``) for inference.
+    ``Recipe()``), ``rng_collection`` and ``rounding_rngs`` (below). Params ``kernel`` [in, out]
+    and ``bias`` [out] as in Flax, so states are interchangeable. Any ``in_features`` works (K
+    zero-padded to 32 inside). The kernel is quantized from its ``param_dtype`` value (never a
+    cast copy), so the trained forward uses exactly the weights that
+    :func:`jax_mxfp4.flax.quantize_params` on ``nnx.state(model, nnx.Param)`` (then
+    ``nnx.update``) gives for inference.
+
+    Key for stochastic rounding of the gradients (``Recipe.grad_rounding="stochastic"``), first
+    found of: the call's ``rngs`` (a PRNG key, an ``nnx.RngStream``, or an ``nnx.Rngs`` whose
+    ``rng_collection`` stream, default ``"stochastic_rounding"``, falling back to its
+    ``default`` stream, is drawn); the stream forked at construction from ``rounding_rngs`` (an
+    ``nnx.Rngs`` or ``nnx.RngStream``; its counter advances every call, so under ``nnx.jit``
+    each step gets fresh noise, reproducible from the seed; like ``nnx.Dropout`` it is layer
+    state, which ``jax.jit`` of a closure cannot update); else the data-derived key of
+    :func:`jax_mxfp4.training.gradient_key` (the documented fallback, repeating whenever dY
+    repeats).
     """
 
-    def __init__(self, in_features: int, out_features: int, *, recipe: Recipe | None = None, **kwargs):
+    def __init__(self, in_features: int, out_features: int, *, recipe: Recipe | None = None,
+                 rng_collection: str = "stochastic_rounding", rounding_rngs=None, **kwargs):
         if recipe is not None and not isinstance(recipe, Recipe):
             raise TypeError(f"recipe must be a jax_mxfp4.Recipe or None, got {type(recipe).__name__}")
         super().__init__(in_features, out_features, **kwargs)
         self.recipe = recipe
+        self.rng_collection = rng_collection
+        stream = _stream(rounding_rngs, rng_collection)
+        self.rounding_rngs = stream.fork() if stream is not None else nnx.data(None)
 
-    def __call__(self, inputs, out_sharding=None):
-        """inputs [..., in_features] -> [..., out_features] in the promoted dtype."""
+    def _rounding_key(self, rngs):
+        recipe = dims.check_recipe(self.recipe)
+        if recipe.grad_rounding != "stochastic" or "mxfp4" not in (recipe.dgrad, recipe.wgrad):
+            return None
+        if rngs is not None and not isinstance(rngs, (nnx.Rngs, nnx.RngStream)):
+            return rngs  # a PRNG key (validated by dot_general)
+        stream = _stream(rngs, self.rng_collection) or self.rounding_rngs
+        return stream() if stream is not None else None
+
+    def __call__(self, inputs, out_sharding=None, *, rngs=None):
+        """inputs [..., in_features] -> [..., out_features] in the computation dtype (``dtype``, or
+        promoted from inputs, kernel and bias). ``rngs``: the rounding key source (class docstring)."""
         kernel = self.kernel.get_value()
         bias = self.bias.get_value() if self.bias is not None else None
-        if isinstance(kernel, MXFP4Array):
-            inputs, bias = self.promote_dtype((inputs, bias), dtype=self.dtype)
-        else:
-            inputs, kernel, bias = self.promote_dtype((inputs, kernel, bias), dtype=self.dtype)
-        y = dense(inputs, kernel, bias, recipe=self.recipe)
-        if out_sharding is not None:
-            import jax
-
-            y = jax.lax.with_sharding_constraint(y, out_sharding)
+        inputs, kernel, bias, out_dtype = layer_operands(
+            inputs, kernel, bias, self.dtype, self.recipe, self.promote_dtype
+        )
+        y = _dense(inputs, kernel, bias, self.recipe, self._rounding_key(rngs), out_dtype)
+        if out_sharding is not None:  # explicit-mesh types are changed by reshard, Auto ones constrained
+            explicit = sharding.explicit_spec(y) is not None
+            y = (jax.sharding.reshard if explicit else jax.lax.with_sharding_constraint)(y, out_sharding)
         return y

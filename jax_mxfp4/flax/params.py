@@ -7,7 +7,7 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 
-from .. import checks
+from .. import checks, dims
 from ..array import MXFP4Array
 from ..mx_format import BLOCK_SIZE
 from ..quantize import quantize
@@ -91,3 +91,31 @@ def abstract_params(params: Any) -> Any:
     """``jax.ShapeDtypeStruct`` mirror of ``params`` (MXFP4Arrays included): the restore target
     for ``orbax.checkpoint.StandardCheckpointer().restore(path, abstract_params(params))``."""
     return jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(jnp.shape(x), x.dtype), params)
+
+
+def layer_operands(inputs, kernel, bias, dtype, recipe, promote):
+    """The one weight path of every Flax layer, training and serving alike.
+
+    The kernel is never cast: a float kernel reaches the GEMM in its ``param_dtype`` and is
+    quantized from that value (the value :func:`quantize_params` quantizes), an MXFP4Array kernel
+    is used as is. ``inputs`` and ``bias`` are promoted with ``promote`` (Flax's
+    ``promote_dtype``) to the computation dtype: ``dtype``, else the result type of inputs, the
+    kernel's (logical) dtype and bias, as Flax's layers do. The GEMM returns that dtype.
+
+    Returns ``(inputs, kernel, bias, out_dtype)``. Raises ValueError for an MXFP4Array kernel
+    quantized with another scale rule than ``recipe.scale_mode`` (serving would then differ
+    from the forward the model was trained with).
+    """
+    recipe = dims.check_recipe(recipe)
+    if isinstance(kernel, MXFP4Array) and kernel.scale_mode != recipe.scale_mode:
+        raise ValueError(
+            f"kernel: an MXFP4Array quantized with scale_mode={kernel.scale_mode!r}, but this layer's "
+            f"recipe trains with scale_mode={recipe.scale_mode!r}; quantize_params(..., "
+            f"scale_mode={recipe.scale_mode!r}) gives the weights the trained forward used"
+        )
+    if dtype is None:
+        dtype = jnp.result_type(*(x for x in (inputs, bias) if x is not None), jnp.dtype(kernel.dtype))
+        if not jnp.issubdtype(dtype, jnp.inexact):
+            dtype = jnp.promote_types(jnp.float32, dtype)
+    inputs, bias = promote((inputs, bias), dtype=dtype)
+    return inputs, kernel, bias, jnp.dtype(dtype)
