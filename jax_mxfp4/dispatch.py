@@ -11,7 +11,7 @@ import jax
 from .backends.base import Backend, GemmProblem
 
 ENV_VAR = "JAX_MXFP4_BACKEND"
-AUTO_ORDER = ("hipblaslt", "pallas", "scaled_dot", "xla")
+AUTO_ORDER = ("hipblaslt", "fp8", "pallas", "scaled_dot", "xla")
 """Preference of "auto" among backends whose ``auto_platforms`` include the current platform."""
 
 logger = logging.getLogger("jax_mxfp4")
@@ -61,11 +61,17 @@ class Decision:
     problem: GemmProblem
     reasons: dict  # backend name -> why it was not chosen ("" for the chosen one)
 
+    @property
+    def contract(self) -> str:
+        """The numerics contract in force for the chosen backend at the problem's precision."""
+        return _REGISTRY[self.backend].contract(self.problem)
+
     def __str__(self) -> str:
         p = self.problem
         lines = [
             f"jax_mxfp4 GEMM [B={p.batch}] {p.m}x{p.n}x{p.k} (MxNxK) -> {p.out_dtype.name} "
-            f"on {p.platform}: backend {self.backend!r} (requested {self.requested!r})"
+            f"on {p.platform}: backend {self.backend!r} (requested {self.requested!r})",
+            f"  numerics (precision {p.precision!r}): {self.contract}",
         ]
         for name, why in self.reasons.items():
             lines.append(f"  {'*' if name == self.backend else '-'} {name}: {why or 'chosen'}")
@@ -135,10 +141,12 @@ def _register_builtin() -> None:
     from .backends.scaled_dot import ScaledDotBackend
     from .backends.xla import XlaBackend
     from .backends.pallas import PallasBackend
+    from .backends.fp8 import Fp8Backend
 
     register_backend(XlaBackend())
     register_backend(ScaledDotBackend())
     register_backend(PallasBackend())
+    register_backend(Fp8Backend())
 
     from .backends.ffi_cpu import FfiCpuBackend
     from .backends.hipblaslt import HipblasltBackend

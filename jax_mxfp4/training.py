@@ -55,6 +55,7 @@ from jax.custom_derivatives import SymbolicZero
 from . import checks, dims, gemm
 from . import sharding as shd
 from .array import MXFP4Array
+from .fp8 import FP8Prepared
 from .hadamard import random_hadamard_transform
 from .mx_format import BLOCK_SIZE
 from .quantize import dequantize, quantize
@@ -197,7 +198,12 @@ _mx_gemm.defvjp(_mx_gemm_fwd, _mx_gemm_bwd)
 
 
 # ----------------------------------------------------------------------------- with MXFP4Array
+_QUANTIZED = (MXFP4Array, FP8Prepared)
+
+
 def _as_float(x):
+    if isinstance(x, FP8Prepared):
+        return x.dequantize(jnp.float32)
     return dequantize(x, jnp.float32) if isinstance(x, MXFP4Array) else x
 
 
@@ -209,7 +215,7 @@ def _mixed_gemm(lhs, rhs, dimension_numbers, out_dtype, recipe, site):
 def _mixed_fwd(lhs, rhs, dimension_numbers, out_dtype, recipe, site):
     values = []
     for name, arg in (("lhs", lhs), ("rhs", rhs)):
-        is_mx = isinstance(arg, MXFP4Array)
+        is_mx = isinstance(arg, _QUANTIZED)
         leaves = jax.tree_util.tree_leaves(arg) if is_mx else [arg]
         if is_mx and any(leaf.perturbed for leaf in leaves):
             raise ValueError(
@@ -237,7 +243,7 @@ def _mixed_bwd(dimension_numbers, out_dtype, recipe, site, res, dy):
     def grad_of(x, contracting, batch, canonical_grad):
         # no gradient for a pre-quantized operand; else pull the canonical [B, F, K] gradient
         # back through the transpose/reshape onto x's logical shape
-        if isinstance(x, MXFP4Array):
+        if isinstance(x, _QUANTIZED):
             return None
         _, pull = jax.vjp(lambda v: _canonical(v, contracting, batch, pad_k=False), x)
         return pull(canonical_grad().astype(x.dtype))[0]
@@ -269,7 +275,10 @@ def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_t
         ``jax.lax.dot_general``; the total contracting length K must be a multiple of 32
         (:func:`dense` and the :mod:`jax_mxfp4.flax` layers zero-pad any K for you). The
         backward passes pad their own contractions (N, M) as needed.
-      precision: accepted for signature compatibility and ignored (float32 accumulation).
+      precision: the numerics contract of all three GEMMs, tightening ``recipe.precision``
+        (the stricter counts): None/``DEFAULT`` lets backend "fp8" use FP8 tensor cores with
+        hardware accumulation, ``HIGH`` turns fast accumulation off, ``HIGHEST`` keeps exact
+        block products with float32 accumulation (README "FP8 path").
       preferred_element_type: output dtype: float32 (default), bfloat16 or float16.
       out_sharding: as in ``jax.lax.dot_general`` (``nnx.Linear`` passes it): the output's
         sharding (a ``NamedSharding``, or a ``PartitionSpec`` inside ``jax.set_mesh``), applied
@@ -292,7 +301,9 @@ def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_t
         Recipe; shape mismatches (``lax.dot_general``'s shape rule).
       BackendUnavailableError: the requested backend cannot run a GEMM.
     """
-    del precision
+    recipe = dims.check_recipe(recipe)
+    if precision is not None:
+        recipe = recipe.replace(precision=checks.stricter_precision(checks.canonical_precision(precision), recipe.precision))
     out = _dot_general(lhs, rhs, dimension_numbers, preferred_element_type, recipe, pad_k=False)
     if out_sharding is not None:
         out = jax.sharding.reshard(out, out_sharding)
@@ -303,9 +314,9 @@ def _dot_general(lhs, rhs, dimension_numbers, preferred_element_type, recipe, *,
     """:func:`dot_general`; ``pad_k=True`` zero-pads a float x float contraction to 32 (dense, layers)."""
     recipe = dims.check_recipe(recipe)
     out_dtype = checks.check_output_dtype(preferred_element_type)
-    if isinstance(lhs, MXFP4Array) or isinstance(rhs, MXFP4Array):
+    if isinstance(lhs, _QUANTIZED) or isinstance(rhs, _QUANTIZED):
         for name, x in (("lhs", lhs), ("rhs", rhs)):
-            if not isinstance(x, MXFP4Array):
+            if not isinstance(x, _QUANTIZED):
                 checks.check_float_input(x, name)
         gemm.explain(lhs, rhs, dimension_numbers, preferred_element_type=out_dtype, recipe=recipe)
         lc, rc, lb, rb, _ = dims.parse_dimension_numbers(dimension_numbers, lhs.shape, rhs.shape)
