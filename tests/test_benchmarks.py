@@ -23,6 +23,7 @@ def test_gemm_quick_writes_json_markdown_png(tmp_path):
     assert passes == {"decode", "fprop", "dgrad", "wgrad"}
     ok = {(r["variant"], r["backend"]) for r in res["rows"] if r.get("status") == "ok"}
     assert {("bf16", "bf16"), ("a4w4", "xla"), ("a4w4", "pallas"), ("w4a16", "pallas")} <= ok
+    assert {("a4w4", "fp8"), ("a4w4", "fp8-prepared"), ("a4w4", "fp8-high"), ("e4m3", "xla-fp8")} <= ok
     for r in res["rows"]:
         if r.get("status") == "ok" and r["variant"] != "bf16":
             assert r["median_s"] > 0 and abs(r["speedup_vs_bf16"] * r["time_ratio_vs_bf16"] - 1) < 1e-9
