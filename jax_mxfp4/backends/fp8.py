@@ -160,11 +160,13 @@ def _fix_flagged(out, a, b, flag_l, flag_r):
     return lax.cond(too_many, full, strips, out)
 
 
-def fp8_gemm(lhs, rhs, out_dtype, precision: str = "default", platform: str = "cpu"):
+def fp8_gemm(lhs, rhs, out_dtype, precision: str = "default", platform: str = "cpu", *, _fallback: bool = True):
     """Canonical a4w4 GEMM [B, M, K] x [B, N, K] -> [B, M, N] on the FP8 path.
 
     ``lhs``/``rhs``: canonical MXFP4Arrays (axis 2) or canonical :class:`FP8Prepared`.
     ``precision``: "default" or "high" (module docstring). Raises ValueError for "highest".
+    ``_fallback=False`` drops step 4 (flagged rows are then WRONG): for benchmarks/gemm.py only,
+    to measure what the ``lax.cond`` costs on data without flagged rows.
     """
     if precision not in ("default", "high"):
         raise ValueError(f"the FP8 path takes precision 'default' or 'high', got {precision!r}")
@@ -180,6 +182,8 @@ def fp8_gemm(lhs, rhs, out_dtype, precision: str = "default", platform: str = "c
     )
     nan_l, nan_r = (a.row_flag & FLAG_NAN) != 0, (b.row_flag & FLAG_NAN) != 0
     out = rescale(acc, a.row_exp, b.row_exp, nan_l, nan_r, out_dtype)
+    if not _fallback:
+        return out
     flag_l, flag_r = (a.row_flag & FLAG_EXACT) != 0, (b.row_flag & FLAG_EXACT) != 0
     any_flag = jnp.any(flag_l) | jnp.any(flag_r)
     am, bm = _mxfp4(lhs), _mxfp4(rhs)
