@@ -339,8 +339,9 @@ def dense(x, kernel, bias=None, *, recipe=None):
     Args:
       x: float32/bfloat16/float16 array [..., K], any K.
       kernel: float array [K, N], or an :class:`MXFP4Array` [Kp, N] quantized along axis 0 with
-        Kp = K rounded up to a multiple of 32 (what :func:`jax_mxfp4.flax.quantize_params` makes);
-        x is then zero-padded to Kp (exact).
+        Kp = K rounded up to a multiple of 32 (what :func:`jax_mxfp4.flax.quantize_params` makes),
+        or the same converted by :func:`jax_mxfp4.prepare_fp8` (:class:`FP8Prepared`); x is then
+        zero-padded to Kp (exact).
       bias: optional float array [N], added in the output dtype.
       recipe: :class:`jax_mxfp4.Recipe` (see :func:`dot_general`).
 
@@ -357,7 +358,7 @@ def dense(x, kernel, bias=None, *, recipe=None):
     if jnp.ndim(x) < 1:
         raise ValueError("x must have at least one dim (the contraction dim K last)")
     k = x.shape[-1]
-    if isinstance(kernel, MXFP4Array):
+    if isinstance(kernel, _QUANTIZED):
         if kernel.ndim != 2 or kernel.axis != 0:
             raise ValueError(
                 f"kernel: an MXFP4Array kernel must be 2-D [K, N] quantized along axis 0 (K), got {kernel}"

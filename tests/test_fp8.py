@@ -270,6 +270,16 @@ def test_prepared_is_a_pytree_for_jit_sharding_and_orbax(tmp_path):
                                       np.asarray(b_).view(np.uint8) if b_.dtype.itemsize == 1 else np.asarray(b_))
 
 
+def test_dense_takes_a_prepared_kernel():
+    rng = np.random.default_rng()
+    x = jnp.asarray(rng.standard_normal((5, 70)), jnp.bfloat16)  # K = 70: padded to 96
+    q = mx.quantize(jnp.pad(jnp.asarray(rng.standard_normal((70, 24)), jnp.float32), ((0, 26), (0, 0))), 0)
+    want = np.asarray(mx.dense(x, q, recipe=XLA), np.float32)
+    got = mx.dense(x, prepare_fp8(q), recipe=FP8)
+    assert got.dtype == jnp.bfloat16
+    np.testing.assert_array_equal(np.asarray(got, np.float32), want)
+
+
 def test_prepared_operand_errors():
     with pytest.raises(TypeError, match="prepare_fp8 takes an MXFP4Array"):
         prepare_fp8(jnp.ones((32, 4)))
