@@ -360,3 +360,27 @@ def test_error_bound_constants_are_defined_for_the_gpu_check():
         for kind in ("random", "adversarial"):
             assert 0 < fp8_backend.ERROR_BOUNDS[(prec, kind)] <= 0.5
     assert float(fp8_backend.error_bound("default", "random", 2.0)) == 2 * 2.0**-10
+
+
+@pytest.mark.parametrize("style", ["auto", "explicit"])
+@pytest.mark.parametrize("layout", ["data-parallel", "tp-column", "tp-row"])
+def test_sharded_forward_matches_single_device(style, layout):
+    """Backend "fp8" is plain XLA ops, partitioned by XLA (explicit meshes: shard-local FP8 dot,
+    the flagged-row fix as one masked exact GEMM). One flagged row exercises the fallback."""
+    from jax.sharding import NamedSharding
+    import test_sharding as ts
+
+    x, w = ts.operands()
+    x = x.at[1, 3, :32].set(1e-9)  # a block 2^-30 below the others: row flagged
+    xs, ws, _ = ts.LAYOUTS[layout]
+    fwd = lambda a, b, r: mx.dot_general(a, b, ts.DIMS, recipe=r)  # noqa: E731
+    single = np.asarray(jax.jit(fwd, static_argnums=2)(x, w, XLA))
+    mesh = ts.make_mesh(style)
+    with jax.set_mesh(mesh):
+        xx = jax.device_put(x, NamedSharding(mesh, xs))
+        ww = jax.device_put(w, NamedSharding(mesh, ws))
+        got = np.asarray(jax.jit(fwd, static_argnums=2)(xx, ww, FP8))
+    if layout == "tp-row":  # partial sums over K shards: another float32 order
+        assert (np.abs(got - single) <= ts.rounding_bound(x, w, 256)).all()
+    else:
+        np.testing.assert_array_equal(got, single)

@@ -43,6 +43,7 @@ from jax import lax
 from ..array import MXFP4Array
 from ..fp8 import FLAG_EXACT, FLAG_NAN, FP8Prepared, encode_rows
 from ..mx_format import as_scale_bytes, pow2_from_exponent
+from ..sharding import canonical_out_sharding, explicit_spec
 from .base import Backend, GemmProblem
 from .xla import CANONICAL_DIMS, _as_float32
 
@@ -124,8 +125,9 @@ def rescale(acc, e_lhs, e_rhs, nan_rows, nan_cols, out_dtype):
 
 def _exact(a, b, out_dtype):
     """The exact float32 path (backend "xla"'s arithmetic) on canonical MXFP4Arrays."""
-    out = lax.dot_general(_as_float32(a), _as_float32(b), CANONICAL_DIMS,
-                          precision=lax.Precision.HIGHEST, preferred_element_type=jnp.float32)
+    fa, fb = _as_float32(a), _as_float32(b)
+    out = lax.dot_general(fa, fb, CANONICAL_DIMS, precision=lax.Precision.HIGHEST,
+                          preferred_element_type=jnp.float32, out_sharding=canonical_out_sharding(fa, fb))
     return out.astype(out_dtype)
 
 
@@ -157,6 +159,8 @@ def _fix_flagged(out, a, b, flag_l, flag_r):
         cur = jnp.take_along_axis(out, jnp.broadcast_to(ir[:, None, :], (bsz, m, cap_r)), axis=2)
         return out.at[bidx[:, :, None], jnp.arange(m)[None, :, None], ir[:, None, :]].set(jnp.where(keep, cols, cur))
 
+    if explicit_spec(out) is not None:  # explicit-sharding mesh: no gathered strips across shards
+        return full(out)
     return lax.cond(too_many, full, strips, out)
 
 
@@ -178,7 +182,7 @@ def fp8_gemm(lhs, rhs, out_dtype, precision: str = "default", platform: str = "c
     acc = lax.dot_general(
         a.codes, b.codes, CANONICAL_DIMS,
         precision=lax.Precision.DEFAULT if precision == "default" else lax.Precision.HIGHEST,
-        preferred_element_type=acc_dtype,
+        preferred_element_type=acc_dtype, out_sharding=canonical_out_sharding(a.codes, b.codes),
     )
     nan_l, nan_r = (a.row_flag & FLAG_NAN) != 0, (b.row_flag & FLAG_NAN) != 0
     out = rescale(acc, a.row_exp, b.row_exp, nan_l, nan_r, out_dtype)
