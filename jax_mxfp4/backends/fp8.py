@@ -35,6 +35,8 @@ On CPU XLA converts the codes to float32 and accumulates in float32 for every pr
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -164,6 +166,7 @@ def _fix_flagged(out, a, b, flag_l, flag_r):
     return lax.cond(too_many, full, strips, out)
 
 
+@functools.partial(jax.jit, static_argnums=(2, 3, 4), static_argnames=("_fallback",))
 def fp8_gemm(lhs, rhs, out_dtype, precision: str = "default", platform: str = "cpu", *, _fallback: bool = True):
     """Canonical a4w4 GEMM [B, M, K] x [B, N, K] -> [B, M, N] on the FP8 path.
 
@@ -174,7 +177,7 @@ def fp8_gemm(lhs, rhs, out_dtype, precision: str = "default", platform: str = "c
     """
     if precision not in ("default", "high"):
         raise ValueError(f"the FP8 path takes precision 'default' or 'high', got {precision!r}")
-    out_dtype = np.dtype(out_dtype)
+    out_dtype = np.dtype(out_dtype)  # (jit: an np.dtype or a jnp scalar type, both hashable)
     a, b = _prepared(lhs), _prepared(rhs)
     # bfloat16 out on CUDA: cuBLASLt rounds the float32 accumulator to bf16 in its epilogue and
     # the power-of-two rescale commutes with that rounding (same exponent range as float32).
