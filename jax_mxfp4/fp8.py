@@ -186,8 +186,20 @@ class FP8Prepared:
         return (f"FP8Prepared(shape={self.shape}, dtype={self.dtype.name}, axis={self.axis}, "
                 f"scale_mode={self.scale_mode!r})")
 
+    def _check_children(self):
+        """ValueError if the children no longer match the static shape (e.g. the output of
+        ``vmap``/``scan``, which add a dim that the static fields do not describe)."""
+        rest = tuple(d for i, d in enumerate(self.shape) if i != self.axis)
+        if tuple(self.codes.shape) != rest + (self.shape[self.axis],):
+            raise ValueError(
+                f"FP8Prepared codes have shape {tuple(self.codes.shape)} but its static shape is {self.shape} "
+                f"(axis {self.axis}): batching an FP8Prepared with vmap/scan is not supported; prepare the "
+                "stacked MXFP4Array instead and use dot_general's batch dims"
+            )
+
     def to_mxfp4(self) -> MXFP4Array:
         """The MXFP4Array this was prepared from, bit for bit (plain scale layout)."""
+        self._check_children()
         data = decode_rows(self.codes, self.scales, self.row_exp, self.row_flag)
         return MXFP4Array(jnp.moveaxis(data, -1, self.axis), jnp.moveaxis(self.scales, -1, self.axis),
                           self.axis, self.shape, self.dtype, self.scale_mode, "plain")
@@ -225,6 +237,7 @@ def prepare_fp8(x: MXFP4Array) -> FP8Prepared:
 def canonical(x: FP8Prepared, contracting, batch) -> FP8Prepared:
     """A prepared operand as the canonical [B, F, K] form (batch dims, then free dims; its
     quantized axis must be the single contracting dim: the caller checks that)."""
+    x._check_children()
     (k_axis,) = contracting
     if k_axis != x.axis:
         raise ValueError(

@@ -288,6 +288,9 @@ def test_prepared_operand_errors():
         FP8Prepared(p.codes.astype(jnp.float32), p.scales, p.row_exp, p.row_flag, 0, (64, 64), jnp.float32)
     with pytest.raises(ValueError, match="contracted along its single quantized axis"):
         mx.dot_general(jnp.ones((4, 64)), p, (((1,), (1,)), ((), ())), recipe=FP8)
+    stacked = jax.vmap(prepare_fp8)(mx.quantize(jnp.ones((3, 64, 8)), 1))  # children batched, static shape not
+    with pytest.raises(ValueError, match="batching an FP8Prepared with vmap/scan is not supported"):
+        stacked.to_mxfp4()
     x = jnp.ones((2, 64))
     with pytest.raises(ValueError, match="gradient with respect to rhs"):
         jax.grad(lambda p_: mx.dot_general(x, p_, (((1,), (0,)), ((), ()))).sum(), allow_int=True)(p)
