@@ -15,7 +15,7 @@ function): the gradients with respect to X and every weight, all quantization in
 Timing: benchmarks/common.time_fn (fair timing). Reports ms/step, time relative to bf16 and
 tokens/s, and the backend "auto" chose for each of the linear layer's GEMMs.
 
-Usage: python benchmarks/train_step.py [--quick] [--out DIR]
+Usage: python benchmarks/train_step.py [--quick] [--configs linear,mlp] [--variants bf16,mxfp4,...] [--out DIR]
 """
 
 from __future__ import annotations
@@ -97,10 +97,14 @@ def run(args):
     rows = []
     t0 = time.time()
     for config, s in sizes.items():
+        if args.configs and config not in args.configs:
+            continue
         sets = [make_set(config, s, seed=1)]
         jax.block_until_ready(sets)
         base = None
         for variant, recipe in VARIANTS.items():
+            if args.variants and variant not in args.variants and variant != "bf16":
+                continue
             try:
                 r = time_fn(make_step(layer_fns(config, recipe)), sets, **timing)
                 r["status"] = "ok"
@@ -143,7 +147,11 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="tiny shapes (CPU CI): checks the pipeline and files")
     ap.add_argument("--out", default=None, help="output folder (default benchmarks/results/train_step[-quick])")
+    ap.add_argument("--configs", default="", help="comma list of configs (default: linear,mlp)")
+    ap.add_argument("--variants", default="", help="comma list of variants besides bf16 (default: all)")
     args = ap.parse_args(argv)
+    args.configs = [c for c in args.configs.split(",") if c]
+    args.variants = [v for v in args.variants.split(",") if v]
     here = os.path.dirname(os.path.abspath(__file__))
     out = out_dir(args.out or os.path.join(here, "results", "train_step-quick" if args.quick else "train_step"))
     result = run(args)
