@@ -193,9 +193,10 @@ def fp8_gemm(lhs, rhs, out_dtype, precision: str = "default", platform: str = "c
         return out
     flag_l, flag_r = (a.row_flag & FLAG_EXACT) != 0, (b.row_flag & FLAG_EXACT) != 0
     any_flag = jnp.any(flag_l) | jnp.any(flag_r)
-    am, bm = _mxfp4(lhs), _mxfp4(rhs)
-    # flagged rows/columns get the reference's values, NaN rows included (0 x NaN = NaN there)
-    return lax.cond(any_flag, lambda o: _fix_flagged(o, am, bm, flag_l, flag_r), lambda o: o, out)
+    # flagged rows/columns get the reference's values, NaN rows included (0 x NaN = NaN there);
+    # a prepared operand is decoded back to MXFP4 inside the branch only (not on every call)
+    return lax.cond(any_flag, lambda o, x, y: _fix_flagged(o, _mxfp4(x), _mxfp4(y), flag_l, flag_r),
+                    lambda o, x, y: o, out, lhs, rhs)
 
 
 def _compute_capability():
