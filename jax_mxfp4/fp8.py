@@ -15,7 +15,8 @@ GEMM (:mod:`jax_mxfp4.backends.fp8`) when it holds
 - a nonzero block with b < b_max - 14 (outside the window: its codes would round in E4M3);
 - an element that :func:`jax_mxfp4.mx_format.dequantize_blocks` (the reference decoding) turns
   into a signed zero (|value| < 2^-126, scale bytes 0x00/0x01) or into ±Inf (value >= 2^128,
-  scale bytes 0xFD/0xFE): the reference semantics of those elements are not a product of codes.
+  scale bytes 0xFD/0xFE): the reference semantics of those elements are not a product of codes
+  (:func:`special_blocks`).
 
 Such rows store d = 0 in every block (the codes are the E2M1 values themselves), so the prepared
 form still round-trips exactly. A row holding a scale byte 0xFF gets bit 1 ("NaN"): the reference
@@ -45,7 +46,6 @@ from .mx_format import (
     as_e8m0,
     as_scale_bytes,
     decode_e2m1,
-    dequantize_blocks,
     e2m1_code_nearest,
     pack_nibbles,
     pow2_from_exponent,
@@ -68,6 +68,22 @@ def _block_shift(b, b_max, exact):
     return jnp.clip(d, E4M3_D_MIN, E4M3_D_MAX)
 
 
+def special_blocks(b, max_mag, min_nonzero_mag):
+    """bool per block: does :func:`jax_mxfp4.mx_format.dequantize_blocks` (the reference
+    decoding) turn one of its nonzero codes into a signed zero or into ±Inf?
+
+    From the block's scale byte ``b`` and the largest / smallest nonzero E2M1 magnitude code
+    (0..7; 8 = no nonzero code) alone, per block instead of per element. With v = E2M1 x
+    2^(b - 127): v < 2^-126 (flushed) needs b = 0 and |E2M1| < 2 (codes 1..3) or b = 1 and
+    |E2M1| < 1 (code 1); v >= 2^128 (Inf) needs b = 254 and |E2M1| >= 2 (codes >= 4) or b = 253
+    and |E2M1| >= 4 (codes >= 6). Tested against dequantize_blocks for every byte and code
+    (tests/test_fp8.py).
+    """
+    flushed = ((b == 0) & (min_nonzero_mag <= 3)) | ((b == 1) & (min_nonzero_mag == 1))
+    overflow = ((b == 254) & (max_mag >= 4)) | ((b == 253) & (max_mag >= 6))
+    return flushed | overflow
+
+
 def encode_rows(data, scale_bytes):
     """The fused MXFP4 -> E4M3 pass on rows with the quantized axis last.
 
@@ -81,11 +97,10 @@ def encode_rows(data, scale_bytes):
     sb = as_scale_bytes(scale_bytes).astype(jnp.int32)
     codes4 = unpack_nibbles(data)
     blocks = codes4.reshape(*codes4.shape[:-1], codes4.shape[-1] // BLOCK_SIZE, BLOCK_SIZE)
-    mag_nz = (blocks & 7) != 0
-    nonzero = jnp.any(mag_nz, axis=-1)
+    mag = (blocks & 7).astype(jnp.int32)
+    nonzero = jnp.any(mag != 0, axis=-1)
     nan_blk = sb == E8M0_NAN
-    ref = dequantize_blocks(blocks, sb)  # the reference decoding: flush and overflow rules
-    special = jnp.any(mag_nz & ((ref == 0) | jnp.isinf(ref)), axis=(-2, -1))
+    special = jnp.any(special_blocks(sb, jnp.max(mag, axis=-1), jnp.min(jnp.where(mag != 0, mag, 8), axis=-1)), axis=-1)
     counted = nonzero & ~nan_blk
     b_max = jnp.max(jnp.where(counted, sb, -1), axis=-1, keepdims=True)
     b_max = jnp.where(b_max < 0, EMPTY_ROW_BMAX, b_max)

@@ -186,6 +186,22 @@ def test_e8m0_extremes_flush_overflow_and_wide_output_exponents():
     assert got[0, 4, 0] != 0 and np.isfinite(got[0, 4, 0])  # 2^127 x 2^-125: exponent sum -> ~2^2
 
 
+def test_special_blocks_matches_the_reference_decoding_for_every_byte_and_code():
+    from jax_mxfp4.fp8 import special_blocks
+    from jax_mxfp4.mx_format import dequantize_blocks
+
+    b = np.repeat(np.arange(256), 16)  # one block per (byte, code): the code, then zeros
+    c = np.tile(np.arange(16), 256)
+    blocks = np.zeros((b.size, 32), np.uint8)
+    blocks[:, 0] = c
+    ref = np.asarray(dequantize_blocks(jnp.asarray(blocks), jnp.asarray(b, jnp.uint8)))[:, 0]
+    want = ((c & 7) != 0) & ((ref == 0) | np.isinf(ref))
+    mag = c & 7
+    got = np.asarray(special_blocks(jnp.asarray(b), jnp.asarray(mag), jnp.asarray(np.where(mag != 0, mag, 8))))
+    np.testing.assert_array_equal(got, want)
+    assert want.sum() == 2 * 3 + 2 * 1 + 2 * 4 + 2 * 2  # bytes 0, 1, 254, 253 with both signs
+
+
 def test_batch_dims_and_transposes_through_dot_general():
     rng = np.random.default_rng()
     x = jnp.asarray(rng.standard_normal((3, 20, 2, 64)), jnp.float32)  # [B, M, X, K]
