@@ -12,10 +12,18 @@ Every GEMM is timed in canonical form (operands [M, K] and [N, K], MXFP4 pre-qua
 quantization is timed separately by benchmarks/quantize.py); identical canonical shapes are
 measured once. Variants: "a4w4" (both MXFP4), "w4a16" (bf16 activation x MXFP4 weight), and
 the baseline "bf16" (``lax.dot_general`` on bf16 operands, bf16 out; cuBLAS accumulates in
-float32). Timing: benchmarks/common.py (median of many samples after warm-up, rotating operand
+float32). Backend "fp8" (MXFP4 rows -> E4M3 x power of two, XLA's FP8 GEMM, exact rescale) is
+timed at precision DEFAULT ("fp8"), HIGH ("fp8-high": fast accumulation off), with the weight
+converted beforehand (":func:`jax_mxfp4.prepare_fp8`", "fp8-prepared") and without its
+exact-row ``lax.cond`` ("fp8-nofallback": measurement only, the random data has no flagged rows,
+to show what the conditional costs); its peer row "e4m3
+xla-fp8" is XLA's FP8 ``dot_general`` on float8_e4m3fn operands (DEFAULT precision, bf16 out,
+no scales), the ceiling of any FP8 route. Timing: benchmarks/common.py (median of many samples after warm-up, rotating operand
 sets past the L2). Output: JSON, a markdown table and PNG figures in --out.
 
-Usage: python benchmarks/gemm.py [--quick] [--tune] [--out DIR]
+Usage: python benchmarks/gemm.py [--quick] [--tune] [--only NAME,...] [--out DIR]
+(--only: a comma list of backend names, e.g. "fp8,fp8-prepared,xla-fp8,scaled_dot"; bf16 is
+always timed.)
 """
 
 from __future__ import annotations
@@ -43,8 +51,10 @@ QUICK_DECODE = [(16, 64, 128)]
 QUICK_LAYERS = [(64, 64, 128)]
 
 BACKENDS = {  # variant -> backends tried (each skipped with its reason where unavailable)
-    "a4w4": ["xla", "scaled_dot", "pallas", "hipblaslt", "hipblaslt-swizzled"],
+    "a4w4": ["xla", "scaled_dot", "pallas", "fp8", "fp8-prepared", "fp8-high", "fp8-nofallback",
+             "hipblaslt", "hipblaslt-swizzled"],
     "w4a16": ["xla", "pallas"],
+    "e4m3": ["xla-fp8"],  # the peer: XLA's FP8 GEMM without any MXFP4 work
 }
 
 
@@ -67,7 +77,7 @@ def _problem(m, n, k, variant, scale_layout="plain"):
 def make_sets(m, n, k, variant, seed, scale_layout="plain"):
     """Fresh random operand sets (normal data, never zeros), enough to rotate past the L2."""
     per = {"bf16": 2 * (m + n) * k, "w4a16": 2 * m * k + (n * k * 17) // 32,
-           "a4w4": ((m + n) * k * 17) // 32}[variant]
+           "a4w4": ((m + n) * k * 17) // 32, "e4m3": (m + n) * k}[variant]
     sets = []
     for i in range(n_sets_for(per)):
         ka, kb = jax.random.split(jax.random.key(seed * 100 + i))
@@ -75,6 +85,8 @@ def make_sets(m, n, k, variant, seed, scale_layout="plain"):
         b = jax.random.normal(kb, (1, n, k), jnp.bfloat16)
         if variant == "bf16":
             sets.append((a[0], b[0]))
+        elif variant == "e4m3":
+            sets.append((a[0].astype(jnp.float8_e4m3fn), b[0].astype(jnp.float8_e4m3fn)))
         elif variant == "w4a16":
             sets.append((a, quantize(b, 2, scale_layout=scale_layout)))
         else:
@@ -89,6 +101,21 @@ def bf16_fn(a, b):
 
 def backend_fn(name, m, n, k, variant):
     """(fn, scale_layout) for a backend, or (None, reason)."""
+    if name == "xla-fp8":
+        return bf16_fn, "plain"  # same dot_general, float8_e4m3fn operands (make_sets "e4m3")
+    if name.startswith("fp8"):
+        from dataclasses import replace
+
+        be = dispatch.get_backend("fp8")
+        problem = replace(_problem(m, n, k, variant), precision="high" if name == "fp8-high" else "default")
+        why = be.unavailable_reason() or be.rejects(problem)
+        if why:
+            return None, why
+        if name == "fp8-nofallback":  # measurement only: the cost of the exact-row lax.cond
+            from jax_mxfp4.backends.fp8 import fp8_gemm
+
+            return (lambda a, b: fp8_gemm(a, b, problem.out_dtype, "default", problem.platform, _fallback=False)), "plain"
+        return (lambda a, b: be.gemm(a, b, problem)), "plain"
     base = name.split("-")[0]
     layout = "swizzled" if name.endswith("swizzled") else "plain"
     if base not in dispatch._REGISTRY:
@@ -110,10 +137,12 @@ def run(args):
     rows = []
     t_start = time.time()
     for pass_name, m, n, k in shapes:
-        for variant in ["bf16", "a4w4", "w4a16"]:
+        for variant in ["bf16", "a4w4", "w4a16", "e4m3"]:
             if variant == "w4a16" and pass_name not in ("decode", "fprop"):
                 continue  # weight-only quantization is an inference (forward) format
             names = ["bf16"] if variant == "bf16" else BACKENDS[variant]
+            if args.only and variant != "bf16":
+                names = [b for b in names if b in args.only]
             for name in names:
                 key = (m, n, k, variant, name)
                 if key not in measured:
@@ -128,6 +157,11 @@ def run(args):
                     else:
                         try:
                             sets = make_sets(m, n, k, "bf16" if name == "bf16" else variant, seed=m + n + k, scale_layout=layout)
+                            if name == "fp8-prepared":  # the weight converted once, outside the timing
+                                from jax_mxfp4.fp8 import prepare_fp8
+
+                                sets = [(a, prepare_fp8(b)) for a, b in sets]
+                                jax.block_until_ready(sets)
                             r = time_fn(fn, sets, **timing)
                             r["status"] = "ok"
                             measured[key] = r
@@ -168,7 +202,7 @@ def markdown(result):
     lines = [f"# MXFP4 GEMM benchmark: {info['device']} ({info['platform']}), jax {info['jax']}, {info['date_utc']} UTC", "",
              "Median time per GEMM (ms) and, in brackets, time relative to bf16 `dot_general` of the same "
              "shape in the same run (< 1 is faster). bf16 out everywhere.", ""]
-    cols = [("bf16", "bf16")] + [("a4w4", b) for b in BACKENDS["a4w4"]] + [("w4a16", b) for b in BACKENDS["w4a16"]]
+    cols = [("bf16", "bf16")] + [(v, b) for v in ("a4w4", "w4a16", "e4m3") for b in BACKENDS[v]]
     present = [c for c in cols if any(r["variant"] == c[0] and r["backend"] == c[1] and r.get("status") == "ok" for r in rows)]
     lines.append("| pass | M x N x K | " + " | ".join(f"{v} {b}" for v, b in present) + " |")
     lines.append("|---|---|" + "---|" * len(present))
@@ -294,8 +328,10 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="tiny shapes (CPU CI): checks the pipeline and files")
     ap.add_argument("--tune", action="store_true", help="only sweep Pallas tile configs at the goal shapes")
+    ap.add_argument("--only", default="", help="comma list of backends to time besides bf16 (default: all)")
     ap.add_argument("--out", default=None, help="output folder (default benchmarks/results/gemm[-quick])")
     args = ap.parse_args(argv)
+    args.only = [b for b in args.only.split(",") if b]
     here = os.path.dirname(os.path.abspath(__file__))
     out = out_dir(args.out or os.path.join(here, "results", "gemm-quick" if args.quick else "gemm"))
     if args.tune:

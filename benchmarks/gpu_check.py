@@ -8,7 +8,16 @@ out), the bound for two float32 summation orders (tests/test_pallas_gemm.py); ou
 Quantizer: the fused kernel against the reference ``_quantize_impl``, bit for bit, every scale
 mode and rounding, on random data with special values planted (both roundings run on GPUs).
 
-Usage: python benchmarks/gpu_check.py [--out DIR]; exits 1 if any check fails.
+FP8 path (backend "fp8", ``--fp8-only`` runs just these): XLA must compile its GEMM to cuBLASLt's
+FP8 kernel (``__cublas$lt$matmul$f8`` in the HLO); the error against the exact float64 result,
+max |out - exact| / sum_k |a_k b_k|, measured at precision DEFAULT and HIGH on random and on
+adversarial data (a large first block then small products, cancelling block pairs, equal-sign
+ramps; K = 1024 and 8192), must stay within ``jax_mxfp4.backends.fp8.ERROR_BOUNDS`` (the README
+bound); rows and columns outside the FP8 window must meet the float32 bound of the exact path;
+NaN scale bytes poison their row/column; a prepared weight gives the same bits as the MXFP4Array.
+
+Usage: python benchmarks/gpu_check.py [--out DIR] [--gemm-only | --fp8-only]; exits 1 if any
+check fails.
 """
 
 from __future__ import annotations
@@ -236,19 +245,146 @@ def quantize_checks():
     return res
 
 
+def _mx(codes, sbytes):
+    """Canonical MXFP4Array [1, rows, K] from E2M1 codes and scale bytes (numpy uint8)."""
+    from jax_mxfp4.mx_format import as_e8m0, pack_nibbles
+
+    return mx.MXFP4Array(pack_nibbles(jnp.asarray(codes, jnp.uint8)), as_e8m0(jnp.asarray(sbytes, jnp.uint8)),
+                         2, codes.shape, jnp.float32)
+
+
+def fp8_operands(kind, k, seed, m=256, n=256):
+    """(lhs codes, lhs bytes, rhs codes, rhs bytes) [1, rows, K] / [1, rows, K/32], all within
+    the FP8 window (no row flagged), for the error measurement."""
+    rng = np.random.default_rng(seed)
+    nb = k // 32
+    ca = rng.integers(0, 16, (1, m, k), dtype=np.uint8)
+    cb = rng.integers(0, 16, (1, n, k), dtype=np.uint8)
+    sa = rng.integers(120, 135, (1, m, nb)).astype(np.uint8)
+    sb = rng.integers(120, 135, (1, n, nb)).astype(np.uint8)
+    if kind.startswith("head_tail"):  # one large block, then K - 32 products 2^-drop smaller
+        drop = int(kind.split("_")[-1])
+        ca = rng.integers(1, 8, (1, m, k), dtype=np.uint8)  # positive: no cancellation
+        cb = rng.integers(1, 8, (1, n, k), dtype=np.uint8)
+        ca[:, :, :32] = 7
+        sa[:] = 134 - drop
+        sa[:, :, 0] = 134
+        sb[:] = 127
+    elif kind == "cancel":  # block pairs that cancel exactly, plus one small last block
+        sb[:, :, 1::2] = sb[:, :, 0::2]
+        cb.reshape(1, n, nb // 2, 2, 32)[:, :, :, 1] = cb.reshape(1, n, nb // 2, 2, 32)[:, :, :, 0]
+        sa[:, :, 1::2] = sa[:, :, 0::2]
+        ca.reshape(1, m, nb // 2, 2, 32)[:, :, :, 1] = ca.reshape(1, m, nb // 2, 2, 32)[:, :, :, 0] ^ 8
+        sa[:, :, -1] = 121
+        sa[:, :, 0] = 134
+    elif kind == "ramp":  # every product the same positive value
+        ca[:] = 7
+        cb[:] = 7
+        sa[:] = 130
+        sb[:] = 130
+    return ca, sa, cb, sb
+
+
+def fp8_checks():
+    from jax_mxfp4.backends import fp8 as fb
+    from jax_mxfp4.dispatch import current_platform
+    from jax_mxfp4.fp8 import prepare_fp8
+
+    res = []
+    platform = current_platform()
+
+    def add(case, ok, **kw):
+        res.append({"case": case, "ok": bool(ok), **kw})
+        print(("PASS" if ok else "FAIL"), case, {k: v for k, v in kw.items() if k != "detail"}, flush=True)
+
+    run = {p: jax.jit(lambda a, b, p=p: fb.fp8_gemm(a, b, jnp.float32, p, platform)) for p in ("default", "high")}
+    # 1. XLA really uses the FP8 GEMM (not an upcast) for both precisions and bf16 output
+    qa = _mx(*fp8_operands("random", 1024, 1)[:2])
+    for p in ("default", "high"):
+        for odt in (jnp.float32, jnp.bfloat16):
+            hlo = jax.jit(lambda a, b: fb.fp8_gemm(a, b, odt, p, platform)).lower(qa, qa).compile().as_text()
+            add(f"fp8 {p} {jnp.dtype(odt).name}: cuBLASLt FP8 GEMM in the HLO", "__cublas$lt$matmul$f8" in hlo)
+    # 2. error against the exact result: random and adversarial data
+    xla = jax.jit(lambda a, b: mx.dot_general(a, b, (((2,), (2,)), ((0,), (0,))), recipe=XLA))
+    for k in (1024, 8192):
+        for kind in ("random", "head_tail_6", "head_tail_10", "head_tail_14", "cancel", "ramp"):
+            ca, sa, cb, sb = fp8_operands(kind, k, seed=k + len(kind))
+            a, b = _mx(ca, sa), _mx(cb, sb)
+            assert not bool(jnp.any(prepare_fp8(a).exact_rows())), kind
+            da = np.asarray(mx.dequantize(a), np.float64)[0]
+            db = np.asarray(mx.dequantize(b), np.float64)[0]
+            exact = da @ db.T
+            mag = np.abs(da) @ np.abs(db).T
+            ref32 = np.asarray(xla(a, b), np.float64)[0]
+            entry = {"k": k, "xla_float32_err": float(np.max(np.abs(ref32 - exact) / mag))}
+            for p in ("default", "high"):
+                out = np.asarray(run[p](a, b), np.float64)[0]
+                ratio = float(np.max(np.abs(out - exact) / mag))
+                nz = np.abs(exact) > 0
+                rel = float(np.max(np.abs(out - exact)[nz] / np.abs(exact[nz]))) if nz.any() else 0.0
+                bound = fb.ERROR_BOUNDS[(p, "random" if kind == "random" else "adversarial")]
+                add(f"fp8 {p} error {kind} K={k}", np.isfinite(out).all() and ratio <= bound,
+                    err_over_abs_dot=ratio, max_rel_err=rel, bound=bound, **entry)
+    # 3. rows/columns outside the window: exact path (float32 bound), the others FP8
+    ca, sa, cb, sb = fp8_operands("random", 2048, 7, m=512, n=384)
+    for r in (3, 100, 511):
+        sa[0, r, 5] = 60
+        ca[0, r, 5 * 32] = 2
+    for c in range(0, 384, 9):  # 43 flagged columns: more than the strip capacity (16)
+        sb[0, c, 0] = 20
+        cb[0, c, 0] = 3
+    a, b = _mx(ca, sa), _mx(cb, sb)
+    da = np.asarray(mx.dequantize(a), np.float64)[0]
+    db = np.asarray(mx.dequantize(b), np.float64)[0]
+    exact, mag = da @ db.T, np.abs(da) @ np.abs(db).T
+    out = np.asarray(run["default"](a, b), np.float64)[0]
+    fl = np.zeros(exact.shape, bool)
+    fl[[3, 100, 511], :] = True
+    fl[:, 0::9] = True
+    err = np.abs(out - exact) / mag
+    add("fp8 flagged rows/cols exact (float32 bound)", (np.abs(out - exact)[fl] <= 2 * 2048 * 2.0**-24 * mag[fl]).all(),
+        flagged_err_over_abs_dot=float(err[fl].max()), other_err_over_abs_dot=float(err[~fl].max()))
+    # 4. NaN scale bytes; 5. prepared weight = same bits
+    sa2 = sa.copy()
+    sa2[0, 7, 2] = 255
+    sb2 = sb.copy()
+    sb2[0, 5, 1] = 255
+    out = np.asarray(run["default"](_mx(ca, sa2), _mx(cb, sb2)))[0]
+    want = np.zeros(out.shape, bool)
+    want[7, :] = want[:, 5] = True
+    add("fp8 NaN scale byte -> NaN row/column only", np.array_equal(np.isnan(out), want))
+    ca, sa, cb, sb = fp8_operands("random", 4096, 9, m=1024, n=1024)
+    a, b = _mx(ca, sa), _mx(cb, sb)
+    same = np.array_equal(np.asarray(run["default"](a, b)), np.asarray(run["default"](a, prepare_fp8(b))))
+    add("fp8 prepared weight gives the same bits", same)
+    # 6. "auto" picks fp8 for a large a4w4 GEMM at DEFAULT and leaves it at HIGHEST
+    big = jax.ShapeDtypeStruct((8192, 8192), jnp.float32)
+    dn = (((1,), (1,)), ((), ()))
+    d = mx.explain(big, big, dn)
+    dh = mx.explain(big, big, dn, precision=jax.lax.Precision.HIGHEST)
+    add("auto: fp8 at DEFAULT, another backend at HIGHEST (8192^3)", d.backend == "fp8" and dh.backend != "fp8",
+        default=d.backend, highest=dh.backend)
+    return res
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--gemm-only", action="store_true", help="skip the quantizer checks")
     ap.add_argument("--wgemm-only", action="store_true", help="only the weight-stationary kernel checks")
+    ap.add_argument("--fp8-only", action="store_true", help="only the FP8-path checks")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "gpu_check"))
     args = ap.parse_args(argv)
     out = out_dir(args.out)
-    res = {"info": device_info(), "gemm": ([] if args.wgemm_only else gemm_checks()) + wgemm_checks(),
-           "quantize": [] if (args.gemm_only or args.wgemm_only) else quantize_checks()}
-    n_fail = sum(not r["ok"] for r in res["gemm"] + res["quantize"])
+    only = args.wgemm_only or args.fp8_only
+    res = {"info": device_info(),
+           "gemm": ([] if only else gemm_checks()) + ([] if args.fp8_only else wgemm_checks()),
+           "quantize": [] if (args.gemm_only or only) else quantize_checks(),
+           "fp8": [] if args.wgemm_only else fp8_checks()}
+    checks = res["gemm"] + res["quantize"] + res["fp8"]
+    n_fail = sum(not r["ok"] for r in checks)
     res["failures"] = n_fail
     write_json(os.path.join(out, "gpu_check.json"), res)
-    print(f"{len(res['gemm']) + len(res['quantize']) - n_fail} passed, {n_fail} failed")
+    print(f"{len(checks) - n_fail} passed, {n_fail} failed")
     return 1 if n_fail else 0
 
 

@@ -2,12 +2,14 @@
 
 Public API: :func:`quantize`, :func:`dequantize`, :class:`MXFP4Array`, :func:`dot_general`
 (differentiable: MXFP4 fprop, dgrad and wgrad; :mod:`jax_mxfp4.training`), :func:`dense`,
-:class:`Recipe`, :func:`available_backends`, :func:`explain`; Flax layers in
+:class:`Recipe`, :func:`available_backends`, :func:`explain`, :func:`prepare_fp8`
+(:class:`FP8Prepared`, a weight converted once for the FP8 GEMM path); Flax layers in
 :mod:`jax_mxfp4.flax` (imported on first use of ``jax_mxfp4.flax``; needs flax).
 """
 
 from .array import MXFP4Array
 from .dispatch import BackendUnavailableError, available_backends
+from .fp8 import FP8Prepared, prepare_fp8
 from .gemm import explain
 from .quantize import dequantize, quantize
 from .recipe import Recipe
@@ -28,11 +30,13 @@ def __getattr__(name):
 __all__ = [
     "MXFP4Array",
     "BackendUnavailableError",
+    "FP8Prepared",
     "Recipe",
     "available_backends",
     "dense",
     "dequantize",
     "dot_general",
     "explain",
+    "prepare_fp8",
     "quantize",
 ]

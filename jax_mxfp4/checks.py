@@ -124,3 +124,40 @@ def check_mx_array_parts(data, scales, axis, shape, scale_layout):
             f"MXFP4Array scales shape {tuple(scales.shape)} does not match the {scale_layout!r} "
             f"layout for logical shape {shape}, axis {axis} (expected {tuple(want)})"
         )
+
+
+PRECISIONS = ("default", "high", "highest")
+_PRECISION_NAMES = {  # jax.lax.Precision's names and string aliases (jax/_src/lax/lax.py)
+    "default": "default", "fastest": "default", "bfloat16": "default",
+    "high": "high", "tensorfloat32": "high",
+    "highest": "highest", "float32": "highest",
+}
+
+
+def canonical_precision(precision, name="precision") -> str:
+    """"default" | "high" | "highest" from a ``lax.dot_general`` ``precision`` argument.
+
+    Accepts None (-> "default"), a ``jax.lax.Precision``, its string names ("default",
+    "high", "highest", "fastest", "bfloat16", "tensorfloat32", "float32") or a pair (lhs, rhs), of
+    which the stricter counts. Raises ValueError for anything else (e.g. a DotAlgorithmPreset).
+    """
+    if precision is None:
+        return "default"
+    if isinstance(precision, (tuple, list)) and len(precision) == 2:
+        both = [canonical_precision(p, name) for p in precision]
+        return max(both, key=PRECISIONS.index)
+    from jax import lax
+
+    if isinstance(precision, lax.Precision):
+        return _PRECISION_NAMES[precision.name.lower()]
+    if isinstance(precision, str) and precision.lower() in _PRECISION_NAMES:
+        return _PRECISION_NAMES[precision.lower()]
+    raise ValueError(
+        f"{name} must be None, a jax.lax.Precision, one of {sorted(_PRECISION_NAMES)} or a pair of "
+        f"those, got {precision!r}"
+    )
+
+
+def stricter_precision(*precisions: str) -> str:
+    """The strictest of canonical precision names ("default" < "high" < "highest")."""
+    return max(precisions, key=PRECISIONS.index)

@@ -17,6 +17,7 @@ import jax
 
 from .backends.base import Backend, GemmProblem
 from .backends.ffi_cpu import FfiCpuBackend
+from .backends.fp8 import Fp8Backend
 from .backends.hipblaslt import HipblasltBackend
 from .backends.pallas import PallasBackend
 from .backends.scaled_dot import ScaledDotBackend
@@ -25,7 +26,7 @@ from .errors import BackendUnavailableError
 from .platform import current_platform
 
 ENV_VAR = "JAX_MXFP4_BACKEND"
-AUTO_ORDER = ("hipblaslt", "pallas", "scaled_dot", "xla")
+AUTO_ORDER = ("hipblaslt", "fp8", "pallas", "scaled_dot", "xla")
 """Preference of "auto" among backends whose ``auto_platforms`` include the current platform."""
 LOWERING_PLATFORMS = ("cpu", "cuda", "rocm")
 """Platforms "auto" decides for besides the current one (each gets its own branch)."""
@@ -68,11 +69,17 @@ class Decision:
     """platform -> backend staged for it (:func:`plan`); the program lowered for a platform runs
     that platform's entry ("default": any platform not listed)."""
 
+    @property
+    def contract(self) -> str:
+        """The numerics contract in force for the chosen backend at the problem's precision."""
+        return _REGISTRY[self.backend].contract(self.problem)
+
     def __str__(self) -> str:
         p = self.problem
         lines = [
             f"jax_mxfp4 GEMM [B={p.batch}] {p.m}x{p.n}x{p.k} (MxNxK) -> {p.out_dtype.name} "
-            f"on {p.platform}: backend {self.backend!r} (requested {self.requested!r})"
+            f"on {p.platform}: backend {self.backend!r} (requested {self.requested!r})",
+            f"  numerics (precision {p.precision!r}): {self.contract}",
         ]
         for name, why in self.reasons.items():
             chosen = "chosen" + (f": {self.route}" if self.route else "")
@@ -198,6 +205,7 @@ def _register_builtin() -> None:
     register_backend(XlaBackend())
     register_backend(ScaledDotBackend())
     register_backend(PallasBackend())
+    register_backend(Fp8Backend())
     register_backend(FfiCpuBackend())
     register_backend(HipblasltBackend())
 

@@ -19,13 +19,18 @@ import jax.numpy as jnp
 from . import checks, dims, dispatch
 from .array import MXFP4Array
 from .backends.base import GemmProblem
+from .fp8 import FP8Prepared
+from .fp8 import canonical as fp8_canonical
 from .partitioning import partitioned_gemm
 from .quantize import quantize
 from .recipe import Recipe
 
 
+_QUANTIZED = (MXFP4Array, FP8Prepared)
+
+
 def _logical_shape(x, name):
-    if isinstance(x, MXFP4Array):
+    if isinstance(x, _QUANTIZED):
         return x.shape
     checks.check_float_input(x, name)
     return tuple(jnp.shape(x))
@@ -33,7 +38,7 @@ def _logical_shape(x, name):
 
 def _operand_kinds(lhs, rhs, recipe: Recipe) -> tuple[str, str]:
     """"mxfp4" (pre-quantized), "quantized" (float, quantized here) or "float" (kept: w4a16)."""
-    lq, rq = isinstance(lhs, MXFP4Array), isinstance(rhs, MXFP4Array)
+    lq, rq = isinstance(lhs, _QUANTIZED), isinstance(rhs, _QUANTIZED)
     lk, rk = ("mxfp4" if lq else "quantized"), ("mxfp4" if rq else "quantized")
     if not recipe.quantize_activations:
         if rq and not lq:
@@ -47,7 +52,15 @@ def _operand_kinds(lhs, rhs, recipe: Recipe) -> tuple[str, str]:
 
 def _to_canonical(x, contracting, batch, recipe: Recipe, kind: str, name):
     """Operand -> MXFP4Array [B, F, K] quantized along axis 2 with plain scales, or, for
-    ``kind == "float"``, the float array as [B, F, K] (:func:`jax_mxfp4.dims.to_bfk`)."""
+    ``kind == "float"``, the float array as [B, F, K] (:func:`jax_mxfp4.dims.to_bfk`); an
+    :class:`jax_mxfp4.FP8Prepared` operand stays prepared ([B, F, K], see :mod:`jax_mxfp4.fp8`)."""
+    if isinstance(x, FP8Prepared):
+        if len(contracting) != 1 or contracting[0] != x.axis:
+            raise ValueError(
+                f"{name} is an FP8Prepared array quantized along axis {x.axis}, but its contracting dims "
+                f"are {tuple(contracting)}: it must be contracted along its single quantized axis"
+            )
+        return fp8_canonical(x, contracting, batch)
     if isinstance(x, MXFP4Array):
         if len(contracting) != 1 or contracting[0] != x.axis:
             raise ValueError(
@@ -63,9 +76,10 @@ def _to_canonical(x, contracting, batch, recipe: Recipe, kind: str, name):
     return x3 if kind == "float" else quantize(x3, 2, scale_mode=recipe.scale_mode)
 
 
-def _plan(lhs, rhs, dimension_numbers, preferred_element_type, recipe):
+def _plan(lhs, rhs, dimension_numbers, preferred_element_type, recipe, precision=None):
     """(recipe, (lc, rc, lb, rb), problem, output shape), validating every argument."""
     recipe = dims.check_recipe(recipe)
+    precision = checks.stricter_precision(checks.canonical_precision(precision), recipe.precision)
     out_dtype = checks.check_output_dtype(preferred_element_type)
     lshape, rshape = _logical_shape(lhs, "lhs"), _logical_shape(rhs, "rhs")
     lc, rc, lb, rb, out_shape = dims.parse_dimension_numbers(dimension_numbers, lshape, rshape)
@@ -76,12 +90,14 @@ def _plan(lhs, rhs, dimension_numbers, preferred_element_type, recipe):
     problem = GemmProblem(
         batch=batch, m=m, n=n, k=k, out_dtype=out_dtype, scale_layout=recipe.scale_layout,
         platform=dispatch.current_platform(), lhs_kind=lk, rhs_kind=rk,
-        lhs_dtype=jnp.dtype(lhs.dtype), rhs_dtype=jnp.dtype(rhs.dtype),
+        lhs_dtype=jnp.dtype(lhs.dtype), rhs_dtype=jnp.dtype(rhs.dtype), precision=precision,
     )
     return recipe, (lc, rc, lb, rb), problem, out_shape
 
 
 def _run(a, b, backend_name: str, problem: GemmProblem, platforms=None):
+    if backend_name != "fp8":  # other backends take the exact MXFP4Array round trip
+        a, b = (v.to_mxfp4() if isinstance(v, FP8Prepared) else v for v in (a, b))
     backend = dispatch.get_backend(backend_name)
     if backend.opaque:
         return partitioned_gemm(a, b, backend_name, problem, platforms)
@@ -126,8 +142,11 @@ def dot_general(
         quantized (w4a16); see :class:`jax_mxfp4.Recipe`.
       dimension_numbers: ``((lhs_contracting, rhs_contracting), (lhs_batch, rhs_batch))`` as in
         ``jax.lax.dot_general``; any NN/NT/TN/TT arrangement and batch dims.
-      precision: accepted for signature compatibility; ignored (every backend accumulates each
-        block exactly and blocks in float32).
+      precision: the numerics contract (README "FP8 path"); the stricter of it and
+        ``recipe.precision`` counts. None/``DEFAULT``: backend "fp8" may run the GEMM on FP8
+        tensor cores with hardware accumulation; ``HIGH``: FP8 with fast accumulation off;
+        ``HIGHEST``: exact block products and float32 accumulation (every other backend).
+        ``explain()`` states the contract in force.
       preferred_element_type: output dtype, float32 (default), bfloat16 or float16.
       out_sharding: as in ``jax.lax.dot_general``: the output's sharding (a ``NamedSharding`` or,
         inside ``jax.set_mesh``, a ``PartitionSpec``). By default, under an explicit-sharding mesh
@@ -146,9 +165,8 @@ def dot_general(
       BackendUnavailableError: the backend named by the recipe or ``JAX_MXFP4_BACKEND`` cannot
         run this GEMM.
     """
-    del precision
     recipe, (lc, rc, lb, rb), problem, out_shape = _plan(
-        lhs, rhs, dimension_numbers, preferred_element_type, recipe
+        lhs, rhs, dimension_numbers, preferred_element_type, recipe, precision
     )
     decision = dispatch.plan(problem, recipe.backend)
     a = _to_canonical(lhs, lc, lb, recipe, problem.lhs_kind, "lhs")
@@ -157,7 +175,12 @@ def dot_general(
         out = jnp.zeros((problem.batch, problem.m, problem.n), problem.out_dtype)
     else:
         out = _staged_gemm(a, b, problem, decision.per_platform)
-    leaf = lambda v: v.data if isinstance(v, MXFP4Array) else v  # noqa: E731
+
+    def leaf(v):  # an array of the operand's logical rank and shardings (to_logical reads both)
+        if isinstance(v, FP8Prepared):
+            return jnp.moveaxis(v.codes, -1, v.axis)
+        return v.data if isinstance(v, MXFP4Array) else v
+
     out = dims.to_logical(out, out_shape, leaf(lhs), leaf(rhs), lc, rc, lb, rb)
     return out if out_sharding is None else jax.sharding.reshard(out, out_sharding)
 
@@ -170,6 +193,5 @@ def explain(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=
     whose ``str()`` is a readable report; ``.backend`` is the chosen name, ``.reasons`` maps every
     registered backend to why it was not chosen. Raises what :func:`dot_general` would raise.
     """
-    del precision
-    recipe, _, problem, _ = _plan(lhs, rhs, dimension_numbers, preferred_element_type, recipe)
+    recipe, _, problem, _ = _plan(lhs, rhs, dimension_numbers, preferred_element_type, recipe, precision)
     return dispatch.plan(problem, recipe.backend)

@@ -59,6 +59,7 @@ from jax.custom_derivatives import SymbolicZero
 from . import checks, dims, gemm
 from . import sharding as shd
 from .array import MXFP4Array
+from .fp8 import FP8Prepared
 from .hadamard import random_hadamard_transform
 from .mx_format import BLOCK_SIZE
 from .quantize import dequantize, quantize
@@ -214,7 +215,12 @@ _mx_gemm.defvjp(_mx_gemm_fwd, _mx_gemm_bwd)
 
 
 # ----------------------------------------------------------------------------- with MXFP4Array
+_QUANTIZED = (MXFP4Array, FP8Prepared)
+
+
 def _as_float(x):
+    if isinstance(x, FP8Prepared):
+        return x.dequantize(jnp.float32)
     return dequantize(x, jnp.float32) if isinstance(x, MXFP4Array) else x
 
 
@@ -226,7 +232,7 @@ def _mixed_gemm(lhs, rhs, dimension_numbers, out_dtype, recipe, site, key):
 def _mixed_fwd(lhs, rhs, dimension_numbers, out_dtype, recipe, site, key):
     values = []
     for name, arg in (("lhs", lhs), ("rhs", rhs)):
-        is_mx = isinstance(arg, MXFP4Array)
+        is_mx = isinstance(arg, _QUANTIZED)
         leaves = jax.tree_util.tree_leaves(arg) if is_mx else [arg]
         if is_mx and any(leaf.perturbed for leaf in leaves):
             raise ValueError(
@@ -254,7 +260,7 @@ def _mixed_bwd(dimension_numbers, out_dtype, recipe, site, res, dy):
     def grad_of(x, contracting, batch, canonical_grad):
         # no gradient for a pre-quantized operand; else pull the canonical [B, F, K] gradient
         # back through the transpose/reshape onto x's logical shape
-        if isinstance(x, MXFP4Array):
+        if isinstance(x, _QUANTIZED):
             return None
         x3, pull = jax.vjp(lambda v: _canonical(v, contracting, batch, pad_k=False), x)
         return shd.like(pull(shd.like(canonical_grad().astype(x.dtype), x3))[0], x)
@@ -286,7 +292,10 @@ def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_t
         ``jax.lax.dot_general``; the total contracting length K must be a multiple of 32
         (:func:`dense` and the :mod:`jax_mxfp4.flax` layers zero-pad any K for you). The
         backward passes pad their own contractions (N, M) as needed.
-      precision: accepted for signature compatibility and ignored (float32 accumulation).
+      precision: the numerics contract of all three GEMMs, tightening ``recipe.precision``
+        (the stricter counts): None/``DEFAULT`` lets backend "fp8" use FP8 tensor cores with
+        hardware accumulation, ``HIGH`` turns fast accumulation off, ``HIGHEST`` keeps exact
+        block products with float32 accumulation (README "FP8 path").
       preferred_element_type: output dtype: float32 (default), bfloat16 or float16.
       out_sharding: as in ``jax.lax.dot_general`` (``nnx.Linear`` passes it): the output's
         sharding (a ``NamedSharding``, or a ``PartitionSpec`` inside ``jax.set_mesh``), applied
@@ -316,7 +325,9 @@ def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_t
       TypeError: ``key`` not one PRNG key (``jax.random.key`` or a legacy uint32[2] key).
       BackendUnavailableError: the requested backend cannot run a GEMM.
     """
-    del precision
+    recipe = dims.check_recipe(recipe)
+    if precision is not None:
+        recipe = recipe.replace(precision=checks.stricter_precision(checks.canonical_precision(precision), recipe.precision))
     out = _dot_general(lhs, rhs, dimension_numbers, preferred_element_type, recipe, pad_k=False, key=key)
     if out_sharding is not None:
         out = jax.sharding.reshard(out, out_sharding)
@@ -329,9 +340,9 @@ def _dot_general(lhs, rhs, dimension_numbers, preferred_element_type, recipe, *,
     if key is not None:
         checks.check_rounding("stochastic", key)  # one PRNG key
     out_dtype = checks.check_output_dtype(preferred_element_type)
-    if isinstance(lhs, MXFP4Array) or isinstance(rhs, MXFP4Array):
+    if isinstance(lhs, _QUANTIZED) or isinstance(rhs, _QUANTIZED):
         for name, x in (("lhs", lhs), ("rhs", rhs)):
-            if not isinstance(x, MXFP4Array):
+            if not isinstance(x, _QUANTIZED):
                 checks.check_float_input(x, name)
         gemm.explain(lhs, rhs, dimension_numbers, preferred_element_type=out_dtype, recipe=recipe)
         lc, rc, lb, rb, _ = dims.parse_dimension_numbers(dimension_numbers, lhs.shape, rhs.shape)
@@ -354,8 +365,9 @@ def dense(x, kernel, bias=None, *, recipe=None, key=None):
     Args:
       x: float32/bfloat16/float16 array [..., K], any K.
       kernel: float array [K, N], or an :class:`MXFP4Array` [Kp, N] quantized along axis 0 with
-        Kp = K rounded up to a multiple of 32 (what :func:`jax_mxfp4.flax.quantize_params` makes);
-        x is then zero-padded to Kp (exact).
+        Kp = K rounded up to a multiple of 32 (what :func:`jax_mxfp4.flax.quantize_params` makes),
+        or the same converted by :func:`jax_mxfp4.prepare_fp8` (:class:`FP8Prepared`); x is then
+        zero-padded to Kp (exact).
       bias: optional float array [N], added in the output dtype.
       recipe: :class:`jax_mxfp4.Recipe` (see :func:`dot_general`).
       key: optional PRNG key for the stochastic rounding of the gradients (see :func:`dot_general`).
@@ -380,7 +392,7 @@ def _dense(x, kernel, bias, recipe, key, out_dtype=None):
     if jnp.ndim(x) < 1:
         raise ValueError("x must have at least one dim (the contraction dim K last)")
     k = x.shape[-1]
-    if isinstance(kernel, MXFP4Array):
+    if isinstance(kernel, _QUANTIZED):
         if kernel.ndim != 2 or kernel.axis != 0:
             raise ValueError(
                 f"kernel: an MXFP4Array kernel must be 2-D [K, N] quantized along axis 0 (K), got {kernel}"

@@ -1,4 +1,4 @@
-"""benchmarks/gemm.py and benchmarks/quantize.py --quick run on CPU and write their files."""
+"""benchmarks/gemm.py, quantize.py and train_step.py --quick run on CPU and write their files."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from benchmarks import gemm, quantize  # noqa: E402
+from benchmarks import gemm, quantize, train_step  # noqa: E402
 
 
 def _png(path):
@@ -23,6 +23,7 @@ def test_gemm_quick_writes_json_markdown_png(tmp_path):
     assert passes == {"decode", "fprop", "dgrad", "wgrad"}
     ok = {(r["variant"], r["backend"]) for r in res["rows"] if r.get("status") == "ok"}
     assert {("bf16", "bf16"), ("a4w4", "xla"), ("a4w4", "pallas"), ("w4a16", "pallas")} <= ok
+    assert {("a4w4", "fp8"), ("a4w4", "fp8-prepared"), ("a4w4", "fp8-high"), ("e4m3", "xla-fp8")} <= ok
     base = {(r["m"], r["n"], r["k"]): r["median_s"] for r in res["rows"] if r["variant"] == "bf16"}
     for r in res["rows"]:
         if r.get("status") == "ok" and r["variant"] != "bf16":  # one convention: time / bf16 time
@@ -41,3 +42,16 @@ def test_quantize_quick_writes_json_markdown_png(tmp_path):
     assert all(r["gb_s"] > 0 for r in res["rows"])
     assert "x copy" in (tmp_path / "quantize.md").read_text()
     _png(tmp_path / "quantize_bandwidth.png")
+
+
+def test_train_step_quick_writes_json_markdown(tmp_path):
+    assert train_step.main(["--quick", "--out", str(tmp_path)]) == 0
+    res = json.loads((tmp_path / "train_step.json").read_text())
+    got = {(r["config"], r["variant"]) for r in res["rows"] if r["status"] == "ok"}
+    assert got == {(c, v) for c in ("linear", "mlp") for v in train_step.VARIANTS}
+    for r in res["rows"]:
+        assert r["median_s"] > 0 and abs(r["tokens_per_s"] * r["median_s"] - r["t"]) < 1e-6 * r["t"]
+        assert abs(r["time_ratio_vs_bf16"] - r["median_s"] / next(
+            x["median_s"] for x in res["rows"] if x["config"] == r["config"] and x["variant"] == "bf16")) < 1e-9
+    assert set(res["routing_linear"]) == {"fprop", "dgrad", "wgrad"}
+    assert "| linear |" in (tmp_path / "train_step.md").read_text()

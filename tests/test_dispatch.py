@@ -83,31 +83,32 @@ def test_auto_fallback_is_logged_once(monkeypatch, caplog):
     assert len(records) == 1 and "pallas: test double" in records[0].getMessage()
 
 
-def _cuda_problem(m, n, k=1024, w4a16=False):
+def _cuda_problem(m, n, k=1024, w4a16=False, precision="default"):
     from jax_mxfp4.backends.base import GemmProblem
 
     return GemmProblem(
         batch=1, m=m, n=n, k=k, out_dtype=np.dtype(jnp.bfloat16), scale_layout="plain", platform="cuda",
         lhs_kind="float" if w4a16 else "quantized", rhs_kind="mxfp4",
-        lhs_dtype=np.dtype(jnp.bfloat16), rhs_dtype=np.dtype(jnp.float32),
+        lhs_dtype=np.dtype(jnp.bfloat16), rhs_dtype=np.dtype(jnp.float32), precision=precision,
     )
 
 
-@pytest.mark.parametrize("m,n,w4a16,want", [
-    (16, 8192, False, "pallas"),       # decode-sized a4w4: the fused kernel (H200 measurements)
-    (128, 8192, False, "pallas"),
-    (8192, 64, False, "pallas"),       # small N counts too
-    (1024, 8192, False, "scaled_dot"), # both sides large: scaled_dot measured faster
-    (1024, 8192, True, "pallas"),      # w4a16: scaled_dot cannot run it, pallas beats xla
+@pytest.mark.parametrize("m,n,w4a16,want,precision", [
+    (16, 8192, False, "pallas", "default"),        # decode-sized a4w4: the fused kernel (H200 measurements)
+    (128, 8192, False, "pallas", "default"),
+    (8192, 64, False, "pallas", "default"),        # small N counts too
+    (1024, 8192, False, "fp8", "default"),         # both sides large: FP8 tensor cores
+    (1024, 8192, False, "scaled_dot", "highest"),  # ... unless float32 accumulation is asked for
+    (1024, 8192, True, "pallas", "default"),       # w4a16: scaled_dot cannot run it, pallas beats xla
 ])
-def test_auto_shape_rules_on_cuda(m, n, w4a16, want, monkeypatch):
+def test_auto_shape_rules_on_cuda(m, n, w4a16, want, precision, monkeypatch):
     if "pallas" not in dispatch._REGISTRY:
         pytest.skip("pallas backend not registered")
     # the shape rules only: pretend every backend is installed (as on a CUDA machine)
     for name in ("pallas", "scaled_dot"):
         monkeypatch.setattr(dispatch._REGISTRY[name], "unavailable_reason", lambda: None)
     monkeypatch.setattr(dispatch, "_LOGGED", set())
-    d = dispatch.decide(_cuda_problem(m, n, w4a16=w4a16), "auto")
+    d = dispatch.decide(_cuda_problem(m, n, w4a16=w4a16, precision=precision), "auto")
     assert d.backend == want, str(d)
     if want == "scaled_dot":
         assert "measured faster" in d.reasons["pallas"]

@@ -31,6 +31,7 @@ class GemmProblem:
     rhs_kind: str = "mxfp4"  # or "float" (kept in its dtype: w4a16)
     lhs_dtype: np.dtype = np.dtype(np.float32)  # logical dtype of the operand
     rhs_dtype: np.dtype = np.dtype(np.float32)
+    precision: str = "default"  # "default" | "high" | "highest" (jax_mxfp4.checks.canonical_precision)
 
     @property
     def has_float_operand(self) -> bool:
@@ -80,6 +81,10 @@ class Backend:
     def route(self, problem: GemmProblem) -> str:
         """The backend's own path for ``problem`` (kernel, tiling), for explain(); "" if one."""
         return ""
+
+    def contract(self, problem: GemmProblem) -> str:
+        """One line for explain(): the numerics this backend gives for ``problem``."""
+        return "exact block products, float32 accumulation (equal to backend 'xla' up to summation order)"
 
     def gemm(self, lhs, rhs, problem: GemmProblem) -> jax.Array:
         raise NotImplementedError

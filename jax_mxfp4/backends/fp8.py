@@ -1,0 +1,241 @@
+"""Backend "fp8": an a4w4 GEMM on FP8 tensor cores (for GPUs with FP8 and no FP4 units: Hopper).
+
+Pipeline (``../shared/reference/gpu-speed.md`` §3):
+
+1. each operand row -> float8_e4m3fn codes x one power of two (:func:`jax_mxfp4.fp8.encode_rows`,
+   one jnp pass that XLA fuses; a weight can be converted once with
+   :func:`jax_mxfp4.prepare_fp8`);
+2. XLA's FP8 ``dot_general`` (cuBLASLt ``__cublas$lt$matmul$f8`` on CUDA; XLA on CPU upcasts the
+   codes to float32), float32 accumulation requested (bfloat16 output for a bfloat16 result on
+   CUDA: rounding there and scaling by a power of two commute);
+3. the exact power-of-two rescale 2^(e_row + e_col), fused by XLA with the output conversion
+   (a single rounding; applied as two factors so that no intermediate leaves float32's range);
+4. rows or columns flagged by step 1 (outside the 15-binade window, or holding elements that
+   the reference flushes to zero or overflows to Inf) are recomputed on the exact float32 path
+   (backend "xla"'s arithmetic) and written over the FP8 result: up to ``fallback_capacity``
+   flagged rows and columns per batch element as gathered strips, more as one full exact GEMM.
+   This runs under ``lax.cond``: it costs nothing when no row is flagged. Rows with a NaN scale
+   byte come out NaN, as in the reference.
+
+Products are exact (E4M3 x E4M3 in the tensor core); what is not exact is the hardware's
+accumulation. The ``precision`` contract (:func:`contract`):
+
+- ``None``/``DEFAULT``: the FP8 dot with ``Precision.DEFAULT``: cuBLASLt fast accumulation on
+  Hopper (products aligned to the largest exponent inside an MMA, ~14 bits kept, partial sums
+  kept in the tensor core across K). Error bound in README ("FP8 path"), asserted by
+  ``benchmarks/gpu_check.py``.
+- ``HIGH``: the FP8 dot with ``Precision.HIGHEST``, which turns fast accumulation off
+  (``IsFastAccumEnabled`` in XLA's cuda_blas_lt.cc): partial sums are promoted to float32
+  periodically, but the 14-bit alignment inside one MMA remains: not float32-faithful.
+- ``HIGHEST``: the float32-accumulation contract of every other backend. This backend cannot
+  give it through XLA (no per-32-block promotion), so it declines and "auto" routes elsewhere;
+  naming it explicitly with HIGHEST raises.
+On CPU XLA converts the codes to float32 and accumulates in float32 for every precision.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from ..array import MXFP4Array
+from ..fp8 import FLAG_EXACT, FLAG_NAN, FP8Prepared, encode_rows
+from ..mx_format import as_scale_bytes, pow2_from_exponent
+from ..sharding import canonical_out_sharding, explicit_spec
+from .base import Backend, GemmProblem
+from .xla import CANONICAL_DIMS, _as_float32
+
+MIN_COMPUTE_CAPABILITY = (8, 9)  # FP8 tensor cores: Ada (8.9) and Hopper (9.0) and later
+
+# Shape rule for "auto" (PROVISIONAL, to be set from H200 measurements by benchmarks/gemm.py):
+# "auto" takes this path for a4w4 when both M and N are at least this large. Below it the Pallas
+# kernels (decode shapes, min(M, N) <= 128) or "scaled_dot" are expected to win: the conversion
+# pass (~1.5 B/element written and read again) and the M x N rescale are fixed costs that the
+# FP8 GEMM's 2x tensor rate pays back only for large M x N (gpu-speed.md §3.5: estimated 0.66x of
+# bf16 at 1024x8192x8192 with a prepared weight, ~0.6x at 8192^3).
+AUTO_MIN_SIDE = 256
+
+FALLBACK_MIN_ROWS = 16
+"""Flagged rows (columns) recomputed as gathered strips: max(16, rows / 64) per batch element."""
+
+ERROR_BOUNDS = {  # (precision, data kind) -> max |out - exact| / sum_k |a_k b_k| over outputs
+    # PROVISIONAL until measured on an H200 by benchmarks/gpu_check.py, which asserts them.
+    # "random": normal data with block scales spread over the window; "adversarial": data built
+    # against the accumulator (a large first block then many small products, cancellation,
+    # equal-sign ramps; see gpu_check.fp8_checks). With fast accumulation (DEFAULT) Hopper keeps
+    # the running sum inside the tensor core with ~13-14 significant bits across all of K, so
+    # products below its last bit can be lost entirely: no small worst-case bound exists there.
+    ("default", "random"): 2.0**-10,
+    ("default", "adversarial"): 0.5,
+    ("high", "random"): 2.0**-10,
+    ("high", "adversarial"): 2.0**-5,
+}
+
+
+def error_bound(precision: str, kind: str, abs_dot):
+    """Elementwise bound on |FP8-path result - exact result| on a GPU (README 'FP8 path'):
+    ``ERROR_BOUNDS[(precision, kind)] * abs_dot`` with ``abs_dot`` = sum_k |a_k b_k|."""
+    return ERROR_BOUNDS[(precision, kind)] * abs_dot
+
+
+def fallback_capacity(rows: int) -> int:
+    return int(min(rows, max(FALLBACK_MIN_ROWS, rows // 64)))
+
+
+def contract(precision: str, platform: str = "cuda") -> str:
+    """One line: the numerics this backend gives at ``precision`` ("default"|"high"|"highest")."""
+    if precision == "highest":
+        return "not available (HIGHEST asks for float32 accumulation; the FP8 path cannot give it)"
+    if platform == "cpu":
+        return ("FP8 codes, which XLA on CPU converts to float32: exact products, float32 accumulation "
+                "(on a GPU: FP8 tensor-core accumulation, see README 'FP8 path')")
+    mode = ("hardware FP8 fast accumulation (Precision.DEFAULT)" if precision == "default"
+            else "FP8 accumulation with fast accumulation off (the FP8 dot at Precision.HIGHEST)")
+    return (f"FP8: exact E4M3 products, {mode}; not float32-faithful, error bound in README 'FP8 path'; "
+            "rows outside the FP8 window exact (float32 path)")
+
+
+def _prepared(x) -> FP8Prepared:
+    if isinstance(x, FP8Prepared):
+        return x
+    codes, row_exp, row_flag = encode_rows(x.data, as_scale_bytes(x.plain_scales()))
+    return FP8Prepared(codes, x.plain_scales(), row_exp, row_flag, 2, x.shape, x.dtype, x.scale_mode)
+
+
+def _mxfp4(x) -> MXFP4Array:
+    return x.to_mxfp4() if isinstance(x, FP8Prepared) else x
+
+
+def rescale(acc, e_lhs, e_rhs, nan_rows, nan_cols, out_dtype):
+    """acc [B, M, N] x 2^(e_lhs[:, :, None] + e_rhs[:, None, :]) -> out_dtype, one rounding.
+
+    The exponent sum E (in [-266, 242]) is applied as 2^E1 x 2^E2 with E1 = clip(E, -100, 100):
+    |acc| >= 2^-18 when nonzero (a sum of E4M3 products), so acc x 2^E1 is an exact normal float
+    unless the result overflows anyway; the second factor rounds once. NaN rows/cols -> NaN.
+    """
+    e = e_lhs[:, :, None] + e_rhs[:, None, :]
+    e1 = jnp.clip(e, -100, 100)
+    e2 = jnp.clip(e - e1, -126, 127)
+    out = acc.astype(jnp.float32) * pow2_from_exponent(e1) * pow2_from_exponent(e2)
+    out = jnp.where(nan_rows[:, :, None] | nan_cols[:, None, :], jnp.float32(jnp.nan), out)
+    return out.astype(out_dtype)
+
+
+def _exact(a, b, out_dtype):
+    """The exact float32 path (backend "xla"'s arithmetic) on canonical MXFP4Arrays."""
+    fa, fb = _as_float32(a), _as_float32(b)
+    out = lax.dot_general(fa, fb, CANONICAL_DIMS, precision=lax.Precision.HIGHEST,
+                          preferred_element_type=jnp.float32, out_sharding=canonical_out_sharding(fa, fb))
+    return out.astype(out_dtype)
+
+
+def _rows(x: MXFP4Array, idx) -> MXFP4Array:
+    take = lambda v: jnp.take_along_axis(v, idx[:, :, None], axis=1)  # noqa: E731
+    data, scales = take(x.data), take(x.plain_scales())
+    return MXFP4Array(data, scales, 2, (x.shape[0], idx.shape[1], x.shape[2]), x.dtype, x.scale_mode, "plain")
+
+
+def _fix_flagged(out, a, b, flag_l, flag_r):
+    """``out`` with flagged rows (flag_l [B, M]) and columns (flag_r [B, N]) recomputed exactly."""
+    bsz, m, n = out.shape
+    cap_l, cap_r = fallback_capacity(m), fallback_capacity(n)
+    too_many = (jnp.max(jnp.sum(flag_l, axis=1)) > cap_l) | (jnp.max(jnp.sum(flag_r, axis=1)) > cap_r)
+    bidx = jnp.arange(bsz)[:, None]
+
+    def full(out):
+        exact = _exact(a, b, out.dtype)
+        return jnp.where(flag_l[:, :, None] | flag_r[:, None, :], exact, out)
+
+    def strips(out):
+        il = lax.top_k(flag_l.astype(jnp.int32), cap_l)[1]
+        rows = _exact(_rows(a, il), b, out.dtype)  # [B, cap_l, N]
+        keep = jnp.take_along_axis(flag_l, il, axis=1)[:, :, None]
+        out = out.at[bidx, il].set(jnp.where(keep, rows, out[bidx, il]))
+        ir = lax.top_k(flag_r.astype(jnp.int32), cap_r)[1]
+        cols = _exact(a, _rows(b, ir), out.dtype)  # [B, M, cap_r]
+        keep = jnp.take_along_axis(flag_r, ir, axis=1)[:, None, :]
+        cur = jnp.take_along_axis(out, jnp.broadcast_to(ir[:, None, :], (bsz, m, cap_r)), axis=2)
+        return out.at[bidx[:, :, None], jnp.arange(m)[None, :, None], ir[:, None, :]].set(jnp.where(keep, cols, cur))
+
+    if explicit_spec(out) is not None:  # explicit-sharding mesh: no gathered strips across shards
+        return full(out)
+    return lax.cond(too_many, full, strips, out)
+
+
+@functools.partial(jax.jit, static_argnums=(2, 3, 4), static_argnames=("_fallback",))
+def fp8_gemm(lhs, rhs, out_dtype, precision: str = "default", platform: str = "cpu", *, _fallback: bool = True):
+    """Canonical a4w4 GEMM [B, M, K] x [B, N, K] -> [B, M, N] on the FP8 path.
+
+    ``lhs``/``rhs``: canonical MXFP4Arrays (axis 2) or canonical :class:`FP8Prepared`.
+    ``precision``: "default" or "high" (module docstring). Raises ValueError for "highest".
+    ``_fallback=False`` drops step 4 (flagged rows are then WRONG): for benchmarks/gemm.py only,
+    to measure what the ``lax.cond`` costs on data without flagged rows.
+    """
+    if precision not in ("default", "high"):
+        raise ValueError(f"the FP8 path takes precision 'default' or 'high', got {precision!r}")
+    out_dtype = np.dtype(out_dtype)  # (jit: an np.dtype or a jnp scalar type, both hashable)
+    a, b = _prepared(lhs), _prepared(rhs)
+    # bfloat16 out on CUDA: cuBLASLt rounds the float32 accumulator to bf16 in its epilogue and
+    # the power-of-two rescale commutes with that rounding (same exponent range as float32).
+    acc_dtype = jnp.bfloat16 if (platform == "cuda" and out_dtype == np.dtype(jnp.bfloat16)) else jnp.float32
+    acc = lax.dot_general(
+        a.codes, b.codes, CANONICAL_DIMS,
+        precision=lax.Precision.DEFAULT if precision == "default" else lax.Precision.HIGHEST,
+        preferred_element_type=acc_dtype, out_sharding=canonical_out_sharding(a.codes, b.codes),
+    )
+    nan_l, nan_r = (a.row_flag & FLAG_NAN) != 0, (b.row_flag & FLAG_NAN) != 0
+    out = rescale(acc, a.row_exp, b.row_exp, nan_l, nan_r, out_dtype)
+    if not _fallback:
+        return out
+    flag_l, flag_r = (a.row_flag & FLAG_EXACT) != 0, (b.row_flag & FLAG_EXACT) != 0
+    any_flag = jnp.any(flag_l) | jnp.any(flag_r)
+    # flagged rows/columns get the reference's values, NaN rows included (0 x NaN = NaN there);
+    # a prepared operand is decoded back to MXFP4 inside the branch only (not on every call)
+    return lax.cond(any_flag, lambda o, x, y: _fix_flagged(o, _mxfp4(x), _mxfp4(y), flag_l, flag_r),
+                    lambda o, x, y: o, out, lhs, rhs)
+
+
+def _compute_capability():
+    """(major, minor) of CUDA device 0, or None if unknown."""
+    try:
+        cc = jax.devices()[0].compute_capability
+        major, minor = str(cc).split(".")[:2]
+        return int(major), int(minor)
+    except Exception:  # pragma: no cover - depends on the device
+        return None
+
+
+class Fp8Backend(Backend):
+    """a4w4 GEMM on FP8 tensor cores with exact per-row/per-column power-of-two scales."""
+
+    name = "fp8"
+    auto_platforms = ("cuda",)
+
+    def rejects(self, problem: GemmProblem):
+        if problem.has_float_operand:
+            return "takes two MXFP4 operands only (a4w4; a w4a16 float operand is not E4M3)"
+        if problem.platform not in ("cuda", "cpu"):
+            return f"runs on CUDA GPUs (and on CPU, for tests), not {problem.platform}"
+        if problem.precision == "highest":
+            return ("precision HIGHEST asks for float32 accumulation; XLA's FP8 GEMM aligns products "
+                    "inside an MMA to ~14 bits (README 'FP8 path')")
+        return None
+
+    def auto_rejects(self, problem: GemmProblem):
+        cc = _compute_capability()
+        if cc is not None and cc < MIN_COMPUTE_CAPABILITY:
+            return f"needs FP8 tensor cores (compute capability >= 8.9); device 0 has {cc[0]}.{cc[1]}"
+        if min(problem.m, problem.n) < AUTO_MIN_SIDE:
+            return (f"min(M, N) = {min(problem.m, problem.n)} < {AUTO_MIN_SIDE}: the conversion and "
+                    "rescale passes outweigh the FP8 GEMM's gain there (provisional rule)")
+        return None
+
+    def contract(self, problem: GemmProblem) -> str:
+        return contract(problem.precision, problem.platform)
+
+    def gemm(self, lhs, rhs, problem: GemmProblem) -> jax.Array:
+        return fp8_gemm(lhs, rhs, problem.out_dtype, problem.precision, problem.platform)

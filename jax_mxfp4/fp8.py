@@ -1,0 +1,275 @@
+"""MXFP4 operands as FP8 E4M3 codes times one power of two per row: the "fp8" GEMM path.
+
+Why it is exact (``../shared/reference/gpu-speed.md`` §3.1): every E2M1 value times 2^d is a
+``float8_e4m3fn`` value for d in [-8, 6] (2^-9 is E4M3's smallest subnormal, 6 x 2^6 = 384 <=
+448). A row of K elements (the quantized axis) whose blocks holding a nonzero code have E8M0
+bytes b within 14 of their maximum b_max is therefore, exactly,
+
+    element = E4M3(E2M1(code) x 2^d) x 2^e,   d = b - b_max + 6 in [-8, 6],   e = b_max - 133
+
+(2^(b - 127) = 2^d x 2^e). Blocks with only zero codes do not count towards b_max or the span.
+
+A row gets the "exact" flag (bit 0 of ``row_flag``) and is left to an exact float32 path by the
+GEMM (:mod:`jax_mxfp4.backends.fp8`) when it holds
+
+- a nonzero block with b < b_max - 14 (outside the window: its codes would round in E4M3);
+- an element that :func:`jax_mxfp4.mx_format.dequantize_blocks` (the reference decoding) turns
+  into a signed zero (|value| < 2^-126, scale bytes 0x00/0x01) or into ±Inf (value >= 2^128,
+  scale bytes 0xFD/0xFE): the reference semantics of those elements are not a product of codes
+  (:func:`special_blocks`).
+
+Such rows store d = 0 in every block (the codes are the E2M1 values themselves), so the prepared
+form still round-trips exactly. A row holding a scale byte 0xFF gets bit 1 ("NaN"): the reference
+decodes the whole block to NaN, so every output of that row is NaN (0 x NaN = NaN too); the GEMM
+poisons the row through its scale factor. Every rule here is computed from the scale bytes and
+codes with :mod:`jax_mxfp4.mx_format`'s functions.
+
+:class:`FP8Prepared` is the stored form (a pytree, like :class:`jax_mxfp4.MXFP4Array`): a weight
+used many times pays the conversion once (:func:`prepare_fp8`), and :meth:`FP8Prepared.to_mxfp4`
+gives back the original MXFP4Array bit for bit (plain scale layout).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from . import checks
+from .array import MXFP4Array
+from .mx_format import (
+    BLOCK_SIZE,
+    E8M0_NAN,
+    as_e8m0,
+    as_scale_bytes,
+    decode_e2m1,
+    e2m1_code_nearest,
+    pack_nibbles,
+    pow2_from_exponent,
+    unpack_nibbles,
+)
+
+E4M3_D_MIN, E4M3_D_MAX = -8, 6
+"""Shifts d for which E2M1 x 2^d is exactly a float8_e4m3fn value (gpu-speed.md §3.1)."""
+WINDOW_SPAN = E4M3_D_MAX - E4M3_D_MIN  # 14 binades between the largest and smallest block scale
+ROW_EXP_OFFSET = 127 + E4M3_D_MAX  # e = b_max - 133
+EMPTY_ROW_BMAX = ROW_EXP_OFFSET  # a row with no nonzero block: e = 0 (any value would do)
+FLAG_EXACT = 1  # row_flag bit 0: the row needs the exact path
+FLAG_NAN = 2  # row_flag bit 1: the row holds a 0xFF scale byte (all its outputs are NaN)
+
+
+def _block_shift(b, b_max, exact):
+    """Per-block shift d (int32, clipped to [-8, 6]) from scale bytes ``b`` [..., nb], the row's
+    b_max [..., 1] and its exact flag [..., 1]: the one rule used to encode and to decode."""
+    d = jnp.where(exact, 0, b - b_max + E4M3_D_MAX)
+    return jnp.clip(d, E4M3_D_MIN, E4M3_D_MAX)
+
+
+def special_blocks(b, max_mag, min_nonzero_mag):
+    """bool per block: does :func:`jax_mxfp4.mx_format.dequantize_blocks` (the reference
+    decoding) turn one of its nonzero codes into a signed zero or into ±Inf?
+
+    From the block's scale byte ``b`` and the largest / smallest nonzero E2M1 magnitude code
+    (0..7; 8 = no nonzero code) alone, per block instead of per element. With v = E2M1 x
+    2^(b - 127): v < 2^-126 (flushed) needs b = 0 and |E2M1| < 2 (codes 1..3) or b = 1 and
+    |E2M1| < 1 (code 1); v >= 2^128 (Inf) needs b = 254 and |E2M1| >= 2 (codes >= 4) or b = 253
+    and |E2M1| >= 4 (codes >= 6). Tested against dequantize_blocks for every byte and code
+    (tests/test_fp8.py).
+    """
+    flushed = ((b == 0) & (min_nonzero_mag <= 3)) | ((b == 1) & (min_nonzero_mag == 1))
+    overflow = ((b == 254) & (max_mag >= 4)) | ((b == 253) & (max_mag >= 6))
+    return flushed | overflow
+
+
+def encode_rows(data, scale_bytes):
+    """The fused MXFP4 -> E4M3 pass on rows with the quantized axis last.
+
+    Args:
+      data: uint8 [..., K/2] packed E2M1 pairs (low nibble first).
+      scale_bytes: uint8 or float8_e8m0fnu [..., K/32], plain layout.
+    Returns:
+      (codes float8_e4m3fn [..., K], row_exp int32 [...], row_flag uint8 [...]) as described in
+      the module docstring.
+    """
+    sb = as_scale_bytes(scale_bytes).astype(jnp.int32)
+    codes4 = unpack_nibbles(data)
+    blocks = codes4.reshape(*codes4.shape[:-1], codes4.shape[-1] // BLOCK_SIZE, BLOCK_SIZE)
+    mag = (blocks & 7).astype(jnp.int32)
+    nonzero = jnp.any(mag != 0, axis=-1)
+    nan_blk = sb == E8M0_NAN
+    special = jnp.any(special_blocks(sb, jnp.max(mag, axis=-1), jnp.min(jnp.where(mag != 0, mag, 8), axis=-1)), axis=-1)
+    counted = nonzero & ~nan_blk
+    b_max = jnp.max(jnp.where(counted, sb, -1), axis=-1, keepdims=True)
+    b_max = jnp.where(b_max < 0, EMPTY_ROW_BMAX, b_max)
+    outside = jnp.any(counted & (sb < b_max - WINDOW_SPAN), axis=-1)
+    exact = (outside | special)[..., None]
+    d = _block_shift(sb, b_max, exact)
+    vals = decode_e2m1(blocks) * pow2_from_exponent(d)[..., None]
+    codes = vals.reshape(codes4.shape).astype(jnp.float8_e4m3fn)
+    row_exp = (b_max[..., 0] - ROW_EXP_OFFSET).astype(jnp.int32)
+    row_flag = (exact[..., 0].astype(jnp.uint8) * FLAG_EXACT) | (jnp.any(nan_blk, axis=-1).astype(jnp.uint8) * FLAG_NAN)
+    return codes, row_exp, row_flag
+
+
+def decode_rows(codes, scale_bytes, row_exp, row_flag):
+    """Inverse of :func:`encode_rows`: packed E2M1 data uint8 [..., K/2] (bit-exact)."""
+    sb = as_scale_bytes(scale_bytes).astype(jnp.int32)
+    q = codes.astype(jnp.float32)
+    blocks = q.reshape(*q.shape[:-1], q.shape[-1] // BLOCK_SIZE, BLOCK_SIZE)
+    exact = ((row_flag & FLAG_EXACT) != 0)[..., None, None]
+    d = _block_shift(sb, (row_exp + ROW_EXP_OFFSET)[..., None], exact[..., 0])
+    e2m1 = blocks * pow2_from_exponent(-d)[..., None]
+    return pack_nibbles(e2m1_code_nearest(e2m1).reshape(q.shape))
+
+
+@jax.tree_util.register_pytree_node_class
+@dataclasses.dataclass(frozen=True, eq=False)
+class FP8Prepared:
+    """An :class:`jax_mxfp4.MXFP4Array` converted for the FP8 GEMM path (:func:`prepare_fp8`).
+
+    Children (stored with the quantized axis LAST, the K-contiguous layout an FP8 GEMM reads):
+      codes:    ``float8_e4m3fn`` [*rest, K]: E2M1(code) x 2^d per element, d per block.
+      scales:   ``float8_e8m0fnu`` [*rest, K/32]: the original E8M0 scale bytes (plain layout).
+      row_exp:  int32 [*rest]: e = b_max - 133; an element is codes x 2^e (unflagged rows).
+      row_flag: uint8 [*rest]: bit 0 the row takes the exact path, bit 1 it holds a NaN scale.
+    ``rest`` is the logical shape without ``axis``, in order. Static: ``axis``, ``shape``
+    (logical), ``dtype``, ``scale_mode`` - those of the MXFP4Array it came from.
+
+    Memory: 1 + 1/32 bytes per element plus 5 bytes per row (an MXFP4Array: 17/32).
+    A pytree: ``jit``, ``device_put``/sharding and orbax handle it like any tuple of arrays.
+    """
+
+    codes: Any
+    scales: Any
+    row_exp: Any
+    row_flag: Any
+    axis: int
+    shape: tuple[int, ...]
+    dtype: Any
+    scale_mode: str = "even"
+
+    def tree_flatten(self):
+        aux = (self.axis, self.shape, jnp.dtype(self.dtype), self.scale_mode)
+        return (self.codes, self.scales, self.row_exp, self.row_flag), aux
+
+    @classmethod
+    def tree_unflatten(cls, aux, children):
+        obj = object.__new__(cls)
+        names = ("codes", "scales", "row_exp", "row_flag", "axis", "shape", "dtype", "scale_mode")
+        for name, value in zip(names, (*children, *aux)):
+            object.__setattr__(obj, name, value)
+        return obj
+
+    def __post_init__(self):
+        checks.check_mx_dtype(self.dtype)
+        object.__setattr__(self, "shape", tuple(self.shape))
+        object.__setattr__(self, "dtype", jnp.dtype(self.dtype))
+        checks.check_scale_mode(self.scale_mode, "scale_mode")
+        shape, axis = self.shape, self.axis
+        if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)) or not 0 <= axis < len(shape):
+            raise ValueError(f"FP8Prepared axis must be an int in [0, {len(shape)}), got {axis!r}")
+        checks.check_block_multiple(shape[axis], axis, "FP8Prepared shape")
+        rest = tuple(d for i, d in enumerate(shape) if i != axis)
+        want = {
+            "codes": (rest + (shape[axis],), jnp.float8_e4m3fn),
+            "scales": (rest + (shape[axis] // BLOCK_SIZE,), jnp.float8_e8m0fnu),
+            "row_exp": (rest, jnp.int32),
+            "row_flag": (rest, jnp.uint8),
+        }
+        for name, (wshape, wdtype) in want.items():
+            v = getattr(self, name)
+            if not hasattr(v, "shape") or tuple(v.shape) != wshape or jnp.dtype(v.dtype) != jnp.dtype(wdtype):
+                got = (tuple(v.shape), jnp.dtype(v.dtype).name) if hasattr(v, "shape") else type(v).__name__
+                raise ValueError(
+                    f"FP8Prepared.{name} must be {jnp.dtype(wdtype).name} of shape {wshape} (logical shape "
+                    f"{shape}, axis {axis} moved last), got {got}"
+                )
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(int(np.prod(v.shape)) * jnp.dtype(v.dtype).itemsize
+                   for v in (self.codes, self.scales, self.row_exp, self.row_flag))
+
+    def __repr__(self) -> str:
+        return (f"FP8Prepared(shape={self.shape}, dtype={self.dtype.name}, axis={self.axis}, "
+                f"scale_mode={self.scale_mode!r})")
+
+    def _check_children(self):
+        """ValueError if the children no longer match the static shape (e.g. the output of
+        ``vmap``/``scan``, which add a dim that the static fields do not describe)."""
+        rest = tuple(d for i, d in enumerate(self.shape) if i != self.axis)
+        if tuple(self.codes.shape) != rest + (self.shape[self.axis],):
+            raise ValueError(
+                f"FP8Prepared codes have shape {tuple(self.codes.shape)} but its static shape is {self.shape} "
+                f"(axis {self.axis}): batching an FP8Prepared with vmap/scan is not supported; prepare the "
+                "stacked MXFP4Array instead and use dot_general's batch dims"
+            )
+
+    def to_mxfp4(self) -> MXFP4Array:
+        """The MXFP4Array this was prepared from, bit for bit (plain scale layout)."""
+        self._check_children()
+        data = decode_rows(self.codes, self.scales, self.row_exp, self.row_flag)
+        return MXFP4Array(jnp.moveaxis(data, -1, self.axis), jnp.moveaxis(self.scales, -1, self.axis),
+                          self.axis, self.shape, self.dtype, self.scale_mode, "plain")
+
+    def dequantize(self, dtype=jnp.float32) -> jax.Array:
+        """Same values as ``jax_mxfp4.dequantize(self.to_mxfp4(), dtype)``."""
+        return self.to_mxfp4().dequantize(dtype)
+
+    def exact_rows(self) -> jax.Array:
+        """bool [*rest]: rows the FP8 GEMM computes on its exact path (module docstring)."""
+        return (self.row_flag & FLAG_EXACT) != 0
+
+
+def prepare_fp8(x: MXFP4Array) -> FP8Prepared:
+    """Convert an MXFP4Array for the FP8 GEMM path once (a weight used many times).
+
+    Args:
+      x: an :class:`jax_mxfp4.MXFP4Array` of any rank, either scale layout.
+    Returns:
+      :class:`FP8Prepared` (quantized axis moved last). Passing it to
+      :func:`jax_mxfp4.dot_general` in place of ``x`` gives the same result on every backend
+      (others take ``to_mxfp4()``, an exact round trip).
+    Raises:
+      TypeError: ``x`` is not an MXFP4Array.
+    """
+    if not isinstance(x, MXFP4Array):
+        raise TypeError(f"prepare_fp8 takes an MXFP4Array, got {type(x).__name__}")
+    data = jnp.moveaxis(x.data, x.axis, -1)
+    scales = jnp.moveaxis(x.plain_scales(), x.axis, -1)
+    codes, row_exp, row_flag = jax.jit(encode_rows)(data, scales)
+    return FP8Prepared(codes, as_e8m0(as_scale_bytes(scales)), row_exp, row_flag, x.axis, x.shape, x.dtype,
+                       x.scale_mode)
+
+
+def canonical(x: FP8Prepared, contracting, batch) -> FP8Prepared:
+    """A prepared operand as the canonical [B, F, K] form (batch dims, then free dims; its
+    quantized axis must be the single contracting dim: the caller checks that)."""
+    x._check_children()
+    (k_axis,) = contracting
+    if k_axis != x.axis:
+        raise ValueError(
+            f"an FP8Prepared operand quantized along axis {x.axis} must be contracted along it, got "
+            f"contracting dims {tuple(contracting)}"
+        )
+    nd = x.ndim
+    moved = lambda d: d if d < x.axis else d - 1  # noqa: E731  logical dim -> position in `rest`
+    free = tuple(d for d in range(nd) if d != x.axis and d not in batch)
+    perm = tuple(moved(d) for d in tuple(batch) + free)
+    bsz = int(np.prod([x.shape[d] for d in batch])) if batch else 1
+    fsz = int(np.prod([x.shape[d] for d in free])) if free else 1
+    k = x.shape[x.axis]
+
+    def rows(v, last=None):
+        v = jnp.transpose(v, perm + ((len(perm),) if last is not None else ()))
+        return v.reshape((bsz, fsz) + ((last,) if last is not None else ()))
+
+    return FP8Prepared(rows(x.codes, k), rows(x.scales, k // BLOCK_SIZE), rows(x.row_exp), rows(x.row_flag),
+                       2, (bsz, fsz, k), x.dtype, x.scale_mode)
