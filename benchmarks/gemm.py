@@ -131,7 +131,11 @@ def backend_fn(name, m, n, k, variant):
 def run(args):
     info = device_info()
     quick = args.quick
-    shapes = pass_shapes(QUICK_DECODE if quick else FULL_DECODE, QUICK_LAYERS if quick else FULL_LAYERS)
+    decode = QUICK_DECODE if quick else [d for d in FULL_DECODE if not args.decode_m or d[0] in args.decode_m]
+    layers = QUICK_LAYERS if quick else [t for t in FULL_LAYERS if not args.layers or t in args.layers]
+    shapes = pass_shapes(decode, layers)
+    if args.fprop_only:
+        shapes = [s for s in shapes if s[0] in ("decode", "fprop")]
     timing = dict(reps=3, min_program_s=0.0) if quick else dict(reps=7)
     measured = {}  # (m, n, k, variant, backend) -> result dict
     rows = []
@@ -328,9 +332,14 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="tiny shapes (CPU CI): checks the pipeline and files")
     ap.add_argument("--tune", action="store_true", help="only sweep Pallas tile configs at the goal shapes")
+    ap.add_argument("--decode-m", default="", help="comma list of decode M values (default: all)")
+    ap.add_argument("--layers", default="", help="comma list of TxKxN layer shapes (default: all)")
+    ap.add_argument("--fprop-only", action="store_true", help="only the decode and fprop GEMMs of each shape")
     ap.add_argument("--only", default="", help="comma list of backends to time besides bf16 (default: all)")
     ap.add_argument("--out", default=None, help="output folder (default benchmarks/results/gemm[-quick])")
     args = ap.parse_args(argv)
+    args.decode_m = [int(v) for v in args.decode_m.split(",") if v]
+    args.layers = [tuple(int(x) for x in v.split("x")) for v in args.layers.split(",") if v]
     args.only = [b for b in args.only.split(",") if b]
     here = os.path.dirname(os.path.abspath(__file__))
     out = out_dir(args.out or os.path.join(here, "results", "gemm-quick" if args.quick else "gemm"))
