@@ -270,7 +270,11 @@ def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_t
         (:func:`dense` and the :mod:`jax_mxfp4.flax` layers zero-pad any K for you). The
         backward passes pad their own contractions (N, M) as needed.
       precision: accepted for signature compatibility and ignored (float32 accumulation).
-      preferred_element_type: output dtype: float32 (default), bfloat16 or float16.
+      preferred_element_type: output dtype: float32, bfloat16 or float16. None (default): what
+        ``jax.lax.dot_general`` returns for these operand dtypes (an MXFP4Array counts as its
+        logical dtype): bfloat16 x bfloat16 -> bfloat16, float32 with anything -> float32, so
+        ``flax.linen.Dense(dtype=jnp.bfloat16, dot_general=jax_mxfp4.dot_general)`` keeps bf16
+        activations as Flax's own Dense does. Accumulation is float32 either way.
       out_sharding: as in ``jax.lax.dot_general`` (``nnx.Linear`` passes it): the output's
         sharding (a ``NamedSharding``, or a ``PartitionSpec`` inside ``jax.set_mesh``), applied
         with ``jax.sharding.reshard``. By default, under an explicit-sharding mesh, the output
@@ -302,17 +306,18 @@ def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_t
 def _dot_general(lhs, rhs, dimension_numbers, preferred_element_type, recipe, *, pad_k: bool):
     """:func:`dot_general`; ``pad_k=True`` zero-pads a float x float contraction to 32 (dense, layers)."""
     recipe = dims.check_recipe(recipe)
-    out_dtype = checks.check_output_dtype(preferred_element_type)
     if isinstance(lhs, MXFP4Array) or isinstance(rhs, MXFP4Array):
         for name, x in (("lhs", lhs), ("rhs", rhs)):
             if not isinstance(x, MXFP4Array):
                 checks.check_float_input(x, name)
+        out_dtype = checks.dot_output_dtype(preferred_element_type, lhs.dtype, rhs.dtype)
         gemm.explain(lhs, rhs, dimension_numbers, preferred_element_type=out_dtype, recipe=recipe)
         lc, rc, lb, rb, _ = dims.parse_dimension_numbers(dimension_numbers, lhs.shape, rhs.shape)
         site = _site_seed(lhs.shape, rhs.shape, str(jnp.dtype(lhs.dtype)), str(jnp.dtype(rhs.dtype)), (lc, rc, lb, rb))
         return _mixed_gemm(lhs, rhs, ((lc, rc), (lb, rb)), out_dtype, recipe, site)
     checks.check_float_input(lhs, "lhs")
     checks.check_float_input(rhs, "rhs")
+    out_dtype = checks.dot_output_dtype(preferred_element_type, lhs.dtype, rhs.dtype)
     lc, rc, lb, rb, out_shape = dims.parse_dimension_numbers(dimension_numbers, jnp.shape(lhs), jnp.shape(rhs))
     if not pad_k:
         dims.check_block_k(math.prod(lhs.shape[d] for d in lc), lc)

@@ -15,8 +15,9 @@ class Linear(nnx.Linear):
     Same constructor as ``nnx.Linear`` (``in_features``, ``out_features``, ``use_bias``,
     ``dtype``, ``param_dtype``, ``precision`` (ignored), ``kernel_init``, ``bias_init``,
     ``promote_dtype``, ``rngs``, ...) plus ``recipe`` (:class:`jax_mxfp4.Recipe`, default
-    ``Recipe()``). Params ``kernel`` [in, out] and ``bias`` [out] as in Flax, so states are
-    interchangeable. Any ``in_features`` works (K zero-padded to 32 inside). The kernel may be
+    ``Recipe()``); ``dot_general``/``dot_general_cls`` raise TypeError (the GEMM is always
+    :func:`jax_mxfp4.dot_general`, never silently another). Params ``kernel`` [in, out] and
+    ``bias`` [out] as in Flax, so states are interchangeable. Any ``in_features`` works (K zero-padded to 32 inside). The kernel may be
     replaced by an :class:`jax_mxfp4.MXFP4Array` (:func:`jax_mxfp4.flax.quantize_params` on
     ``nnx.state(model, nnx.Param)`` then ``nnx.update``) for inference.
     """
@@ -24,6 +25,13 @@ class Linear(nnx.Linear):
     def __init__(self, in_features: int, out_features: int, *, recipe: Recipe | None = None, **kwargs):
         if recipe is not None and not isinstance(recipe, Recipe):
             raise TypeError(f"recipe must be a jax_mxfp4.Recipe or None, got {type(recipe).__name__}")
+        for name in ("dot_general", "dot_general_cls"):
+            if kwargs.get(name) is not None:
+                raise TypeError(
+                    f"jax_mxfp4.flax.nnx.Linear does not take {name}: its GEMMs always run through "
+                    "jax_mxfp4.dot_general with `recipe`. Pass recipe=jax_mxfp4.Recipe(...), or use "
+                    f"flax.nnx.Linear({name}=...) for another dot_general"
+                )
         super().__init__(in_features, out_features, **kwargs)
         self.recipe = recipe
 
