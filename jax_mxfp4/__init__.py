@@ -1,13 +1,14 @@
 """jax-mxfp4: MXFP4 (OCP Microscaling FP4) matrix multiplication for JAX and Flax.
 
 Public API: :func:`quantize`, :func:`dequantize`, :class:`MXFP4Array`, :func:`dot_general`
-(differentiable: MXFP4 fprop, dgrad and wgrad; :mod:`jax_mxfp4.training`), :func:`dense`,
+(differentiable: MXFP4 fprop, dgrad and wgrad; :mod:`jax_mxfp4.training`), :func:`einsum`, :func:`dense`,
 :class:`Recipe`, :func:`available_backends`, :func:`explain`; Flax layers in
 :mod:`jax_mxfp4.flax` (imported on first use of ``jax_mxfp4.flax``; needs flax).
 """
 
 from .array import MXFP4Array
 from .dispatch import BackendUnavailableError, available_backends
+from .einsum import einsum
 from .gemm import explain
 from .quantize import dequantize, quantize
 from .recipe import Recipe
@@ -33,6 +34,7 @@ __all__ = [
     "dense",
     "dequantize",
     "dot_general",
+    "einsum",
     "explain",
     "quantize",
 ]

@@ -49,3 +49,6 @@ class Linear(nnx.Linear):
 
             y = jax.lax.with_sharding_constraint(y, out_sharding)
         return y
+
+
+from .nnx_einsum import Einsum  # noqa: E402  (MXFP4 flax.nnx.Einsum)
