@@ -122,3 +122,17 @@ def test_serving_provider_nnx_and_clear_error():
         qwix.quantize_model(bad, MxPtqProvider([MxRule(module_path="up")]), x_of((8, 40)))
     with pytest.raises(TypeError, match="MxRule.recipe"):
         MxRule(recipe="a4w4")
+
+
+def test_demo_trains_through_qwix_like_the_layers(tmp_path):
+    from jax_mxfp4 import demo
+
+    tiny = ["--steps", "3", "--quiet", "--batch", "2", "--seq-len", "32", "--d-model", "32", "--layers", "1",
+            "--eval-batches", "1"]
+    via_layers = demo.run(tiny + ["--out", str(tmp_path / "a")])
+    via_qwix = demo.run(tiny + ["--out", str(tmp_path / "b"), "--via", "qwix"])
+    assert via_qwix["via"] == "qwix"
+    for name in ("bf16", "mxfp4"):
+        # same parameters, same GEMMs: the same jitted step, so the same losses
+        assert via_qwix[name]["train_curve"] == via_layers[name]["train_curve"]
+        assert via_qwix[name]["eval_loss"] == via_layers[name]["eval_loss"]
