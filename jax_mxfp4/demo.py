@@ -341,7 +341,14 @@ def parse_args(argv=None):
 
 
 def main(argv=None) -> int:
-    """Entry point of ``python -m jax_mxfp4.demo`` and the ``jax-mxfp4-demo`` console script."""
+    """Entry point of ``python -m jax_mxfp4.demo`` and the ``jax-mxfp4-demo`` console script;
+    ``python -m jax_mxfp4.demo generate ...`` runs the serving example
+    (:mod:`jax_mxfp4.examples.generate`)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["generate"]:
+        from .examples import generate
+
+        return generate.main(argv[1:])
     run(argv)
     return 0
 
