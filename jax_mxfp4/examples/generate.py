@@ -1,17 +1,18 @@
 """Serving example: greedy decoding of the demo byte LM with bf16 weights vs MXFP4 weights (w4a16).
 
-Run: ``python -m jax_mxfp4.demo generate [--size small --steps 300 --new-tokens 96 --batch 1
+Run: ``python -m jax_mxfp4.demo generate [--size small --steps N --new-tokens 96 --batch 1
 --out DIR]`` (or ``python -m jax_mxfp4.examples.generate``).
 
 1. Trains the demo model (:func:`jax_mxfp4.demo.build_model`, same data, same optimizer) for
-   ``--steps`` steps with the MXFP4 training recipe (``--train-recipe bf16`` for bf16 GEMMs).
+   ``--steps`` steps (default: the demo's, 400 for "small") with the MXFP4 training recipe
+   (``--train-recipe bf16`` for bf16 GEMMs).
 2. Pre-quantizes the weights once: every projection kernel (q/k/v, attention output, both MLP
    layers, LM head) becomes an :class:`jax_mxfp4.MXFP4Array` along its contraction axis (4.25
    bits per weight); the bf16 baseline casts the same kernels to bfloat16. Embeddings, norms and
    biases stay as they are in both.
-3. Greedy-decodes ``--new-tokens`` bytes after a prompt taken from a held-out file, with a KV
-   cache, the whole prefill + decode loop being one ``jax.jit`` program (``lax.scan`` over
-   positions). Activations are bfloat16 in both runs; the MXFP4 run multiplies them by the
+3. Greedy-decodes ``--new-tokens`` bytes after a prompt from a held-out file (a line starting
+   with ``def ``, :func:`prompt_starts`), with a KV cache, the whole prefill + decode loop
+   being one ``jax.jit`` program (``lax.scan`` over positions). Activations are bfloat16 in both runs; the MXFP4 run multiplies them by the
    MXFP4 weights without quantizing them (``Recipe(quantize_activations=False)``: w4a16), both
    accumulate in float32.
 4. Prints and saves (``generate.json`` in ``--out``) the decode speed (new tokens/s: batch x
@@ -161,6 +162,18 @@ def make_generate(cfg, prompt_len: int, new_tokens: int, backend: str = "auto"):
     return generate
 
 
+def prompt_starts(data: np.ndarray, prompt_len: int, batch: int, seed: int) -> np.ndarray:
+    """Starts of ``batch`` prompts in the held-out bytes: lines beginning with ``def `` (random,
+    seeded), so that the prompt gives the model something to continue; any position if none."""
+    hits = np.flatnonzero((data[:-4] == 10) & (data[1:-3] == ord("d")) & (data[2:-2] == ord("e"))
+                          & (data[3:-1] == ord("f")) & (data[4:] == ord(" "))) + 1
+    hits = hits[hits < data.size - prompt_len]
+    rng = np.random.default_rng(seed + 7)
+    if hits.size == 0:
+        return rng.integers(0, data.size - prompt_len, size=batch)
+    return rng.choice(hits, size=batch)
+
+
 def param_bytes(tree) -> int:
     import jax
 
@@ -227,7 +240,7 @@ def parse_args(argv=None):
 
     p = argparse.ArgumentParser(prog="jax-mxfp4-demo generate", description=__doc__.splitlines()[0])
     p.add_argument("--size", choices=sorted(SIZES), default="small")
-    p.add_argument("--steps", type=int, default=300, help="training steps before serving (default 300)")
+    p.add_argument("--steps", type=int, default=None, help="training steps before serving (default: the demo's, per --size)")
     p.add_argument("--train-recipe", choices=["mxfp4", "bf16"], default="mxfp4",
                    help="GEMM precision of the training run (default mxfp4)")
     p.add_argument("--new-tokens", type=int, default=96, help="bytes to generate (default 96)")
@@ -244,7 +257,7 @@ def parse_args(argv=None):
     p.add_argument("--quiet", action="store_true")
     args = p.parse_args(argv)
     for name in ("steps", "new_tokens", "prompt_len", "batch", "repeats"):
-        if getattr(args, name) < 1:
+        if getattr(args, name) is not None and getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     return args
 
@@ -264,6 +277,7 @@ def run(argv=None) -> dict:
         if val is not None:
             cfg[key] = val
     cfg["n_heads"] = min(cfg["n_heads"], max(1, cfg["d_model"] // 32))
+    args.steps = args.steps or cfg["steps"]
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     train_b, eval_b, _ = load_corpus()
@@ -275,7 +289,7 @@ def run(argv=None) -> dict:
     params, final_loss, _ = train_params(cfg, args.steps, args.seed, recipe, train_b, quiet=args.quiet)
     train_s = time.perf_counter() - t0
 
-    starts = np.random.default_rng(args.seed + 7).integers(0, eval_b.size - args.prompt_len, size=args.batch)
+    starts = prompt_starts(eval_b, args.prompt_len, args.batch, args.seed)
     prompt = jnp.asarray(np.stack([eval_b[s:s + args.prompt_len] for s in starts]).astype(np.int32))
     generate = make_generate(cfg, args.prompt_len, args.new_tokens, args.backend)
     runs = {}
