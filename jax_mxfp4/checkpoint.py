@@ -1,7 +1,9 @@
 """MXFP4 checkpoints in the published "blocks/scales" layout, read and written with ``safetensors``.
 
-Layout (as in the MXFP4 checkpoints published for gpt-oss; one pair of tensors per quantized
-weight, the contraction axis K last):
+Layout (the one published MXFP4 checkpoints such as gpt-oss use; one pair of tensors per
+quantized weight, the contraction axis K last; the ``_blocks``/``_scales`` name suffixes follow
+the Hugging Face gpt-oss files as we know them, not checked against a downloaded checkpoint here:
+for other names use :func:`from_blocks_scales`/:func:`to_blocks_scales` directly):
 
 * ``{name}_blocks``: uint8 ``[..., K/32, 16]``: 32 E2M1 codes per block, two per byte, element
   2i in the low nibble (bits 0-3) and element 2i+1 in the high nibble (sign in bit 3 of each);
