@@ -1,14 +1,15 @@
 """jax-mxfp4: MXFP4 (OCP Microscaling FP4) matrix multiplication for JAX and Flax.
 
 Public API: :func:`quantize`, :func:`dequantize`, :class:`MXFP4Array`, :func:`dot_general`
-(differentiable: MXFP4 fprop, dgrad and wgrad; :mod:`jax_mxfp4.training`), :func:`dense`,
-:class:`Recipe`, :func:`available_backends`, :func:`explain`, :func:`prepare_fp8`
+(differentiable: MXFP4 fprop, dgrad and wgrad; :mod:`jax_mxfp4.training`), :func:`einsum`,
+:func:`dense`, :class:`Recipe`, :func:`available_backends`, :func:`explain`, :func:`prepare_fp8`
 (:class:`FP8Prepared`, a weight converted once for the FP8 GEMM path); Flax layers in
 :mod:`jax_mxfp4.flax` (imported on first use of ``jax_mxfp4.flax``; needs flax).
 """
 
 from .array import MXFP4Array
 from .dispatch import BackendUnavailableError, available_backends
+from .einsum import einsum
 from .fp8 import FP8Prepared, prepare_fp8
 from .gemm import explain
 from .quantize import dequantize, quantize
@@ -36,6 +37,7 @@ __all__ = [
     "dense",
     "dequantize",
     "dot_general",
+    "einsum",
     "explain",
     "prepare_fp8",
     "quantize",

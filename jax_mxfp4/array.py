@@ -99,6 +99,12 @@ class MXFP4Array:
             f"scale_mode={self.scale_mode!r}, scale_layout={self.scale_layout!r})"
         )
 
+    def __array__(self, dtype=None, copy=None):
+        raise TypeError(_NOT_DENSE.format(self=self, how="np.asarray/np.array"))
+
+    def __jax_array__(self):
+        raise TypeError(_NOT_DENSE.format(self=self, how="jnp.asarray/jnp.array"))
+
     def dequantize(self, dtype=jnp.float32) -> jax.Array:
         """Same as :func:`jax_mxfp4.dequantize` (which calls this)."""
         dtype = checks.check_output_dtype(dtype, "dtype")
@@ -129,6 +135,13 @@ class MXFP4Array:
         else:
             scales = layout.swizzle(jnp.moveaxis(plain, self.axis, -1).reshape(layout.scale_view_2d(self.shape, self.axis)))
         return dataclasses.replace(self, scales=scales, scale_layout=scale_layout)
+
+
+_NOT_DENSE = (
+    "{how} on {self}: an MXFP4Array is packed E2M1 codes plus E8M0 scales, not a dense array; "
+    "decode it with jax_mxfp4.dequantize(q, dtype) (or q.dequantize(dtype)), or read its parts "
+    "q.data (uint8) and q.scales (float8_e8m0fnu)"
+)
 
 
 def _packed_shapes(shape, axis):

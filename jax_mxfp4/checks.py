@@ -93,6 +93,22 @@ def check_output_dtype(dtype, name="preferred_element_type"):
     return dt
 
 
+def dot_output_dtype(preferred_element_type, lhs_dtype, rhs_dtype, name="preferred_element_type"):
+    """Output dtype of an MXFP4 ``dot_general``: ``preferred_element_type`` if given (float32,
+    bfloat16 or float16), else what ``jax.lax.dot_general`` returns for operands of these
+    (logical) dtypes, e.g. bfloat16 x bfloat16 -> bfloat16, bfloat16 x float32 -> float32.
+    Accumulation stays float32 either way. Raises ValueError for an unsupported dtype."""
+    if preferred_element_type is not None:
+        return check_output_dtype(preferred_element_type, name)
+    import jax
+    from jax import lax
+
+    one = lambda dt: jax.ShapeDtypeStruct((1, 1), jnp.dtype(dt))  # noqa: E731
+    dn = (((1,), (0,)), ((), ()))
+    out = jax.eval_shape(lambda a, b: lax.dot_general(a, b, dn), one(lhs_dtype), one(rhs_dtype))
+    return check_output_dtype(out.dtype, name)
+
+
 def check_mx_array_parts(data, scales, axis, shape, scale_layout):
     """Shape and dtype contract of an ``MXFP4Array``'s children (see its docstring)."""
     ndim = len(shape)

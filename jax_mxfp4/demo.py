@@ -93,13 +93,23 @@ def windows(data: np.ndarray, starts: np.ndarray, seq_len: int) -> np.ndarray:
 
 
 # ----------------------------------------------------------------------------- model
-def build_model(cfg: dict, recipe, head_recipe=None):
-    """The byte LM (a ``flax.linen`` module); ``head_recipe`` (default ``recipe``) for the LM head."""
+def build_model(cfg: dict, recipe, head_recipe=None, via: str = "layers"):
+    """The byte LM (a ``flax.linen`` module); ``head_recipe`` (default ``recipe``) for the LM head.
+
+    ``via="layers"``: the projections are :class:`jax_mxfp4.flax.linen.Dense` layers.
+    ``via="qwix"``: they are Flax's own ``nn.Dense`` (the model code knows nothing of MXFP4) and
+    ``qwix.quantize_model`` with :class:`jax_mxfp4.qwix.MxQtProvider` routes them through
+    jax_mxfp4 with the same recipes (same parameters, same GEMMs)."""
+    import types
+
     import flax.linen as nn
     import jax
     import jax.numpy as jnp
 
     from .flax import linen as mxl
+
+    if via == "qwix":  # plain Flax layers; the recipe goes to the Qwix rules below
+        mxl = types.SimpleNamespace(Dense=lambda features, recipe=None, name=None: nn.Dense(features, name=name))
 
     d, h = cfg["d_model"], cfg["n_heads"]
 
@@ -130,6 +140,14 @@ def build_model(cfg: dict, recipe, head_recipe=None):
             head = mxl.Dense(256, recipe=recipe if head_recipe is None else head_recipe, name="head")
             return head(nn.LayerNorm(name="ln_f")(x))
 
+    if via == "qwix":
+        import qwix
+
+        from .qwix import MxQtProvider, MxRule
+
+        rules = [MxRule(module_path="head", recipe=recipe if head_recipe is None else head_recipe),
+                 MxRule(module_path=r"block\d+/(qkv|proj|mlp_in|mlp_out)", recipe=recipe)]
+        return qwix.quantize_model(ByteLM(), MxQtProvider(rules))
     return ByteLM()
 
 
@@ -179,7 +197,7 @@ class RunResult:
 
 
 def train_one(name, recipe, cfg, steps, seed, train_b, eval_b, starts, eval_starts, eval_every, quiet=False,
-              head_recipe=None, mesh=None):
+              head_recipe=None, mesh=None, via="layers"):
     """Train one run; returns a :class:`RunResult` (losses in nats/byte). With ``mesh`` the
     batch is sharded over "data" and the Dense layers over "model" (:func:`param_shardings`)."""
     import jax
@@ -187,7 +205,7 @@ def train_one(name, recipe, cfg, steps, seed, train_b, eval_b, starts, eval_star
     import optax
     from tqdm.auto import tqdm
 
-    model = build_model(cfg, recipe, head_recipe)
+    model = build_model(cfg, recipe, head_recipe, via=via)
     tokens0 = jnp.asarray(windows(train_b, starts[0], cfg["seq_len"]))[:, :-1]
     params = model.init(jax.random.key(seed), tokens0)
     put_batch = jnp.asarray
@@ -312,6 +330,9 @@ def parse_args(argv=None):
     p.add_argument("--mesh", default=None, metavar="DxM",
                    help="run sharded on a (data x model) device mesh, e.g. 2x1 (data parallel) or 1x2 "
                         "(tensor parallel: Megatron column/row layers); default: one device")
+    p.add_argument("--via", choices=["layers", "qwix"], default="layers",
+                   help="layers: the model is written with jax_mxfp4.flax layers (default); qwix: plain "
+                        "flax.linen.Dense layers routed through jax_mxfp4 by qwix.quantize_model")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     args = p.parse_args(argv)
     if args.mesh is not None:
@@ -326,7 +347,14 @@ def parse_args(argv=None):
 
 
 def main(argv=None) -> int:
-    """Entry point of ``python -m jax_mxfp4.demo`` and the ``jax-mxfp4-demo`` console script."""
+    """Entry point of ``python -m jax_mxfp4.demo`` and the ``jax-mxfp4-demo`` console script;
+    ``python -m jax_mxfp4.demo generate ...`` runs the serving example
+    (:mod:`jax_mxfp4.examples.generate`)."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["generate"]:
+        from .examples import generate
+
+        return generate.main(argv[1:])
     run(argv)
     return 0
 
@@ -375,7 +403,8 @@ def run(argv=None) -> dict:
     for name, recipe in (("bf16", bf_recipe), ("mxfp4", mx_recipe)):
         with (jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext()):
             runs.append(train_one(name, recipe, cfg, steps, args.seed, train_b, eval_b, starts, eval_starts,
-                                  eval_every, quiet=args.quiet, head_recipe=head_recipes[name], mesh=mesh))
+                                  eval_every, quiet=args.quiet, head_recipe=head_recipes[name], mesh=mesh,
+                                  via=args.via))
     bf, mx4 = runs
     gap = 100.0 * (mx4.eval_loss - bf.eval_loss) / bf.eval_loss
     total = time.perf_counter() - t0
@@ -403,6 +432,7 @@ def run(argv=None) -> dict:
                   "wall_s": mx4.wall_s, "recipe": dataclasses.asdict(mx_recipe),
                   "eval_curve": mx4.eval_curve, "train_curve": mx4.train_curve},
         "mxfp4_head": args.head,
+        "via": args.via,
         "gap_pct": gap,
         "steps": steps,
         "backend": backend,

@@ -80,8 +80,8 @@ def _plan(lhs, rhs, dimension_numbers, preferred_element_type, recipe, precision
     """(recipe, (lc, rc, lb, rb), problem, output shape), validating every argument."""
     recipe = dims.check_recipe(recipe)
     precision = checks.stricter_precision(checks.canonical_precision(precision), recipe.precision)
-    out_dtype = checks.check_output_dtype(preferred_element_type)
     lshape, rshape = _logical_shape(lhs, "lhs"), _logical_shape(rhs, "rhs")
+    out_dtype = checks.dot_output_dtype(preferred_element_type, lhs.dtype, rhs.dtype)
     lc, rc, lb, rb, out_shape = dims.parse_dimension_numbers(dimension_numbers, lshape, rshape)
     batch, m, k = dims.canonical_sizes(lshape, lc, lb)
     n = dims.canonical_sizes(rshape, rc, rb)[1]
@@ -147,7 +147,9 @@ def dot_general(
         tensor cores with hardware accumulation; ``HIGH``: FP8 with fast accumulation off;
         ``HIGHEST``: exact block products and float32 accumulation (every other backend).
         ``explain()`` states the contract in force.
-      preferred_element_type: output dtype, float32 (default), bfloat16 or float16.
+      preferred_element_type: output dtype, float32, bfloat16 or float16; None (default): what
+        ``lax.dot_general`` returns for the operands' (logical) dtypes (bfloat16 x bfloat16 ->
+        bfloat16); accumulation is float32 either way.
       out_sharding: as in ``jax.lax.dot_general``: the output's sharding (a ``NamedSharding`` or,
         inside ``jax.set_mesh``, a ``PartitionSpec``). By default, under an explicit-sharding mesh
         the output is sharded like the operands' batch and free dims, and a sharded contracting

@@ -296,7 +296,11 @@ def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_t
         (the stricter counts): None/``DEFAULT`` lets backend "fp8" use FP8 tensor cores with
         hardware accumulation, ``HIGH`` turns fast accumulation off, ``HIGHEST`` keeps exact
         block products with float32 accumulation (README "FP8 path").
-      preferred_element_type: output dtype: float32 (default), bfloat16 or float16.
+      preferred_element_type: output dtype: float32, bfloat16 or float16. None (default): what
+        ``jax.lax.dot_general`` returns for these operand dtypes (an MXFP4Array counts as its
+        logical dtype): bfloat16 x bfloat16 -> bfloat16, float32 with anything -> float32, so
+        ``flax.linen.Dense(dtype=jnp.bfloat16, dot_general=jax_mxfp4.dot_general)`` keeps bf16
+        activations as Flax's own Dense does. Accumulation is float32 either way.
       out_sharding: as in ``jax.lax.dot_general`` (``nnx.Linear`` passes it): the output's
         sharding (a ``NamedSharding``, or a ``PartitionSpec`` inside ``jax.set_mesh``), applied
         with ``jax.sharding.reshard``. By default, under an explicit-sharding mesh, the output
@@ -339,17 +343,18 @@ def _dot_general(lhs, rhs, dimension_numbers, preferred_element_type, recipe, *,
     recipe = dims.check_recipe(recipe)
     if key is not None:
         checks.check_rounding("stochastic", key)  # one PRNG key
-    out_dtype = checks.check_output_dtype(preferred_element_type)
     if isinstance(lhs, _QUANTIZED) or isinstance(rhs, _QUANTIZED):
         for name, x in (("lhs", lhs), ("rhs", rhs)):
             if not isinstance(x, _QUANTIZED):
                 checks.check_float_input(x, name)
+        out_dtype = checks.dot_output_dtype(preferred_element_type, lhs.dtype, rhs.dtype)
         gemm.explain(lhs, rhs, dimension_numbers, preferred_element_type=out_dtype, recipe=recipe)
         lc, rc, lb, rb, _ = dims.parse_dimension_numbers(dimension_numbers, lhs.shape, rhs.shape)
         site = _site_seed(lhs.shape, rhs.shape, str(jnp.dtype(lhs.dtype)), str(jnp.dtype(rhs.dtype)), (lc, rc, lb, rb))
         return _mixed_gemm(lhs, rhs, ((lc, rc), (lb, rb)), out_dtype, recipe, site, key)
     checks.check_float_input(lhs, "lhs")
     checks.check_float_input(rhs, "rhs")
+    out_dtype = checks.dot_output_dtype(preferred_element_type, lhs.dtype, rhs.dtype)
     lc, rc, lb, rb, out_shape = dims.parse_dimension_numbers(dimension_numbers, jnp.shape(lhs), jnp.shape(rhs))
     if not pad_k:
         dims.check_block_k(math.prod(lhs.shape[d] for d in lc), lc)

@@ -13,9 +13,9 @@ Needs the ``flax`` extra: ``pip install jax-mxfp4[flax]``.
 """
 
 from . import linen
-from .params import abstract_params, default_select, quantize_params
+from .params import abstract_params, consumed_kernels, default_select, quantize_params
 
-__all__ = ["linen", "nnx", "quantize_params", "default_select", "abstract_params"]
+__all__ = ["linen", "nnx", "quantize_params", "default_select", "consumed_kernels", "abstract_params"]
 
 
 def __getattr__(name):

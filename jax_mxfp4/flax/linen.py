@@ -194,3 +194,6 @@ class DenseGeneral(nn.Module):
         if bias is not None:
             out = out + jnp.reshape(bias, expanded_batch_shape + features).astype(out.dtype)
         return out
+
+
+from .linen_einsum import Einsum  # noqa: E402  (MXFP4 flax.linen.Einsum; needs the names above)

@@ -26,12 +26,13 @@ class Linear(nnx.Linear):
     Same constructor as ``nnx.Linear`` (``in_features``, ``out_features``, ``use_bias``,
     ``dtype``, ``param_dtype``, ``precision`` (ignored), ``kernel_init``, ``bias_init``,
     ``promote_dtype``, ``rngs``, ...) plus ``recipe`` (:class:`jax_mxfp4.Recipe`, default
-    ``Recipe()``), ``rng_collection`` and ``rounding_rngs`` (below). Params ``kernel`` [in, out]
-    and ``bias`` [out] as in Flax, so states are interchangeable. Any ``in_features`` works (K
-    zero-padded to 32 inside). The kernel is quantized from its ``param_dtype`` value (never a
-    cast copy), so the trained forward uses exactly the weights that
-    :func:`jax_mxfp4.flax.quantize_params` on ``nnx.state(model, nnx.Param)`` (then
-    ``nnx.update``) gives for inference.
+    ``Recipe()``), ``rng_collection`` and ``rounding_rngs`` (below); ``dot_general`` and
+    ``dot_general_cls`` raise TypeError (the GEMM is always :func:`jax_mxfp4.dot_general`, never
+    silently another). Params ``kernel`` [in, out] and ``bias`` [out] as in Flax, so states are
+    interchangeable. Any ``in_features`` works (K zero-padded to 32 inside). The kernel is
+    quantized from its ``param_dtype`` value (never a cast copy), so the trained forward uses
+    exactly the weights that :func:`jax_mxfp4.flax.quantize_params` on
+    ``nnx.state(model, nnx.Param)`` (then ``nnx.update``) gives for inference.
 
     Key for stochastic rounding of the gradients (``Recipe.grad_rounding="stochastic"``), first
     found of: the call's ``rngs`` (a PRNG key, an ``nnx.RngStream``, or an ``nnx.Rngs`` whose
@@ -48,6 +49,13 @@ class Linear(nnx.Linear):
                  rng_collection: str = "stochastic_rounding", rounding_rngs=None, **kwargs):
         if recipe is not None and not isinstance(recipe, Recipe):
             raise TypeError(f"recipe must be a jax_mxfp4.Recipe or None, got {type(recipe).__name__}")
+        for name in ("dot_general", "dot_general_cls"):
+            if kwargs.get(name) is not None:
+                raise TypeError(
+                    f"jax_mxfp4.flax.nnx.Linear does not take {name}: its GEMMs always run through "
+                    "jax_mxfp4.dot_general with `recipe`. Pass recipe=jax_mxfp4.Recipe(...), or use "
+                    f"flax.nnx.Linear({name}=...) for another dot_general"
+                )
         super().__init__(in_features, out_features, **kwargs)
         self.recipe = recipe
         self.rng_collection = rng_collection
@@ -76,3 +84,6 @@ class Linear(nnx.Linear):
             explicit = sharding.explicit_spec(y) is not None
             y = (jax.sharding.reshard if explicit else jax.lax.with_sharding_constraint)(y, out_sharding)
         return y
+
+
+from .nnx_einsum import Einsum  # noqa: E402  (MXFP4 flax.nnx.Einsum)

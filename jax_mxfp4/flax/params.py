@@ -21,20 +21,119 @@ def _key_name(k) -> str:
 
 
 def default_select(path: tuple[str, ...], leaf) -> int | None:
-    """Which leaves :func:`quantize_params` quantizes, and along which axis.
+    """The selector :func:`quantize_params` uses when it is given no ``model``.
 
-    A leaf whose path ends in ``"kernel"`` (or ``"kernel", "value"`` for nnx states), with at
-    least 2 dims and a float32/bfloat16/float16 dtype, is quantized along axis 0: the contraction
-    axis of :class:`~jax_mxfp4.flax.linen.Dense`, :class:`~jax_mxfp4.flax.nnx.Linear` and
-    :class:`~jax_mxfp4.flax.linen.DenseGeneral` with one input axis and no batch dims. Everything
-    else (biases, norms, embeddings) is left as is. Returns the axis or None.
+    A leaf whose path ends in ``"kernel"`` (or ``"kernel", "value"`` for nnx states), with exactly
+    2 dims and a float32/bfloat16/float16 dtype, is quantized along axis 0: the contraction axis
+    of :class:`~jax_mxfp4.flax.linen.Dense`, :class:`~jax_mxfp4.flax.nnx.Linear` and a
+    :class:`~jax_mxfp4.flax.linen.DenseGeneral` with one input axis and no batch dims. Kernels of
+    other ranks (convolutions, scanned/stacked layers, einsum and attention kernels) stay float:
+    from the path alone it cannot tell which GEMM consumes them. Without a model it also cannot
+    tell a jax_mxfp4 layer's [K, N] kernel from a plain Flax Dense's; pass ``model=`` to
+    :func:`quantize_params` to select exactly. Returns the axis or None.
     """
     names = [p for p in path if p != "value"]
     if not names or names[-1] != "kernel":
         return None
-    if getattr(leaf, "ndim", 0) < 2 or jnp.dtype(getattr(leaf, "dtype", jnp.int32)) not in checks.INPUT_DTYPES:
+    if getattr(leaf, "ndim", 0) != 2 or jnp.dtype(getattr(leaf, "dtype", jnp.int32)) not in checks.INPUT_DTYPES:
         return None
     return 0
+
+
+def _einsum_kernel_axis(einsum_str, inputs_ndim, kernel_ndim):
+    from ..einsum import parse_subscripts
+
+    try:
+        (_, rc), _ = parse_subscripts(einsum_str.replace(" ", ""), inputs_ndim, kernel_ndim)[0]
+    except (ValueError, TypeError):
+        return None
+    return rc[0] if len(rc) == 1 else None
+
+
+def _linen_kernel_axis(module, args, kwargs, kernel_ndim):
+    """Contraction axis of the (per-call) kernel of a jax_mxfp4 linen layer, None if several."""
+    from . import linen
+
+    if isinstance(module, linen.Einsum):
+        es = kwargs.get("einsum_str", args[1] if len(args) > 1 else None) or module.einsum_str
+        return _einsum_kernel_axis(es, jnp.ndim(args[0]), kernel_ndim)
+    if isinstance(module, linen.DenseGeneral):
+        axis = module.axis if isinstance(module.axis, (tuple, list)) else (module.axis,)
+        batch = module.batch_dims if isinstance(module.batch_dims, (tuple, list)) else (module.batch_dims,)
+        return len(tuple(batch)) if len(tuple(axis)) == 1 else None
+    return 0  # linen.Dense
+
+
+def _record(found, path, axis, call_shape):
+    found.setdefault(tuple(str(p) for p in path) + ("kernel",), set()).add((axis, tuple(call_shape)))
+
+
+def consumed_kernels(model, params, inputs=()) -> dict:
+    """Which kernels a jax_mxfp4 GEMM consumes: ``{path: (axis, per-call kernel shape)}``.
+
+    ``path`` is the kernel's module path plus ``"kernel"`` (strings; no "params"/"value").
+    For ``flax.linen`` the model is traced abstractly (``jax.eval_shape`` of
+    ``model.apply(params, *inputs)``, nothing computed) and every call of a jax_mxfp4 layer
+    (:class:`~jax_mxfp4.flax.linen.Dense`, ``DenseGeneral``, ``Einsum``) is recorded with the
+    axis its GEMM contracts; for ``flax.nnx`` the module tree is walked (``nnx.iter_modules``)
+    for :class:`~jax_mxfp4.flax.nnx.Linear` and ``Einsum``. Layers stacked by ``nn.scan`` /
+    ``nnx.vmap`` see a per-layer kernel; the stacking dims are taken as the leading dims when
+    that matches (both transforms' default; see :func:`_full_axis`). The axis is None when the
+    GEMM contracts several kernel dims or calls disagree (such kernels stay float).
+    """
+    found: dict = {}
+    try:
+        from flax import nnx
+
+        is_nnx = isinstance(model, nnx.Module)
+    except ImportError:  # pragma: no cover - nnx missing in some jax/flax pairs
+        is_nnx = False
+    if is_nnx:
+        from . import nnx as mxnnx
+
+        for path, m in nnx.iter_modules(model):
+            if isinstance(m, (mxnnx.Linear, mxnnx.Einsum)):
+                kernel = m.kernel.get_value()
+                if isinstance(m, mxnnx.Linear):
+                    per_call, axis = 2, 0
+                else:
+                    per_call = len(m.kernel_shape)
+                    lhs_term = (m.einsum_str or "").split("->")[0].split(",")[0].replace("...", "")
+                    axis = _einsum_kernel_axis(m.einsum_str, len(lhs_term), per_call) if m.einsum_str else None
+                _record(found, path, axis, tuple(kernel.shape)[len(kernel.shape) - per_call:])
+    else:
+        import flax.linen as nn
+
+        from . import linen
+
+        layers = (linen.Dense, linen.DenseGeneral, linen.Einsum)
+
+        def interceptor(next_fun, args, kwargs, context):
+            out = next_fun(*args, **kwargs)
+            mod = context.module
+            if context.method_name == "__call__" and isinstance(mod, layers) and mod.has_variable("params", "kernel"):
+                k = mod.get_variable("params", "kernel")
+                if not isinstance(k, MXFP4Array):
+                    _record(found, mod.path, _linen_kernel_axis(mod, args, kwargs, jnp.ndim(k)), jnp.shape(k))
+            return out
+
+        variables = params if "params" in params else {"params": params}
+        with nn.intercept_methods(interceptor):
+            jax.eval_shape(lambda v, *a: model.apply(v, *a), variables, *inputs)
+    return {path: (calls.pop() if len(calls) == 1 else (None, None)) for path, calls in found.items()}
+
+
+def _full_axis(leaf, consumer):
+    """Axis of ``leaf`` (possibly stacked: extra leading dims) that its consumer contracts, or None.
+
+    ``consumer`` is ``(per-call axis, per-call kernel shape)`` from :func:`consumed_kernels`."""
+    axis, call_shape = consumer
+    if axis is None:
+        return None
+    extra = jnp.ndim(leaf) - len(call_shape)
+    if extra < 0 or tuple(jnp.shape(leaf))[extra:] != tuple(call_shape):
+        return None
+    return axis + extra
 
 
 def quantize_params(
@@ -42,39 +141,85 @@ def quantize_params(
     *,
     scale_mode: str = "even",
     scale_layout: str = "plain",
-    select: Callable[[tuple[str, ...], Any], int | None] = default_select,
+    select: Callable[[tuple[str, ...], Any], int | None] | None = None,
+    model: Any = None,
+    inputs: tuple = (),
 ) -> Any:
-    """Replace the selected float leaves of a parameter pytree by :class:`jax_mxfp4.MXFP4Array`.
+    """Replace the float kernels that jax_mxfp4 GEMMs consume by :class:`jax_mxfp4.MXFP4Array`.
 
     Works on linen variable dicts (``{"params": ...}`` or the inner dict) and on nnx states
     (``nnx.state(model, nnx.Param)``; apply the result with ``nnx.update(model, state)``).
     A selected axis whose length is not a multiple of 32 is zero-padded first (exact; the layers
     and :func:`jax_mxfp4.dense` pad the inputs to match).
 
+    Which leaves: with ``model`` (the linen ``Module`` plus example ``inputs``, or the nnx
+    ``Module``), exactly the kernels of jax_mxfp4 layers (``Dense``, ``DenseGeneral`` with one
+    input axis, ``Einsum`` with one contracting kernel dim, nnx ``Linear`` and ``Einsum``), each
+    along the axis its GEMM contracts; layers stacked by ``nn.scan``/``nnx.vmap`` are quantized
+    per layer along that axis (:func:`consumed_kernels`). Everything else stays float: Flax's own
+    layers (even with ``dot_general=jax_mxfp4.dot_general``: Flax's parameter checks refuse a
+    non-array kernel), convolutions, attention, embeddings, norms, biases. Without ``model``,
+    :func:`default_select` (2-D kernels along axis 0). ``select`` overrides both; with ``model``
+    each of its requests is checked against what the model's jax_mxfp4 GEMMs contract.
+
     Args:
       params: any pytree of arrays.
       scale_mode: E8M0 scale rule (see :func:`jax_mxfp4.quantize`); weights use
         round-to-nearest-even elements.
       scale_layout: "plain" or "swizzled" scales.
-      select: ``select(path_names, leaf) -> axis | None``; default :func:`default_select`
-        (every float ``kernel`` with ndim >= 2, along axis 0).
+      select: optional ``select(path_names, leaf) -> axis | None`` (path names are strings, e.g.
+        ``("params", "Dense_0", "kernel")``).
+      model: optional linen ``Module`` (then ``inputs`` are example inputs for ``model.apply``;
+        only shapes are used) or nnx ``Module`` (``inputs`` unused).
+      inputs: tuple of example inputs for a linen ``model``.
 
     Returns:
       A pytree of the same structure with MXFP4Array leaves where selected (4.25 bits/element).
 
     Raises:
-      ValueError: an unknown ``scale_mode``/``scale_layout`` or an out-of-range axis from ``select``.
+      ValueError: an unknown ``scale_mode``/``scale_layout``; an out-of-range axis from
+        ``select``; with ``model``, a ``select`` request for a kernel no jax_mxfp4 GEMM consumes,
+        or along another axis than the one it contracts (the message names the parameter path).
     """
     checks.check_scale_mode(scale_mode)
     checks.check_scale_layout(scale_layout)
+    consumers = consumed_kernels(model, params, inputs) if model is not None else None
 
     def convert(path, leaf):
         if isinstance(leaf, MXFP4Array):
             return leaf
-        axis = select(tuple(_key_name(k) for k in path), leaf)
-        if axis is None:
-            return leaf
-        axis = checks.normalize_axis(axis, leaf.ndim, "axis returned by select")
+        names = tuple(_key_name(k) for k in path)
+        key = tuple(n for n in names if n != "value")
+        if key[:1] == ("params",):
+            key = key[1:]
+        if select is not None:
+            axis = select(names, leaf)
+            if axis is None:
+                return leaf
+            axis = checks.normalize_axis(axis, leaf.ndim, "axis returned by select")
+            if consumers is not None:
+                if key not in consumers:
+                    raise ValueError(
+                        f"quantize_params: select asked to quantize {'/'.join(names)} along axis {axis}, but "
+                        "no jax_mxfp4 layer of the model consumes it (only the kernels of "
+                        "jax_mxfp4.flax layers accept an MXFP4Array); leave it float"
+                    )
+                want = _full_axis(leaf, consumers[key])
+                if want != axis:
+                    raise ValueError(
+                        f"quantize_params: select asked to quantize {'/'.join(names)} along axis {axis}, but "
+                        + ("its jax_mxfp4 GEMM contracts several of its dims (or calls disagree)" if want is None
+                           else f"its jax_mxfp4 GEMM contracts axis {want}")
+                        + "; an MXFP4 operand must be quantized along its single contracting dim (OCP MX v1.0 §6.1)"
+                    )
+        elif consumers is not None:
+            axis = _full_axis(leaf, consumers[key]) if key in consumers else None
+            if axis is None or getattr(leaf, "dtype", None) is None or jnp.dtype(leaf.dtype) not in checks.INPUT_DTYPES:
+                return leaf
+        else:
+            axis = default_select(names, leaf)
+            if axis is None:
+                return leaf
         extra = (-leaf.shape[axis]) % BLOCK_SIZE
         if extra:
             widths = [(0, 0)] * leaf.ndim

@@ -1,0 +1,201 @@
+"""Qwix providers that run a model's matmuls through jax_mxfp4, without touching the model's code.
+
+`Qwix <https://github.com/google/qwix>`_ (``pip install qwix``) intercepts ``jax.lax.dot_general``
+and ``jax.numpy.einsum`` inside the Flax (linen or nnx) modules that a rule's ``module_path``
+regex matches; ``qwix.quantize_model(model, provider)`` applies a provider. The two providers
+here handle the calls matched by a :class:`MxRule` (which carries a :class:`jax_mxfp4.Recipe`);
+calls matched by a plain Qwix rule go to Qwix's own implementation, unmatched calls stay
+``lax.dot_general``/``jnp.einsum``.
+
+* :class:`MxQtProvider` (training; a ``qwix.QtProvider``): matched ``dot_general`` calls run
+  :func:`jax_mxfp4.dot_general` and matched ``einsum`` calls :func:`jax_mxfp4.einsum` with the
+  rule's recipe: MXFP4 fprop, dgrad and wgrad (custom VJP), any K (zero-padded to 32 inside, as
+  in the :mod:`jax_mxfp4.flax` layers). The first operand is taken as the activations (dgrad
+  settings, kept float by ``Recipe(quantize_activations=False)``), the second as the weight,
+  which is how Flax's ``Dense``/``DenseGeneral``/``Einsum``/nnx ``Linear`` call them. A model
+  quantized this way computes exactly what the same model written with ``jax_mxfp4.flax``
+  layers computes (same values and gradients, bit for bit).
+* :class:`MxPtqProvider` (serving; a ``qwix.PtqProvider``): a weight met by a matched call is
+  quantized once to an :class:`jax_mxfp4.MXFP4Array` along its contracting dim and stored in
+  the parameter tree through Qwix's parameter path (``ptq.WithAux``); later calls use it as is.
+  Turn trained float params into that tree with :func:`quantize_params`.
+
+Qwix's own rule fields (``weight_qtype``, ``act_qtype``, calibration, tiles, ...) are not read
+by these providers for :class:`MxRule` matches: the recipe says everything.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import qwix
+from qwix._src.providers import ptq as _ptq
+from qwix._src.utils import flax_util as _flax_util
+
+from . import checks
+from .array import MXFP4Array
+from .einsum import _einsum, parse_subscripts
+from .mx_format import BLOCK_SIZE
+from .quantize import quantize
+from .recipe import Recipe
+from .training import _dot_general
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class MxRule(qwix.QtRule):
+    """A Qwix rule whose matched ``dot_general``/``einsum`` calls run through jax_mxfp4.
+
+    Attributes:
+      module_path: regex on the module path (``"/"``-joined names), as in ``qwix.QtRule``.
+      op_names: the ops it applies to, e.g. ``("dot_general",)`` or ``("einsum",)``; default
+        every op.
+      recipe: :class:`jax_mxfp4.Recipe` for the matched calls (default ``Recipe()``: a4w4, MXFP4
+        fprop/dgrad/wgrad); ``Recipe(quantize_activations=False)`` for w4a16.
+    """
+
+    recipe: Recipe = Recipe()
+
+    def __post_init__(self):
+        if not isinstance(self.recipe, Recipe):
+            raise TypeError(f"MxRule.recipe must be a jax_mxfp4.Recipe, got {type(self.recipe).__name__}")
+
+
+def _mx_rule(provider, op_name):
+    """The MxRule matching the current module and op, or None (no op count is taken)."""
+    rule = provider._get_current_rule_and_op_id(op_name, only_rule=True)[0]
+    return rule if isinstance(rule, MxRule) else None
+
+
+def _reshard(y, out_sharding):
+    return y if out_sharding is None else jax.sharding.reshard(y, out_sharding)
+
+
+class MxQtProvider(qwix.QtProvider):
+    """Training provider: :class:`MxRule` matches run through :func:`jax_mxfp4.dot_general` /
+    :func:`jax_mxfp4.einsum` with the rule's recipe (see the module docstring).
+
+    Usage: ``qmodel = qwix.quantize_model(model, MxQtProvider([MxRule(module_path=".*mlp.*")]))``
+    (nnx models also take example inputs, as Qwix requires).
+    """
+
+    def dot_general(self, lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None, *,
+                    out_sharding=None):
+        rule = _mx_rule(self, "dot_general")
+        if rule is None:
+            return super().dot_general(lhs, rhs, dimension_numbers, precision, preferred_element_type,
+                                       out_sharding=out_sharding)
+        y = _dot_general(lhs, rhs, dimension_numbers, preferred_element_type, rule.recipe, pad_k=True)
+        return _reshard(y, out_sharding)
+
+    def einsum(self, einsum_str, *operands, precision=None, preferred_element_type=None,
+               _dot_general=jax.lax.dot_general, out_sharding=None):  # noqa: N803 (Qwix's signature)
+        rule = _mx_rule(self, "einsum")
+        if rule is None:
+            return super().einsum(einsum_str, *operands, precision=precision,
+                                  preferred_element_type=preferred_element_type, _dot_general=_dot_general,
+                                  out_sharding=out_sharding)
+        if len(operands) != 2:
+            raise ValueError(f"jax_mxfp4.qwix: einsum {einsum_str!r} has {len(operands)} operands; "
+                             "an MxRule needs two (lhs activations, rhs weight)")
+        y = _einsum(einsum_str, operands[0], operands[1], preferred_element_type, rule.recipe, pad_k=True)
+        return _reshard(y, out_sharding)
+
+
+# ----------------------------------------------------------------------------- serving (PTQ)
+@dataclasses.dataclass(frozen=True)
+class HowToQuantize:
+    """How :class:`MxPtqProvider` quantized a weight (static, stored in ``ptq.WithAux.how``)."""
+
+    axis: int
+    scale_mode: str = "even"
+    scale_layout: str = "plain"
+
+
+class _QuantizeModule:
+    """The ``_qarray_module`` Qwix's PTQ calls to quantize a weight: here to an MXFP4Array."""
+
+    @staticmethod
+    def quantize(value, how):
+        if not isinstance(how, HowToQuantize):
+            raise TypeError(f"jax_mxfp4.qwix: expected a jax_mxfp4.qwix.HowToQuantize, got {type(how).__name__}")
+        return quantize(value, how.axis, scale_mode=how.scale_mode, scale_layout=how.scale_layout)
+
+
+def _serving_weight(x, contracting, rule: MxRule, what: str):
+    """``x`` as the GEMM operand: a stored MXFP4 weight, a weight quantized now (and stored), or
+    ``x`` itself when it is not a parameter (an activation)."""
+    if isinstance(x, _ptq.WithAux):
+        return x.array
+    if isinstance(x, MXFP4Array):
+        return x
+    name = _flax_util.find_param(x)
+    if not name:
+        return x
+    if len(contracting) != 1 or x.shape[contracting[0]] % BLOCK_SIZE:
+        module_path = "/".join(map(str, _flax_util.get_current_module_path()))
+        raise ValueError(
+            f"jax_mxfp4.qwix: {what} weight {name!r} of module {module_path!r} (shape {tuple(x.shape)}) is "
+            f"contracted along dims {tuple(contracting)}; serving it as MXFP4 needs one contracting dim "
+            f"whose length is a multiple of {BLOCK_SIZE}. Exclude this module from the MxRule"
+        )
+    checks.check_float_input(x, name)
+    how = HowToQuantize(contracting[0], rule.recipe.scale_mode, rule.recipe.scale_layout)
+    return _ptq.create_quantized_param(name, x, how, _qarray_module=_QuantizeModule).array
+
+
+class MxPtqProvider(qwix.PtqProvider):
+    """Serving provider: in :class:`MxRule` matches, weights become MXFP4Arrays (quantized along
+    their contracting dim, once, stored in the params through ``ptq.WithAux``), and the GEMM runs
+    through jax_mxfp4 with the rule's recipe (``Recipe(quantize_activations=False)`` for w4a16).
+
+    The matched weights' contraction must be a single dim of length a multiple of 32 (ValueError
+    naming the module otherwise). Use ``qmodel.init`` for fresh quantized params, or
+    :func:`quantize_params` to convert trained float params.
+    """
+
+    def __init__(self, rules, **kwargs):
+        super().__init__(rules, _qarray_module=_QuantizeModule, **kwargs)
+
+    def dot_general(self, lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None, *,
+                    out_sharding=None):
+        rule = _mx_rule(self, "dot_general")
+        if rule is None:
+            return super().dot_general(lhs, rhs, dimension_numbers, precision, preferred_element_type,
+                                       out_sharding=out_sharding)
+        (lc, rc), _ = dimension_numbers
+        rhs = _serving_weight(rhs, tuple(rc), rule, "rhs")
+        y = _dot_general(lhs, rhs, dimension_numbers, preferred_element_type, rule.recipe, pad_k=False)
+        return _reshard(y, out_sharding)
+
+    def einsum(self, einsum_str, *operands, precision=None, preferred_element_type=None,
+               _dot_general=jax.lax.dot_general, out_sharding=None):  # noqa: N803 (Qwix's signature)
+        rule = _mx_rule(self, "einsum")
+        if rule is None:
+            return super().einsum(einsum_str, *operands, precision=precision,
+                                  preferred_element_type=preferred_element_type, _dot_general=_dot_general,
+                                  out_sharding=out_sharding)
+        if len(operands) != 2:
+            raise ValueError(f"jax_mxfp4.qwix: einsum {einsum_str!r} has {len(operands)} operands; "
+                             "an MxRule needs two (lhs activations, rhs weight)")
+        lhs, rhs = operands
+        (_, rc), _ = parse_subscripts(einsum_str, len(lhs.shape), len(rhs.shape))[0]
+        rhs = _serving_weight(rhs, rc, rule, "rhs")
+        y = _einsum(einsum_str, lhs, rhs, preferred_element_type, rule.recipe, pad_k=False)
+        return _reshard(y, out_sharding)
+
+
+def quantize_params(params: Any, abstract_quantized_params: Any, **kwargs) -> Any:
+    """Trained float params -> the params of a model quantized with :class:`MxPtqProvider`.
+
+    ``qwix.quantize_params`` with jax_mxfp4's quantizer: every weight that the quantized model
+    stores as an MXFP4Array (``abstract_quantized_params``: e.g. ``jax.eval_shape`` of
+    ``qmodel.init``, or the nnx model itself) is quantized the same way from ``params`` (an
+    unboxed linen param tree, or ``nnx.to_pure_dict`` of an nnx state); the rest is copied.
+    Other keyword arguments go to ``qwix.quantize_params``.
+    """
+    return qwix.quantize_params(params, abstract_quantized_params, _qarray_module=_QuantizeModule, **kwargs)
+
+
+__all__ = ["HowToQuantize", "MxPtqProvider", "MxQtProvider", "MxRule", "quantize_params"]

@@ -1,0 +1,65 @@
+"""MXFP4 Flax Einsum layers (linen and nnx): Flax's own parameter names and shapes, forward equal
+to jax_mxfp4.einsum plus the bias, any K (zero-padded), quantized kernels for inference."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+flax = pytest.importorskip("flax")
+import flax.linen as nn  # noqa: E402
+from flax import nnx  # noqa: E402
+
+import jax_mxfp4 as mx  # noqa: E402
+import jax_mxfp4.flax as mxf  # noqa: E402
+
+
+def test_linen_einsum_params_match_flax_and_forward_is_mxfp4_einsum():
+    x = jnp.asarray(np.random.default_rng().standard_normal((2, 3, 64)), jnp.float32)
+    ours = mxf.linen.Einsum((64, 4, 8), "bsd,dnh->bsnh")
+    theirs = nn.Einsum((64, 4, 8), "bsd,dnh->bsnh")
+    p = ours.init(jax.random.key(1), x)
+    q = theirs.init(jax.random.key(1), x)
+    assert jax.tree.map(jnp.shape, p) == jax.tree.map(jnp.shape, q) == {"params": {"kernel": (64, 4, 8), "bias": (4, 8)}}
+    np.testing.assert_array_equal(p["params"]["kernel"], q["params"]["kernel"])
+    bias = jnp.asarray(np.random.default_rng().standard_normal((4, 8)), jnp.float32)
+    p = {"params": {"kernel": p["params"]["kernel"], "bias": bias}}
+    want = mx.einsum("bsd,dnh->bsnh", x, p["params"]["kernel"]) + bias
+    np.testing.assert_array_equal(ours.apply(p, x), want)
+    # MXFP4 vs Flax's float einsum: close (4-bit operands), not equal
+    err = np.abs(ours.apply(p, x) - theirs.apply(p, x)).max()
+    assert 0 < err < 0.5 * np.abs(theirs.apply(p, x)).max()
+
+
+def test_linen_einsum_any_k_and_quantized_kernel():
+    x = jnp.asarray(np.random.default_rng().standard_normal((5, 40)), jnp.float32)
+    layer = mxf.linen.Einsum((40, 6), "mk,kn->mn")
+    p = layer.init(jax.random.key(0), x)
+    y = layer.apply(p, x)
+    xp = jnp.pad(x, ((0, 0), (0, 24)))
+    kp = jnp.pad(p["params"]["kernel"], ((0, 24), (0, 0)))
+    np.testing.assert_array_equal(y, mx.einsum("mk,kn->mn", xp, kp) + p["params"]["bias"])
+    qp = mxf.quantize_params(p, model=layer, inputs=(x,))
+    assert isinstance(qp["params"]["kernel"], mx.MXFP4Array) and qp["params"]["kernel"].shape == (64, 6)
+    np.testing.assert_array_equal(layer.apply(qp, x), y)  # same quantized values as the float path
+
+
+def test_nnx_einsum_params_match_flax_forward_and_errors():
+    x = jnp.asarray(np.random.default_rng().standard_normal((2, 3, 32)), jnp.bfloat16)
+    ours = mxf.nnx.Einsum("bsd,dnh->bsnh", (32, 4, 8), (4, 8), rngs=nnx.Rngs(0))
+    theirs = nnx.Einsum("bsd,dnh->bsnh", (32, 4, 8), (4, 8), rngs=nnx.Rngs(0))
+    np.testing.assert_array_equal(ours.kernel[...], theirs.kernel[...])
+    assert jax.tree.map(jnp.shape, nnx.state(ours, nnx.Param)) == jax.tree.map(jnp.shape, nnx.state(theirs, nnx.Param))
+    y = ours(x)
+    assert y.dtype == theirs(x).dtype == jnp.float32  # promoted with the float32 params, as Flax
+    np.testing.assert_array_equal(y, mx.einsum("bsd,dnh->bsnh", x.astype(jnp.float32), ours.kernel[...]) + ours.bias[...])
+    q = mxf.quantize_params(nnx.state(ours, nnx.Param), model=ours)
+    assert isinstance(q["kernel"].get_value(), mx.MXFP4Array)
+    nnx.update(ours, q)
+    np.testing.assert_array_equal(ours(x), y)
+    with pytest.raises(TypeError, match="einsum_op"):
+        mxf.nnx.Einsum("ab,bc->ac", (32, 4), einsum_op=jnp.einsum, rngs=nnx.Rngs(0))
+    with pytest.raises(ValueError, match="summed over one operand"):
+        mxf.nnx.Einsum("abz,bc->ac", (32, 4), rngs=nnx.Rngs(0))(jnp.ones((2, 32, 3)))
