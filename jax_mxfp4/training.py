@@ -287,7 +287,8 @@ def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_t
     multiplied by the backend chosen by ``recipe.backend`` (see :func:`jax_mxfp4.explain`).
     Backward: custom VJP with MXFP4 dgrad and wgrad as described in :mod:`jax_mxfp4.training`
     (re-quantization along N and along the token axis M, stochastic rounding of dY with a
-    deterministic key, optional Hadamard transform, straight-through quantizers). Works under
+    deterministic key, straight-through quantizers). ``recipe.hadamard`` rotates both operands
+    of the chosen passes along their contraction first (``recipe.hadamard_block``). Works under
     ``jit``, ``vmap``, ``lax.scan`` and ``jax.checkpoint``.
 
     Args:
@@ -314,7 +315,8 @@ def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_t
 
     Raises:
       ValueError: malformed ``dimension_numbers`` or no contracting dim; K not a multiple of
-        32; an MXFP4Array not
+        32; a rotated pass whose contraction is not a multiple of ``recipe.hadamard_block``
+        (K for fprop; N and M, padded to 32, for dgrad and wgrad); an MXFP4Array not
         quantized along its single contracting dim or with K not matching; a gradient requested
         with respect to an MXFP4Array operand (at differentiation time); unsupported output dtype.
       TypeError: an operand that is neither float nor MXFP4Array; a ``recipe`` that is not a

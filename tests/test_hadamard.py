@@ -270,3 +270,16 @@ def test_mxfp4_array_hadamard_field():
         mx.MXFP4Array(wq0.data, wq0.scales, 0, (64, 32), jnp.float32, hadamard=(48, 1))
     with pytest.raises(ValueError, match="not a multiple of the Hadamard block 128"):
         mx.MXFP4Array(wq0.data, wq0.scales, 0, (64, 32), jnp.float32, hadamard=(128, 1))
+
+
+def test_demo_hadamard_flags():
+    from jax_mxfp4 import demo
+
+    assert demo.parse_args(["--hadamard"]).hadamard == ("wgrad",)  # the original flag's meaning
+    a = demo.parse_args(["--hadamard", "fprop,wgrad", "--hadamard-block", "64"])
+    assert (a.hadamard, a.hadamard_block) == (("fprop", "wgrad"), 64)
+    assert demo.parse_args(["--hadamard", "none"]).hadamard == ()
+    assert mx.Recipe(hadamard=demo.parse_args(["--hadamard", "all"]).hadamard).hadamard == ("fprop", "dgrad", "wgrad")
+    for bad in (["--hadamard", "fwd"], ["--hadamard-block", "48"]):
+        with pytest.raises(SystemExit):
+            demo.parse_args(bad)
