@@ -38,6 +38,8 @@ RECIPES = {
     "had-all+head-bf16": (dict(hadamard="all"), "bf16"),
     "had-all-b128+head-bf16": (dict(hadamard="all", hadamard_block=128), "bf16"),
     "had-fprop+head-bf16": (dict(hadamard="fprop"), "bf16"),
+    "had-wgrad+head-bf16": (dict(hadamard=True), "bf16"),
+    "had-dgrad-wgrad": (dict(hadamard=("dgrad", "wgrad")), "mxfp4"),
 }
 
 
