@@ -322,8 +322,8 @@ def parse_args(argv=None):
             p.error(f"--mesh must look like DxM with positive integers (e.g. 2x1), got {args.mesh!r}")
     if args.steps is not None and args.steps < 1:
         p.error(f"--steps must be >= 1, got {args.steps}")
-    passes = () if args.hadamard == "none" else "all" if args.hadamard == "all" else tuple(args.hadamard.split(","))
-    bad = [v for v in ((passes,) if isinstance(passes, str) else passes) if v not in ("all", "fprop", "dgrad", "wgrad")]
+    passes = False if args.hadamard == "none" else "all" if args.hadamard == "all" else tuple(args.hadamard.split(","))
+    bad = [v for v in ((passes,) if isinstance(passes, str) else passes or ()) if v not in ("all", "fprop", "dgrad", "wgrad")]
     if bad:
         p.error(f"--hadamard takes fprop, dgrad, wgrad (comma-separated), all or none; got {args.hadamard!r}")
     args.hadamard = passes

@@ -52,8 +52,9 @@ class Recipe:
         with a blockwise random Hadamard transform before quantizing them (the exact product is
         unchanged; outliers are spread before 4-bit quantization; :mod:`jax_mxfp4.hadamard`).
         A pass name ("fprop", "dgrad", "wgrad"), "all", or a tuple/list/set of pass names;
-        False/None/() for none; True keeps its original meaning, wgrad only. Stored normalized
-        as a tuple in pass order (``Recipe(hadamard=True).hadamard == ("wgrad",)``). A pass in
+        False/None/() for none; True keeps its original meaning, wgrad only. Booleans are
+        stored as given, anything else as a tuple in pass order; :attr:`hadamard_passes` is the
+        normalized tuple (``Recipe(hadamard=True).hadamard_passes == ("wgrad",)``). A pass in
         "bf16" is not rotated. One sign vector per call site, shared by both operands: fprop's
         depends only on the weight (rhs) shape and dims, so that
         :func:`jax_mxfp4.flax.quantize_params` can rotate kernels as training did. With a
@@ -95,8 +96,15 @@ class Recipe:
             raise ValueError(f"Recipe.grad_rounding must be one of {GRAD_ROUNDINGS}, got {self.grad_rounding!r}")
         if not isinstance(self.quantize_activations, bool):
             raise TypeError(f"Recipe.quantize_activations must be a bool, got {self.quantize_activations!r}")
-        object.__setattr__(self, "hadamard", _hadamard_passes(self.hadamard))
+        passes = _hadamard_passes(self.hadamard)
+        if not isinstance(self.hadamard, bool):
+            object.__setattr__(self, "hadamard", passes)
         object.__setattr__(self, "hadamard_block", check_block(self.hadamard_block, "Recipe.hadamard_block"))
+
+    @property
+    def hadamard_passes(self) -> tuple[str, ...]:
+        """The passes named by ``hadamard`` as a tuple in ("fprop", "dgrad", "wgrad") order."""
+        return _hadamard_passes(self.hadamard)
 
     def replace(self, **changes) -> "Recipe":
         return dataclasses.replace(self, **changes)

@@ -111,9 +111,9 @@ def _check_hadamard_lengths(recipe: Recipe, m: int, n: int, k: int) -> None:
     lengths = {"fprop": (k, "the fprop contraction K"),
                "dgrad": (pad(n), "the dgrad contraction N (rhs free dims, padded to a multiple of 32)"),
                "wgrad": (pad(m), "the wgrad contraction M (lhs free dims = tokens, padded to a multiple of 32)")}
-    for name in recipe.hadamard:
+    for name in recipe.hadamard_passes:
         if getattr(recipe, name) == "mxfp4":
-            hd.check_length(lengths[name][0], recipe.hadamard_block, f"Recipe.hadamard={recipe.hadamard}: " + lengths[name][1])
+            hd.check_length(lengths[name][0], recipe.hadamard_block, f"Recipe.hadamard={recipe.hadamard_passes}: " + lengths[name][1])
 
 
 def gradient_key(dy, site: int, tag: int):
@@ -152,7 +152,7 @@ def _fprop(a, b, recipe: Recipe, out_dtype, fprop_seed):
     """Canonical forward: a [B, M, K] x b [B, N, K] -> [B, M, N] in ``out_dtype``."""
     if recipe.fprop == "bf16":
         return _bf16_gemm(a, b, _CANON).astype(out_dtype)
-    if "fprop" in recipe.hadamard:
+    if "fprop" in recipe.hadamard_passes:
         a = hd.random_hadamard_transform(a, 2, fprop_seed, recipe.hadamard_block)
         b = hd.random_hadamard_transform(b, 2, fprop_seed, recipe.hadamard_block)
     return gemm.dot_general(a, b, _CANON, preferred_element_type=out_dtype, recipe=recipe)
@@ -181,7 +181,7 @@ def _grad_gemm(g, w, g_axis, w_axis, precision, key, recipe: Recipe, hadamard_se
 def _dgrad(dy, b, recipe: Recipe, site: int):
     """dA [B, M, K] = dY [B, M, N] · b [B, N, K], contracted along N (float32)."""
     key = gradient_key(dy, site, DGRAD_TAG) if recipe.dgrad == "mxfp4" and recipe.grad_rounding == "stochastic" else None
-    seed = _site_seed(site, "dgrad") if "dgrad" in recipe.hadamard else None
+    seed = _site_seed(site, "dgrad") if "dgrad" in recipe.hadamard_passes else None
     return _grad_gemm(dy, b, 2, 1, recipe.dgrad, key, recipe, hadamard_seed=seed)
 
 
@@ -189,7 +189,7 @@ def _wgrad(dy, a, recipe: Recipe, site: int):
     """dB [B, N, K] = dYᵀ · a, both [B, M, ·], contracted along the token axis M (float32)."""
     mx = recipe.wgrad == "mxfp4"
     key = gradient_key(dy, site, WGRAD_TAG) if mx and recipe.grad_rounding == "stochastic" else None
-    seed = site if (mx and "wgrad" in recipe.hadamard) else None
+    seed = site if (mx and "wgrad" in recipe.hadamard_passes) else None
     return _grad_gemm(dy, a, 1, 1, recipe.wgrad, key, recipe, hadamard_seed=seed)
 
 
@@ -341,7 +341,7 @@ def _dot_general(lhs, rhs, dimension_numbers, preferred_element_type, recipe, *,
         gemm.explain(lhs, rhs, dimension_numbers, preferred_element_type=out_dtype, recipe=recipe)
         lc, rc, lb, rb, _ = dims.parse_dimension_numbers(dimension_numbers, lhs.shape, rhs.shape)
         _, m, k = dims.canonical_sizes(lhs.shape, lc, lb)
-        _check_hadamard_lengths(recipe.replace(hadamard=tuple(p for p in recipe.hadamard if p != "fprop")),
+        _check_hadamard_lengths(recipe.replace(hadamard=tuple(p for p in recipe.hadamard_passes if p != "fprop")),
                                 m, dims.canonical_sizes(rhs.shape, rc, rb)[1], k)
         site = _site_seed(lhs.shape, rhs.shape, str(jnp.dtype(lhs.dtype)), str(jnp.dtype(rhs.dtype)), (lc, rc, lb, rb))
         return _mixed_gemm(lhs, rhs, ((lc, rc), (lb, rb)), out_dtype, recipe, site)

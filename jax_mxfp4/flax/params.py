@@ -92,7 +92,7 @@ def quantize_params(
                 "leave scale_mode out to use the recipe's"
             )
         scale_mode = recipe.scale_mode
-        rotate = "fprop" in recipe.hadamard and recipe.fprop == "mxfp4"
+        rotate = "fprop" in recipe.hadamard_passes and recipe.fprop == "mxfp4"
     scale_mode = "even" if scale_mode is None else scale_mode
     checks.check_scale_mode(scale_mode)
     checks.check_scale_layout(scale_layout)
