@@ -54,11 +54,13 @@ def main(argv=None):
     p.add_argument("--bf16-eval", type=float, default=None, help="known bf16 eval loss: skip the bf16 run")
     p.add_argument("--out", default="demo_recipes_out")
     p.add_argument("--list", action="store_true")
+    for flag in ("--batch", "--seq-len", "--d-model", "--layers"):
+        p.add_argument(flag, type=int, default=None, help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.list:
         for name, (fields, head) in RECIPES.items():
             print(f"{name:24s} Recipe({fields}), head {head}")
-        return
+        return 0
     names = [n for n in args.recipes.split(",") if n]
     unknown = [n for n in names if n not in RECIPES]
     if unknown:
@@ -66,6 +68,10 @@ def main(argv=None):
     import jax
 
     cfg = dict(demo.SIZES[args.size])
+    for key, val in (("batch", args.batch), ("seq_len", args.seq_len), ("d_model", args.d_model),
+                     ("n_layers", args.layers)):
+        if val is not None:
+            cfg[key] = val
     cfg["n_heads"] = min(cfg["n_heads"], max(1, cfg["d_model"] // 32))
     steps = args.steps or cfg["steps"]
     eval_every = max(1, steps // 6)
@@ -106,7 +112,8 @@ def main(argv=None):
         print(f"{name:24s} eval {r.eval_loss:.4f}  gap {gap:+.2f}%  train {r.train_loss:.4f}  "
               f"{r.tokens_per_s:,.0f} tok/s  {time.perf_counter() - t:.0f} s", flush=True)
     print(f"wrote {path}")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -285,3 +285,25 @@ def test_demo_hadamard_flags():
     for bad in (["--hadamard", "fwd"], ["--hadamard-block", "48"]):
         with pytest.raises(SystemExit):
             demo.parse_args(bad)
+
+
+def test_benchmark_scripts_tiny_runs(tmp_path):
+    import json
+    import os
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+    from benchmarks import demo_recipes, rotation_error
+
+    tiny = ["--d-model", "32", "--layers", "0"]  # embeddings + the MXFP4 LM head: fast to compile
+    assert demo_recipes.main(["--steps", "2", "--batch", "2", "--seq-len", "32", "--eval-batches", "1",
+                              "--recipes", "default,had-all", "--out", str(tmp_path)] + tiny) == 0
+    res = json.loads((tmp_path / "recipes_small_seed0.json").read_text())
+    assert res["bf16"]["measured"] and set(res["runs"]) == {"default", "had-all"}
+    assert res["runs"]["had-all"]["recipe"]["hadamard"] == ["fprop", "dgrad", "wgrad"]
+    for r in res["runs"].values():
+        want = 100 * (r["eval_loss"] - res["bf16"]["eval_loss"]) / res["bf16"]["eval_loss"]
+        assert r["gap_pct"] == pytest.approx(want)
+    assert rotation_error.main(["--steps", "1", "--out", str(tmp_path)] + tiny) == 0
+    rows = json.loads((tmp_path / "rotation_error.json").read_text())["layers"]
+    assert len(rows) == 1 and all(0 < v < 0.5 for r in rows for v in r["gemm_rel_err"].values())
