@@ -108,7 +108,7 @@ def main(argv=None):
         print(f"{r['layer']:18s} {r['k']:4d} | {g} | {r['x_rel_err']['none']:.4f} / {r['x_rel_err']['32']:.4f} "
               f"| {r['w_rel_err']['none']:.4f} / {r['w_rel_err']['32']:.4f}")
     mean = {b: float(np.mean([r["gemm_rel_err"][b] for r in rows if b in r["gemm_rel_err"]]))
-            for b in ("none", "32", "64", "128")}
+            for b in ("none", "32", "64", "128") if any(b in r["gemm_rel_err"] for r in rows)}
     print("mean GEMM rel. error:", {k: round(v, 4) for k, v in mean.items()})
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
