@@ -30,6 +30,7 @@ RECIPES = {
     "had-wgrad": (dict(hadamard=True), "mxfp4"),
     "had-fprop": (dict(hadamard="fprop"), "mxfp4"),
     "had-fprop-wgrad": (dict(hadamard=("fprop", "wgrad")), "mxfp4"),
+    "had-fprop-b128": (dict(hadamard="fprop", hadamard_block=128), "mxfp4"),
     "had-all": (dict(hadamard="all"), "mxfp4"),
     "had-all-b64": (dict(hadamard="all", hadamard_block=64), "mxfp4"),
     "had-all-b128": (dict(hadamard="all", hadamard_block=128), "mxfp4"),
