@@ -29,7 +29,12 @@ class MXFP4Array:
               [round_up(rows, 32), round_up(K/32, 8)]; see :mod:`jax_mxfp4.layout`.
     Static (part of the treedef):
       axis (non-negative), shape (logical), dtype (logical: the quantized input's dtype),
-      scale_mode, scale_layout.
+      scale_mode, scale_layout, and ``hadamard``: None (default), or ``(block, seed)`` when the
+      values were rotated along ``axis`` by :func:`jax_mxfp4.hadamard.random_hadamard_transform`
+      before quantizing (:func:`jax_mxfp4.flax.quantize_params` with a recipe whose
+      ``hadamard`` includes "fprop"). :func:`jax_mxfp4.dequantize` returns the rotated values;
+      :func:`jax_mxfp4.dot_general` rotates a float operand facing such an array the same way, so
+      the product is that of the unrotated operands (an orthogonal rotation cancels).
 
     Under ``vmap``/``scan`` (batch axis 0, plain layout) the static ``shape`` and ``axis`` follow
     the children: leading dims added or removed by batching are re-described on unflattening.
@@ -45,15 +50,16 @@ class MXFP4Array:
     dtype: Any
     scale_mode: str = "even"
     scale_layout: str = "plain"
+    hadamard: tuple[int, int] | None = None
 
     # ---------------------------------------------------------------- pytree protocol
     def tree_flatten(self):
-        aux = (self.axis, self.shape, jnp.dtype(self.dtype), self.scale_mode, self.scale_layout)
+        aux = (self.axis, self.shape, jnp.dtype(self.dtype), self.scale_mode, self.scale_layout, self.hadamard)
         return (self.data, self.scales), aux
 
     @classmethod
     def tree_unflatten(cls, aux, children):
-        axis, shape, dtype, scale_mode, scale_layout = aux
+        axis, shape, dtype, scale_mode, scale_layout, hadamard = aux
         data, scales = children
         # vmap/scan batch the children along some axis while the static fields describe the
         # unbatched array: re-describe the dims added (out_axes) or removed (in_axes).
@@ -61,8 +67,8 @@ class MXFP4Array:
             shape, axis = _rebatch(tuple(shape), axis, tuple(data.shape), tuple(scales.shape))
         obj = object.__new__(cls)
         for name, value in zip(
-            ("data", "scales", "axis", "shape", "dtype", "scale_mode", "scale_layout"),
-            (data, scales, axis, shape, dtype, scale_mode, scale_layout),
+            ("data", "scales", "axis", "shape", "dtype", "scale_mode", "scale_layout", "hadamard"),
+            (data, scales, axis, shape, dtype, scale_mode, scale_layout, hadamard),
         ):
             object.__setattr__(obj, name, value)
         return obj
@@ -74,6 +80,16 @@ class MXFP4Array:
         checks.check_scale_layout(self.scale_layout, "scale_layout")
         checks.check_scale_mode(self.scale_mode, "scale_mode")
         checks.check_mx_array_parts(self.data, self.scales, self.axis, self.shape, self.scale_layout)
+        if self.hadamard is not None:
+            from .hadamard import check_block, check_length
+
+            h = self.hadamard
+            if not (isinstance(h, tuple) and len(h) == 2 and isinstance(h[1], (int, np.integer))
+                    and not isinstance(h[1], bool) and h[1] >= 0):
+                raise ValueError(f"hadamard must be None or a tuple (block, seed) with seed an int >= 0, got {h!r}")
+            block = check_block(h[0], "hadamard block")
+            check_length(self.shape[self.axis], block, f"the quantized axis {self.axis} of this MXFP4Array")
+            object.__setattr__(self, "hadamard", (block, int(h[1])))
 
     # ---------------------------------------------------------------- conveniences
     @property
@@ -96,7 +112,8 @@ class MXFP4Array:
     def __repr__(self) -> str:
         return (
             f"MXFP4Array(shape={self.shape}, dtype={self.dtype.name}, axis={self.axis}, "
-            f"scale_mode={self.scale_mode!r}, scale_layout={self.scale_layout!r})"
+            f"scale_mode={self.scale_mode!r}, scale_layout={self.scale_layout!r}"
+            + (f", hadamard={self.hadamard}" if self.hadamard is not None else "") + ")"
         )
 
     def __array__(self, dtype=None, copy=None):

@@ -42,6 +42,7 @@ SIZES = {
     "medium": dict(d_model=256, n_layers=4, n_heads=8, seq_len=256, batch=16, steps=1000, lr=2e-3),
 }
 BF16_RECIPE_FIELDS = dict(fprop="bf16", dgrad="bf16", wgrad="bf16")
+MX_HADAMARD, MX_HADAMARD_BLOCK = "none", 32  # the MXFP4 run's default rotation (README's recipe table)
 HOLDOUT_EVERY = 10
 EXCLUDED_DIRS = {"site-packages", "test", "tests", "idle_test"}
 
@@ -322,7 +323,12 @@ def parse_args(argv=None):
     p.add_argument("--layers", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--grad-rounding", choices=["stochastic", "nearest"], default="stochastic",
                    help="rounding of the gradient operands in the MXFP4 run (default stochastic)")
-    p.add_argument("--hadamard", action="store_true", help="random Hadamard transform on the wgrad operands")
+    p.add_argument("--hadamard", nargs="?", const="wgrad", default=MX_HADAMARD, metavar="PASSES",
+                   help="passes of the MXFP4 run whose two operands get a random Hadamard rotation along the "
+                        "contraction before quantizing: comma-separated from fprop,dgrad,wgrad, or all, or none "
+                        f"(default {MX_HADAMARD}; a bare --hadamard means wgrad, the original flag)")
+    p.add_argument("--hadamard-block", type=int, default=MX_HADAMARD_BLOCK, choices=[32, 64, 128, 256],
+                   help=f"Hadamard block size of the MXFP4 run (default {MX_HADAMARD_BLOCK})")
     p.add_argument("--scale-mode", default="even", choices=["floor", "ceil", "even", "rceil"],
                    help="E8M0 scale rule of the MXFP4 run (default even)")
     p.add_argument("--head", choices=["mxfp4", "bf16"], default="mxfp4",
@@ -343,6 +349,11 @@ def parse_args(argv=None):
             p.error(f"--mesh must look like DxM with positive integers (e.g. 2x1), got {args.mesh!r}")
     if args.steps is not None and args.steps < 1:
         p.error(f"--steps must be >= 1, got {args.steps}")
+    passes = False if args.hadamard == "none" else "all" if args.hadamard == "all" else tuple(args.hadamard.split(","))
+    bad = [v for v in ((passes,) if isinstance(passes, str) else passes or ()) if v not in ("all", "fprop", "dgrad", "wgrad")]
+    if bad:
+        p.error(f"--hadamard takes fprop, dgrad, wgrad (comma-separated), all or none; got {args.hadamard!r}")
+    args.hadamard = passes
     return args
 
 
@@ -392,7 +403,7 @@ def run(argv=None) -> dict:
         f"JAX on {jax.default_backend()}"
     )
     mx_recipe = Recipe(backend=args.backend, grad_rounding=args.grad_rounding, hadamard=args.hadamard,
-                       scale_mode=args.scale_mode)
+                       hadamard_block=args.hadamard_block, scale_mode=args.scale_mode)
     bf_recipe = Recipe(backend=args.backend, **BF16_RECIPE_FIELDS)
     backend = mxfp4_backend_used(mx_recipe, cfg)
     mesh = make_mesh(args.mesh) if args.mesh else None

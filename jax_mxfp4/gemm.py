@@ -18,6 +18,7 @@ import jax.numpy as jnp
 
 from . import checks, dims, dispatch
 from .array import MXFP4Array
+from .hadamard import random_hadamard_transform
 from .backends.base import GemmProblem
 from .fp8 import FP8Prepared
 from .fp8 import canonical as fp8_canonical
@@ -74,6 +75,52 @@ def _to_canonical(x, contracting, batch, recipe: Recipe, kind: str, name):
         return MXFP4Array(data, scales, 2, data.shape[:2] + (k,), x.dtype, x.scale_mode, "plain")
     x3 = dims.to_bfk(x, contracting, batch, name)
     return x3 if kind == "float" else quantize(x3, 2, scale_mode=recipe.scale_mode)
+
+
+def match_rotation(lhs, rhs, dimension_numbers):
+    """(lhs, rhs) with a float operand facing a rotated MXFP4Array rotated the same way.
+
+    An :class:`MXFP4Array` whose ``hadamard`` is ``(block, seed)`` holds values rotated along its
+    axis; the float operand is rotated along its (single) contracting dim with the same transform
+    (float32 result; ``jax.ShapeDtypeStruct``s become float32 structs), so the product is that of
+    the unrotated operands. Shapes that do not match are left for the later checks to report.
+
+    Raises:
+      ValueError: both operands are MXFP4Arrays recording different rotations.
+    """
+    lq, rq = isinstance(lhs, MXFP4Array), isinstance(rhs, MXFP4Array)
+    lh, rh = (lhs.hadamard if lq else None), (rhs.hadamard if rq else None)
+    if lq and rq:
+        if lh != rh:
+            raise ValueError(
+                f"lhs and rhs are MXFP4Arrays with different Hadamard rotations (lhs.hadamard={lh}, "
+                f"rhs.hadamard={rh}): their product is only the product of the unrotated values when "
+                "both were rotated with the same (block, seed)"
+            )
+        return lhs, rhs
+    if lh is None and rh is None:
+        return lhs, rhs
+    try:
+        (lc, rc), _ = dimension_numbers
+    except (TypeError, ValueError):
+        return lhs, rhs  # malformed: reported by the dimension checks
+
+    def rotate(x, contracting, mx, h):
+        contracting = tuple(contracting) if isinstance(contracting, (tuple, list)) else (contracting,)
+        if len(contracting) != 1 or not hasattr(x, "shape"):
+            return x
+        ax = int(contracting[0]) % max(1, len(x.shape))
+        if x.shape[ax] != mx.shape[mx.axis] or x.shape[ax] % h[0]:
+            return x
+        if isinstance(x, jax.ShapeDtypeStruct):
+            return jax.ShapeDtypeStruct(x.shape, jnp.float32)
+        return random_hadamard_transform(x, ax, h[1], h[0])
+
+    if rh is not None:
+        lhs = rotate(lhs, lc, rhs, rh)
+    if lh is not None:
+        rhs = rotate(rhs, rc, lhs, lh)
+    return lhs, rhs
 
 
 def _plan(lhs, rhs, dimension_numbers, preferred_element_type, recipe, precision=None):
@@ -138,6 +185,8 @@ def dot_general(
       lhs, rhs: each an :class:`MXFP4Array` quantized along its single contracting dim, or a
         float32/bfloat16/float16 array, quantized on the fly along its contracting dim(s) with
         ``recipe.scale_mode`` (several contracting dims are flattened, row-major, into one K).
+        A float operand facing an MXFP4Array that records a Hadamard rotation
+        (``MXFP4Array.hadamard``) is first rotated the same way (:func:`match_rotation`).
         With ``Recipe(quantize_activations=False)`` a float operand facing an MXFP4Array is not
         quantized (w4a16); see :class:`jax_mxfp4.Recipe`.
       dimension_numbers: ``((lhs_contracting, rhs_contracting), (lhs_batch, rhs_batch))`` as in
@@ -161,12 +210,14 @@ def dot_general(
 
     Raises:
       ValueError: malformed ``dimension_numbers``; total contracting length not a multiple of 32;
-        an MXFP4Array not quantized along its single contracting dim; unsupported output dtype.
+        an MXFP4Array not quantized along its single contracting dim; unsupported output dtype;
+        two MXFP4Arrays recording different Hadamard rotations.
       TypeError: an operand that is neither an MXFP4Array nor a float array; shape mismatches
         (from ``lax.dot_general``'s shape rule).
       BackendUnavailableError: the backend named by the recipe or ``JAX_MXFP4_BACKEND`` cannot
         run this GEMM.
     """
+    lhs, rhs = match_rotation(lhs, rhs, dimension_numbers)
     recipe, (lc, rc, lb, rb), problem, out_shape = _plan(
         lhs, rhs, dimension_numbers, preferred_element_type, recipe, precision
     )
@@ -195,5 +246,6 @@ def explain(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=
     whose ``str()`` is a readable report; ``.backend`` is the chosen name, ``.reasons`` maps every
     registered backend to why it was not chosen. Raises what :func:`dot_general` would raise.
     """
+    lhs, rhs = match_rotation(lhs, rhs, dimension_numbers)
     recipe, _, problem, _ = _plan(lhs, rhs, dimension_numbers, preferred_element_type, recipe, precision)
     return dispatch.plan(problem, recipe.backend)

@@ -1,24 +1,36 @@
-"""Blockwise random Hadamard transform (RHT) used on the wgrad operands of the training recipe.
+"""Blockwise random Hadamard transform (RHT) applied to both operands of a GEMM before quantizing.
 
-For a block size ``n`` (a power of two; 32, the MXFP4 block, by default) the transform of every
-length-``n`` block ``v`` along an axis is ``v -> H D v`` with ``H`` the Sylvester-Hadamard matrix
-scaled by ``1/sqrt(n)`` (orthonormal) and ``D = diag(s)`` a fixed random ±1 sign vector drawn
-from ``numpy.random.default_rng(seed)``. ``H D`` is orthogonal, so applying the same transform to
-both operands along their shared contraction axis leaves the exact product unchanged
-(``(HDu)·(HDv) = u·v``) while spreading outliers across the block before quantization, which
-bounds the variance of stochastic rounding (Tseng et al., arXiv 2502.20586; NVIDIA NVFP4 recipe,
-arXiv 2509.25149, applies it to the wgrad inputs only, as done here).
+For a block size ``n`` (a power of two, 32..256; 32, the MXFP4 block, by default) the transform
+of every length-``n`` block ``v`` along an axis is ``v -> H D v`` with ``H`` the Sylvester-
+Hadamard matrix scaled by ``1/sqrt(n)`` (orthonormal) and ``D = diag(s)`` a fixed random ±1 sign
+vector drawn from ``numpy.random.default_rng(seed)``. ``H D`` is orthogonal, so applying the same
+transform to both operands along their shared contraction axis leaves the exact product unchanged
+(``(HDu)·(HDv) = u·v``) while spreading outliers across the block before 4-bit quantization
+(QuaRot, arXiv 2404.00456, and QuEST/Quartet, arXiv 2502.05003 / 2505.14669, on the forward
+pass; Tseng et al., arXiv 2502.20586, and NVIDIA's NVFP4 recipe, arXiv 2509.25149, on wgrad).
+
+**Bit-exact definition.** The transform is computed in float32 as: multiply by the signs
+(exact), then the ``log2(n)`` butterfly stages of the fast Walsh-Hadamard transform in the
+Sylvester order (stage ``h = 1, 2, 4, ..., n/2``: every pair ``(v[j], v[j+h])`` with ``j mod 2h <
+h`` becomes ``(v[j] + v[j+h], v[j] - v[j+h])``, each a correctly rounded float32 add/subtract),
+then one multiply by the float32 constant ``1/sqrt(n)`` (exact for n = 64, 256). Every step is an
+elementwise IEEE operation in a fixed order, so the bits do not depend on the backend, the array
+layout or which axis is transformed (no matrix product whose summation order a compiler may
+choose); :func:`reference_transform_np` is the NumPy float32 twin used by the tests.
 """
 
 from __future__ import annotations
 
 import functools
+import zlib
 
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
 from .mx_format import BLOCK_SIZE
+
+HADAMARD_BLOCKS = (32, 64, 128, 256)
 
 
 @functools.lru_cache(maxsize=64)
@@ -42,8 +54,50 @@ def random_signs(seed: int, n: int = BLOCK_SIZE) -> np.ndarray:
     return np.random.default_rng(int(seed)).choice(np.array([-1.0, 1.0]), size=n)
 
 
+def site_seed(*parts) -> int:
+    """A 31-bit seed from static values: ``zlib.crc32(repr(parts)) & 0x7FFFFFFF``."""
+    return zlib.crc32(repr(parts).encode()) & 0x7FFFFFFF
+
+
+def weight_seed(shape, contracting, batch) -> int:
+    """Sign-vector seed of the fprop rotation of a GEMM whose rhs (the weight) has ``shape``.
+
+    Depends only on the weight's logical shape and its contracting/batch dims (normalized
+    tuples of ints), never on the activation, so that :func:`jax_mxfp4.flax.quantize_params`
+    rotates a kernel exactly as training's forward pass did, whatever the batch size at serving.
+    """
+    return site_seed("fprop-hadamard", tuple(int(d) for d in shape), tuple(int(d) for d in contracting),
+                     tuple(int(d) for d in batch))
+
+
+def check_block(block, name: str = "block") -> int:
+    """``block`` as an int if it is one of 32, 64, 128, 256 (powers of two from the MXFP4 block
+    size up to 256); else raise ``ValueError`` (``TypeError`` for a non-int) naming ``name``."""
+    if isinstance(block, bool) or not isinstance(block, (int, np.integer)):
+        raise TypeError(f"{name} must be an int, one of {HADAMARD_BLOCKS}, got {block!r}")
+    if int(block) not in HADAMARD_BLOCKS:
+        raise ValueError(
+            f"{name} must be a power of two from 32 (the MXFP4 block) to 256, one of {HADAMARD_BLOCKS}; "
+            f"got {block!r}"
+        )
+    return int(block)
+
+
+def check_length(length: int, block: int, what: str) -> None:
+    """Raise ``ValueError`` unless the contraction ``length`` is a multiple of ``block``."""
+    if length % block:
+        raise ValueError(
+            f"{what} has length {length}, not a multiple of the Hadamard block {block}: the rotation "
+            f"acts on whole blocks of the contraction axis. Use a block size that divides {length} "
+            f"(Recipe.hadamard_block, one of {HADAMARD_BLOCKS}) or leave this pass out of Recipe.hadamard"
+        )
+
+
 def random_hadamard_transform(x, axis: int, seed: int, block: int = BLOCK_SIZE):
     """Apply ``v -> H diag(s) v`` to every length-``block`` block of ``x`` along ``axis``.
+
+    Computed as defined in the module docstring (signs, butterfly stages, one scaling), bit for
+    bit the same on every backend. Differentiable (its transpose is the inverse rotation).
 
     Args:
       x: float array (any rank); ``x.shape[axis]`` a multiple of ``block``.
@@ -52,18 +106,40 @@ def random_hadamard_transform(x, axis: int, seed: int, block: int = BLOCK_SIZE):
       block: transform size, a power of two (default 32).
 
     Returns:
-      float32 array of ``x.shape`` (computed in float32 with ``Precision.HIGHEST``).
+      float32 array of ``x.shape``.
 
     Raises:
       ValueError: ``x.shape[axis]`` is not a multiple of ``block``; ``block`` not a power of two.
     """
+    if not isinstance(block, (int, np.integer)) or block < 1 or block & (block - 1):
+        raise ValueError(f"block must be a positive power of two, got {block!r}")
     axis = axis % x.ndim
-    if x.shape[axis] % block:
+    length = x.shape[axis]
+    if length % block:
         raise ValueError(
-            f"x: axis {axis} has length {x.shape[axis]}, not a multiple of the Hadamard block {block}"
+            f"x: axis {axis} has length {length}, not a multiple of the Hadamard block {block}"
         )
-    m = jnp.asarray(hadamard_matrix(block) * random_signs(seed, block)[None, :], jnp.float32)
-    xm = jnp.moveaxis(x.astype(jnp.float32), axis, -1)
-    blocks = xm.reshape(*xm.shape[:-1], xm.shape[-1] // block, block)
-    y = jnp.einsum("...j,ij->...i", blocks, m, precision=lax.Precision.HIGHEST)
-    return jnp.moveaxis(y.reshape(xm.shape), -1, axis)
+    pre, post = tuple(x.shape[:axis]), tuple(x.shape[axis + 1:])
+    signs = np.tile(random_signs(seed, block), length // block).astype(np.float32)
+    y = x.astype(jnp.float32) * jnp.asarray(signs.reshape((length,) + (1,) * len(post)))
+    h = 1
+    while h < block:
+        z = y.reshape(pre + (length // (2 * h), 2, h) + post)
+        a = lax.index_in_dim(z, 0, axis + 1, keepdims=False)
+        b = lax.index_in_dim(z, 1, axis + 1, keepdims=False)
+        y = jnp.stack([a + b, a - b], axis=axis + 1).reshape(x.shape)
+        h *= 2
+    return y * np.float32(1.0 / np.sqrt(block))
+
+
+def reference_transform_np(x: np.ndarray, axis: int, seed: int, block: int = BLOCK_SIZE) -> np.ndarray:
+    """NumPy float32 twin of :func:`random_hadamard_transform` (same operations, same order)."""
+    y = np.moveaxis(np.asarray(x, np.float32), axis, -1).copy()
+    y *= np.tile(random_signs(seed, block), y.shape[-1] // block).astype(np.float32)
+    h = 1
+    while h < block:
+        z = y.reshape(y.shape[:-1] + (y.shape[-1] // (2 * h), 2, h))
+        a, b = z[..., 0, :], z[..., 1, :]
+        y = np.stack([a + b, a - b], axis=-2).reshape(y.shape)
+        h *= 2
+    return np.moveaxis(y * np.float32(1.0 / np.sqrt(block)), -1, axis)

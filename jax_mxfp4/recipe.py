@@ -5,10 +5,31 @@ from __future__ import annotations
 import dataclasses
 
 from . import checks
+from .hadamard import check_block
 
 BACKENDS = ("auto", "xla", "ffi-cpu", "hipblaslt", "scaled_dot", "pallas", "fp8")
 PASS_PRECISIONS = ("mxfp4", "bf16")
 GRAD_ROUNDINGS = ("stochastic", "nearest")
+PASSES = ("fprop", "dgrad", "wgrad")
+
+
+def _hadamard_passes(value) -> tuple[str, ...]:
+    """``Recipe.hadamard`` normalized: the rotated passes as a tuple in ``PASSES`` order."""
+    if value is None or value is False:
+        return ()
+    if value is True:  # the original boolean option: the wgrad operands only
+        return ("wgrad",)
+    if isinstance(value, str):
+        value = PASSES if value == "all" else (value,)
+    elif not isinstance(value, (tuple, list, set, frozenset)):
+        raise TypeError(
+            f"Recipe.hadamard must be a bool, a pass name, 'all' or a tuple of pass names from {PASSES}, "
+            f"got {value!r}"
+        )
+    unknown = [v for v in value if v not in PASSES]
+    if unknown:
+        raise ValueError(f"Recipe.hadamard: unknown pass name(s) {unknown!r}; the passes are {PASSES} (or 'all')")
+    return tuple(p for p in PASSES if p in value)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -27,8 +48,21 @@ class Recipe:
       grad_rounding: element rounding of the gradient operand dY in dgrad and wgrad,
         "stochastic" (default, as in the published FP4 training recipes) or "nearest";
         activations and weights always use "nearest".
-      hadamard: apply a random Hadamard transform (block 32, fixed seed per call site) to both
-        wgrad operands along their contraction (token) axis before quantizing them.
+      hadamard: which MXFP4 passes rotate both of their operands along their contraction axis
+        with a blockwise random Hadamard transform before quantizing them (the exact product is
+        unchanged; outliers are spread before 4-bit quantization; :mod:`jax_mxfp4.hadamard`).
+        A pass name ("fprop", "dgrad", "wgrad"), "all", or a tuple/list/set of pass names;
+        False/None/() for none; True keeps its original meaning, wgrad only. Booleans are
+        stored as given, anything else as a tuple in pass order; :attr:`hadamard_passes` is the
+        normalized tuple (``Recipe(hadamard=True).hadamard_passes == ("wgrad",)``). A pass in
+        "bf16" is not rotated. One sign vector per call site, shared by both operands: fprop's
+        depends only on the weight (rhs) shape and dims, so that
+        :func:`jax_mxfp4.flax.quantize_params` can rotate kernels as training did. With a
+        pre-quantized :class:`MXFP4Array` operand the array's own record
+        (``MXFP4Array.hadamard``) decides the forward rotation, not this option.
+      hadamard_block: size of the Hadamard blocks, 32 (default), 64, 128 or 256; every rotated
+        contraction (K for fprop, N for dgrad, the token axis M for wgrad, after zero-padding to a
+        multiple of 32) must be a multiple of it, else ``dot_general`` raises ValueError.
       quantize_activations: True (default, "a4w4"): float operands are quantized on the fly.
         False ("w4a16"): a float operand multiplied by an MXFP4Array keeps its own dtype; with
         two float operands, lhs (the activation) stays float and rhs (the weight) is quantized.
@@ -39,7 +73,9 @@ class Recipe:
         ``dot_general`` can only tighten it: the stricter of the two counts. See README "FP8 path".
 
     Raises:
-      ValueError: an unknown ``scale_mode``, ``scale_layout``, ``backend`` or ``precision``.
+      ValueError: an unknown ``scale_mode``, ``scale_layout``, ``backend``, ``precision`` or
+        ``hadamard`` pass name; a ``hadamard_block`` other than 32, 64, 128, 256.
+      TypeError: ``hadamard`` neither a bool, a pass name nor a collection of pass names.
     """
 
     scale_mode: str = "even"
@@ -49,9 +85,10 @@ class Recipe:
     dgrad: str = "mxfp4"
     wgrad: str = "mxfp4"
     grad_rounding: str = "stochastic"
-    hadamard: bool = False
+    hadamard: bool | str | tuple = False
     quantize_activations: bool = True
     precision: str = "default"
+    hadamard_block: int = 32
 
     def __post_init__(self):
         checks.check_scale_mode(self.scale_mode, "Recipe.scale_mode")
@@ -65,9 +102,17 @@ class Recipe:
             raise ValueError(f"Recipe.grad_rounding must be one of {GRAD_ROUNDINGS}, got {self.grad_rounding!r}")
         if self.precision not in checks.PRECISIONS:
             raise ValueError(f"Recipe.precision must be one of {checks.PRECISIONS}, got {self.precision!r}")
-        for name in ("hadamard", "quantize_activations"):
-            if not isinstance(getattr(self, name), bool):
-                raise TypeError(f"Recipe.{name} must be a bool, got {getattr(self, name)!r}")
+        if not isinstance(self.quantize_activations, bool):
+            raise TypeError(f"Recipe.quantize_activations must be a bool, got {self.quantize_activations!r}")
+        passes = _hadamard_passes(self.hadamard)
+        if not isinstance(self.hadamard, bool):
+            object.__setattr__(self, "hadamard", passes)
+        object.__setattr__(self, "hadamard_block", check_block(self.hadamard_block, "Recipe.hadamard_block"))
+
+    @property
+    def hadamard_passes(self) -> tuple[str, ...]:
+        """The passes named by ``hadamard`` as a tuple in ("fprop", "dgrad", "wgrad") order."""
+        return _hadamard_passes(self.hadamard)
 
     def replace(self, **changes) -> "Recipe":
         return dataclasses.replace(self, **changes)

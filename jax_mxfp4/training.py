@@ -5,8 +5,11 @@ For Y = X·W with X [M, K] (activations, the ``lhs``) and W [K, N] (the weight, 
 * **fprop**  Y  = X·W:   X and W quantized along K (round to nearest even),
 * **dgrad**  dX = dY·Wᵀ: dY and W re-quantized along N (dY with ``Recipe.grad_rounding``),
 * **wgrad**  dW = Xᵀ·dY: X and dY quantized along the token axis M (dY with
-  ``Recipe.grad_rounding``), optionally after a random Hadamard transform of both along M
-  (``Recipe.hadamard``; :mod:`jax_mxfp4.hadamard`).
+  ``Recipe.grad_rounding``).
+
+Each pass named in ``Recipe.hadamard`` first rotates both of its operands along its contraction
+(K, N or M) with the same blockwise random Hadamard transform (``Recipe.hadamard_block``;
+:mod:`jax_mxfp4.hadamard`), which leaves the exact product unchanged.
 
 The quantizers are treated as the identity in the backward pass (straight-through estimator):
 the cotangents are computed from the float operands saved by the forward pass. Each pass may be
@@ -34,8 +37,15 @@ consistent, but the draw repeats whenever dY repeats):
 for dgrad and 2 for wgrad, and ``hash32`` is a position-weighted wrapping sum of the float32 bit
 patterns of dY (:func:`gradient_key`). The rounding noise therefore changes from step to step
 with the data but never depends on global state. Any change of dY's bits (even one ulp, e.g.
-from a different XLA fusion of the surrounding code under ``jit``) gives a fresh draw. The
-Hadamard sign vector is fixed per call site (``numpy`` seed = ``site``).
+from a different XLA fusion of the surrounding code under ``jit``) gives a fresh draw.
+
+**Hadamard sign vectors** are fixed per call site and shared by both operands of the pass:
+``numpy`` seed ``site`` for wgrad, ``crc32(repr((site, "dgrad")))`` for dgrad, and for fprop
+:func:`jax_mxfp4.hadamard.weight_seed` of the rhs (the weight) alone, so that
+:func:`jax_mxfp4.flax.quantize_params` can store kernels rotated exactly as training's forward
+rotated them. An :class:`MXFP4Array` records its rotation (``MXFP4Array.hadamard``); a float
+operand facing a rotated MXFP4Array is rotated the same way (:func:`jax_mxfp4.gemm.dot_general`),
+and its gradient is pulled back through that rotation.
 
 Sources: axis conventions of TransformerEngine's MX recipes (``mxfp8.rst``/``nvfp4.rst``);
 stochastic rounding of the gradient operands and round-to-nearest for weights and activations as
@@ -49,7 +59,6 @@ from __future__ import annotations
 
 import functools
 import math
-import zlib
 
 import jax
 import jax.numpy as jnp
@@ -59,8 +68,8 @@ from jax.custom_derivatives import SymbolicZero
 from . import checks, dims, gemm
 from . import sharding as shd
 from .array import MXFP4Array
+from . import hadamard as hd
 from .fp8 import FP8Prepared
-from .hadamard import random_hadamard_transform
 from .mx_format import BLOCK_SIZE
 from .quantize import dequantize, quantize
 from .recipe import Recipe
@@ -97,8 +106,18 @@ def _pad_axis(x, axis):
     return jnp.pad(x, widths)
 
 
-def _site_seed(*parts) -> int:
-    return zlib.crc32(repr(parts).encode()) & 0x7FFFFFFF
+_site_seed = hd.site_seed
+
+
+def _check_hadamard_lengths(recipe: Recipe, m: int, n: int, k: int) -> None:
+    """Every rotated MXFP4 pass's contraction (K; N and M padded to 32) must hold whole blocks."""
+    pad = lambda v: -(-v // BLOCK_SIZE) * BLOCK_SIZE  # noqa: E731
+    lengths = {"fprop": (k, "the fprop contraction K"),
+               "dgrad": (pad(n), "the dgrad contraction N (rhs free dims, padded to a multiple of 32)"),
+               "wgrad": (pad(m), "the wgrad contraction M (lhs free dims = tokens, padded to a multiple of 32)")}
+    for name in recipe.hadamard_passes:
+        if getattr(recipe, name) == "mxfp4":
+            hd.check_length(lengths[name][0], recipe.hadamard_block, f"Recipe.hadamard={recipe.hadamard_passes}: " + lengths[name][1])
 
 
 def gradient_key(dy, site: int, tag: int):
@@ -133,10 +152,13 @@ def _bf16_gemm(a, b, dimension_numbers):
     )
 
 
-def _fprop(a, b, recipe: Recipe, out_dtype):
+def _fprop(a, b, recipe: Recipe, out_dtype, fprop_seed):
     """Canonical forward: a [B, M, K] x b [B, N, K] -> [B, M, N] in ``out_dtype``."""
     if recipe.fprop == "bf16":
         return _bf16_gemm(a, b, _CANON).astype(out_dtype)
+    if "fprop" in recipe.hadamard_passes:
+        a = hd.random_hadamard_transform(a, 2, fprop_seed, recipe.hadamard_block)
+        b = hd.random_hadamard_transform(b, 2, fprop_seed, recipe.hadamard_block)
     return gemm.dot_general(a, b, _CANON, preferred_element_type=out_dtype, recipe=recipe)
 
 
@@ -155,8 +177,8 @@ def _grad_gemm(g, w, g_axis, w_axis, precision, key, recipe: Recipe, hadamard_se
     g, w = shd.gather_partial_blocks(g, g_axis, padded), shd.gather_partial_blocks(w, w_axis, padded)
     g, w = _pad_axis(g, g_axis), _pad_axis(w, w_axis)
     if hadamard_seed is not None:
-        g = random_hadamard_transform(g, g_axis, hadamard_seed)
-        w = random_hadamard_transform(w, w_axis, hadamard_seed)
+        g = hd.random_hadamard_transform(g, g_axis, hadamard_seed, recipe.hadamard_block)
+        w = hd.random_hadamard_transform(w, w_axis, hadamard_seed, recipe.hadamard_block)
     rounding = recipe.grad_rounding
     gq = quantize(g, g_axis, scale_mode=recipe.scale_mode, rounding=rounding,
                   key=key if rounding == "stochastic" else None)
@@ -176,14 +198,15 @@ def _dgrad(dy, b, recipe: Recipe, site: int, key=None):
     """dA [B, M, K] = dY [B, M, N] · b [B, N, K], contracted along N (float32)."""
     sr = recipe.dgrad == "mxfp4" and recipe.grad_rounding == "stochastic"
     key = rounding_key(key, dy, site, DGRAD_TAG) if sr else None
-    return _grad_gemm(dy, b, 2, 1, recipe.dgrad, key, recipe)
+    seed = _site_seed(site, "dgrad") if "dgrad" in recipe.hadamard_passes else None
+    return _grad_gemm(dy, b, 2, 1, recipe.dgrad, key, recipe, hadamard_seed=seed)
 
 
 def _wgrad(dy, a, recipe: Recipe, site: int, key=None):
     """dB [B, N, K] = dYᵀ · a, both [B, M, ·], contracted along the token axis M (float32)."""
     mx = recipe.wgrad == "mxfp4"
     key = rounding_key(key, dy, site, WGRAD_TAG) if mx and recipe.grad_rounding == "stochastic" else None
-    seed = site if (mx and recipe.hadamard) else None
+    seed = site if (mx and "wgrad" in recipe.hadamard_passes) else None
     return _grad_gemm(dy, a, 1, 1, recipe.wgrad, key, recipe, hadamard_seed=seed)
 
 
@@ -195,16 +218,16 @@ def _materialize(dy):
 
 # ----------------------------------------------------------------------------- float x float
 # ``key`` (a PRNG key or None) is a primal argument with no cotangent: it may be a tracer.
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4))
-def _mx_gemm(a, b, recipe, out_dtype, site, key):
-    return _fprop(a, b, recipe, out_dtype)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4, 5))
+def _mx_gemm(a, b, recipe, out_dtype, site, fprop_seed, key):
+    return _fprop(a, b, recipe, out_dtype, fprop_seed)
 
 
-def _mx_gemm_fwd(a, b, recipe, out_dtype, site, key):
-    return _fprop(a, b, recipe, out_dtype), (a, b, key)
+def _mx_gemm_fwd(a, b, recipe, out_dtype, site, fprop_seed, key):
+    return _fprop(a, b, recipe, out_dtype, fprop_seed), (a, b, key)
 
 
-def _mx_gemm_bwd(recipe, out_dtype, site, res, dy):
+def _mx_gemm_bwd(recipe, out_dtype, site, fprop_seed, res, dy):
     a, b, key = res
     da = shd.like(_dgrad(dy, b, recipe, site, key).astype(a.dtype), a)
     db = shd.like(_wgrad(dy, a, recipe, site, key).astype(b.dtype), b)
@@ -257,16 +280,22 @@ def _mixed_bwd(dimension_numbers, out_dtype, recipe, site, res, dy):
     b = _canonical(rf, rc, rb, pad_k=False)
     dy3 = dims.merge3(dy, len(lb), len(dims.free_dims(lf.ndim, lc, lb)))  # [B, M, N]
 
-    def grad_of(x, contracting, batch, canonical_grad):
+    def grad_of(x, contracting, batch, canonical_grad, side):
         # no gradient for a pre-quantized operand; else pull the canonical [B, F, K] gradient
-        # back through the transpose/reshape onto x's logical shape
+        # back through the transpose/reshape (and the Hadamard rotation matching a rotated
+        # MXFP4Array operand, gemm.match_rotation) onto x's logical shape
         if isinstance(x, _QUANTIZED):
             return None
-        x3, pull = jax.vjp(lambda v: _canonical(v, contracting, batch, pad_k=False), x)
-        return shd.like(pull(shd.like(canonical_grad().astype(x.dtype), x3))[0], x)
 
-    return (grad_of(lhs, lc, lb, lambda: _dgrad(dy3, b, recipe, site, key)),
-            grad_of(rhs, rc, rb, lambda: _wgrad(dy3, a, recipe, site, key)), None)
+        def to_canonical(v):
+            pair = gemm.match_rotation(v, rhs, dimension_numbers) if side == 0 else gemm.match_rotation(lhs, v, dimension_numbers)
+            return _canonical(pair[side], contracting, batch, pad_k=False)
+
+        x3, pull = jax.vjp(to_canonical, x)
+        return shd.like(pull(shd.like(canonical_grad().astype(x3.dtype), x3))[0].astype(x.dtype), x)
+
+    return (grad_of(lhs, lc, lb, lambda: _dgrad(dy3, b, recipe, site, key), 0),
+            grad_of(rhs, rc, rb, lambda: _wgrad(dy3, a, recipe, site, key), 1), None)
 
 
 _mixed_gemm.defvjp(_mixed_fwd, _mixed_bwd, symbolic_zeros=True)
@@ -281,7 +310,8 @@ def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_t
     multiplied by the backend chosen by ``recipe.backend`` (see :func:`jax_mxfp4.explain`).
     Backward: custom VJP with MXFP4 dgrad and wgrad as described in :mod:`jax_mxfp4.training`
     (re-quantization along N and along the token axis M, stochastic rounding of dY with ``key``
-    or a data-derived key, optional Hadamard transform, straight-through quantizers). Works under
+    or a data-derived key, straight-through quantizers). ``recipe.hadamard`` rotates both operands
+    of the chosen passes along their contraction first (``recipe.hadamard_block``). Works under
     ``jit``, ``vmap``, ``lax.scan`` and ``jax.checkpoint``.
 
     Args:
@@ -321,7 +351,8 @@ def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_t
 
     Raises:
       ValueError: malformed ``dimension_numbers`` or no contracting dim; K not a multiple of
-        32; an MXFP4Array not
+        32; a rotated pass whose contraction is not a multiple of ``recipe.hadamard_block``
+        (K for fprop; N and M, padded to 32, for dgrad and wgrad); an MXFP4Array not
         quantized along its single contracting dim or with K not matching; a gradient requested
         with respect to an MXFP4Array operand (at differentiation time); unsupported output dtype.
       TypeError: an operand that is neither float nor MXFP4Array; a ``recipe`` that is not a
@@ -350,6 +381,9 @@ def _dot_general(lhs, rhs, dimension_numbers, preferred_element_type, recipe, *,
         out_dtype = checks.dot_output_dtype(preferred_element_type, lhs.dtype, rhs.dtype)
         gemm.explain(lhs, rhs, dimension_numbers, preferred_element_type=out_dtype, recipe=recipe)
         lc, rc, lb, rb, _ = dims.parse_dimension_numbers(dimension_numbers, lhs.shape, rhs.shape)
+        _, m, k = dims.canonical_sizes(lhs.shape, lc, lb)
+        _check_hadamard_lengths(recipe.replace(hadamard=tuple(p for p in recipe.hadamard_passes if p != "fprop")),
+                                m, dims.canonical_sizes(rhs.shape, rc, rb)[1], k)
         site = _site_seed(lhs.shape, rhs.shape, str(jnp.dtype(lhs.dtype)), str(jnp.dtype(rhs.dtype)), (lc, rc, lb, rb))
         return _mixed_gemm(lhs, rhs, ((lc, rc), (lb, rb)), out_dtype, recipe, site, key)
     checks.check_float_input(lhs, "lhs")
@@ -361,7 +395,10 @@ def _dot_general(lhs, rhs, dimension_numbers, preferred_element_type, recipe, *,
     site = _site_seed(lhs.shape, rhs.shape, str(jnp.dtype(lhs.dtype)), str(jnp.dtype(rhs.dtype)), (lc, rc, lb, rb))
     a = _canonical(lhs, lc, lb, pad_k=pad_k, name="lhs")
     b = _canonical(rhs, rc, rb, pad_k=pad_k, name="rhs")
-    return dims.to_logical(_mx_gemm(a, b, recipe, out_dtype, site, key), out_shape, lhs, rhs, lc, rc, lb, rb)
+    _check_hadamard_lengths(recipe, a.shape[1], b.shape[1], a.shape[2])
+    fprop_seed = hd.weight_seed(rhs.shape, rc, rb)
+    out = _mx_gemm(a, b, recipe, out_dtype, site, fprop_seed, key)
+    return dims.to_logical(out, out_shape, lhs, rhs, lc, rc, lb, rb)
 
 
 def dense(x, kernel, bias=None, *, recipe=None, key=None):

@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 
 from .. import checks, dims
+from .. import hadamard as hd
 from ..array import MXFP4Array
 from ..mx_format import BLOCK_SIZE
 from ..quantize import quantize
@@ -139,11 +140,12 @@ def _full_axis(leaf, consumer):
 def quantize_params(
     params: Any,
     *,
-    scale_mode: str = "even",
+    scale_mode: str | None = None,
     scale_layout: str = "plain",
     select: Callable[[tuple[str, ...], Any], int | None] | None = None,
     model: Any = None,
     inputs: tuple = (),
+    recipe=None,
 ) -> Any:
     """Replace the float kernels that jax_mxfp4 GEMMs consume by :class:`jax_mxfp4.MXFP4Array`.
 
@@ -162,16 +164,27 @@ def quantize_params(
     :func:`default_select` (2-D kernels along axis 0). ``select`` overrides both; with ``model``
     each of its requests is checked against what the model's jax_mxfp4 GEMMs contract.
 
+    Pass the training ``recipe`` to serve exactly what training multiplied: its ``scale_mode`` is
+    used, and if ``recipe.hadamard`` includes "fprop" (with ``recipe.fprop == "mxfp4"``) each
+    selected kernel is rotated along its axis (after padding) by the forward pass's Hadamard
+    transform -- block ``recipe.hadamard_block``, seed :func:`jax_mxfp4.hadamard.weight_seed` of
+    the kernel's shape, ``(axis,)``, ``()`` -- before quantizing; the :class:`MXFP4Array` records
+    ``hadamard=(block, seed)`` and :func:`jax_mxfp4.dot_general` rotates the activations to
+    match. The stored codes and scales are then bit-identical to those training's forward pass
+    quantized (for layers that contract the kernel's axis ``axis`` with no batch dims, as
+    :func:`default_select` selects).
+
     Args:
       params: any pytree of arrays.
-      scale_mode: E8M0 scale rule (see :func:`jax_mxfp4.quantize`); weights use
-        round-to-nearest-even elements.
+      scale_mode: E8M0 scale rule (see :func:`jax_mxfp4.quantize`); default ``recipe.scale_mode``,
+        or "even" without a recipe. Weights use round-to-nearest-even elements.
       scale_layout: "plain" or "swizzled" scales.
       select: optional ``select(path_names, leaf) -> axis | None`` (path names are strings, e.g.
         ``("params", "Dense_0", "kernel")``).
       model: optional linen ``Module`` (then ``inputs`` are example inputs for ``model.apply``;
         only shapes are used) or nnx ``Module`` (``inputs`` unused).
       inputs: tuple of example inputs for a linen ``model``.
+      recipe: the :class:`jax_mxfp4.Recipe` the model was trained with (optional; see above).
 
     Returns:
       A pytree of the same structure with MXFP4Array leaves where selected (4.25 bits/element).
@@ -179,8 +192,24 @@ def quantize_params(
     Raises:
       ValueError: an unknown ``scale_mode``/``scale_layout``; an out-of-range axis from
         ``select``; with ``model``, a ``select`` request for a kernel no jax_mxfp4 GEMM consumes,
-        or along another axis than the one it contracts (the message names the parameter path).
+        or along another axis than the one it contracts (the message names the parameter path);
+        a ``scale_mode`` different from ``recipe.scale_mode``; with an fprop rotation, a kernel
+        axis (padded to 32) that is not a multiple of ``recipe.hadamard_block``.
+      TypeError: ``recipe`` not a Recipe.
     """
+    rotate = False
+    if recipe is not None:
+        from ..dims import check_recipe
+
+        recipe = check_recipe(recipe)
+        if scale_mode is not None and scale_mode != recipe.scale_mode:
+            raise ValueError(
+                f"scale_mode={scale_mode!r} differs from recipe.scale_mode={recipe.scale_mode!r}; "
+                "leave scale_mode out to use the recipe's"
+            )
+        scale_mode = recipe.scale_mode
+        rotate = "fprop" in recipe.hadamard_passes and recipe.fprop == "mxfp4"
+    scale_mode = "even" if scale_mode is None else scale_mode
     checks.check_scale_mode(scale_mode)
     checks.check_scale_layout(scale_layout)
     consumers = consumed_kernels(model, params, inputs) if model is not None else None
@@ -220,12 +249,19 @@ def quantize_params(
             axis = default_select(names, leaf)
             if axis is None:
                 return leaf
+        seed = hd.weight_seed(leaf.shape, (axis,), ())
         extra = (-leaf.shape[axis]) % BLOCK_SIZE
         if extra:
             widths = [(0, 0)] * leaf.ndim
             widths[axis] = (0, extra)
             leaf = jnp.pad(leaf, widths)
-        return quantize(leaf, axis, scale_mode=scale_mode, scale_layout=scale_layout)
+        if not rotate:
+            return quantize(leaf, axis, scale_mode=scale_mode, scale_layout=scale_layout)
+        block = recipe.hadamard_block
+        hd.check_length(leaf.shape[axis], block, f"the kernel at {'/'.join(_key_name(k) for k in path)} along axis {axis}")
+        q = quantize(hd.random_hadamard_transform(leaf, axis, seed, block), axis, scale_mode=scale_mode,
+                     scale_layout=scale_layout)
+        return MXFP4Array(q.data, q.scales, q.axis, q.shape, leaf.dtype, q.scale_mode, q.scale_layout, (block, seed))
 
     return jax.tree_util.tree_map_with_path(
         convert, params, is_leaf=lambda x: isinstance(x, MXFP4Array)
