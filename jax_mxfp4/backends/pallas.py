@@ -28,12 +28,12 @@ from .base import Backend, GemmProblem
 
 FLOAT_OPERAND_DTYPES = (np.dtype(jnp.bfloat16),)
 
-# Shape rule for "auto", from benchmarks/gemm.py on an NVIDIA H200 (benchmarks/results/gemm/
-# gemm.md, 2026-11-29): the kernels are bound by on-core E2M1 decoding, so for a4w4 they win only
-# while one side is small (decode: 16x8192x8192 pallas 0.119 ms vs scaled_dot 0.194 ms;
-# 128x8192x8192 0.208 vs 0.276) and lose once both M and N are large (1024x8192x8192: 1.07 vs
-# 0.37 ms; 8192^3: 8.1 vs 1.8 ms). For w4a16 "scaled_dot" cannot run and pallas beats "xla"
-# (float32 reference path) at every measured shape (2.7x to 5.7x), so no rule applies.
+# Shape rule for "auto", from fair timings on an NVIDIA H200 (2026-11-30, benchmarks/results/gemm/
+# gemm_decode16_partial.json and 2026-11-29 unfairly timed large shapes): decode-size a4w4 runs
+# the weight-stationary kernel (16x8192x8192: pallas 0.064 ms, scaled_dot 0.158, fp8 0.414, bf16
+# 0.047, one run); with both M and N large the tiled kernel loses to "fp8"/"scaled_dot" (8192^3:
+# 8.1 vs 1.8 ms). For w4a16 neither "fp8" nor "scaled_dot" can run and pallas beats "xla" (the
+# float32 reference path) at every measured shape, so no rule applies.
 A4W4_MAX_SMALL_SIDE = 128
 # w4a16 with at least this many activation rows: decode the weight to bfloat16 once (one
 # memory-bound Pallas pass) and run XLA's bfloat16 GEMM, rather than decoding every weight tile
