@@ -104,3 +104,20 @@ def swizzle_index_ref(rows: int, cols: int) -> tuple[int, int, np.ndarray]:
             d, e, f = c // 8, (c % 8) // 4, c % 4
             dest[r, c] = a * 32 * C + d * 256 + f * 64 + cc * 4 + e * 2 + b
     return R, C, dest
+
+
+def qdq(x, axis, mode="even"):
+    """float64 value of x (float32 values) quantized to MXFP4 along axis (independent oracle)."""
+    return dequantize_ref(*quantize_ref(np.asarray(x, np.float32), axis, mode), axis)
+
+
+def pad(x, axis):
+    """Zero-pad ``axis`` up to a multiple of 32 (what dense and the layers do)."""
+    w = [(0, 0)] * x.ndim
+    w[axis] = (0, (-x.shape[axis]) % 32)
+    return np.pad(x, w)
+
+
+def bf16(x):
+    """float64 values of x rounded to bfloat16."""
+    return np.asarray(x, np.float32).astype(ml_dtypes.bfloat16).astype(np.float64)

@@ -13,7 +13,6 @@ import zlib
 
 import jax
 import jax.numpy as jnp
-import ml_dtypes
 import numpy as np
 import pytest
 
@@ -21,7 +20,7 @@ import jax_mxfp4 as mx
 from jax_mxfp4 import flax as mxf
 from jax_mxfp4.hadamard import random_hadamard_transform, reference_transform_np
 
-from mx_reference import dequantize_ref, quantize_ref
+from mx_reference import bf16, dequantize_ref, pad, qdq, quantize_ref
 
 
 def crc_seed(*parts):
@@ -39,20 +38,6 @@ def signs(seed, n):
 def rotation_matrix(seed, n):
     """float64 H diag(s): the transform of one block is v -> M @ v."""
     return sylvester(n) * signs(seed, n)[None, :]
-
-
-def qdq(x, axis, mode="even"):
-    return dequantize_ref(*quantize_ref(np.asarray(x, np.float32), axis, mode), axis)
-
-
-def pad(x, axis):
-    w = [(0, 0)] * x.ndim
-    w[axis] = (0, (-x.shape[axis]) % 32)
-    return np.pad(x, w)
-
-
-def bf16(x):
-    return np.asarray(x, np.float32).astype(ml_dtypes.bfloat16).astype(np.float64)
 
 
 def rel_err(got, want):

@@ -16,7 +16,6 @@ import zlib
 
 import jax
 import jax.numpy as jnp
-import ml_dtypes
 import numpy as np
 import pytest
 from jax import lax
@@ -25,26 +24,12 @@ import jax_mxfp4 as mx
 from jax_mxfp4 import training
 from jax_mxfp4.hadamard import hadamard_matrix, random_hadamard_transform, random_signs
 
-from mx_reference import dequantize_ref, quantize_ref
+from mx_reference import bf16, pad, qdq
 
 DIMS2 = (((1,), (0,)), ((), ()))
 
 
 # ----------------------------------------------------------------------------- reference
-def qdq(x, axis, mode="even"):
-    return dequantize_ref(*quantize_ref(np.asarray(x, np.float32), axis, mode), axis)
-
-
-def pad(x, axis):
-    w = [(0, 0)] * x.ndim
-    w[axis] = (0, (-x.shape[axis]) % 32)
-    return np.pad(x, w)
-
-
-def bf16(x):
-    return np.asarray(x, np.float32).astype(ml_dtypes.bfloat16).astype(np.float64)
-
-
 def site_id(lshape, rshape, ldt, rdt, dims):
     return zlib.crc32(repr((tuple(lshape), tuple(rshape), ldt, rdt, dims)).encode()) & 0x7FFFFFFF
 

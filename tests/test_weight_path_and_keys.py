@@ -16,20 +16,9 @@ from flax import nnx
 
 import jax_mxfp4 as mx
 import jax_mxfp4.flax as mxf
-from mx_reference import dequantize_ref, quantize_ref
+from mx_reference import pad, qdq
 
 DIMS2 = (((1,), (0,)), ((), ()))
-
-
-def qdq(x, axis, mode="even"):
-    """float64 value of x (float32 values) quantized to MXFP4 along axis (independent oracle)."""
-    return dequantize_ref(*quantize_ref(np.asarray(x, np.float32), axis, mode), axis)
-
-
-def pad(x, axis):
-    w = [(0, 0)] * x.ndim
-    w[axis] = (0, (-x.shape[axis]) % 32)
-    return np.pad(x, w)
 
 
 def bits(x):
