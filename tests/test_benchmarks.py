@@ -55,3 +55,21 @@ def test_train_step_quick_writes_json_markdown(tmp_path):
             x["median_s"] for x in res["rows"] if x["config"] == r["config"] and x["variant"] == "bf16")) < 1e-9
     assert set(res["routing_linear"]) == {"fprop", "dgrad", "wgrad"}
     assert "| linear |" in (tmp_path / "train_step.md").read_text()
+
+
+def test_fair_timing_grows_programs_and_keeps_calls_distinct():
+    """time_fn grows the calls per program until one program takes min_program_s, and every
+    call beyond the given sets gets its own copy of the smallest operand (no two calls alike)."""
+    import jax.numpy as jnp
+
+    from benchmarks.common import _with_distinct_calls, kernel_time, time_fn
+
+    sets = [(jnp.full((64, 64), float(i)), jnp.full((4,), float(i))) for i in range(2)]
+    r = time_fn(lambda a, b: (a @ a).sum() + b.sum(), sets, reps=3, min_program_s=0.05, max_calls=4096)
+    assert r["program_s"] >= 0.05 * 0.5 and r["calls"] > len(sets)  # grown past the 2 sets
+    assert abs(r["median_s"] * r["calls"] - r["program_s"]) < 1e-12
+    calls = _with_distinct_calls(sets, 5)
+    small = [c[1] for c in calls]
+    assert len({id(x) for x in small}) == 5 and all(float(x[0]) == i % 2 for i, x in enumerate(small))
+    assert all(c[0] is sets[i % 2][0] for i, c in enumerate(calls))  # the large operand rotates
+    assert "error" in kernel_time(lambda a, b: a @ a, sets)  # no GPU plane on the CPU
