@@ -118,7 +118,7 @@ def parse_subscripts(subscripts: str, lhs_ndim: int, rhs_ndim: int):
     return ((lc, rc), (lb, rb)), (None if perm == tuple(range(len(perm))) else perm)
 
 
-def einsum(subscripts, lhs, rhs, *, precision=None, preferred_element_type=None, recipe=None):
+def einsum(subscripts, lhs, rhs, *, precision=None, preferred_element_type=None, recipe=None, key=None):
     """MXFP4 ``jnp.einsum`` for two operands, differentiable (MXFP4 fprop, dgrad and wgrad).
 
     The contraction is mapped onto :func:`jax_mxfp4.dot_general` (rules in
@@ -130,10 +130,13 @@ def einsum(subscripts, lhs, rhs, *, precision=None, preferred_element_type=None,
       subscripts: e.g. ``"bsd,dnh->bsnh"``; ``...`` and NumPy's implicit output are accepted.
       lhs, rhs: float32/bfloat16/float16 arrays, or :class:`jax_mxfp4.MXFP4Array` quantized along
         their single contracting dim (forward only).
-      precision: accepted for signature compatibility and ignored (float32 accumulation).
+      precision: the numerics contract, as in :func:`jax_mxfp4.dot_general` (the stricter of it
+        and ``recipe.precision`` counts; README "FP8 path").
       preferred_element_type: output dtype (float32, bfloat16, float16); None: what
         ``jnp.einsum`` returns for these dtypes (bfloat16 x bfloat16 -> bfloat16).
       recipe: :class:`jax_mxfp4.Recipe` (default ``Recipe()``).
+      key: optional PRNG key for the stochastic rounding of the gradient in the backward pass,
+        as in :func:`jax_mxfp4.dot_general` (None: the data-derived fallback key).
 
     Returns:
       The array ``jnp.einsum(subscripts, lhs, rhs)`` would return (shape in output order), with
@@ -144,22 +147,30 @@ def einsum(subscripts, lhs, rhs, *, precision=None, preferred_element_type=None,
         multiple of 32, an MXFP4Array not quantized along its single contracting dim.
       TypeError: non-float operands, a bad ``recipe``, shape mismatches of shared letters.
     """
-    return _einsum(subscripts, lhs, rhs, preferred_element_type, recipe, pad_k=False)
+    from .training import with_precision
+
+    return _einsum(subscripts, lhs, rhs, preferred_element_type, with_precision(recipe, precision),
+                   pad_k=False, key=key)
 
 
-def _einsum(subscripts, lhs, rhs, preferred_element_type, recipe, *, pad_k: bool):
+def _einsum(subscripts, lhs, rhs, preferred_element_type, recipe, *, pad_k: bool, key=None):
     """:func:`einsum`; ``pad_k=True`` zero-pads K to a multiple of 32 (the Flax Einsum layers),
     including a float operand facing an MXFP4Array whose single contracting dim was padded by
     :func:`jax_mxfp4.flax.quantize_params`."""
     from .training import _dot_general
 
     dn, perm = parse_subscripts(subscripts, _ndim(lhs, "lhs"), _ndim(rhs, "rhs"))
-    (lc, rc), _ = dn
+    (lc, rc), (lb, rb) = dn
+    letters = subscripts.replace(" ", "").split("->")[0].split(",")
+    for la, ra in zip((*lc, *lb), (*rc, *rb)):  # shared letters must have one size (no broadcasting)
+        if not pad_k and lhs.shape[la] != rhs.shape[ra]:
+            raise ValueError(f"einsum {subscripts!r}: letter {letters[0][la]!r} has size {lhs.shape[la]} in lhs "
+                             f"but {rhs.shape[ra]} in rhs (a shared letter needs one size; no broadcasting)")
     if pad_k and len(lc) == 1:
         lhs, rhs = _pad_to_quantized(lhs, lc[0], rhs, rc[0])
     if preferred_element_type is None:  # jnp.einsum promotes the operands first
         preferred_element_type = jnp.result_type(lhs.dtype, rhs.dtype)
-    out = _dot_general(lhs, rhs, dn, preferred_element_type, recipe, pad_k=pad_k)
+    out = _dot_general(lhs, rhs, dn, preferred_element_type, recipe, pad_k=pad_k, key=key)
     return out if perm is None else jnp.transpose(out, perm)
 
 

@@ -223,6 +223,12 @@ class FP8Prepared:
         """Same values as ``jax_mxfp4.dequantize(self.to_mxfp4(), dtype)``."""
         return self.to_mxfp4().dequantize(dtype)
 
+    def __array__(self, dtype=None, copy=None):
+        raise TypeError(_NOT_DENSE.format(self=self, how="np.asarray/np.array"))
+
+    def __jax_array__(self):
+        raise TypeError(_NOT_DENSE.format(self=self, how="jnp.asarray/jnp.array"))
+
     def exact_rows(self) -> jax.Array:
         """bool [*rest]: rows the FP8 GEMM computes on its exact path (module docstring)."""
         return (self.row_flag & FLAG_EXACT) != 0
@@ -273,3 +279,9 @@ def canonical(x: FP8Prepared, contracting, batch) -> FP8Prepared:
 
     return FP8Prepared(rows(x.codes, k), rows(x.scales, k // BLOCK_SIZE), rows(x.row_exp), rows(x.row_flag),
                        2, (bsz, fsz, k), x.dtype, x.scale_mode)
+
+
+_NOT_DENSE = (
+    "{how} on an FP8Prepared {self.shape}: it holds E4M3 codes with per-row exponents, not a dense "
+    "array; decode it with q.dequantize(dtype), or get the exact MXFP4Array back with q.to_mxfp4()"
+)

@@ -53,9 +53,15 @@ class MxRule(qwix.QtRule):
         every op.
       recipe: :class:`jax_mxfp4.Recipe` for the matched calls (default ``Recipe()``: a4w4, MXFP4
         fprop/dgrad/wgrad); ``Recipe(quantize_activations=False)`` for w4a16.
+      rng_collection: RNG stream of the stochastic rounding of dY (default
+        ``"stochastic_rounding"``, as the :mod:`jax_mxfp4.flax` layers): a linen module applied
+        with that stream draws one key per matched call with ``make_rng``; an nnx module draws
+        from ``qwix_rngs`` when ``model.set_attributes(qwix_rngs=nnx.Rngs(...))`` gave it one;
+        otherwise the data-derived fallback key of :func:`jax_mxfp4.training.gradient_key`.
     """
 
     recipe: Recipe = Recipe()
+    rng_collection: str = "stochastic_rounding"
 
     def __post_init__(self):
         if not isinstance(self.recipe, Recipe):
@@ -66,6 +72,21 @@ def _mx_rule(provider, op_name):
     """The MxRule matching the current module and op, or None (no op count is taken)."""
     rule = provider._get_current_rule_and_op_id(op_name, only_rule=True)[0]
     return rule if isinstance(rule, MxRule) else None
+
+
+def _rounding_key(rule):
+    """The key for the stochastic rounding of this call's dY (MxRule docstring), or None."""
+    recipe = rule.recipe
+    if recipe.grad_rounding != "stochastic" or "mxfp4" not in (recipe.dgrad, recipe.wgrad):
+        return None
+    try:
+        module = _flax_util.get_current_module()
+    except ValueError:
+        return None
+    if hasattr(module, "has_rng"):  # linen
+        return module.make_rng(rule.rng_collection) if module.has_rng(rule.rng_collection) else None
+    rngs = getattr(module, "qwix_rngs", None)  # nnx: Qwix's own attribute for module RNGs
+    return rngs[rule.rng_collection]() if rngs is not None and rule.rng_collection in rngs else None
 
 
 def _reshard(y, out_sharding):
@@ -86,7 +107,8 @@ class MxQtProvider(qwix.QtProvider):
         if rule is None:
             return super().dot_general(lhs, rhs, dimension_numbers, precision, preferred_element_type,
                                        out_sharding=out_sharding)
-        y = _dot_general(lhs, rhs, dimension_numbers, preferred_element_type, rule.recipe, pad_k=True)
+        y = _dot_general(lhs, rhs, dimension_numbers, preferred_element_type, rule.recipe, pad_k=True,
+                         key=_rounding_key(rule))
         return _reshard(y, out_sharding)
 
     def einsum(self, einsum_str, *operands, precision=None, preferred_element_type=None,
@@ -99,7 +121,8 @@ class MxQtProvider(qwix.QtProvider):
         if len(operands) != 2:
             raise ValueError(f"jax_mxfp4.qwix: einsum {einsum_str!r} has {len(operands)} operands; "
                              "an MxRule needs two (lhs activations, rhs weight)")
-        y = _einsum(einsum_str, operands[0], operands[1], preferred_element_type, rule.recipe, pad_k=True)
+        y = _einsum(einsum_str, operands[0], operands[1], preferred_element_type, rule.recipe, pad_k=True,
+                    key=_rounding_key(rule))
         return _reshard(y, out_sharding)
 
 

@@ -15,7 +15,7 @@ PASSES = ("fprop", "dgrad", "wgrad")
 
 def _hadamard_passes(value) -> tuple[str, ...]:
     """``Recipe.hadamard`` normalized: the rotated passes as a tuple in ``PASSES`` order."""
-    if value is None or value is False:
+    if value is None or value is False or value == "none":
         return ()
     if value is True:  # the original boolean option: the wgrad operands only
         return ("wgrad",)
@@ -100,8 +100,8 @@ class Recipe:
                 raise ValueError(f"Recipe.{name} must be one of {PASS_PRECISIONS}, got {getattr(self, name)!r}")
         if self.grad_rounding not in GRAD_ROUNDINGS:
             raise ValueError(f"Recipe.grad_rounding must be one of {GRAD_ROUNDINGS}, got {self.grad_rounding!r}")
-        if self.precision not in checks.PRECISIONS:
-            raise ValueError(f"Recipe.precision must be one of {checks.PRECISIONS}, got {self.precision!r}")
+        if self.precision not in checks.PRECISIONS:  # the forms dot_general takes, normalized
+            object.__setattr__(self, "precision", checks.canonical_precision(self.precision, "Recipe.precision"))
         if not isinstance(self.quantize_activations, bool):
             raise TypeError(f"Recipe.quantize_activations must be a bool, got {self.quantize_activations!r}")
         passes = _hadamard_passes(self.hadamard)

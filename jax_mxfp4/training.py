@@ -360,13 +360,20 @@ def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_t
       TypeError: ``key`` not one PRNG key (``jax.random.key`` or a legacy uint32[2] key).
       BackendUnavailableError: the requested backend cannot run a GEMM.
     """
-    recipe = dims.check_recipe(recipe)
-    if precision is not None:
-        recipe = recipe.replace(precision=checks.stricter_precision(checks.canonical_precision(precision), recipe.precision))
+    recipe = with_precision(recipe, precision)
     out = _dot_general(lhs, rhs, dimension_numbers, preferred_element_type, recipe, pad_k=False, key=key)
     if out_sharding is not None:
         out = jax.sharding.reshard(out, out_sharding)
     return out
+
+
+def with_precision(recipe, precision):
+    """``recipe`` (validated) whose precision is tightened by a ``lax.dot_general``-style
+    ``precision`` argument: the stricter of the two counts (README "FP8 path")."""
+    recipe = dims.check_recipe(recipe)
+    if precision is None:
+        return recipe
+    return recipe.replace(precision=checks.stricter_precision(checks.canonical_precision(precision), recipe.precision))
 
 
 def _dot_general(lhs, rhs, dimension_numbers, preferred_element_type, recipe, *, pad_k: bool, key=None):

@@ -104,3 +104,22 @@ def test_k_not_multiple_of_32_and_bad_operands():
         mx.einsum("mk,kn->mn", jnp.ones((2, 32), jnp.int32), jnp.ones((32, 3)))
     with pytest.raises(TypeError, match="subscripts must be a str"):
         mx.einsum(3, jnp.ones((2, 32)), jnp.ones((32, 3)))
+
+
+def test_einsum_precision_key_and_letter_sizes():
+    """einsum honours precision like dot_general (a bad value or an impossible contract is an
+    error, never silently ignored), takes a rounding key, and names a letter whose sizes differ."""
+    x = jnp.asarray(np.random.default_rng(0).standard_normal((4, 64)), jnp.float32)
+    w = jnp.asarray(np.random.default_rng(1).standard_normal((64, 8)), jnp.float32)
+    with pytest.raises(ValueError, match="precision"):
+        mx.einsum("bk,kn->bn", x, w, precision="ultra")
+    with pytest.raises(mx.BackendUnavailableError, match="HIGHEST"):
+        mx.einsum("bk,kn->bn", x, w, precision="highest", recipe=mx.Recipe(backend="fp8"))
+    with pytest.raises(ValueError, match="letter 'k' has size 64 in lhs but 32 in rhs"):
+        mx.einsum("bk,kn->bn", x, w[:32])
+    loss = lambda a, k: (mx.einsum("bk,kn->bn", a, w, key=k) ** 2).sum()  # noqa: E731
+    g1 = jax.grad(loss)(x, jax.random.key(1))
+    g2 = jax.grad(loss)(x, jax.random.key(2))
+    g1b = jax.grad(loss)(x, jax.random.key(1))
+    np.testing.assert_array_equal(g1, g1b)  # reproducible from the key
+    assert not np.array_equal(g1, g2)  # and the key is used (stochastic rounding of dY)

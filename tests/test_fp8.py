@@ -403,3 +403,20 @@ def test_sharded_forward_matches_single_device(style, layout):
         assert (np.abs(got - single) <= ts.rounding_bound(x, w, 256)).all()
     else:
         np.testing.assert_array_equal(got, single)
+
+
+def test_fp8_prepared_is_not_a_dense_array_and_recipe_takes_lax_precisions(tmp_path):
+    from jax_mxfp4 import checkpoint
+
+    q = mx.quantize(jnp.asarray(np.random.default_rng(3).standard_normal((64, 32)), jnp.float32), 0)
+    p = mx.prepare_fp8(q)
+    for f in (np.asarray, jnp.asarray):
+        with pytest.raises(TypeError, match="to_mxfp4"):
+            f(p)
+    with pytest.raises(TypeError, match="to_mxfp4"):
+        mx.dequantize(p)
+    with pytest.raises(TypeError, match="FP8Prepared"):
+        checkpoint.save_mxfp4(tmp_path / "p.safetensors", {"w": p})
+    assert mx.Recipe(precision=jax.lax.Precision.HIGH).precision == "high"
+    assert mx.Recipe(precision="HIGHEST") == mx.Recipe(precision="highest")
+    assert mx.Recipe(hadamard="none").hadamard_passes == ()

@@ -6,10 +6,10 @@ import flax.linen as nn
 import jax.numpy as jnp
 from flax.linen import module
 
-from ..array import MXFP4Array
 from ..einsum import _einsum
 from ..recipe import Recipe
-from .linen import _quantized_kernel
+from .linen import _quantized_kernel, _rounding_key
+from .params import layer_operands
 
 
 class Einsum(nn.Einsum):
@@ -30,6 +30,7 @@ class Einsum(nn.Einsum):
     """
 
     recipe: Recipe | None = None
+    rng_collection: str = "stochastic_rounding"
 
     @nn.compact
     def __call__(self, inputs, einsum_str: str | None = None):
@@ -48,11 +49,13 @@ class Einsum(nn.Einsum):
         if self.use_bias:
             bias_shape, broadcasted_bias_shape = self._get_bias_shape(einsum_str, inputs, kernel)
             bias = self.param("bias", self.bias_init, bias_shape, self.param_dtype)
-        if isinstance(kernel, MXFP4Array):
-            inputs, bias = self.promote_dtype(inputs, bias, dtype=self.dtype)
-        else:
-            inputs, kernel, bias = self.promote_dtype(inputs, kernel, bias, dtype=self.dtype)
-        y = _einsum(einsum_str, inputs, kernel, self.preferred_element_type, self.recipe, pad_k=True)
+        # the one weight path of every layer (issue 11 (c)): the kernel is quantized from its
+        # param_dtype value, never from a copy cast to `dtype`; inputs and bias are promoted
+        inputs, kernel, bias, out_dtype = layer_operands(
+            inputs, kernel, bias, self.dtype, self.recipe,
+            lambda args, dtype: self.promote_dtype(*args, dtype=dtype))
+        y = _einsum(einsum_str, inputs, kernel, self.preferred_element_type or out_dtype, self.recipe,
+                    pad_k=True, key=_rounding_key(self))
         if bias is not None:
             y += jnp.reshape(bias, broadcasted_bias_shape)
         return y

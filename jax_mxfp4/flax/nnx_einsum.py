@@ -5,9 +5,10 @@ from __future__ import annotations
 import jax.numpy as jnp
 from flax import nnx
 
-from ..array import MXFP4Array
 from ..einsum import _einsum
 from ..recipe import Recipe
+from .nnx import _stream
+from .params import layer_operands
 
 
 class Einsum(nnx.Einsum):
@@ -33,8 +34,11 @@ class Einsum(nnx.Einsum):
         super().__init__(einsum_str, kernel_shape, bias_shape, **kwargs)
         self.recipe = recipe
 
-    def __call__(self, inputs, einsum_str=None, out_sharding=None):
-        """inputs -> ``einsum(einsum_str, inputs, kernel) (+ bias)`` in the promoted dtype."""
+    def __call__(self, inputs, einsum_str=None, out_sharding=None, *, rngs=None):
+        """inputs -> ``einsum(einsum_str, inputs, kernel) (+ bias)`` in the promoted dtype.
+        ``rngs``: key of the stochastic rounding of the gradients (a PRNG key, or an
+        ``nnx.Rngs``/``nnx.RngStream`` whose ``"stochastic_rounding"`` stream is drawn); None: the
+        data-derived fallback key (:func:`jax_mxfp4.training.gradient_key`)."""
         einsum_str = (einsum_str if einsum_str is not None else self.einsum_str)
         if einsum_str is None:
             raise ValueError("No `einsum_str` argument was provided to Einsum as either a __call__ argument, "
@@ -43,11 +47,13 @@ class Einsum(nnx.Einsum):
         self._einsum_str_check(einsum_str)
         kernel = self.kernel.get_value()
         bias = self.bias.get_value() if self.bias is not None else None
-        if isinstance(kernel, MXFP4Array):
-            inputs, bias = self.promote_dtype((inputs, bias), dtype=self.dtype)
-        else:
-            inputs, kernel, bias = self.promote_dtype((inputs, kernel, bias), dtype=self.dtype)
-        y = _einsum(einsum_str, inputs, kernel, self.preferred_element_type, self.recipe, pad_k=True)
+        # the one weight path of every layer: kernel from its param_dtype value, never cast
+        inputs, kernel, bias, out_dtype = layer_operands(inputs, kernel, bias, self.dtype, self.recipe,
+                                                         self.promote_dtype)
+        if rngs is not None and not hasattr(rngs, "shape"):
+            rngs = _stream(rngs, "stochastic_rounding")()
+        y = _einsum(einsum_str, inputs, kernel, self.preferred_element_type or out_dtype, self.recipe,
+                    pad_k=True, key=rngs)
         if bias is not None:
             y += jnp.reshape(bias, self._infer_broadcasted_bias_shape(einsum_str, inputs, kernel))
         if out_sharding is not None:
