@@ -93,13 +93,9 @@ def _reshard(y, out_sharding):
     return y if out_sharding is None else jax.sharding.reshard(y, out_sharding)
 
 
-class MxQtProvider(qwix.QtProvider):
-    """Training provider: :class:`MxRule` matches run through :func:`jax_mxfp4.dot_general` /
-    :func:`jax_mxfp4.einsum` with the rule's recipe (see the module docstring).
-
-    Usage: ``qmodel = qwix.quantize_model(model, MxQtProvider([MxRule(module_path=".*mlp.*")]))``
-    (nnx models also take example inputs, as Qwix requires).
-    """
+class _MxCalls:
+    """The interception both providers share: a call matched by an :class:`MxRule` runs through
+    the provider's ``_mx_dot_general`` / ``_mx_einsum``; any other call goes to Qwix's own."""
 
     def dot_general(self, lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None, *,
                     out_sharding=None):
@@ -107,9 +103,8 @@ class MxQtProvider(qwix.QtProvider):
         if rule is None:
             return super().dot_general(lhs, rhs, dimension_numbers, precision, preferred_element_type,
                                        out_sharding=out_sharding)
-        y = _dot_general(lhs, rhs, dimension_numbers, preferred_element_type, rule.recipe, pad_k=True,
-                         key=_rounding_key(rule))
-        return _reshard(y, out_sharding)
+        return _reshard(self._mx_dot_general(lhs, rhs, dimension_numbers, preferred_element_type, rule),
+                        out_sharding)
 
     def einsum(self, einsum_str, *operands, precision=None, preferred_element_type=None,
                _dot_general=jax.lax.dot_general, out_sharding=None):  # noqa: N803 (Qwix's signature)
@@ -121,9 +116,24 @@ class MxQtProvider(qwix.QtProvider):
         if len(operands) != 2:
             raise ValueError(f"jax_mxfp4.qwix: einsum {einsum_str!r} has {len(operands)} operands; "
                              "an MxRule needs two (lhs activations, rhs weight)")
-        y = _einsum(einsum_str, operands[0], operands[1], preferred_element_type, rule.recipe, pad_k=True,
-                    key=_rounding_key(rule))
-        return _reshard(y, out_sharding)
+        return _reshard(self._mx_einsum(einsum_str, *operands, preferred_element_type, rule), out_sharding)
+
+
+class MxQtProvider(_MxCalls, qwix.QtProvider):
+    """Training provider: :class:`MxRule` matches run through :func:`jax_mxfp4.dot_general` /
+    :func:`jax_mxfp4.einsum` with the rule's recipe (see the module docstring).
+
+    Usage: ``qmodel = qwix.quantize_model(model, MxQtProvider([MxRule(module_path=".*mlp.*")]))``
+    (nnx models also take example inputs, as Qwix requires).
+    """
+
+    def _mx_dot_general(self, lhs, rhs, dimension_numbers, preferred_element_type, rule):
+        return _dot_general(lhs, rhs, dimension_numbers, preferred_element_type, rule.recipe, pad_k=True,
+                            key=_rounding_key(rule))
+
+    def _mx_einsum(self, einsum_str, lhs, rhs, preferred_element_type, rule):
+        return _einsum(einsum_str, lhs, rhs, preferred_element_type, rule.recipe, pad_k=True,
+                       key=_rounding_key(rule))
 
 
 # ----------------------------------------------------------------------------- serving (PTQ)
@@ -168,7 +178,7 @@ def _serving_weight(x, contracting, rule: MxRule, what: str):
     return _ptq.create_quantized_param(name, x, how, _qarray_module=_QuantizeModule).array
 
 
-class MxPtqProvider(qwix.PtqProvider):
+class MxPtqProvider(_MxCalls, qwix.PtqProvider):
     """Serving provider: in :class:`MxRule` matches, weights become MXFP4Arrays (quantized along
     their contracting dim, once, stored in the params through ``ptq.WithAux``), and the GEMM runs
     through jax_mxfp4 with the rule's recipe (``Recipe(quantize_activations=False)`` for w4a16).
@@ -181,32 +191,15 @@ class MxPtqProvider(qwix.PtqProvider):
     def __init__(self, rules, **kwargs):
         super().__init__(rules, _qarray_module=_QuantizeModule, **kwargs)
 
-    def dot_general(self, lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None, *,
-                    out_sharding=None):
-        rule = _mx_rule(self, "dot_general")
-        if rule is None:
-            return super().dot_general(lhs, rhs, dimension_numbers, precision, preferred_element_type,
-                                       out_sharding=out_sharding)
-        (lc, rc), _ = dimension_numbers
+    def _mx_dot_general(self, lhs, rhs, dimension_numbers, preferred_element_type, rule):
+        (_, rc), _ = dimension_numbers
         rhs = _serving_weight(rhs, tuple(rc), rule, "rhs")
-        y = _dot_general(lhs, rhs, dimension_numbers, preferred_element_type, rule.recipe, pad_k=False)
-        return _reshard(y, out_sharding)
+        return _dot_general(lhs, rhs, dimension_numbers, preferred_element_type, rule.recipe, pad_k=False)
 
-    def einsum(self, einsum_str, *operands, precision=None, preferred_element_type=None,
-               _dot_general=jax.lax.dot_general, out_sharding=None):  # noqa: N803 (Qwix's signature)
-        rule = _mx_rule(self, "einsum")
-        if rule is None:
-            return super().einsum(einsum_str, *operands, precision=precision,
-                                  preferred_element_type=preferred_element_type, _dot_general=_dot_general,
-                                  out_sharding=out_sharding)
-        if len(operands) != 2:
-            raise ValueError(f"jax_mxfp4.qwix: einsum {einsum_str!r} has {len(operands)} operands; "
-                             "an MxRule needs two (lhs activations, rhs weight)")
-        lhs, rhs = operands
+    def _mx_einsum(self, einsum_str, lhs, rhs, preferred_element_type, rule):
         (_, rc), _ = parse_subscripts(einsum_str, len(lhs.shape), len(rhs.shape))[0]
         rhs = _serving_weight(rhs, rc, rule, "rhs")
-        y = _einsum(einsum_str, lhs, rhs, preferred_element_type, rule.recipe, pad_k=False)
-        return _reshard(y, out_sharding)
+        return _einsum(einsum_str, lhs, rhs, preferred_element_type, rule.recipe, pad_k=False)
 
 
 def quantize_params(params: Any, abstract_quantized_params: Any, **kwargs) -> Any:
