@@ -77,6 +77,9 @@ class QuantizeConfig:
 
 DEFAULT_CONFIG = QuantizeConfig()
 
+BF16_AS_WORDS = True
+"""Read bfloat16 input as uint32 pairs (no even/odd split in registers); False: the old form."""
+
 
 def _split_pairs(v):
     """[..., 32] -> (even elements, odd elements), each [..., 16] (Triton tt.split, in registers)."""
@@ -128,7 +131,7 @@ def kernel_rng_supported(key, n_elements: int) -> bool:
             and n_elements < 2**32)
 
 
-def _quantize_kernel(*refs, n_rows, n_blocks, br, nbt, scale_mode, stochastic, kernel_rng=False):
+def _quantize_kernel(*refs, n_rows, n_blocks, br, nbt, scale_mode, stochastic, kernel_rng=False, bf16_words=False):
     if kernel_rng:
         x_ref, key_ref, data_ref, scale_ref = refs
     elif stochastic:
@@ -144,16 +147,24 @@ def _quantize_kernel(*refs, n_rows, n_blocks, br, nbt, scale_mode, stochastic, k
             (b0 + lax.broadcasted_iota(jnp.int32, (br, nbt), 1)) < n_blocks
         )
 
-    def load(ref):
-        shape = (br, nbt, BLOCK_SIZE)
+    def load(ref, width=BLOCK_SIZE):
+        shape = (br, nbt, width)
         view = ref.at[pl.ds(r0, br), pl.ds(b0, nbt), :]
         if mask2 is None:
             return plgpu.load(view)
         return plgpu.load(view, mask=jnp.broadcast_to(mask2[..., None], shape), other=0)
 
-    x = load(x_ref)
-    bits = lax.bitcast_convert_type(x.astype(jnp.float32), jnp.int32)  # exact widening
-    ev, od = _split_pairs(bits)
+    if bf16_words:
+        # bfloat16 input read as uint32 words, element 2i in the low half and 2i+1 in the high half
+        # (little-endian): the float32 bits of each are one shift / one mask away, with no split of
+        # a register tile into even and odd elements (a Triton layout conversion).
+        w = load(x_ref, BLOCK_SIZE // 2)
+        ev = lax.bitcast_convert_type(w << jnp.uint32(16), jnp.int32)
+        od = lax.bitcast_convert_type(w & jnp.uint32(0xFFFF0000), jnp.int32)
+    else:
+        x = load(x_ref)
+        bits = lax.bitcast_convert_type(x.astype(jnp.float32), jnp.int32)  # exact widening
+        ev, od = _split_pairs(bits)
     # Signs by integer ops: element 2i's sign to bit 3, element 2i+1's to bit 7.
     sign = ((ev >> 28) & 0x8) | ((od >> 24) & 0x80)
     a_ev, a_od = ev & _ABS, od & _ABS
@@ -246,14 +257,18 @@ def quantize_2d(x, uniform=None, *, key_data=None, scale_mode="even", cfg: Quant
         raise ValueError("quantize_2d: give uniform or key_data, not both")
     kernel_rng = key_data is not None
     stochastic = uniform is not None or kernel_rng
-    args = [x.reshape(n_rows, n_blocks, BLOCK_SIZE)]
+    bf16_words = x.dtype == jnp.bfloat16 and BF16_AS_WORDS
+    if bf16_words:  # a free bitcast in XLA: [R, K] bf16 -> [R, K/2] uint32
+        args = [lax.bitcast_convert_type(x.reshape(n_rows, n_blocks, BLOCK_SIZE // 2, 2), jnp.uint32)]
+    else:
+        args = [x.reshape(n_rows, n_blocks, BLOCK_SIZE)]
     if kernel_rng:
         args.append(jnp.asarray(key_data, jnp.uint32).reshape(2))
     elif stochastic:
         args.append(uniform.astype(jnp.float32).reshape(n_rows, n_blocks, BLOCK_SIZE))
     kernel = functools.partial(
         _quantize_kernel, n_rows=n_rows, n_blocks=n_blocks, br=br, nbt=nbt,
-        scale_mode=scale_mode, stochastic=stochastic, kernel_rng=kernel_rng,
+        scale_mode=scale_mode, stochastic=stochastic, kernel_rng=kernel_rng, bf16_words=bf16_words,
     )
     data, byte = pl.pallas_call(
         kernel,
