@@ -1,0 +1,87 @@
+"""The fused quantize-to-FP8 kernel (jax_mxfp4/kernels/fp8_quantize.py) in the Pallas
+interpreter against the reference: encode_rows(quantize(x)) with jax_mxfp4.quantize's jnp
+path, both layouts, both roundings; and the fused training passes against the unfused ones."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jax_mxfp4 as mx
+from jax_mxfp4 import training
+from jax_mxfp4.fp8 import FLAG_EXACT, FLAG_NAN, encode_rows
+from jax_mxfp4.kernels import fp8_quantize as fq
+from jax_mxfp4.quantize import _quantize_impl
+
+
+def _hard_rows(rng, rows, kq, dtype):
+    """Random rows with the named edge cases (quantized axis last)."""
+    x = rng.standard_normal((rows, kq)).astype(np.float32)
+    nb = kq // 32
+    # per-block scales spread over ~12 binades (inside the window) in every row
+    x *= np.repeat(2.0 ** rng.integers(-6, 6, (rows, nb)), 32, axis=1)
+    x[0, :] = rng.choice([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, -0.25, -2.5, 6.0], kq)  # E2M1 ties
+    x[1, :32] = -0.0
+    x[1, 32:64] = 1e-40  # float32 subnormals: flushed
+    x[2, :32] *= 2.0**40  # a block 40 binades above the rest: row flagged (outside the window)
+    x[3, 5] = np.nan
+    if rows > 4:
+        x[4, 40] = np.inf
+    if rows > 5:
+        x[5, :32] = 2.0**-130 * np.arange(1, 33)  # tiny block: scale byte 0/1 (flushed elements)
+    if rows > 6:
+        x[6, :] = 0.0  # empty row
+    if rows > 7:
+        x[7, :32] = 3.0e38  # overflowing block (scale byte 0xFD/0xFE)
+    return jnp.asarray(x).astype(dtype)
+
+
+def _reference(x, axis, rounding, key, scale_mode="even"):
+    data, scales = _quantize_impl(x, key, axis=axis, scale_mode=scale_mode, rounding=rounding)
+    data, scales = jnp.moveaxis(data, axis, -1), jnp.moveaxis(scales, axis, -1)
+    return (*encode_rows(data, scales), scales)
+
+
+def _assert_same(got, want):
+    codes, scales, row_exp, row_flag = got
+    wcodes, wexp, wflag, wscales = want
+    np.testing.assert_array_equal(np.asarray(codes).view(np.uint8), np.asarray(wcodes).view(np.uint8))
+    np.testing.assert_array_equal(np.asarray(scales).view(np.uint8), np.asarray(wscales).view(np.uint8))
+    np.testing.assert_array_equal(np.asarray(row_flag), np.asarray(wflag))
+    np.testing.assert_array_equal(np.asarray(row_exp), np.asarray(wexp))
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+@pytest.mark.parametrize("rounding", ["nearest", "stochastic"])
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_kernel_bit_identical_to_reference(transposed, rounding, dtype):
+    rng = np.random.default_rng()
+    rows, kq = 10, 96  # rows not a multiple of the tile, 3 blocks (padded to 4) per row
+    xr = _hard_rows(rng, rows, kq, dtype)  # [rows, kq], quantized axis last
+    x = xr.T if transposed else xr
+    axis = 0 if transposed else 1
+    key = jax.random.key(int(rng.integers(2**31))) if rounding == "stochastic" else None
+    want = _reference(x, axis, rounding, key)
+    key_data = jax.random.key_data(key) if key is not None else None
+    cfg = fq.Fp8QuantizeConfig(rows=4, num_warps=4)
+    got = fq.quantize_fp8_2d(x, key_data, scale_mode="even", transposed=transposed, cfg=cfg, interpret=True)
+    _assert_same(got, want)
+    flags = np.asarray(got[3])
+    assert flags[2] & FLAG_EXACT and flags[5] & FLAG_EXACT and flags[7] & FLAG_EXACT  # cases named above
+    assert flags[3] & FLAG_NAN and flags[4] & FLAG_NAN
+
+
+@pytest.mark.parametrize("scale_mode", ["floor", "ceil", "rceil"])
+def test_kernel_scale_modes(scale_mode):
+    rng = np.random.default_rng()
+    x = _hard_rows(rng, 8, 64, jnp.float32)
+    got = fq.quantize_fp8_2d(x, scale_mode=scale_mode, cfg=fq.Fp8QuantizeConfig(rows=2, num_warps=4),
+                             interpret=True)
+    _assert_same(got, _reference(x, 1, "nearest", None, scale_mode))
+
+
+def test_kernel_rejects_bad_shapes():
+    with pytest.raises(ValueError, match="multiple of 32"):
+        fq.quantize_fp8_2d(jnp.zeros((4, 40)), interpret=True)
+    with pytest.raises(ValueError, match="MAX_ROW"):
+        fq.quantize_fp8_2d(jax.ShapeDtypeStruct((2, 2 * fq.MAX_ROW), jnp.float32), interpret=True)
