@@ -2,6 +2,8 @@
 interpreter against the reference: encode_rows(quantize(x)) with jax_mxfp4.quantize's jnp
 path, both layouts, both roundings; and the fused training passes against the unfused ones."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -85,3 +87,39 @@ def test_kernel_rejects_bad_shapes():
         fq.quantize_fp8_2d(jnp.zeros((4, 40)), interpret=True)
     with pytest.raises(ValueError, match="MAX_ROW"):
         fq.quantize_fp8_2d(jax.ShapeDtypeStruct((2, 2 * fq.MAX_ROW), jnp.float32), interpret=True)
+
+
+def _grads(monkeypatch, mode, x, w, recipe, key):
+    monkeypatch.setenv(training.FUSED_ENV, mode)
+    f = lambda x, w: jnp.sum(mx.dense(x, w, recipe=recipe, key=key) * jnp.cos(jnp.arange(w.shape[1])))  # noqa: E731
+    jaxpr = str(jax.make_jaxpr(jax.grad(f, argnums=(0, 1)))(x, w))
+    out = jax.jit(jax.value_and_grad(f, argnums=(0, 1)))(x, w)
+    return out, len(re.findall(r"let mxfp4_quantize_fp8\w* =", jaxpr))  # one per kernel body
+
+
+@pytest.mark.parametrize("rounding,with_key", [("stochastic", True), ("stochastic", False), ("nearest", False)])
+def test_training_fused_equals_unfused(monkeypatch, rounding, with_key):
+    """Recipe(backend="fp8") on CPU: the fused passes (interpreter) give bit-identical loss and
+    gradients to today's quantize-then-convert passes, flagged rows included."""
+    rng = np.random.default_rng()
+    t, k, n = 40, 64, 96  # T not a multiple of 32: wgrad pads the token axis
+    x = _hard_rows(rng, t, k, jnp.float32)
+    x = jnp.where(jnp.isfinite(x), x, 1.0)  # finite training data (NaN rows: kernel tests above)
+    w = jnp.asarray(rng.standard_normal((k, n)) * 0.1, jnp.float32).at[:32, 0].mul(2.0**30)  # flagged col
+    recipe = mx.Recipe(backend="fp8", grad_rounding=rounding)
+    key = jax.random.key(int(rng.integers(2**31))) if with_key else None
+    (l0, g0), n0 = _grads(monkeypatch, "0", x, w, recipe, key)
+    (l1, g1), n1 = _grads(monkeypatch, "interpret", x, w, recipe, key)
+    assert n0 == 0 and n1 == 6  # fprop x, w; dgrad dY, w; wgrad dY, x
+    np.testing.assert_array_equal(np.asarray(l0), np.asarray(l1))
+    for a, b in zip(g0, g1):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_training_other_backends_unfused(monkeypatch):
+    """Only GEMMs routed to "fp8" take the fused passes: backend "xla" stays as it was."""
+    rng = np.random.default_rng()
+    x = jnp.asarray(rng.standard_normal((32, 64)), jnp.float32)
+    w = jnp.asarray(rng.standard_normal((64, 32)), jnp.float32)
+    (_, _), count = _grads(monkeypatch, "interpret", x, w, mx.Recipe(backend="xla"), None)
+    assert count == 0
