@@ -11,11 +11,18 @@ function): the gradients with respect to X and every weight, all quantization in
                  stochastically rounded), each GEMM on the backend "auto" picks at precision
                  DEFAULT (on an H200: the FP8 path for these shapes);
   mxfp4-nearest  the same with ``grad_rounding="nearest"`` (every quantization on the fused kernel);
-  mxfp4-highest  ``Recipe(precision="highest")``: the exact float32-accumulation backends.
+  mxfp4-highest  ``Recipe(precision="highest")``: the exact float32-accumulation backends;
+  mxfp4-unfused, mxfp4-nearest-unfused  as mxfp4 / mxfp4-nearest with
+                 ``JAX_MXFP4_FUSED_TRAINING=0``: the passes routed to backend "fp8" quantize to an
+                 MXFP4Array and convert it to FP8 in separate passes (the path before the fused
+                 quantize-to-FP8 kernel, jax_mxfp4/kernels/fp8_quantize.py); the plain names use
+                 the fused kernel on CUDA.
+With ``--kernel``: the fused quantize-to-FP8 kernel alone on a bf16 [T, K] array (both layouts,
+both roundings, a few tiles) against a bf16 copy (x + 1) and the unfused quantize + convert.
 Timing: benchmarks/common.time_fn (fair timing). Reports ms/step, time relative to bf16 and
 tokens/s, and the backend "auto" chose for each of the linear layer's GEMMs.
 
-Usage: python benchmarks/train_step.py [--quick] [--configs linear,mlp] [--variants bf16,mxfp4,...] [--out DIR]
+Usage: python benchmarks/train_step.py [--quick] [--kernel] [--configs linear,mlp] [--variants bf16,mxfp4,...] [--out DIR]
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ from jax import lax  # noqa: E402
 
 import jax_mxfp4 as mx  # noqa: E402
 from benchmarks.common import device_info, out_dir, time_fn, write_json  # noqa: E402
+from jax_mxfp4.training import FUSED_ENV  # noqa: E402
 
 FULL = {"linear": dict(t=8192, k=8192, n=8192), "mlp": dict(t=8192, d=8192)}
 QUICK = {"linear": dict(t=64, k=64, n=96), "mlp": dict(t=64, d=64)}
@@ -41,7 +49,28 @@ VARIANTS = {
     "mxfp4": mx.Recipe(),
     "mxfp4-nearest": mx.Recipe(grad_rounding="nearest"),
     "mxfp4-highest": mx.Recipe(precision="highest"),
+    "mxfp4-unfused": mx.Recipe(),
+    "mxfp4-nearest-unfused": mx.Recipe(grad_rounding="nearest"),
 }
+UNFUSED = ("mxfp4-unfused", "mxfp4-nearest-unfused")  # traced with JAX_MXFP4_FUSED_TRAINING=0
+
+
+class _env:
+    """Set (or leave) one environment variable while the step is traced and timed."""
+
+    def __init__(self, name, value):
+        self.name, self.value = name, value
+
+    def __enter__(self):
+        self.old = os.environ.get(self.name)
+        if self.value is not None:
+            os.environ[self.name] = self.value
+
+    def __exit__(self, *exc):
+        if self.old is None:
+            os.environ.pop(self.name, None)
+        else:
+            os.environ[self.name] = self.old
 
 
 def _bf16_dense(x, w):
@@ -106,7 +135,8 @@ def run(args):
             if args.variants and variant not in args.variants and variant != "bf16":
                 continue
             try:
-                r = time_fn(make_step(layer_fns(config, recipe)), sets, **timing)
+                with _env(FUSED_ENV, "0" if variant in UNFUSED else None):
+                    r = time_fn(make_step(layer_fns(config, recipe)), sets, **timing)
                 r["status"] = "ok"
             except Exception as e:  # record, keep going
                 r = {"status": "error", "reason": f"{type(e).__name__}: {str(e)[:300]}"}
@@ -122,6 +152,82 @@ def run(args):
         del sets
     return {"info": device_info(), "quick": args.quick, "method": __doc__.split("Usage")[0].strip(),
             "routing_linear": routing(sizes["linear"]), "rows": rows}
+
+
+KERNEL_CONFIGS = {False: [(1, 8), (1, 4), (2, 8)], True: [(8, 8), (4, 8), (16, 16)]}
+"""(rows per program, num_warps) timed per layout by ``--kernel``."""
+
+
+def run_kernel(args):
+    """The fused quantize-to-FP8 kernel alone against a bf16 copy and the unfused passes."""
+    from jax_mxfp4.fp8 import encode_rows
+    from jax_mxfp4.kernels import fp8_quantize as fq
+    from jax_mxfp4.mx_format import as_scale_bytes
+
+    t, k = (256, 256) if args.quick else (8192, 8192)
+    timing = dict(reps=3, min_program_s=0.0) if args.quick else dict(reps=5)
+    interpret = jax.devices()[0].platform not in ("cuda", "rocm")
+    x = jax.random.normal(jax.random.key(3), (t, k), jnp.bfloat16)
+    kd = jax.random.key_data(jax.random.key(4))
+    sets = [(x + i, kd) for i in range(4)]  # 4 x 128 MiB at 8192^2: > 3x the H200's L2
+    jax.block_until_ready(sets)
+    moved = t * k * (2 + 1 + 1 / 32)  # bytes read + written by the fused kernel
+    rows, t0 = [], time.time()
+
+    def add(name, fn, nbytes):
+        try:
+            r = time_fn(fn, sets, **timing)
+            r.update(status="ok", gb_per_s=nbytes / r["median_s"] / 1e9)
+        except Exception as e:  # record, keep going
+            r = {"status": "error", "reason": f"{type(e).__name__}: {str(e)[:300]}"}
+        rows.append({"case": name, "t": t, "k": k, **r})
+        print(f"[{time.time() - t0:6.1f}s] {name:44s} {r.get('median_s', float('nan')) * 1e3:8.3f} ms "
+              f"{r.get('gb_per_s', float('nan')):7.0f} GB/s {r['status']}", flush=True)
+
+    add("copy bf16 (x + 1)", lambda x, kd: x + jnp.bfloat16(1), 4 * t * k)
+    for transposed in (False, True):
+        for sr in (False, True):
+            for rows_, warps in KERNEL_CONFIGS[transposed][:2 if args.quick else None]:
+                cfg = fq.Fp8QuantizeConfig(rows=rows_, num_warps=warps)
+                fn = (lambda x, kd, tr=transposed, sr=sr, cfg=cfg: fq.quantize_fp8_2d(
+                    x, kd if sr else None, transposed=tr, cfg=cfg, interpret=interpret))
+                add(f"fused {'T' if transposed else 'rows'} {'SR' if sr else 'RN'} rows={rows_} warps={warps}", fn, moved)
+            axis = 0 if transposed else 1
+
+            def unfused(x, kd, axis=axis, sr=sr):
+                q = mx.quantize(x, axis, rounding="stochastic" if sr else "nearest",
+                                key=jax.random.wrap_key_data(kd) if sr else None)
+                data, scales = jnp.moveaxis(q.data, axis, -1), jnp.moveaxis(q.plain_scales(), axis, -1)
+                return encode_rows(data, as_scale_bytes(scales))
+
+            add(f"unfused {'T' if transposed else 'rows'} {'SR' if sr else 'RN'} (quantize + encode_rows)", unfused, moved)
+            try:  # on the device: the fused kernel (default tile) bit for bit against the unfused passes
+                got = jax.jit(lambda x, kd, tr=transposed, sr=sr: fq.quantize_fp8_2d(
+                    x, kd if sr else None, transposed=tr, interpret=interpret))(x, kd)
+                want = jax.jit(unfused)(x, kd)
+                same = [bool(jnp.array_equal(lax.bitcast_convert_type(g, jnp.uint8) if g.dtype.itemsize == 1 and g.dtype != jnp.uint8 else g,
+                                             lax.bitcast_convert_type(w, jnp.uint8) if w.dtype.itemsize == 1 and w.dtype != jnp.uint8 else w))
+                        for g, w in ((got[0], want[0]), (got[2], want[1]), (got[3], want[2]))]
+                rows[-1]["fused_bit_identical"] = all(same)
+                print(f"    fused == unfused (codes, row_exp, row_flag): {same}", flush=True)
+            except Exception as e:
+                rows[-1]["fused_bit_identical"] = f"error {type(e).__name__}: {str(e)[:200]}"
+                print("    check failed:", rows[-1]["fused_bit_identical"], flush=True)
+    return {"info": device_info(), "quick": args.quick, "rows": rows}
+
+
+def markdown_kernel(result):
+    info = result["info"]
+    lines = [f"# Fused quantize-to-FP8 kernel: {info['device']} ({info['platform']}), jax {info['jax']}, "
+             f"{info['date_utc']} UTC", "", "GB/s = (2 B read + 1 + 1/32 B written per element) / time; the copy "
+             "moves 4 B per element.", "", "| case | T x K | ms | GB/s |", "|---|---|---|---|"]
+    for r in result["rows"]:
+        if r["status"] != "ok":
+            lines.append(f"| {r['case']} | {r['t']}x{r['k']} | {r['status']}: {r.get('reason', '')[:80]} | |")
+            continue
+        same = f" (fused bit-identical: {r['fused_bit_identical']})" if "fused_bit_identical" in r else ""
+        lines.append(f"| {r['case']}{same} | {r['t']}x{r['k']} | {r['median_s'] * 1e3:.3f} | {r['gb_per_s']:.0f} |")
+    return "\n".join(lines) + "\n"
 
 
 def markdown(result):
@@ -149,11 +255,20 @@ def main(argv=None):
     ap.add_argument("--out", default=None, help="output folder (default benchmarks/results/train_step[-quick])")
     ap.add_argument("--configs", default="", help="comma list of configs (default: linear,mlp)")
     ap.add_argument("--variants", default="", help="comma list of variants besides bf16 (default: all)")
+    ap.add_argument("--kernel", action="store_true", help="time the fused quantize-to-FP8 kernel alone")
     args = ap.parse_args(argv)
     args.configs = [c for c in args.configs.split(",") if c]
     args.variants = [v for v in args.variants.split(",") if v]
     here = os.path.dirname(os.path.abspath(__file__))
     out = out_dir(args.out or os.path.join(here, "results", "train_step-quick" if args.quick else "train_step"))
+    if args.kernel:
+        result = run_kernel(args)
+        write_json(os.path.join(out, "fp8_quantize.json"), result)
+        md = markdown_kernel(result)
+        with open(os.path.join(out, "fp8_quantize.md"), "w") as f:
+            f.write(md)
+        print(md)
+        return 0 if all(r["status"] == "ok" for r in result["rows"]) else 1
     result = run(args)
     write_json(os.path.join(out, "train_step.json"), result)
     md = markdown(result)

@@ -98,21 +98,35 @@ def encode_rows(data, scale_bytes):
     sb = as_scale_bytes(scale_bytes).astype(jnp.int32)
     codes4 = unpack_nibbles(data)
     blocks = codes4.reshape(*codes4.shape[:-1], codes4.shape[-1] // BLOCK_SIZE, BLOCK_SIZE)
-    mag = (blocks & 7).astype(jnp.int32)
-    nonzero = jnp.any(mag != 0, axis=-1)
+    d, row_exp, row_flag = encode_blocks(sb, (blocks & 7).astype(jnp.int32))
+    vals = decode_e2m1(blocks) * pow2_from_exponent(d)[..., None]
+    return vals.reshape(codes4.shape).astype(jnp.float8_e4m3fn), row_exp, row_flag
+
+
+def encode_blocks(sb, mag):
+    """The row encoding rule (module docstring) from scale bytes and E2M1 magnitude codes.
+
+    Args:
+      sb: int32 scale bytes [..., nb]; mag: int32 E2M1 magnitude codes (0..7) [..., nb, 32].
+    Returns:
+      (d int32 [..., nb]: the shift of each block, row_exp int32 [...], row_flag uint8 [...]).
+    Shared by :func:`encode_rows` and the fused kernel :mod:`jax_mxfp4.kernels.fp8_quantize`
+    (written with max/min reductions only, which the Triton lowering takes).
+    """
+    max_mag = jnp.max(mag, axis=-1)
+    min_nz = jnp.min(jnp.where(mag != 0, mag, 8), axis=-1)
     nan_blk = sb == E8M0_NAN
-    special = jnp.any(special_blocks(sb, jnp.max(mag, axis=-1), jnp.min(jnp.where(mag != 0, mag, 8), axis=-1)), axis=-1)
-    counted = nonzero & ~nan_blk
+    special = special_blocks(sb, max_mag, min_nz)
+    counted = (max_mag != 0) & ~nan_blk
     b_max = jnp.max(jnp.where(counted, sb, -1), axis=-1, keepdims=True)
     b_max = jnp.where(b_max < 0, EMPTY_ROW_BMAX, b_max)
-    outside = jnp.any(counted & (sb < b_max - WINDOW_SPAN), axis=-1)
-    exact = (outside | special)[..., None]
+    outside = counted & (sb < b_max - WINDOW_SPAN)
+    exact = jnp.max((outside | special).astype(jnp.int32), axis=-1, keepdims=True) != 0
     d = _block_shift(sb, b_max, exact)
-    vals = decode_e2m1(blocks) * pow2_from_exponent(d)[..., None]
-    codes = vals.reshape(codes4.shape).astype(jnp.float8_e4m3fn)
     row_exp = (b_max[..., 0] - ROW_EXP_OFFSET).astype(jnp.int32)
-    row_flag = (exact[..., 0].astype(jnp.uint8) * FLAG_EXACT) | (jnp.any(nan_blk, axis=-1).astype(jnp.uint8) * FLAG_NAN)
-    return codes, row_exp, row_flag
+    any_nan = jnp.max(nan_blk.astype(jnp.int32), axis=-1) != 0
+    row_flag = (exact[..., 0].astype(jnp.uint8) * FLAG_EXACT) | (any_nan.astype(jnp.uint8) * FLAG_NAN)
+    return d, row_exp, row_flag
 
 
 ENCODE_KERNEL_ENV = "JAX_MXFP4_FP8_ENCODE_KERNEL"

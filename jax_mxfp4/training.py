@@ -59,13 +59,14 @@ from __future__ import annotations
 
 import functools
 import math
+import os
 
 import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.custom_derivatives import SymbolicZero
 
-from . import checks, dims, gemm
+from . import checks, dims, dispatch, gemm
 from . import sharding as shd
 from .array import MXFP4Array
 from . import hadamard as hd
@@ -77,6 +78,11 @@ from .recipe import Recipe
 ROOT_SEED = 0x4D584634  # "MXF4"
 DGRAD_TAG, WGRAD_TAG = 1, 2
 _CANON = (((2,), (2,)), ((0,), (0,)))
+
+FUSED_ENV = "JAX_MXFP4_FUSED_TRAINING"
+"""Fused FP8 quantization of the training passes (:func:`fused_mode`): "auto" (default) on CUDA,
+"0" off (the unfused passes: quantize, then the fp8 backend's conversion), "interpret" also
+off the GPU through the Pallas interpreter (tests)."""
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -152,6 +158,69 @@ def _bf16_gemm(a, b, dimension_numbers):
     )
 
 
+# ----------------------------------------------------------------------------- fused FP8 passes
+def fused_mode() -> str:
+    """"auto", "off" or "interpret", from ``$JAX_MXFP4_FUSED_TRAINING`` (:data:`FUSED_ENV`)."""
+    v = os.environ.get(FUSED_ENV, "auto").strip().lower()
+    if v in ("0", "off", "false", "no"):
+        return "off"
+    if v == "interpret":
+        return "interpret"
+    if v not in ("", "1", "auto", "on", "true", "yes"):
+        raise ValueError(f"${FUSED_ENV} must be 'auto', '0' or 'interpret', got {v!r}")
+    return "auto"
+
+
+def _fused_route(x, y, contraction, out_dtype, recipe: Recipe):
+    """None, or the Pallas ``interpret`` flag for :func:`_fp8_fused`: the fused passes are taken
+    when the GEMM of these two float operands routes to backend "fp8" on this platform (CUDA;
+    any platform with ``$JAX_MXFP4_FUSED_TRAINING=interpret``) and no operand is sharded
+    explicitly. Every other backend and platform keeps the unfused passes."""
+    mode = fused_mode()
+    platform = dispatch.current_platform()
+    if mode == "off" or (mode == "auto" and platform != "cuda"):
+        return None
+    if shd.explicit_spec(x) is not None or shd.explicit_spec(y) is not None:
+        return None
+    structs = [jax.ShapeDtypeStruct(v.shape, v.dtype) for v in (x, y)]
+    decision = gemm.explain(*structs, contraction, preferred_element_type=out_dtype, recipe=recipe)
+    if decision.per_platform.get(platform, decision.per_platform["default"]) != "fp8":
+        return None
+    return platform not in ("cuda", "rocm")
+
+
+def _fp8_fused(x, axis, scale_mode, interpret, rounding="nearest", key=None, swap=False):
+    """``prepare_fp8(quantize(x, axis, ...))`` for a canonical float operand x [B, ., .] (axis 1
+    or 2) in one fused kernel (:mod:`jax_mxfp4.kernels.fp8_quantize`), or None where the kernel
+    cannot take it (then the caller keeps the unfused passes).
+
+    ``swap``: run the kernel on ``swapaxes(x, 1, 2)`` with the other layout: for an operand that
+    is itself a transpose (the weight: canonical ``b`` = kernel [K, N] transposed) XLA cancels
+    the two transposes and the kernel reads the stored array, instead of a transposed copy.
+    """
+    from .kernels import fp8_quantize as fq
+    from .kernels.quantize import kernel_rng_supported
+
+    bsz, kq = x.shape[0], x.shape[axis]
+    last = axis == 2
+    if kq > fq.MAX_ROW or kq % BLOCK_SIZE or x.size >= 2**31 or ((swap or not last) and bsz != 1):
+        return None
+    key_data = None
+    if rounding == "stochastic":
+        if not kernel_rng_supported(key, x.size):
+            return None
+        key_data = jax.random.key_data(key) if jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key) else key
+    if swap:  # quantized axis 0 of [K, M] (last) or axis 1 of [N, M]
+        x2, transposed = jnp.swapaxes(x, 1, 2)[0], last
+    else:
+        x2, transposed = (x.reshape(-1, kq), False) if last else (x[0], True)
+    codes, scales, row_exp, row_flag = fq.quantize_fp8_2d(
+        x2, key_data, scale_mode=scale_mode, transposed=transposed, interpret=interpret)
+    rest = tuple(d for i, d in enumerate(x.shape) if i != axis)
+    return FP8Prepared(codes.reshape(rest + (kq,)), scales.reshape(rest + (kq // BLOCK_SIZE,)),
+                       row_exp.reshape(rest), row_flag.reshape(rest), axis, x.shape, x.dtype, scale_mode)
+
+
 def _fprop(a, b, recipe: Recipe, out_dtype, fprop_seed):
     """Canonical forward: a [B, M, K] x b [B, N, K] -> [B, M, N] in ``out_dtype``."""
     if recipe.fprop == "bf16":
@@ -159,10 +228,16 @@ def _fprop(a, b, recipe: Recipe, out_dtype, fprop_seed):
     if "fprop" in recipe.hadamard_passes:
         a = hd.random_hadamard_transform(a, 2, fprop_seed, recipe.hadamard_block)
         b = hd.random_hadamard_transform(b, 2, fprop_seed, recipe.hadamard_block)
+    interpret = _fused_route(a, b, _CANON, out_dtype, recipe)
+    if interpret is not None:
+        qa = _fp8_fused(a, 2, recipe.scale_mode, interpret)
+        qb = _fp8_fused(b, 2, recipe.scale_mode, interpret, swap=True)
+        if qa is not None and qb is not None:
+            return gemm.dot_general(qa, qb, _CANON, preferred_element_type=out_dtype, recipe=recipe)
     return gemm.dot_general(a, b, _CANON, preferred_element_type=out_dtype, recipe=recipe)
 
 
-def _grad_gemm(g, w, g_axis, w_axis, precision, key, recipe: Recipe, hadamard_seed=None):
+def _grad_gemm(g, w, g_axis, w_axis, precision, key, recipe: Recipe, hadamard_seed=None, w_swap=False):
     """Contract g (the incoming gradient) along ``g_axis`` with w along ``w_axis``, batch dim 0.
 
     MXFP4: both padded along the contraction to a multiple of 32, optionally Hadamard-transformed,
@@ -180,6 +255,13 @@ def _grad_gemm(g, w, g_axis, w_axis, precision, key, recipe: Recipe, hadamard_se
         g = hd.random_hadamard_transform(g, g_axis, hadamard_seed, recipe.hadamard_block)
         w = hd.random_hadamard_transform(w, w_axis, hadamard_seed, recipe.hadamard_block)
     rounding = recipe.grad_rounding
+    sr_key = key if rounding == "stochastic" else None
+    interpret = _fused_route(g, w, contraction, jnp.float32, recipe)
+    if interpret is not None:  # the GEMM runs on backend "fp8": fused quantize-to-FP8 passes
+        gq = _fp8_fused(g, g_axis, recipe.scale_mode, interpret, rounding, sr_key)
+        wq = _fp8_fused(w, w_axis, recipe.scale_mode, interpret, swap=w_swap)
+        if gq is not None and wq is not None:
+            return gemm.dot_general(gq, wq, contraction, preferred_element_type=jnp.float32, recipe=recipe)
     gq = quantize(g, g_axis, scale_mode=recipe.scale_mode, rounding=rounding,
                   key=key if rounding == "stochastic" else None)
     wq = quantize(w, w_axis, scale_mode=recipe.scale_mode)
@@ -199,7 +281,7 @@ def _dgrad(dy, b, recipe: Recipe, site: int, key=None):
     sr = recipe.dgrad == "mxfp4" and recipe.grad_rounding == "stochastic"
     key = rounding_key(key, dy, site, DGRAD_TAG) if sr else None
     seed = _site_seed(site, "dgrad") if "dgrad" in recipe.hadamard_passes else None
-    return _grad_gemm(dy, b, 2, 1, recipe.dgrad, key, recipe, hadamard_seed=seed)
+    return _grad_gemm(dy, b, 2, 1, recipe.dgrad, key, recipe, hadamard_seed=seed, w_swap=True)
 
 
 def _wgrad(dy, a, recipe: Recipe, site: int, key=None):

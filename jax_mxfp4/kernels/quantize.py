@@ -131,6 +131,34 @@ def kernel_rng_supported(key, n_elements: int) -> bool:
             and n_elements < 2**32)
 
 
+def block_scale_bits(amax_bits, scale_mode):
+    """Scale of each 32-element block from the integer max of its |float32 bits| (sign cleared):
+    (bad: a NaN/Inf in the block, scale byte uint8 (0xFF for bad blocks, else
+    :func:`~jax_mxfp4.mx_format.e8m0_from_amax` of the amax with subnormal inputs flushed),
+    s = the unbiased exponent clipped to [-127, 126] so that 2^-s is a normal float32).
+    The reference's rule (``jax_mxfp4.quantize._quantize_impl``) in integer form, shared by the
+    in-kernel quantizers (this module, :mod:`jax_mxfp4.kernels.fp8_quantize`)."""
+    bad = amax_bits >= _INF_BITS  # a NaN or Inf in the block
+    amax = lax.bitcast_convert_type(jnp.where(amax_bits < _MIN_NORMAL_BITS, 0, amax_bits), jnp.float32)
+    byte = jnp.where(bad, jnp.uint8(E8M0_NAN), e8m0_from_amax(amax, scale_mode))
+    s = jnp.clip(byte.astype(jnp.int32) - E8M0_BIAS, -E8M0_BIAS, 126)
+    return bad, byte, s
+
+
+def magnitude_code_bits(a_bits, inv, u=None, flush=True):
+    """E2M1 magnitude code (int32 0..7) of elements given as |float32 bits| ``a_bits``, divided
+    by their block scale as a multiplication by the exact ``inv`` = 2^-s: round to nearest even
+    (``u`` None) or stochastically with uniforms ``u``. Subnormal inputs count as zeros
+    (:func:`~jax_mxfp4.mx_format.flush_subnormal_inputs`) unless ``flush=False`` (callers that
+    know the flush cannot change a code)."""
+    if flush:
+        a_bits = jnp.where(a_bits < _MIN_NORMAL_BITS, 0, a_bits)
+    y = lax.bitcast_convert_type(a_bits, jnp.float32) * inv
+    if u is not None:
+        y = e2m1_stochastic_magnitude(y, u)
+    return e2m1_magnitude_code(y)
+
+
 def _quantize_kernel(*refs, n_rows, n_blocks, br, nbt, scale_mode, stochastic, kernel_rng=False, bf16_words=False):
     if kernel_rng:
         x_ref, key_ref, data_ref, scale_ref = refs
@@ -168,21 +196,11 @@ def _quantize_kernel(*refs, n_rows, n_blocks, br, nbt, scale_mode, stochastic, k
     # Signs by integer ops: element 2i's sign to bit 3, element 2i+1's to bit 7.
     sign = ((ev >> 28) & 0x8) | ((od >> 24) & 0x80)
     a_ev, a_od = ev & _ABS, od & _ABS
-    amax_bits = jnp.max(jnp.maximum(a_ev, a_od), axis=-1)  # [br, nbt]
-    bad = amax_bits >= _INF_BITS  # a NaN or Inf in the block
-    amax = lax.bitcast_convert_type(jnp.where(amax_bits < _MIN_NORMAL_BITS, 0, amax_bits), jnp.float32)
-    byte = jnp.where(bad, jnp.uint8(E8M0_NAN), e8m0_from_amax(amax, scale_mode))
-    s = jnp.clip(byte.astype(jnp.int32) - E8M0_BIAS, -E8M0_BIAS, 126)
+    bad, byte, s = block_scale_bits(jnp.max(jnp.maximum(a_ev, a_od), axis=-1), scale_mode)  # [br, nbt]
     inv = pow2_from_exponent(-s)[..., None]  # 2^-s, exact
 
     def magnitude(a_bits, u, flush=True):
-        # Subnormal inputs count as zeros (flush_subnormal_inputs); then y = |x| / 2^s exactly.
-        if flush:
-            a_bits = jnp.where(a_bits < _MIN_NORMAL_BITS, 0, a_bits)
-        y = lax.bitcast_convert_type(a_bits, jnp.float32) * inv
-        if u is not None:
-            y = e2m1_stochastic_magnitude(y, u)
-        return e2m1_magnitude_code(y)
+        return magnitude_code_bits(a_bits, inv, u, flush)
 
     if kernel_rng:  # the reference's uniforms, generated here from their flat index
         k1, k2 = key_ref[0], key_ref[1]

@@ -1,0 +1,200 @@
+"""Fused quantize-to-FP8-operand: float rows -> MXFP4 -> E4M3 codes x one power of two per row,
+in one Pallas (Triton lowering) kernel that reads the float input once.
+
+Output: exactly ``jax_mxfp4.fp8.encode_rows(quantize(x, axis, ...))`` (codes ``float8_e4m3fn``,
+E8M0 scale bytes, per-row exponent and flags; :mod:`jax_mxfp4.fp8`), i.e. the children of
+``prepare_fp8(quantize(x, axis, ...))``, without writing the packed MXFP4 array in between. Two
+layouts: the quantized axis last (rows of x are the output rows), or the quantized axis FIRST
+with the output written transposed (x [T, K] quantized along T -> codes [K, T]: the K-major
+operand of a wgrad GEMM, without a separate transpose pass).
+
+Design: one program owns ``rows`` whole output rows (the full quantized length, padded to a
+power of two with masked loads) and keeps them in registers: the per-row exponent needs the
+row's largest counted block scale, and the row's flags (blocks outside the 15-binade window,
+flushed or overflowing elements) decide the shift of every block of the row, so a tile shorter
+than a row would have to read the input twice (a second sweep, or an amax pre-pass writing
+and reading the scales). Whole rows in registers cost register pressure for long rows: the
+quantized length is capped (:data:`MAX_ROW`), and the caller falls back to the unfused path
+beyond it.
+
+Every rule is shared code: the block scale and the E2M1 rounding (nearest, or stochastic with
+the reference's Threefry uniforms generated in the kernel) come from
+:mod:`jax_mxfp4.kernels.quantize` (:func:`block_scale_bits`, :func:`magnitude_code_bits`,
+:func:`threefry_uniform`), the row encoding from :func:`jax_mxfp4.fp8.encode_blocks`, the E2M1
+decoding from :func:`jax_mxfp4.mx_format.decode_e2m1`. Bit-identical to the reference in the
+Pallas interpreter (tests/test_fp8_fused.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
+
+from ..mx_format import BLOCK_SIZE, as_e8m0, decode_e2m1, pow2_from_exponent
+from .quantize import _ABS, block_scale_bits, magnitude_code_bits, threefry_uniform
+
+MAX_ROW = 16384
+"""Longest quantized axis the fused kernel takes (whole rows live in registers)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Fp8QuantizeConfig:
+    """``rows`` output rows per program (a power of two) and Triton ``num_warps``."""
+
+    rows: int = 1
+    num_warps: int = 8
+
+    def __post_init__(self):
+        for name in ("rows", "num_warps"):
+            v = getattr(self, name)
+            if v < 1 or v & (v - 1):
+                raise ValueError(f"Fp8QuantizeConfig.{name} must be a power of two, got {v}")
+
+
+DEFAULT_ROWS_CONFIG = Fp8QuantizeConfig(rows=1, num_warps=8)
+DEFAULT_TRANSPOSED_CONFIG = Fp8QuantizeConfig(rows=8, num_warps=8)
+"""Defaults (provisional; ``benchmarks/train_step.py --kernel`` times a few on the GPU)."""
+
+
+def _pow2_at_least(n):
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def encode_tile(bits, u, scale_mode):
+    """Quantize and encode whole rows held in registers.
+
+    Args:
+      bits: int32 [R, nb, 32], the float32 bits of R rows of nb 32-element blocks.
+      u: float32 uniforms [R, nb, 32] for stochastic rounding, or None (round to nearest even).
+      scale_mode: the scale rule.
+    Returns:
+      (float32 values E2M1 x 2^d [R, nb, 32] (exact E4M3 values), scale bytes uint8 [R, nb],
+      row_exp int32 [R], row_flag uint8 [R]), as ``encode_rows(quantize(...))``.
+    """
+    from ..fp8 import encode_blocks
+
+    a = bits & _ABS
+    bad, byte, s = block_scale_bits(jnp.max(a, axis=-1), scale_mode)
+    inv = pow2_from_exponent(-s)[..., None]
+    mag = jnp.where(bad[..., None], 0, magnitude_code_bits(a, inv, u))
+    code4 = mag | ((bits >> 28) & 0x8)  # the sign nibble from the input bits (-0.0 kept)
+    code4 = jnp.where(bad[..., None], 0, code4)  # NaN/Inf blocks: codes 0 (the reference's)
+    d, row_exp, row_flag = encode_blocks(byte.astype(jnp.int32), mag)
+    vals = decode_e2m1(code4) * pow2_from_exponent(d)[..., None]
+    return vals, byte, row_exp, row_flag
+
+
+def _kernel(*refs, n_rows, n_blocks, nbp, br, scale_mode, kernel_rng, transposed):
+    if kernel_rng:
+        x_ref, key_ref, codes_ref, scale_ref, exp_ref, flag_ref = refs
+    else:
+        x_ref, codes_ref, scale_ref, exp_ref, flag_ref = refs
+    r0 = pl.program_id(0) * br
+    rows_over = n_rows % br != 0
+    blocks_over = nbp != n_blocks
+    if transposed:  # x viewed as [n_blocks, 32, n_rows]: output rows are columns of x
+        shape = (nbp, BLOCK_SIZE, br)
+        view = x_ref.at[pl.ds(0, nbp), :, pl.ds(r0, br)]
+        mask = None
+        if rows_over or blocks_over:
+            mask = ((lax.broadcasted_iota(jnp.int32, shape, 0) < n_blocks)
+                    & (r0 + lax.broadcasted_iota(jnp.int32, shape, 2) < n_rows))
+        x = plgpu.load(view) if mask is None else plgpu.load(view, mask=mask, other=0)
+        x = jnp.transpose(x, (2, 0, 1))
+    else:
+        shape = (br, nbp, BLOCK_SIZE)
+        view = x_ref.at[pl.ds(r0, br), pl.ds(0, nbp), :]
+        mask = None
+        if rows_over or blocks_over:
+            mask = ((r0 + lax.broadcasted_iota(jnp.int32, shape, 0) < n_rows)
+                    & (lax.broadcasted_iota(jnp.int32, shape, 1) < n_blocks))
+        x = plgpu.load(view) if mask is None else plgpu.load(view, mask=mask, other=0)
+    bits = lax.bitcast_convert_type(x.astype(jnp.float32), jnp.int32)  # exact widening
+    oshape = (br, nbp, BLOCK_SIZE)
+    u = None
+    if kernel_rng:  # the reference's uniforms: element (row, col) of jax.random.uniform(key, [R, Kq])
+        row = (r0 + lax.broadcasted_iota(jnp.int32, oshape, 0)).astype(jnp.uint32)
+        col = (BLOCK_SIZE * lax.broadcasted_iota(jnp.int32, oshape, 1)
+               + lax.broadcasted_iota(jnp.int32, oshape, 2)).astype(jnp.uint32)
+        u = threefry_uniform(key_ref[0], key_ref[1], row * jnp.uint32(n_blocks * BLOCK_SIZE) + col)
+    vals, byte, row_exp, row_flag = encode_tile(bits, u, scale_mode)
+    cview = codes_ref.at[pl.ds(r0, br), pl.ds(0, nbp), :]
+    sview = scale_ref.at[pl.ds(r0, br), pl.ds(0, nbp)]
+    eview, fview = exp_ref.at[pl.ds(r0, br)], flag_ref.at[pl.ds(r0, br)]
+    codes = vals.astype(jnp.float8_e4m3fn)
+    if not (rows_over or blocks_over):
+        plgpu.store(cview, codes)
+        plgpu.store(sview, byte)
+        plgpu.store(eview, row_exp)
+        plgpu.store(fview, row_flag)
+        return
+    omask = ((r0 + lax.broadcasted_iota(jnp.int32, oshape, 0) < n_rows)
+             & (lax.broadcasted_iota(jnp.int32, oshape, 1) < n_blocks))
+    plgpu.store(cview, codes, mask=omask)
+    plgpu.store(sview, byte, mask=omask[:, :, 0])
+    rmask = r0 + lax.broadcasted_iota(jnp.int32, (br,), 0) < n_rows
+    plgpu.store(eview, row_exp, mask=rmask)
+    plgpu.store(fview, row_flag, mask=rmask)
+
+
+@functools.partial(jax.jit, static_argnames=("scale_mode", "transposed", "cfg", "interpret"))
+def quantize_fp8_2d(x, key_data=None, *, scale_mode="even", transposed=False,
+                    cfg: Fp8QuantizeConfig | None = None, interpret=False):
+    """Quantize a 2-D float array to MXFP4 and encode it as FP8 rows, in one pass.
+
+    Args:
+      x: float32/bfloat16/float16 [R, Kq] quantized along its last axis (``transposed=False``),
+        or [Kq, R] quantized along its FIRST axis (``transposed=True``; the output is written
+        transposed). Kq a multiple of 32 and at most :data:`MAX_ROW`.
+      key_data: None (round to nearest even) or uint32[2], the data of a threefry2x32 key:
+        stochastic rounding with the uniforms of the reference, ``jax.random.uniform(key,
+        [R, Kq / 32, 32])`` (the quantized axis moved last), generated in the kernel.
+      scale_mode: the scale rule (as :func:`jax_mxfp4.quantize`).
+      cfg: :class:`Fp8QuantizeConfig`; default by layout.
+      interpret: run the Pallas interpreter (CPU tests).
+    Returns:
+      (codes float8_e4m3fn [R, Kq], scales float8_e8m0fnu [R, Kq/32], row_exp int32 [R],
+      row_flag uint8 [R]) = ``encode_rows`` of ``quantize(x, axis)`` with the quantized axis
+      last (:mod:`jax_mxfp4.fp8`), bit for bit.
+    Raises:
+      ValueError: x not 2-D, Kq not a multiple of 32 or above :data:`MAX_ROW`.
+    """
+    if x.ndim != 2:
+        raise ValueError(f"quantize_fp8_2d: x must be 2-D, got shape {x.shape}")
+    kq, n_rows = (x.shape[0], x.shape[1]) if transposed else (x.shape[1], x.shape[0])
+    if kq % BLOCK_SIZE:
+        raise ValueError(f"quantized axis length {kq} is not a multiple of {BLOCK_SIZE}")
+    if kq > MAX_ROW:
+        raise ValueError(f"quantize_fp8_2d: quantized axis length {kq} > MAX_ROW = {MAX_ROW}")
+    if cfg is None:
+        cfg = DEFAULT_TRANSPOSED_CONFIG if transposed else DEFAULT_ROWS_CONFIG
+    n_blocks = kq // BLOCK_SIZE
+    nbp = _pow2_at_least(n_blocks)
+    br = min(cfg.rows, _pow2_at_least(n_rows))
+    x3 = x.reshape(n_blocks, BLOCK_SIZE, n_rows) if transposed else x.reshape(n_rows, n_blocks, BLOCK_SIZE)
+    args = [x3]
+    kernel_rng = key_data is not None
+    if kernel_rng:
+        args.append(jnp.asarray(key_data, jnp.uint32).reshape(2))
+    kernel = functools.partial(_kernel, n_rows=n_rows, n_blocks=n_blocks, nbp=nbp, br=br,
+                               scale_mode=scale_mode, kernel_rng=kernel_rng, transposed=transposed)
+    codes, byte, row_exp, row_flag = pl.pallas_call(
+        kernel,
+        out_shape=(
+            jax.ShapeDtypeStruct((n_rows, n_blocks, BLOCK_SIZE), jnp.float8_e4m3fn),
+            jax.ShapeDtypeStruct((n_rows, n_blocks), jnp.uint8),
+            jax.ShapeDtypeStruct((n_rows,), jnp.int32),
+            jax.ShapeDtypeStruct((n_rows,), jnp.uint8),
+        ),
+        grid=(pl.cdiv(n_rows, br),),
+        compiler_params=plgpu.CompilerParams(num_warps=cfg.num_warps, num_stages=1),
+        interpret=interpret,
+        name="mxfp4_quantize_fp8" + ("_t" if transposed else ""),
+    )(*args)
+    return codes.reshape(n_rows, kq), as_e8m0(byte), row_exp, row_flag
