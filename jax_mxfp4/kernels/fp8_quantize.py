@@ -57,9 +57,21 @@ class Fp8QuantizeConfig:
                 raise ValueError(f"Fp8QuantizeConfig.{name} must be a power of two, got {v}")
 
 
-DEFAULT_ROWS_CONFIG = Fp8QuantizeConfig(rows=1, num_warps=8)
-DEFAULT_TRANSPOSED_CONFIG = Fp8QuantizeConfig(rows=8, num_warps=8)
-"""Defaults (provisional; ``benchmarks/train_step.py --kernel`` times a few on the GPU)."""
+TILE_ELEMENTS = 8192
+"""Default tile of the row layout: rows x quantized length <= this many elements (registers)."""
+TRANSPOSED_TILE_BYTES = 64 * 1024
+"""Default tile of the transposed layout: rows x quantized length x input itemsize <= this many
+bytes (the in-register transpose goes through shared memory; wider rows read longer contiguous
+runs of the input)."""
+NUM_WARPS = 8
+
+
+def default_config(kq: int, itemsize: int, transposed: bool) -> Fp8QuantizeConfig:
+    """Tile for a quantized length ``kq`` (provisional rule; ``benchmarks/train_step.py --kernel``
+    times alternatives on the GPU)."""
+    kp = _pow2_at_least(kq)
+    budget = TRANSPOSED_TILE_BYTES // (kp * itemsize) if transposed else TILE_ELEMENTS // kp
+    return Fp8QuantizeConfig(rows=max(1, min(16, 1 << max(0, budget.bit_length() - 1))), num_warps=NUM_WARPS)
 
 
 def _pow2_at_least(n):
@@ -156,7 +168,7 @@ def quantize_fp8_2d(x, key_data=None, *, scale_mode="even", transposed=False,
         stochastic rounding with the uniforms of the reference, ``jax.random.uniform(key,
         [R, Kq / 32, 32])`` (the quantized axis moved last), generated in the kernel.
       scale_mode: the scale rule (as :func:`jax_mxfp4.quantize`).
-      cfg: :class:`Fp8QuantizeConfig`; default by layout.
+      cfg: :class:`Fp8QuantizeConfig`; default :func:`default_config`.
       interpret: run the Pallas interpreter (CPU tests).
     Returns:
       (codes float8_e4m3fn [R, Kq], scales float8_e8m0fnu [R, Kq/32], row_exp int32 [R],
@@ -173,7 +185,7 @@ def quantize_fp8_2d(x, key_data=None, *, scale_mode="even", transposed=False,
     if kq > MAX_ROW:
         raise ValueError(f"quantize_fp8_2d: quantized axis length {kq} > MAX_ROW = {MAX_ROW}")
     if cfg is None:
-        cfg = DEFAULT_TRANSPOSED_CONFIG if transposed else DEFAULT_ROWS_CONFIG
+        cfg = default_config(kq, jnp.dtype(x.dtype).itemsize, transposed)
     n_blocks = kq // BLOCK_SIZE
     nbp = _pow2_at_least(n_blocks)
     br = min(cfg.rows, _pow2_at_least(n_rows))
