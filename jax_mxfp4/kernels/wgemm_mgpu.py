@@ -132,7 +132,7 @@ def _kernel(xe_ref, xo_ref, w_ref, s_ref, o_ref, acc_ref, *, cfg: MgpuConfig, st
 
 
 def mgpu_w4a16(x, w_data, w_scales, out_dtype=jnp.bfloat16, cfg: MgpuConfig | None = None,
-               *, scales_prepared: bool = False):
+               *, scales_prepared: bool = False, interpret=False):
     """``x · Wᵀ`` for bfloat16 x [M, K] and MXFP4 W -> [M, N] of ``out_dtype`` (float32 accumulation).
 
     Args:
@@ -196,6 +196,7 @@ def mgpu_w4a16(x, w_data, w_scales, out_dtype=jnp.bfloat16, cfg: MgpuConfig | No
             lowering_semantics=plgpu.LoweringSemantics.Lane,
         ),
         name="mxfp4_w4a16_mgpu",
+        interpret=interpret,
     )(xe, xo, w_data, scales)
     out = out.reshape(cfg.split_k, n, mp).sum(axis=0)
     return out[:, :m].T.astype(out_dtype)
