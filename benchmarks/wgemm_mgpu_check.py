@@ -31,7 +31,7 @@ from jax import lax  # noqa: E402
 
 import jax_mxfp4 as mx  # noqa: E402
 from benchmarks.common import device_info, kernel_time, n_sets_for, out_dir, time_fn, write_json  # noqa: E402
-from jax_mxfp4.kernels.wgemm_mgpu import MgpuConfig, kernel_scales, mgpu_w4a16  # noqa: E402
+from jax_mxfp4.kernels.wgemm_mgpu import DECODES, MgpuConfig, kernel_scales, mgpu_w4a16  # noqa: E402
 from jax_mxfp4.mx_format import as_e8m0, as_scale_bytes  # noqa: E402
 
 DIMS2 = (((1,), (1,)), ((), ()))
@@ -57,13 +57,14 @@ def bound_check(out, ref, a_abs, b_abs, k, bf16_out):
     return {"finite": finite, "max_err_over_bound": ratio, "rel_fro": rel, "ok": finite and ratio <= 1.0}
 
 
-VARIANTS = {  # name -> MgpuConfig
-    "bk256 s2 st4 mul": MgpuConfig(bk=256, split_k=2, stages=4),
-    "bk256 s4 st4 mul": MgpuConfig(bk=256, split_k=4, stages=4),
-    "bk256 s1 st4 mul": MgpuConfig(bk=256, split_k=1, stages=4),
-    "bk512 s2 st3 mul": MgpuConfig(bk=512, split_k=2, stages=3),
-    "bk128 s4 st6 mul": MgpuConfig(bk=128, split_k=4, stages=6),
-    "bk256 s2 st4 select": MgpuConfig(bk=256, split_k=2, stages=4, decode="select"),
+VARIANTS = {  # name -> MgpuConfig; the first two are also timed at M = 1 and 128
+    "ptx bk256 s2 st4": MgpuConfig(bk=256, split_k=2, stages=4, decode="ptx"),
+    "ptx bk256 s4 st4": MgpuConfig(bk=256, split_k=4, stages=4, decode="ptx"),
+    "ptx bk512 s2 st3": MgpuConfig(bk=512, split_k=2, stages=3, decode="ptx"),
+    "ptx bk128 s4 st6": MgpuConfig(bk=128, split_k=4, stages=6, decode="ptx"),
+    "ptx bk256 s1 st4": MgpuConfig(bk=256, split_k=1, stages=4, decode="ptx"),
+    "mul bk256 s2 st4": MgpuConfig(bk=256, split_k=2, stages=4),
+    "select bk256 s2 st4": MgpuConfig(bk=256, split_k=2, stages=4, decode="select"),
 }
 
 
@@ -126,7 +127,7 @@ def main(argv=None):
                 "ok": ok_vals and ok_nan and same_nan and ok_xla, "ok_vals": ok_vals, "ok_nan": ok_nan,
                 "nan_pattern_as_xla": same_nan, "ok_vs_xla": ok_xla})
 
-    for dec in ("mul", "select"):
+    for dec in DECODES:
         guarded("check", f"edge {dec}", lambda dec=dec: edge(dec))
 
     # ---- random data vs backend "xla"
@@ -148,7 +149,8 @@ def main(argv=None):
             *s, cfg, jnp.float32 if s[0] == 40 else jnp.bfloat16, name)) for s in shapes[:1]]
         passed[name] = all(oks)
     for s in shapes[1:]:
-        guarded("check", f"{s} default", lambda s=s: check(*s, MgpuConfig(), jnp.float32, "default"))
+        for name in list(VARIANTS)[:2] + ["mul bk256 s2 st4"]:
+            guarded("check", f"{s} {name}", lambda s=s, name=name: check(*s, VARIANTS[name], jnp.float32, name))
 
     # ---- timing
     from jax_mxfp4.kernels.wgemm import default_wconfig, weight_stationary_gemm
@@ -203,7 +205,7 @@ def main(argv=None):
             f"triton wgemm {wcfg}", lambda a, d, s: weight_stationary_gemm(
                 a[None], d[None], s[None], out_dtype=jnp.bfloat16, cfg=wcfg)[0], sets))
         prepared = [(x, d, kernel_scales(s)) for x, d, s in sets]
-        names = list(VARIANTS) if m == 16 else ["bk256 s2 st4 mul", "bk256 s4 st4 mul"]
+        names = list(VARIANTS) if m == 16 else list(VARIANTS)[:2]
         for name in names:
             cfg = VARIANTS[name]
             if not passed.get(name, False):
@@ -212,7 +214,7 @@ def main(argv=None):
             guarded("time", f"mgpu {name} M={m}", lambda cfg=cfg, name=name: timed(
                 f"mgpu {name} (scales prepared)", lambda a, d, s: mgpu_w4a16(
                     a, d, s, jnp.bfloat16, cfg, scales_prepared=True), prepared))
-            if name == "bk256 s2 st4 mul":
+            if name == next(iter(VARIANTS)):
                 guarded("time", f"mgpu {name} raw M={m}", lambda cfg=cfg, name=name: timed(
                     f"mgpu {name} (raw scale bytes)", lambda a, d, s: mgpu_w4a16(a, d, s, jnp.bfloat16, cfg),
                     sets, profile=False))

@@ -40,13 +40,14 @@ import functools
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
 
 from ..mx_format import BLOCK_SIZE, e8m0_to_bf16_bits
-from .e2m1_asm import split_even_odd
+from . import e2m1_asm
 
-DECODES = ("mul", "select")
+DECODES = ("mul", "select", "ptx")
 _WG_ROWS = 64  # rows of one warpgroup's WGMMA tile (M side)
 _BF16_2P126 = 0x7E80  # bfloat16 bits of 2^126
 _SMEM_BUDGET = 200 * 1024  # bytes of shared memory the pipeline may take (sm_90: 227 KiB)
@@ -85,6 +86,14 @@ class MgpuConfig:
             raise ValueError(f"MgpuConfig.x_swizzle must be 32, got {self.x_swizzle}")
 
 
+def _swizzle(row_bytes: int) -> int:
+    """Largest TMA swizzle (bytes) that divides a tile row of ``row_bytes``."""
+    for sw in (128, 64, 32):
+        if row_bytes % sw == 0:
+            return sw
+    raise ValueError(f"tile rows of {row_bytes} bytes admit no swizzle (need a multiple of 32)")
+
+
 def decode_e2m1_bits(code, decode: str = "mul"):
     """E2M1 codes (unsigned ints < 16, any integer array type incl. a Mosaic GPU fragment) ->
     bfloat16 value, by integer operations and one bfloat16 multiply (``"mul"``) or selects
@@ -109,10 +118,82 @@ def kernel_scales(w_scales):
     return lax.bitcast_convert_type(bits, jnp.bfloat16).T
 
 
+def _ptx_fragment_order():
+    """Column j of a decoded [64, 16] half-fragment (one block) <- byte ``order[j]`` of the
+    block's 16 bytes, for the "ptx" decode: in Mosaic GPU's WGMMA_LAYOUT_8BIT each thread holds
+    bytes 4g..4g+3 of a row's block (g = lane % 4) and the bf16 WGMMA A layout asks it for
+    columns 2g, 2g+1 (register 0) and 8+2g, 8+2g+1 (register 1); the decode turns bytes
+    4g, 4g+1 into register 0 and 4g+2, 4g+3 into register 1."""
+    j = np.arange(BLOCK_SIZE // 2)
+    return 4 * ((j % 8) // 2) + 2 * (j // 8) + j % 2
+
+
+def split_x(x, decode: str):
+    """bfloat16 x [M, K] -> (x_lo, x_hi) [M, K/2]: the elements that meet the decoded low- and
+    high-nibble fragments. Natural order (even, odd elements) for "mul"/"select"; for "ptx"
+    each block's 16 columns follow :func:`_ptx_fragment_order` (a permutation of the
+    contraction applied to both operands)."""
+    if decode != "ptx":
+        return e2m1_asm.split_even_odd(x)
+    m, k = x.shape
+    byte = _ptx_fragment_order()
+    xb = x.reshape(m, k // BLOCK_SIZE, BLOCK_SIZE)
+    return (xb[:, :, 2 * byte].reshape(m, k // 2), xb[:, :, 2 * byte + 1].reshape(m, k // 2))
+
+
+def _decode_ptx(byt, s_ref, hb: int):
+    """Packed bytes uint8 [64, hb] (WGMMA_LAYOUT_8BIT) and the scale block bfloat16 [hb/16, 64]
+    (shared memory) -> bfloat16 (lo, hi) [64, hb] in the WGMMA layout, by the inline PTX of
+    :mod:`jax_mxfp4.kernels.e2m1_asm` (the same instructions the Triton kernel runs): one 32-bit
+    register of 4 bytes -> 4 bfloat16x2 registers (low / high nibbles of bytes 0,1 and 2,3)."""
+    plgpu = _plgpu()
+    nb = hb // (BLOCK_SIZE // 2)
+    ret = plgpu.ShapeDtypeStruct((_WG_ROWS, hb), jnp.bfloat16, layout=plgpu.Layout.WGMMA)
+
+    @plgpu.inline_mgpu(arg_types=(plgpu.Layout.WGMMA_8BIT, plgpu.RefType()), return_type=(ret, ret))
+    def decode(ctx, fa, sref):
+        del ctx
+        import jax.experimental.mosaic.gpu as mgpu
+        from jaxlib.mlir import ir
+        from jaxlib.mlir.dialects import arith, llvm, memref
+
+        i16, i32 = ir.IntegerType.get_signless(16), ir.IntegerType.get_signless(32)
+        index = ir.IndexType.get()
+        bf2 = ir.VectorType.get((2,), ir.BF16Type.get())
+        regs = fa.registers
+        assert regs.shape == (1, nb, 1, 1, 2, 1, 1, 1, 1), regs.shape
+        out_shape = (1, 2 * nb, 1, 1, 2, 1, 1, 1, 1)
+        lo = np.empty(out_shape, dtype=object)
+        hi = np.empty(out_shape, dtype=object)
+        struct = llvm.StructType.get_literal([i32] * 4)
+        for (row, _col), ridx in zip(fa.layout.thread_idxs(fa.shape), np.ndindex(regs.shape)):
+            b, rh = ridx[1], ridx[4]
+            sc = memref.load(sref, [arith.constant(index, b), row])
+            s32 = arith.extui(i32, arith.bitcast(i16, sc))
+            s2 = arith.ori(s32, arith.shli(s32, arith.constant(i32, 16)))
+            q = mgpu.utils.bitcast(regs[ridx], i32)
+            res = llvm.inline_asm(struct, [q, s2, s2], e2m1_asm._DECODE_PTX, "=r,=r,=r,=r,r,r,r")
+            outs = [mgpu.utils.bitcast(llvm.extractvalue(i32, res, [t]), bf2) for t in range(4)]
+            for ct in range(2):
+                lo[0, 2 * b + ct, 0, 0, rh, 0, 0, 0, 0] = outs[ct]
+                hi[0, 2 * b + ct, 0, 0, rh, 0, 0, 0, 0] = outs[2 + ct]
+        mk = lambda r: mgpu.FragmentedArray(_registers=r, _layout=mgpu.WGMMA_LAYOUT, _is_signed=None)
+        return mk(lo), mk(hi)
+
+    return decode(byt, s_ref)
+
+
 def _kernel(xe_ref, xo_ref, w_ref, s_ref, o_ref, acc_ref, *, cfg: MgpuConfig, steps: int):
     plgpu = _plgpu()
     half = BLOCK_SIZE // 2  # bytes per row of one block; also the WGMMA K of one half-fragment
-    for b in range(cfg.bk // BLOCK_SIZE):
+    if cfg.decode == "ptx":
+        hb = cfg.bk // 2
+        byt = plgpu.load(w_ref, (), layout=plgpu.Layout.WGMMA_8BIT)
+        lo, hi = _decode_ptx(byt, s_ref, hb)
+        plgpu.wgmma(acc_ref, lo, plgpu.transpose_ref(xe_ref, (1, 0)))
+        plgpu.wgmma(acc_ref, hi, plgpu.transpose_ref(xo_ref, (1, 0)))
+        plgpu.wgmma_wait(0)
+    for b in range(0 if cfg.decode == "ptx" else cfg.bk // BLOCK_SIZE):
         byt = plgpu.load(w_ref.at[:, pl.ds(b * half, half)], (), layout=plgpu.Layout.WGMMA,
                          optimized=False)
         sc = plgpu.load(s_ref.at[b], (), layout=plgpu.Layout.WGMMA.reduce(1), optimized=False)
@@ -124,7 +205,8 @@ def _kernel(xe_ref, xo_ref, w_ref, s_ref, o_ref, acc_ref, *, cfg: MgpuConfig, st
         xs = pl.ds(b * half, half)
         plgpu.wgmma(acc_ref, lo, plgpu.transpose_ref(xe_ref.at[:, xs], (1, 0)))
         plgpu.wgmma(acc_ref, hi, plgpu.transpose_ref(xo_ref.at[:, xs], (1, 0)))
-    plgpu.wgmma_wait(0)
+    if cfg.decode != "ptx":
+        plgpu.wgmma_wait(0)
 
     @pl.when(pl.program_id(2) == steps - 1)
     def _():
@@ -168,12 +250,14 @@ def mgpu_w4a16(x, w_data, w_scales, out_dtype=jnp.bfloat16, cfg: MgpuConfig | No
     scales = w_scales if scales_prepared else kernel_scales(w_scales)
     mp = -(-m // 16) * 16
     xp = jnp.pad(x, ((0, mp - m), (0, 0))) if mp != m else x
-    xe, xo = split_even_odd(xp)
+    xe, xo = split_x(xp, cfg.decode)
     steps = k // (cfg.bk * cfg.split_k)
     nt = n // _WG_ROWS
     hb = cfg.bk // 2
-    sw = cfg.x_swizzle
+    sw = cfg.x_swizzle if cfg.decode != "ptx" else _swizzle(hb * 2)
     x_tr = (plgpu.TilingTransform((8, sw // 2)), plgpu.SwizzleTransform(sw))
+    wsw = _swizzle(hb)
+    w_tr = (plgpu.TilingTransform((8, wsw)), plgpu.SwizzleTransform(wsw)) if cfg.decode == "ptx" else ()
     x_spec = plgpu.BlockSpec((mp, hb), lambda i, s, t: (0, s * steps + t), transforms=x_tr)
     # shared memory: x halves, weight bytes and scales per stage, the output block (x2) below the
     # H100/H200 limit of 227 KiB
@@ -185,7 +269,7 @@ def mgpu_w4a16(x, w_data, w_scales, out_dtype=jnp.bfloat16, cfg: MgpuConfig | No
         grid=(nt, cfg.split_k, steps),
         in_specs=[
             x_spec, x_spec,
-            plgpu.BlockSpec((_WG_ROWS, hb), lambda i, s, t: (i, s * steps + t)),
+            plgpu.BlockSpec((_WG_ROWS, hb), lambda i, s, t: (i, s * steps + t), transforms=w_tr),
             plgpu.BlockSpec((cfg.bk // BLOCK_SIZE, _WG_ROWS), lambda i, s, t: (s * steps + t, i)),
         ],
         out_specs=plgpu.BlockSpec((_WG_ROWS, mp), lambda i, s, t: (s * nt + i, 0)),
