@@ -97,15 +97,16 @@ def _grads(monkeypatch, mode, x, w, recipe, key):
     return out, len(re.findall(r"let mxfp4_quantize_fp8\w* =", jaxpr))  # one per kernel body
 
 
-@pytest.mark.parametrize("rounding,with_key", [("stochastic", True), ("stochastic", False), ("nearest", False)])
-def test_training_fused_equals_unfused(monkeypatch, rounding, with_key):
+@pytest.mark.parametrize("rounding,with_key,dtype", [("stochastic", True, jnp.float32), ("stochastic", False, jnp.bfloat16),
+                                                     ("nearest", False, jnp.float32)])
+def test_training_fused_equals_unfused(monkeypatch, rounding, with_key, dtype):
     """Recipe(backend="fp8") on CPU: the fused passes (interpreter) give bit-identical loss and
     gradients to today's quantize-then-convert passes, flagged rows included."""
     rng = np.random.default_rng()
     t, k, n = 40, 64, 96  # T not a multiple of 32: wgrad pads the token axis
     x = _hard_rows(rng, t, k, jnp.float32)
-    x = jnp.where(jnp.isfinite(x), x, 1.0)  # finite training data (NaN rows: kernel tests above)
-    w = jnp.asarray(rng.standard_normal((k, n)) * 0.1, jnp.float32).at[:32, 0].mul(2.0**30)  # flagged col
+    x = jnp.where(jnp.isfinite(x), x, 1.0).astype(dtype)  # finite training data (NaN rows: kernel tests above)
+    w = jnp.asarray(rng.standard_normal((k, n)) * 0.1, jnp.float32).at[:32, 0].mul(2.0**30).astype(dtype)  # flagged col
     recipe = mx.Recipe(backend="fp8", grad_rounding=rounding)
     key = jax.random.key(int(rng.integers(2**31))) if with_key else None
     (l0, g0), n0 = _grads(monkeypatch, "0", x, w, recipe, key)
