@@ -117,6 +117,20 @@ def test_training_fused_equals_unfused(monkeypatch, rounding, with_key, dtype):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+def test_training_fused_hadamard_and_batch_dims(monkeypatch):
+    """Rotated passes (all three) and a leading batch of tokens: still bit-identical."""
+    rng = np.random.default_rng()
+    x = jnp.asarray(rng.standard_normal((2, 24, 64)), jnp.float32)  # tokens [2, 24] -> M = 48
+    w = jnp.asarray(rng.standard_normal((64, 64)) * 0.1, jnp.float32)
+    recipe = mx.Recipe(backend="fp8", hadamard="all")
+    (l0, g0), _ = _grads(monkeypatch, "0", x, w, recipe, None)
+    (l1, g1), n1 = _grads(monkeypatch, "interpret", x, w, recipe, None)
+    assert n1 >= 4
+    np.testing.assert_array_equal(np.asarray(l0), np.asarray(l1))
+    for a, b in zip(g0, g1):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
 def test_training_other_backends_unfused(monkeypatch):
     """Only GEMMs routed to "fp8" take the fused passes: backend "xla" stays as it was."""
     rng = np.random.default_rng()
