@@ -154,7 +154,7 @@ def run(args):
             "routing_linear": routing(sizes["linear"]), "rows": rows}
 
 
-KERNEL_CONFIGS = {False: [(1, 8), (1, 4), (2, 8)], True: [(4, 8), (8, 8), (2, 4)]}
+KERNEL_CONFIGS = {False: [(1, 8), (1, 4)], True: [(4, 8), (8, 8), (16, 8)]}
 """(rows per program, num_warps) timed per layout by ``--kernel``."""
 
 

@@ -237,8 +237,13 @@ def _fprop(a, b, recipe: Recipe, out_dtype, fprop_seed):
     return gemm.dot_general(a, b, _CANON, preferred_element_type=out_dtype, recipe=recipe)
 
 
-def _grad_gemm(g, w, g_axis, w_axis, precision, key, recipe: Recipe, hadamard_seed=None, w_swap=False):
+def _grad_gemm(g, w, g_axis, w_axis, precision, key, recipe: Recipe, hadamard_seed=None, w_swap=False,
+               grad_dtype=jnp.float32):
     """Contract g (the incoming gradient) along ``g_axis`` with w along ``w_axis``, batch dim 0.
+
+    Returns float32, or ``grad_dtype`` (the dtype the caller casts the gradient to) on the fused
+    FP8 route: the fp8 backend rounds its float32 result to it once, so the value is that of the
+    float32 result cast to ``grad_dtype``, without writing and reading a float32 [M, N] array.
 
     MXFP4: both padded along the contraction to a multiple of 32, optionally Hadamard-transformed,
     g quantized with ``recipe.grad_rounding`` (key ``key``), w with round-to-nearest-even.
@@ -256,12 +261,12 @@ def _grad_gemm(g, w, g_axis, w_axis, precision, key, recipe: Recipe, hadamard_se
         w = hd.random_hadamard_transform(w, w_axis, hadamard_seed, recipe.hadamard_block)
     rounding = recipe.grad_rounding
     sr_key = key if rounding == "stochastic" else None
-    interpret = _fused_route(g, w, contraction, jnp.float32, recipe)
+    interpret = _fused_route(g, w, contraction, grad_dtype, recipe)
     if interpret is not None:  # the GEMM runs on backend "fp8": fused quantize-to-FP8 passes
         gq = _fp8_fused(g, g_axis, recipe.scale_mode, interpret, rounding, sr_key)
         wq = _fp8_fused(w, w_axis, recipe.scale_mode, interpret, swap=w_swap)
         if gq is not None and wq is not None:
-            return gemm.dot_general(gq, wq, contraction, preferred_element_type=jnp.float32, recipe=recipe)
+            return gemm.dot_general(gq, wq, contraction, preferred_element_type=grad_dtype, recipe=recipe)
     gq = quantize(g, g_axis, scale_mode=recipe.scale_mode, rounding=rounding,
                   key=key if rounding == "stochastic" else None)
     wq = quantize(w, w_axis, scale_mode=recipe.scale_mode)
@@ -276,20 +281,20 @@ def rounding_key(key, dy, site: int, tag: int):
     return jax.random.fold_in(key, tag)
 
 
-def _dgrad(dy, b, recipe: Recipe, site: int, key=None):
-    """dA [B, M, K] = dY [B, M, N] · b [B, N, K], contracted along N (float32)."""
+def _dgrad(dy, b, recipe: Recipe, site: int, key=None, grad_dtype=jnp.float32):
+    """dA [B, M, K] = dY [B, M, N] · b [B, N, K], contracted along N (float32; ``grad_dtype`` on the fused FP8 route)."""
     sr = recipe.dgrad == "mxfp4" and recipe.grad_rounding == "stochastic"
     key = rounding_key(key, dy, site, DGRAD_TAG) if sr else None
     seed = _site_seed(site, "dgrad") if "dgrad" in recipe.hadamard_passes else None
-    return _grad_gemm(dy, b, 2, 1, recipe.dgrad, key, recipe, hadamard_seed=seed, w_swap=True)
+    return _grad_gemm(dy, b, 2, 1, recipe.dgrad, key, recipe, hadamard_seed=seed, w_swap=True, grad_dtype=grad_dtype)
 
 
-def _wgrad(dy, a, recipe: Recipe, site: int, key=None):
-    """dB [B, N, K] = dYᵀ · a, both [B, M, ·], contracted along the token axis M (float32)."""
+def _wgrad(dy, a, recipe: Recipe, site: int, key=None, grad_dtype=jnp.float32):
+    """dB [B, N, K] = dYᵀ · a, both [B, M, ·], contracted along the token axis M (float32; ``grad_dtype`` on the fused FP8 route)."""
     mx = recipe.wgrad == "mxfp4"
     key = rounding_key(key, dy, site, WGRAD_TAG) if mx and recipe.grad_rounding == "stochastic" else None
     seed = site if (mx and "wgrad" in recipe.hadamard_passes) else None
-    return _grad_gemm(dy, a, 1, 1, recipe.wgrad, key, recipe, hadamard_seed=seed)
+    return _grad_gemm(dy, a, 1, 1, recipe.wgrad, key, recipe, hadamard_seed=seed, grad_dtype=grad_dtype)
 
 
 def _materialize(dy):
@@ -311,8 +316,8 @@ def _mx_gemm_fwd(a, b, recipe, out_dtype, site, fprop_seed, key):
 
 def _mx_gemm_bwd(recipe, out_dtype, site, fprop_seed, res, dy):
     a, b, key = res
-    da = shd.like(_dgrad(dy, b, recipe, site, key).astype(a.dtype), a)
-    db = shd.like(_wgrad(dy, a, recipe, site, key).astype(b.dtype), b)
+    da = shd.like(_dgrad(dy, b, recipe, site, key, grad_dtype=a.dtype).astype(a.dtype), a)
+    db = shd.like(_wgrad(dy, a, recipe, site, key, grad_dtype=b.dtype).astype(b.dtype), b)
     return da, db, None
 
 

@@ -97,20 +97,35 @@ def _grads(monkeypatch, mode, x, w, recipe, key):
     return out, len(re.findall(r"let mxfp4_quantize_fp8\w* =", jaxpr))  # one per kernel body
 
 
-@pytest.mark.parametrize("rounding,with_key", [("stochastic", True), ("stochastic", False), ("nearest", False)])
-def test_training_fused_equals_unfused(monkeypatch, rounding, with_key):
+@pytest.mark.parametrize("rounding,with_key,dtype", [("stochastic", True, jnp.float32), ("stochastic", False, jnp.bfloat16),
+                                                     ("nearest", False, jnp.float32)])
+def test_training_fused_equals_unfused(monkeypatch, rounding, with_key, dtype):
     """Recipe(backend="fp8") on CPU: the fused passes (interpreter) give bit-identical loss and
     gradients to today's quantize-then-convert passes, flagged rows included."""
     rng = np.random.default_rng()
     t, k, n = 40, 64, 96  # T not a multiple of 32: wgrad pads the token axis
     x = _hard_rows(rng, t, k, jnp.float32)
-    x = jnp.where(jnp.isfinite(x), x, 1.0)  # finite training data (NaN rows: kernel tests above)
-    w = jnp.asarray(rng.standard_normal((k, n)) * 0.1, jnp.float32).at[:32, 0].mul(2.0**30)  # flagged col
+    x = jnp.where(jnp.isfinite(x), x, 1.0).astype(dtype)  # finite training data (NaN rows: kernel tests above)
+    w = jnp.asarray(rng.standard_normal((k, n)) * 0.1, jnp.float32).at[:32, 0].mul(2.0**30).astype(dtype)  # flagged col
     recipe = mx.Recipe(backend="fp8", grad_rounding=rounding)
     key = jax.random.key(int(rng.integers(2**31))) if with_key else None
     (l0, g0), n0 = _grads(monkeypatch, "0", x, w, recipe, key)
     (l1, g1), n1 = _grads(monkeypatch, "interpret", x, w, recipe, key)
     assert n0 == 0 and n1 == 6  # fprop x, w; dgrad dY, w; wgrad dY, x
+    np.testing.assert_array_equal(np.asarray(l0), np.asarray(l1))
+    for a, b in zip(g0, g1):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_training_fused_hadamard_and_batch_dims(monkeypatch):
+    """Rotated passes (all three) and a leading batch of tokens: still bit-identical."""
+    rng = np.random.default_rng()
+    x = jnp.asarray(rng.standard_normal((2, 24, 64)), jnp.float32)  # tokens [2, 24] -> M = 48
+    w = jnp.asarray(rng.standard_normal((64, 64)) * 0.1, jnp.float32)
+    recipe = mx.Recipe(backend="fp8", hadamard="all")
+    (l0, g0), _ = _grads(monkeypatch, "0", x, w, recipe, None)
+    (l1, g1), n1 = _grads(monkeypatch, "interpret", x, w, recipe, None)
+    assert n1 >= 4
     np.testing.assert_array_equal(np.asarray(l0), np.asarray(l1))
     for a, b in zip(g0, g1):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
