@@ -51,7 +51,11 @@ VARIANTS = {
     "mxfp4-highest": mx.Recipe(precision="highest"),
     "mxfp4-unfused": mx.Recipe(),
     "mxfp4-nearest-unfused": mx.Recipe(grad_rounding="nearest"),
+    "mxfp4-rbg-key": mx.Recipe(),  # an explicit "rbg" key: SR uniforms from XLA's RngBitGenerator
 }
+KEY_IMPL = {"mxfp4-rbg-key": "rbg"}
+"""Variants given an explicit rounding key of this PRNG implementation (the others use the
+data-derived key, threefry: bit-identical SR then costs ~80 integer operations per element)."""
 UNFUSED = ("mxfp4-unfused", "mxfp4-nearest-unfused")  # traced with JAX_MXFP4_FUSED_TRAINING=0
 
 
@@ -77,8 +81,9 @@ def _bf16_dense(x, w):
     return lax.dot_general(x, w, (((x.ndim - 1,), (0,)), ((), ())), preferred_element_type=jnp.bfloat16)
 
 
-def layer_fns(config, recipe):
-    dense = _bf16_dense if recipe is None else (lambda x, w: mx.dense(x, w, recipe=recipe))
+def layer_fns(config, recipe, key_impl=None):
+    key = None if key_impl is None else jax.random.key(0, impl=key_impl)
+    dense = _bf16_dense if recipe is None else (lambda x, w: mx.dense(x, w, recipe=recipe, key=key))
     if config == "linear":
         return lambda x, w: dense(x, w)
     return lambda x, w1, w2: dense(jax.nn.gelu(dense(x, w1)), w2)
@@ -136,7 +141,7 @@ def run(args):
                 continue
             try:
                 with _env(FUSED_ENV, "0" if variant in UNFUSED else None):
-                    r = time_fn(make_step(layer_fns(config, recipe)), sets, **timing)
+                    r = time_fn(make_step(layer_fns(config, recipe, KEY_IMPL.get(variant))), sets, **timing)
                 r["status"] = "ok"
             except Exception as e:  # record, keep going
                 r = {"status": "error", "reason": f"{type(e).__name__}: {str(e)[:300]}"}
