@@ -59,10 +59,13 @@ def bound_check(out, ref, a_abs, b_abs, k, bf16_out):
 
 VARIANTS = {  # name -> MgpuConfig; the first two are also timed at M = 1 and 128
     "ptx bk256 s2 st4": MgpuConfig(bk=256, split_k=2, stages=4, decode="ptx"),
+    "ws ptx bk256 s2 st4": MgpuConfig(bk=256, split_k=2, stages=4, decode="ptx", warp_specialized=True),
     "ptx bk256 s4 st4": MgpuConfig(bk=256, split_k=4, stages=4, decode="ptx"),
-    "ptx bk512 s2 st3": MgpuConfig(bk=512, split_k=2, stages=3, decode="ptx"),
+    "ws ptx bk256 s4 st4": MgpuConfig(bk=256, split_k=4, stages=4, decode="ptx", warp_specialized=True),
+    "ws ptx bk512 s2 st3": MgpuConfig(bk=512, split_k=2, stages=3, decode="ptx", warp_specialized=True),
     "ptx bk128 s4 st6": MgpuConfig(bk=128, split_k=4, stages=6, decode="ptx"),
-    "ptx bk256 s1 st4": MgpuConfig(bk=256, split_k=1, stages=4, decode="ptx"),
+    "ws ptx bk128 s4 st4": MgpuConfig(bk=128, split_k=4, stages=4, decode="ptx", warp_specialized=True),
+    "ptx bk512 s2 st3": MgpuConfig(bk=512, split_k=2, stages=3, decode="ptx"),
     "mul bk256 s2 st4": MgpuConfig(bk=256, split_k=2, stages=4),
     "select bk256 s2 st4": MgpuConfig(bk=256, split_k=2, stages=4, decode="select"),
 }
@@ -73,6 +76,7 @@ def main(argv=None):
     ap.add_argument("--out", default="results/wgemm_mgpu")
     ap.add_argument("--budget", type=float, default=200.0, help="seconds after which no new timing starts")
     ap.add_argument("--quick", action="store_true", help="small shapes only (smoke test)")
+    ap.add_argument("--all", action="store_true", help="time every variant at M = 16")
     args = ap.parse_args(argv)
     out = out_dir(args.out)
     info = device_info()
@@ -96,14 +100,14 @@ def main(argv=None):
             return None
 
     # ---- edge case: every E8M0 byte + a NaN block, both decodes
-    def edge(decode):
+    def edge(decode, ws=False):
         rng = np.random.default_rng(5)
         m, n, k = 16, 256, 256
         data = rng.integers(0, 256, (n, k // 2), dtype=np.uint8)
         sb = (np.arange(n * (k // 32), dtype=np.int64).reshape(n, k // 32) % 255).astype(np.uint8)
         sb[17, 3] = 255
         x = jnp.asarray(rng.standard_normal((m, k)) * 2.0**-10, jnp.bfloat16)
-        cfg = MgpuConfig(bk=64, split_k=2, stages=2, decode=decode)
+        cfg = MgpuConfig(bk=64, split_k=2, stages=2, decode=decode, warp_specialized=ws)
         got = np.asarray(jax.jit(lambda a, d, s: mgpu_w4a16(a, d, s, jnp.float32, cfg))(
             x, jnp.asarray(data), jnp.asarray(sb)), np.float64)
         codes = np.stack([data & 15, data >> 4], -1).reshape(n, k)
@@ -123,12 +127,13 @@ def main(argv=None):
                                         preferred_element_type=jnp.float32), np.float64)
         same_nan = bool(np.array_equal(np.isnan(xla), np.isnan(got)))
         ok_xla = bool(np.all(np.abs(got[fin] - xla[fin]) <= 2 * 2 * k * 2.0**-24 * mag[fin] + 2.0**-126))
-        record({"kind": "check", "case": f"every E8M0 byte + NaN block ({decode})",
+        record({"kind": "check", "case": f"every E8M0 byte + NaN block ({decode}{' ws' if ws else ''})",
                 "ok": ok_vals and ok_nan and same_nan and ok_xla, "ok_vals": ok_vals, "ok_nan": ok_nan,
                 "nan_pattern_as_xla": same_nan, "ok_vs_xla": ok_xla})
 
     for dec in DECODES:
         guarded("check", f"edge {dec}", lambda dec=dec: edge(dec))
+    guarded("check", "edge ptx ws", lambda: edge("ptx", True))
 
     # ---- random data vs backend "xla"
     def check(m, n, k, cfg, odt, name):
@@ -149,7 +154,8 @@ def main(argv=None):
             *s, cfg, jnp.float32 if s[0] == 40 else jnp.bfloat16, name)) for s in shapes[:1]]
         passed[name] = all(oks)
     for s in shapes[1:]:
-        for name in list(VARIANTS)[:2] + ["mul bk256 s2 st4"]:
+        names = ["ptx bk128 s4 st6", "ws ptx bk128 s4 st4"] if s[0] > 64 else list(VARIANTS)[:2]
+        for name in names + ["mul bk256 s2 st4"]:
             guarded("check", f"{s} {name}", lambda s=s, name=name: check(*s, VARIANTS[name], jnp.float32, name))
 
     # ---- timing
@@ -205,7 +211,10 @@ def main(argv=None):
             f"triton wgemm {wcfg}", lambda a, d, s: weight_stationary_gemm(
                 a[None], d[None], s[None], out_dtype=jnp.bfloat16, cfg=wcfg)[0], sets))
         prepared = [(x, d, kernel_scales(s)) for x, d, s in sets]
-        names = list(VARIANTS) if m == 16 else list(VARIANTS)[:2]
+        names = list(VARIANTS) if m == 16 else (
+            list(VARIANTS)[:2] if m <= 64 else ["ptx bk128 s4 st6", "ws ptx bk128 s4 st4"])
+        if m == 16:  # the portable decodes are checked above, timed only with --all
+            names = names if args.all else names[:6]
         for name in names:
             cfg = VARIANTS[name]
             if not passed.get(name, False):

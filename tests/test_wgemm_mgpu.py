@@ -114,6 +114,9 @@ def _mgpu_available():
     (1, 8192, 8192, wm.MgpuConfig(bk=512, stages=3, decode="ptx")),
     (128, 8192, 8192, wm.MgpuConfig(bk=128, split_k=4, decode="ptx")),
     (16, 256, 256, wm.MgpuConfig(bk=64, decode="ptx")),
+    (16, 8192, 8192, wm.MgpuConfig(decode="ptx", warp_specialized=True)),
+    (1, 8192, 8192, wm.MgpuConfig(bk=512, stages=3, decode="ptx", warp_specialized=True)),
+    (128, 8192, 8192, wm.MgpuConfig(bk=128, split_k=4, decode="ptx", warp_specialized=True)),
 ])
 def test_lowers_for_cuda(m, n, k, cfg):
     f = jax.jit(lambda x, d, s: wm.mgpu_w4a16(x, d, s, jnp.bfloat16, cfg))
@@ -137,7 +140,20 @@ def test_bad_input_refused(shapes, msg):
         wm.mgpu_w4a16(jnp.zeros(xs, xd), jnp.zeros(ds, jnp.uint8), jnp.zeros(ss, jnp.uint8))
 
 
+@pytest.mark.skipif(not _mgpu_available(), reason="Mosaic GPU lowering unavailable in this jaxlib")
+def test_warp_specialized_refuses_what_does_not_fit():
+    cfg = wm.MgpuConfig(bk=512, decode="ptx", warp_specialized=True)
+    with pytest.raises(ValueError, match="shared memory"):
+        wm.mgpu_w4a16(jnp.zeros((128, 1024), jnp.bfloat16), jnp.zeros((128, 512), jnp.uint8),
+                      jnp.zeros((128, 32), jnp.uint8), jnp.bfloat16, cfg)
+    with pytest.raises(ValueError, match="multiple of 128"):
+        wm.mgpu_w4a16(jnp.zeros((16, 1024), jnp.bfloat16), jnp.zeros((64, 512), jnp.uint8),
+                      jnp.zeros((64, 32), jnp.uint8), jnp.bfloat16, wm.MgpuConfig(decode="ptx", warp_specialized=True))
+
+
 def test_config_validation():
+    with pytest.raises(ValueError, match="warp_specialized"):
+        wm.MgpuConfig(warp_specialized=True)
     with pytest.raises(ValueError, match="decode"):
         wm.MgpuConfig(decode="asm")
     with pytest.raises(ValueError, match="bk"):

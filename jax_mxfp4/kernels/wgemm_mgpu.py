@@ -66,7 +66,9 @@ class MgpuConfig:
     bk: K elements per pipeline step (multiple of 32, divides K / split_k); split_k: K ranges
     summed afterwards; stages: pipeline depth (``max_concurrent_steps``; lowered where shared memory would not fit); decode: ``"mul"`` or
     ``"select"`` (module doc); x_swizzle: shared-memory swizzle of x's tiles in bytes (32: each
-    16-element block is one tile).
+    16-element block is one tile); warp_specialized: ``plgpu.kernel`` with two compute warpgroups
+    (128 weight rows per CTA) fed by a TMA warpgroup (``emit_pipeline_warp_specialized``) instead
+    of the one-warpgroup ``pallas_call`` pipeline ("ptx" decode only).
     """
 
     bk: int = 256
@@ -74,6 +76,7 @@ class MgpuConfig:
     stages: int = 4
     decode: str = "mul"
     x_swizzle: int = 32
+    warp_specialized: bool = False
 
     def __post_init__(self):
         if self.decode not in DECODES:
@@ -82,6 +85,8 @@ class MgpuConfig:
             raise ValueError(f"MgpuConfig.bk must be a positive multiple of {BLOCK_SIZE}, got {self.bk}")
         if self.split_k < 1 or self.stages < 1:
             raise ValueError(f"MgpuConfig.split_k and stages must be >= 1, got {self.split_k}, {self.stages}")
+        if self.warp_specialized and self.decode != "ptx":
+            raise ValueError('MgpuConfig.warp_specialized needs decode="ptx"')
         if self.x_swizzle != 32:
             raise ValueError(f"MgpuConfig.x_swizzle must be 32, got {self.x_swizzle}")
 
@@ -213,6 +218,76 @@ def _kernel(xe_ref, xo_ref, w_ref, s_ref, o_ref, acc_ref, *, cfg: MgpuConfig, st
         o_ref[...] = acc_ref[...]
 
 
+def _warp_specialized_call(xe, xo, w_data, scales, *, cfg: MgpuConfig, n: int, mp: int):
+    """Two compute warpgroups (64 weight rows each) and one TMA warpgroup per CTA; one CTA per
+    (128-row tile, K split). Returns float32 partial sums [split_k * N, mp]."""
+    plgpu = _plgpu()
+    rows = 2 * _WG_ROWS
+    if n % rows:
+        raise ValueError(f"mgpu_w4a16: N={n} must be a multiple of {rows} (warp_specialized)")
+    k_half = w_data.shape[1]
+    hb, nb = cfg.bk // 2, cfg.bk // BLOCK_SIZE
+    kh_split = k_half // cfg.split_k
+    steps = kh_split // hb
+    nt = n // rows
+    xsw, wsw = _swizzle(hb * 2), _swizzle(hb)
+    x_tr = (plgpu.TilingTransform((8, xsw // 2)), plgpu.SwizzleTransform(xsw))
+    w_tr = (plgpu.TilingTransform((8, wsw)), plgpu.SwizzleTransform(wsw))
+    per_stage = 2 * mp * hb * 2 + rows * hb + nb * rows * 2
+    stages = min(cfg.stages, steps, (_SMEM_BUDGET - 2 * _WG_ROWS * mp * 4) // per_stage)
+    if stages < 2:
+        raise ValueError(f"mgpu_w4a16: warp_specialized with bk={cfg.bk} and {mp} padded rows needs "
+                         f"two pipeline stages of {per_stage} bytes: too much shared memory (lower bk)")
+
+    def body(xe_g, xo_g, w_g, s_g, out_g, out_smem):
+        cta = lax.axis_index("cta")
+        tile, sp = lax.rem(cta, nt), lax.div(cta, nt)
+        wg = lax.axis_index("wg")
+        wrows = pl.ds(wg * _WG_ROWS, _WG_ROWS)
+
+        def mma_body(_, xe_s, xo_s, w_s, s_s, acc_ref):
+            byt = plgpu.load(w_s.at[wrows], (), layout=plgpu.Layout.WGMMA_8BIT)
+            lo, hi = _decode_ptx(byt, s_s.at[:, wrows], hb)
+            plgpu.wgmma(acc_ref, lo, plgpu.transpose_ref(xe_s, (1, 0)))
+            plgpu.wgmma(acc_ref, hi, plgpu.transpose_ref(xo_s, (1, 0)))
+            plgpu.wgmma_wait(0)
+            return acc_ref
+
+        def compute_context(eval_pipeline):
+            @functools.partial(pl.run_scoped, acc_ref=plgpu.ACC((_WG_ROWS, mp), jnp.float32))
+            def _(acc_ref):
+                eval_pipeline(acc_ref)
+                out_smem[wg] = acc_ref[...]
+                plgpu.commit_smem()
+                plgpu.copy_smem_to_gmem(
+                    out_smem.at[wg], out_g.at[pl.ds(sp * n + tile * rows + wg * _WG_ROWS, _WG_ROWS)])
+                plgpu.wait_smem_to_gmem(0)
+
+        pipeline = plgpu.emit_pipeline_warp_specialized(
+            mma_body, grid=(steps,), memory_registers=40, wg_axis="wg", num_compute_wgs=2,
+            max_concurrent_steps=stages, compute_context=compute_context,
+            in_specs=[
+                plgpu.BlockSpec((mp, hb), lambda t: (0, t), transforms=x_tr),
+                plgpu.BlockSpec((mp, hb), lambda t: (0, t), transforms=x_tr),
+                plgpu.BlockSpec((rows, hb), lambda t: (0, t), transforms=w_tr),
+                plgpu.BlockSpec((nb, rows), lambda t: (t, 0)),
+            ])
+        ks = pl.ds(sp * kh_split, kh_split)
+        pipeline(xe_g.at[:, ks], xo_g.at[:, ks], w_g.at[pl.ds(tile * rows, rows), ks],
+                 s_g.at[pl.ds(sp * (kh_split // (BLOCK_SIZE // 2)), kh_split // (BLOCK_SIZE // 2)),
+                        pl.ds(tile * rows, rows)])
+
+    f = plgpu.kernel(
+        body,
+        out_shape=jax.ShapeDtypeStruct((cfg.split_k * n, mp), jnp.float32),
+        grid=(nt * cfg.split_k,), grid_names=("cta",),
+        num_threads=3, thread_name="wg",
+        compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Lane),
+        scratch_shapes=dict(out_smem=plgpu.SMEM((2, _WG_ROWS, mp), jnp.float32)),
+    )
+    return f(xe, xo, w_data, scales)
+
+
 def mgpu_w4a16(x, w_data, w_scales, out_dtype=jnp.bfloat16, cfg: MgpuConfig | None = None,
                *, scales_prepared: bool = False, interpret=False):
     """``x · Wᵀ`` for bfloat16 x [M, K] and MXFP4 W -> [M, N] of ``out_dtype`` (float32 accumulation).
@@ -259,6 +334,10 @@ def mgpu_w4a16(x, w_data, w_scales, out_dtype=jnp.bfloat16, cfg: MgpuConfig | No
     wsw = _swizzle(hb)
     w_tr = (plgpu.TilingTransform((8, wsw)), plgpu.SwizzleTransform(wsw)) if cfg.decode == "ptx" else ()
     x_spec = plgpu.BlockSpec((mp, hb), lambda i, s, t: (0, s * steps + t), transforms=x_tr)
+    if cfg.warp_specialized:
+        out = _warp_specialized_call(xe, xo, w_data, scales, cfg=cfg, n=n, mp=mp)
+        out = out.reshape(cfg.split_k, n, mp).sum(axis=0)
+        return out[:, :m].T.astype(out_dtype)
     # shared memory: x halves, weight bytes and scales per stage, the output block (x2) below the
     # H100/H200 limit of 227 KiB
     per_stage = 2 * mp * hb * 2 + _WG_ROWS * hb + (cfg.bk // BLOCK_SIZE) * _WG_ROWS * 2
