@@ -12,6 +12,8 @@ bfloat16 lanes of $5 and $6); here its column order against the two register lay
 
 from __future__ import annotations
 
+import dataclasses
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -180,3 +182,28 @@ def test_ptx_fragment_order_is_a_permutation_matching_the_layouts():
     byte_cols = np.concatenate([16 * b + order for b in range(2)])
     got = np.asarray(lo, np.float64) @ w[:, 2 * byte_cols].T + np.asarray(hi, np.float64) @ w[:, 2 * byte_cols + 1].T
     np.testing.assert_allclose(got, np.asarray(x, np.float64) @ w.T, rtol=1e-12)
+
+
+@pytest.mark.skipif(not _mgpu_available(), reason="Mosaic GPU lowering unavailable in this jaxlib")
+def test_dispatch_switch_routes_hopper_w4a16_to_the_kernel(monkeypatch):
+    """Behind backends.pallas.W4A16_MOSAIC_GPU (off by default): a decode-size w4a16 problem on a
+    compute-capability-9.0 CUDA device routes to the Mosaic GPU kernel and lowers for CUDA."""
+    import jax_mxfp4 as mx
+    from jax_mxfp4.backends import fp8, pallas
+    from jax_mxfp4.backends.base import GemmProblem
+
+    prob = GemmProblem(batch=1, m=16, n=1024, k=2048, out_dtype=np.dtype(jnp.bfloat16), scale_layout="plain",
+                       platform="cuda", lhs_kind="float", rhs_kind="mxfp4", lhs_dtype=np.dtype(jnp.bfloat16))
+    assert not pallas.W4A16_MOSAIC_GPU
+    assert "Mosaic" not in pallas.PallasBackend().route(prob)
+    monkeypatch.setattr(pallas, "W4A16_MOSAIC_GPU", True)
+    monkeypatch.setattr(fp8, "_compute_capability", lambda: (9, 0))
+    assert "Mosaic GPU w4a16" in pallas.PallasBackend().route(prob)
+    for other in (dict(m=200), dict(platform="rocm"), dict(lhs_kind="mxfp4")):
+        assert "Mosaic" not in pallas.PallasBackend().route(dataclasses.replace(prob, **other))
+    x = jax.ShapeDtypeStruct((1, 16, 2048), jnp.bfloat16)
+    w = mx.quantize(jnp.ones((1, 1024, 2048), jnp.float32), 2)
+    f = jax.jit(lambda a, wd, ws: pallas._weight_stationary(
+        a, mx.MXFP4Array(wd, ws, 2, w.shape, w.dtype, w.scale_mode, "plain"), prob))
+    txt = f.trace(x, w.data, w.scales).lower(lowering_platforms=("cuda",)).as_text()
+    assert "mosaic_gpu" in txt

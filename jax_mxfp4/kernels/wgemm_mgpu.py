@@ -363,3 +363,27 @@ def mgpu_w4a16(x, w_data, w_scales, out_dtype=jnp.bfloat16, cfg: MgpuConfig | No
     )(xe, xo, w_data, scales)
     out = out.reshape(cfg.split_k, n, mp).sum(axis=0)
     return out[:, :m].T.astype(out_dtype)
+
+
+def default_mgpu_config(m: int, n: int, k: int) -> MgpuConfig:
+    """Tiling by shape (provisional: to be set from benchmarks/wgemm_mgpu_check.py on the H200)."""
+    bk = 256 if m <= 64 else 128
+    split = 2
+    while k % (bk * split):
+        if split > 1:
+            split //= 2
+        else:
+            bk //= 2
+    return MgpuConfig(bk=bk, split_k=split, stages=4, decode="ptx")
+
+
+def unsupported_reason(m: int, n: int, k: int) -> str | None:
+    """None if :func:`mgpu_w4a16` with :func:`default_mgpu_config` takes [m, k] x [n, k], else why
+    not (shape rules of the kernel; the device check is the caller's)."""
+    if m > 128:
+        return f"M={m} > 128 activation rows (decode-size kernel)"
+    if n % _WG_ROWS:
+        return f"N={n} is not a multiple of {_WG_ROWS} weight rows"
+    if k % (2 * BLOCK_SIZE):
+        return f"K={k} is not a multiple of {2 * BLOCK_SIZE}"
+    return None
