@@ -62,6 +62,8 @@ VARIANTS = {  # name -> MgpuConfig; the first two are also timed at M = 1 and 12
     "ws ptx bk256 s2 st4": MgpuConfig(bk=256, split_k=2, stages=4, decode="ptx", warp_specialized=True),
     "ptx bk256 s4 st4": MgpuConfig(bk=256, split_k=4, stages=4, decode="ptx"),
     "ws ptx bk256 s4 st4": MgpuConfig(bk=256, split_k=4, stages=4, decode="ptx", warp_specialized=True),
+    "ws raw ptx bk256 s2 st4": MgpuConfig(bk=256, split_k=2, stages=4, decode="ptx", warp_specialized=True,
+                                          raw_scales=True),
     "ws ptx bk512 s2 st3": MgpuConfig(bk=512, split_k=2, stages=3, decode="ptx", warp_specialized=True),
     "ptx bk128 s4 st6": MgpuConfig(bk=128, split_k=4, stages=6, decode="ptx"),
     "ws ptx bk128 s4 st4": MgpuConfig(bk=128, split_k=4, stages=4, decode="ptx", warp_specialized=True),
@@ -100,14 +102,14 @@ def main(argv=None):
             return None
 
     # ---- edge case: every E8M0 byte + a NaN block, both decodes
-    def edge(decode, ws=False):
+    def edge(decode, ws=False, raw=False):
         rng = np.random.default_rng(5)
-        m, n, k = 16, 256, 256
+        m, n, k = 16, 256, 1024
         data = rng.integers(0, 256, (n, k // 2), dtype=np.uint8)
         sb = (np.arange(n * (k // 32), dtype=np.int64).reshape(n, k // 32) % 255).astype(np.uint8)
         sb[17, 3] = 255
         x = jnp.asarray(rng.standard_normal((m, k)) * 2.0**-10, jnp.bfloat16)
-        cfg = MgpuConfig(bk=64, split_k=2, stages=2, decode=decode, warp_specialized=ws)
+        cfg = MgpuConfig(bk=64, split_k=2, stages=2, decode=decode, warp_specialized=ws, raw_scales=raw)
         got = np.asarray(jax.jit(lambda a, d, s: mgpu_w4a16(a, d, s, jnp.float32, cfg))(
             x, jnp.asarray(data), jnp.asarray(sb)), np.float64)
         codes = np.stack([data & 15, data >> 4], -1).reshape(n, k)
@@ -127,13 +129,14 @@ def main(argv=None):
                                         preferred_element_type=jnp.float32), np.float64)
         same_nan = bool(np.array_equal(np.isnan(xla), np.isnan(got)))
         ok_xla = bool(np.all(np.abs(got[fin] - xla[fin]) <= 2 * 2 * k * 2.0**-24 * mag[fin] + 2.0**-126))
-        record({"kind": "check", "case": f"every E8M0 byte + NaN block ({decode}{' ws' if ws else ''})",
+        record({"kind": "check", "case": f"every E8M0 byte + NaN block ({decode}{' ws' if ws else ''}{' raw' if raw else ''})",
                 "ok": ok_vals and ok_nan and same_nan and ok_xla, "ok_vals": ok_vals, "ok_nan": ok_nan,
                 "nan_pattern_as_xla": same_nan, "ok_vs_xla": ok_xla})
 
     for dec in DECODES:
         guarded("check", f"edge {dec}", lambda dec=dec: edge(dec))
     guarded("check", "edge ptx ws", lambda: edge("ptx", True))
+    guarded("check", "edge ptx ws raw", lambda: edge("ptx", True, True))
 
     # ---- random data vs backend "xla"
     def check(m, n, k, cfg, odt, name):
@@ -212,13 +215,17 @@ def main(argv=None):
                 a[None], d[None], s[None], out_dtype=jnp.bfloat16, cfg=wcfg)[0], sets))
         prepared = [(x, d, kernel_scales(s)) for x, d, s in sets]
         names = list(VARIANTS) if m == 16 else (
-            list(VARIANTS)[:2] if m <= 64 else ["ptx bk128 s4 st6", "ws ptx bk128 s4 st4"])
+            list(VARIANTS)[:2] + ["ws raw ptx bk256 s2 st4"] if m <= 64 else ["ptx bk128 s4 st6", "ws ptx bk128 s4 st4"])
         if m == 16:  # the portable decodes are checked above, timed only with --all
-            names = names if args.all else names[:6]
+            names = names if args.all else names[:7]
         for name in names:
             cfg = VARIANTS[name]
             if not passed.get(name, False):
                 record({"kind": "skip", "m": m, "variant": name, "reason": "failed or errored check"})
+                continue
+            if cfg.raw_scales:  # E8M0 bytes as stored, converted in the kernel
+                guarded("time", f"mgpu {name} M={m}", lambda cfg=cfg, name=name: timed(
+                    f"mgpu {name} (raw scale bytes)", lambda a, d, s: mgpu_w4a16(a, d, s, jnp.bfloat16, cfg), sets))
                 continue
             guarded("time", f"mgpu {name} M={m}", lambda cfg=cfg, name=name: timed(
                 f"mgpu {name} (scales prepared)", lambda a, d, s: mgpu_w4a16(

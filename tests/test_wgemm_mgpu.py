@@ -119,6 +119,8 @@ def _mgpu_available():
     (16, 8192, 8192, wm.MgpuConfig(decode="ptx", warp_specialized=True)),
     (1, 8192, 8192, wm.MgpuConfig(bk=512, stages=3, decode="ptx", warp_specialized=True)),
     (128, 8192, 8192, wm.MgpuConfig(bk=128, split_k=4, decode="ptx", warp_specialized=True)),
+    (16, 8192, 8192, wm.MgpuConfig(decode="ptx", warp_specialized=True, raw_scales=True)),
+    (1, 1024, 1024, wm.MgpuConfig(bk=64, split_k=2, decode="ptx", warp_specialized=True, raw_scales=True)),
 ])
 def test_lowers_for_cuda(m, n, k, cfg):
     f = jax.jit(lambda x, d, s: wm.mgpu_w4a16(x, d, s, jnp.bfloat16, cfg))
@@ -156,6 +158,8 @@ def test_warp_specialized_refuses_what_does_not_fit():
 def test_config_validation():
     with pytest.raises(ValueError, match="warp_specialized"):
         wm.MgpuConfig(warp_specialized=True)
+    with pytest.raises(ValueError, match="raw_scales"):
+        wm.MgpuConfig(decode="ptx", raw_scales=True)
     with pytest.raises(ValueError, match="decode"):
         wm.MgpuConfig(decode="asm")
     with pytest.raises(ValueError, match="bk"):

@@ -68,7 +68,10 @@ class MgpuConfig:
     ``"select"`` (module doc); x_swizzle: shared-memory swizzle of x's tiles in bytes (32: each
     16-element block is one tile); warp_specialized: ``plgpu.kernel`` with two compute warpgroups
     (128 weight rows per CTA) fed by a TMA warpgroup (``emit_pipeline_warp_specialized``) instead
-    of the one-warpgroup ``pallas_call`` pipeline ("ptx" decode only).
+    of the one-warpgroup ``pallas_call`` pipeline ("ptx" decode only); raw_scales (warp_specialized
+    only): the kernel reads the E8M0 bytes [N, K/32] as stored (each CTA copies its [128, K/32 /
+    split_k] slab into shared memory once) and converts them in registers, instead of taking the
+    bfloat16 [K/32, N] form that :func:`kernel_scales` builds outside.
     """
 
     bk: int = 256
@@ -77,6 +80,7 @@ class MgpuConfig:
     decode: str = "mul"
     x_swizzle: int = 32
     warp_specialized: bool = False
+    raw_scales: bool = False
 
     def __post_init__(self):
         if self.decode not in DECODES:
@@ -85,6 +89,8 @@ class MgpuConfig:
             raise ValueError(f"MgpuConfig.bk must be a positive multiple of {BLOCK_SIZE}, got {self.bk}")
         if self.split_k < 1 or self.stages < 1:
             raise ValueError(f"MgpuConfig.split_k and stages must be >= 1, got {self.split_k}, {self.stages}")
+        if self.raw_scales and not self.warp_specialized:
+            raise ValueError("MgpuConfig.raw_scales needs warp_specialized=True")
         if self.warp_specialized and self.decode != "ptx":
             raise ValueError('MgpuConfig.warp_specialized needs decode="ptx"')
         if self.x_swizzle != 32:
@@ -146,7 +152,7 @@ def split_x(x, decode: str):
     return (xb[:, :, 2 * byte].reshape(m, k // 2), xb[:, :, 2 * byte + 1].reshape(m, k // 2))
 
 
-def _decode_ptx(byt, s_ref, hb: int):
+def _decode_ptx(byt, s_ref, hb: int, raw: bool = False):
     """Packed bytes uint8 [64, hb] (WGMMA_LAYOUT_8BIT) and the scale block bfloat16 [hb/16, 64]
     (shared memory) -> bfloat16 (lo, hi) [64, hb] in the WGMMA layout, by the inline PTX of
     :mod:`jax_mxfp4.kernels.e2m1_asm` (the same instructions the Triton kernel runs): one 32-bit
@@ -157,6 +163,7 @@ def _decode_ptx(byt, s_ref, hb: int):
 
     @plgpu.inline_mgpu(arg_types=(plgpu.Layout.WGMMA_8BIT, plgpu.RefType()), return_type=(ret, ret))
     def decode(ctx, fa, sref):
+        # sref: bfloat16 [nb, 64] (kernel_scales form) or uint8 [64, nb] (E8M0 bytes as stored)
         del ctx
         import jax.experimental.mosaic.gpu as mgpu
         from jaxlib.mlir import ir
@@ -173,8 +180,16 @@ def _decode_ptx(byt, s_ref, hb: int):
         struct = llvm.StructType.get_literal([i32] * 4)
         for (row, _col), ridx in zip(fa.layout.thread_idxs(fa.shape), np.ndindex(regs.shape)):
             b, rh = ridx[1], ridx[4]
-            sc = memref.load(sref, [arith.constant(index, b), row])
-            s32 = arith.extui(i32, arith.bitcast(i16, sc))
+            if raw:  # E8M0 byte -> bfloat16 bits, the rule of mx_format.e8m0_to_bf16_bits
+                sb = arith.extui(i32, memref.load(sref, [row, arith.constant(index, b)]))
+                bits = arith.shli(sb, arith.constant(i32, 7))
+                bits = arith.select(arith.cmpi(arith.CmpIPredicate.eq, sb, arith.constant(i32, 0)),
+                                    arith.constant(i32, 0x0040), bits)
+                s32 = arith.select(arith.cmpi(arith.CmpIPredicate.eq, sb, arith.constant(i32, 255)),
+                                   arith.constant(i32, 0x7FC0), bits)
+            else:
+                sc = memref.load(sref, [arith.constant(index, b), row])
+                s32 = arith.extui(i32, arith.bitcast(i16, sc))
             s2 = arith.ori(s32, arith.shli(s32, arith.constant(i32, 16)))
             q = mgpu.utils.bitcast(regs[ridx], i32)
             res = llvm.inline_asm(struct, [q, s2, s2], e2m1_asm._DECODE_PTX, "=r,=r,=r,=r,r,r,r")
@@ -233,21 +248,42 @@ def _warp_specialized_call(xe, xo, w_data, scales, *, cfg: MgpuConfig, n: int, m
     xsw, wsw = _swizzle(hb * 2), _swizzle(hb)
     x_tr = (plgpu.TilingTransform((8, xsw // 2)), plgpu.SwizzleTransform(xsw))
     w_tr = (plgpu.TilingTransform((8, wsw)), plgpu.SwizzleTransform(wsw))
-    per_stage = 2 * mp * hb * 2 + rows * hb + nb * rows * 2
-    stages = min(cfg.stages, steps, (_SMEM_BUDGET - 2 * _WG_ROWS * mp * 4) // per_stage)
+    raw = cfg.raw_scales
+    nbs = kh_split // (BLOCK_SIZE // 2)  # scale bytes per row of one K split
+    per_stage = 2 * mp * hb * 2 + rows * hb + (0 if raw else nb * rows * 2)
+    fixed = 2 * _WG_ROWS * mp * 4 + (rows * nbs if raw else 0)
+    if raw and not 16 <= nbs <= 256:
+        raise ValueError(f"mgpu_w4a16: raw_scales needs 16..256 scale bytes per row and K split, got {nbs}")
+    stages = min(cfg.stages, steps, (_SMEM_BUDGET - fixed) // per_stage)
     if stages < 2:
         raise ValueError(f"mgpu_w4a16: warp_specialized with bk={cfg.bk} and {mp} padded rows needs "
                          f"two pipeline stages of {per_stage} bytes: too much shared memory (lower bk)")
 
-    def body(xe_g, xo_g, w_g, s_g, out_g, out_smem):
+    def body(xe_g, xo_g, w_g, s_g, out_g, out_smem, slab, slab_bar):
         cta = lax.axis_index("cta")
         tile, sp = lax.rem(cta, nt), lax.div(cta, nt)
         wg = lax.axis_index("wg")
         wrows = pl.ds(wg * _WG_ROWS, _WG_ROWS)
+        if raw:  # this CTA's scale bytes, once: [128 rows, K/32 / split_k]
+            @pl.when(wg == 2)
+            def _():
+                plgpu.copy_gmem_to_smem(s_g.at[pl.ds(tile * rows, rows), pl.ds(sp * nbs, nbs)], slab,
+                                        slab_bar.at[0])
 
-        def mma_body(_, xe_s, xo_s, w_s, s_s, acc_ref):
+            @pl.when(wg < 2)
+            def _():
+                plgpu.barrier_wait(slab_bar.at[0])
+
+        def mma_body(idx, *refs):
+            if raw:
+                xe_s, xo_s, w_s, acc_ref = refs
+                (t,) = idx
+                sref = slab.at[wrows, pl.ds(t * nb, nb)]
+            else:
+                xe_s, xo_s, w_s, s_s, acc_ref = refs
+                sref = s_s.at[:, wrows]
             byt = plgpu.load(w_s.at[wrows], (), layout=plgpu.Layout.WGMMA_8BIT)
-            lo, hi = _decode_ptx(byt, s_s.at[:, wrows], hb)
+            lo, hi = _decode_ptx(byt, sref, hb, raw)
             plgpu.wgmma(acc_ref, lo, plgpu.transpose_ref(xe_s, (1, 0)))
             plgpu.wgmma(acc_ref, hi, plgpu.transpose_ref(xo_s, (1, 0)))
             plgpu.wgmma_wait(0)
@@ -270,12 +306,12 @@ def _warp_specialized_call(xe, xo, w_data, scales, *, cfg: MgpuConfig, n: int, m
                 plgpu.BlockSpec((mp, hb), lambda t: (0, t), transforms=x_tr),
                 plgpu.BlockSpec((mp, hb), lambda t: (0, t), transforms=x_tr),
                 plgpu.BlockSpec((rows, hb), lambda t: (0, t), transforms=w_tr),
-                plgpu.BlockSpec((nb, rows), lambda t: (t, 0)),
-            ])
+            ] + ([] if raw else [plgpu.BlockSpec((nb, rows), lambda t: (t, 0))]))
         ks = pl.ds(sp * kh_split, kh_split)
-        pipeline(xe_g.at[:, ks], xo_g.at[:, ks], w_g.at[pl.ds(tile * rows, rows), ks],
-                 s_g.at[pl.ds(sp * (kh_split // (BLOCK_SIZE // 2)), kh_split // (BLOCK_SIZE // 2)),
-                        pl.ds(tile * rows, rows)])
+        operands = [xe_g.at[:, ks], xo_g.at[:, ks], w_g.at[pl.ds(tile * rows, rows), ks]]
+        if not raw:
+            operands.append(s_g.at[pl.ds(sp * nbs, nbs), pl.ds(tile * rows, rows)])
+        pipeline(*operands)
 
     f = plgpu.kernel(
         body,
@@ -283,7 +319,9 @@ def _warp_specialized_call(xe, xo, w_data, scales, *, cfg: MgpuConfig, n: int, m
         grid=(nt * cfg.split_k,), grid_names=("cta",),
         num_threads=3, thread_name="wg",
         compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Lane),
-        scratch_shapes=dict(out_smem=plgpu.SMEM((2, _WG_ROWS, mp), jnp.float32)),
+        scratch_shapes=dict(out_smem=plgpu.SMEM((2, _WG_ROWS, mp), jnp.float32),
+                            slab=plgpu.SMEM((rows, nbs) if raw else (8, 16), jnp.uint8),
+                            slab_bar=plgpu.Barrier(num_arrivals=1)),
     )
     return f(xe, xo, w_data, scales)
 
@@ -322,7 +360,9 @@ def mgpu_w4a16(x, w_data, w_scales, out_dtype=jnp.bfloat16, cfg: MgpuConfig | No
         raise ValueError(f"mgpu_w4a16: M={m} must be in [1, 256] (decode sizes)")
     if k % (cfg.bk * cfg.split_k):
         raise ValueError(f"mgpu_w4a16: K={k} is not a multiple of bk*split_k={cfg.bk * cfg.split_k}")
-    scales = w_scales if scales_prepared else kernel_scales(w_scales)
+    if cfg.raw_scales and scales_prepared:
+        raise ValueError("mgpu_w4a16: raw_scales takes the E8M0 bytes, not prepared scales")
+    scales = w_scales if scales_prepared or cfg.raw_scales else kernel_scales(w_scales)
     mp = -(-m // 16) * 16
     xp = jnp.pad(x, ((0, mp - m), (0, 0))) if mp != m else x
     xe, xo = split_x(xp, cfg.decode)
