@@ -48,7 +48,7 @@ def rand(seed, shape, dtype=jnp.float32):
 def bound_check(out, ref, a_abs, b_abs, k, bf16_out):
     out = np.asarray(jnp.asarray(out, jnp.float32), np.float64)
     ref = np.asarray(jnp.asarray(ref, jnp.float32), np.float64)
-    mag = np.asarray(a_abs, np.float64) @ np.asarray(b_abs, np.float64).T
+    mag = np.asarray(jnp.dot(a_abs, b_abs.T, precision="highest"), np.float64)  # on the device
     tol = 2 * k * 2.0**-24 * mag + (2.0**-7 * np.abs(ref) if bf16_out else 0) + 1e-30
     err = np.abs(out - ref)
     finite = bool(np.all(np.isfinite(out)))
