@@ -147,9 +147,10 @@ def split_x(x, decode: str):
     if decode != "ptx":
         return e2m1_asm.split_even_odd(x)
     m, k = x.shape
-    byte = _ptx_fragment_order()
-    xb = x.reshape(m, k // BLOCK_SIZE, BLOCK_SIZE)
-    return (xb[:, :, 2 * byte].reshape(m, k // 2), xb[:, :, 2 * byte + 1].reshape(m, k // 2))
+    # element 32b + 2p + n with byte p = 4g + 2ct + e (_ptx_fragment_order: column j = 8ct + 2g + e)
+    xb = x.reshape(m, k // BLOCK_SIZE, 4, 2, 2, 2)  # (g, ct, e, nibble n)
+    xb = jnp.transpose(xb, (0, 1, 3, 2, 4, 5))  # (ct, g, e, n)
+    return xb[..., 0].reshape(m, k // 2), xb[..., 1].reshape(m, k // 2)
 
 
 def _decode_ptx(byt, s_ref, hb: int, raw: bool = False):
