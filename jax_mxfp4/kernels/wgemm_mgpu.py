@@ -59,6 +59,18 @@ def _plgpu():
     return plgpu
 
 
+def _load(ref, layout, optimized=True):
+    """``plgpu.load`` of a whole ref with a layout: jax 0.10 takes the index positionally, jax 0.11
+    deprecates it (the ref is indexed with ``.at`` instead)."""
+    import inspect
+
+    plgpu = _plgpu()
+    idx = inspect.signature(plgpu.load).parameters.get("idx")
+    if idx is not None and idx.default is inspect.Parameter.empty:
+        return plgpu.load(ref, (), layout=layout, optimized=optimized)
+    return plgpu.load(ref, layout=layout, optimized=optimized)
+
+
 @dataclasses.dataclass(frozen=True)
 class MgpuConfig:
     """Tiling of the Mosaic GPU w4a16 kernel.
@@ -209,15 +221,14 @@ def _kernel(xe_ref, xo_ref, w_ref, s_ref, o_ref, acc_ref, *, cfg: MgpuConfig, st
     half = BLOCK_SIZE // 2  # bytes per row of one block; also the WGMMA K of one half-fragment
     if cfg.decode == "ptx":
         hb = cfg.bk // 2
-        byt = plgpu.load(w_ref, (), layout=plgpu.Layout.WGMMA_8BIT)
+        byt = _load(w_ref, plgpu.Layout.WGMMA_8BIT)
         lo, hi = _decode_ptx(byt, s_ref, hb)
         plgpu.wgmma(acc_ref, lo, plgpu.transpose_ref(xe_ref, (1, 0)))
         plgpu.wgmma(acc_ref, hi, plgpu.transpose_ref(xo_ref, (1, 0)))
         plgpu.wgmma_wait(0)
     for b in range(0 if cfg.decode == "ptx" else cfg.bk // BLOCK_SIZE):
-        byt = plgpu.load(w_ref.at[:, pl.ds(b * half, half)], (), layout=plgpu.Layout.WGMMA,
-                         optimized=False)
-        sc = plgpu.load(s_ref.at[b], (), layout=plgpu.Layout.WGMMA.reduce(1), optimized=False)
+        byt = _load(w_ref.at[:, pl.ds(b * half, half)], plgpu.Layout.WGMMA, optimized=False)
+        sc = _load(s_ref.at[b], plgpu.Layout.WGMMA.reduce(1), optimized=False)
         scb = plgpu.layout_cast(lax.broadcast_in_dim(sc, (_WG_ROWS, half), (0,)),
                                 plgpu.Layout.WGMMA)
         u = byt.astype(jnp.uint16)
@@ -283,7 +294,7 @@ def _warp_specialized_call(xe, xo, w_data, scales, *, cfg: MgpuConfig, n: int, m
             else:
                 xe_s, xo_s, w_s, s_s, acc_ref = refs
                 sref = s_s.at[:, wrows]
-            byt = plgpu.load(w_s.at[wrows], (), layout=plgpu.Layout.WGMMA_8BIT)
+            byt = _load(w_s.at[wrows], plgpu.Layout.WGMMA_8BIT)
             lo, hi = _decode_ptx(byt, sref, hb, raw)
             plgpu.wgmma(acc_ref, lo, plgpu.transpose_ref(xe_s, (1, 0)))
             plgpu.wgmma(acc_ref, hi, plgpu.transpose_ref(xo_s, (1, 0)))
@@ -316,11 +327,11 @@ def _warp_specialized_call(xe, xo, w_data, scales, *, cfg: MgpuConfig, n: int, m
 
     f = plgpu.kernel(
         body,
-        out_shape=jax.ShapeDtypeStruct((cfg.split_k * n, mp), jnp.float32),
+        out_type=jax.ShapeDtypeStruct((cfg.split_k * n, mp), jnp.float32),
         grid=(nt * cfg.split_k,), grid_names=("cta",),
         num_threads=3, thread_name="wg",
         compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Lane),
-        scratch_shapes=dict(out_smem=plgpu.SMEM((2, _WG_ROWS, mp), jnp.float32),
+        scratch_types=dict(out_smem=plgpu.SMEM((2, _WG_ROWS, mp), jnp.float32),
                             slab=plgpu.SMEM((rows, nbs) if raw else (8, 16), jnp.uint8),
                             slab_bar=plgpu.Barrier(num_arrivals=1)),
     )
