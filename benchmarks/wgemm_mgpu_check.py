@@ -64,15 +64,19 @@ VARIANTS = {  # name -> MgpuConfig, in order of priority (timing stops at --budg
     "ws raw ptx bk256 s2 st4": MgpuConfig(bk=256, split_k=2, stages=4, decode="ptx", warp_specialized=True,
                                           raw_scales=True),
     "ws ptx bk256 s2 st4": MgpuConfig(bk=256, split_k=2, stages=4, decode="ptx", warp_specialized=True),
-    "ptx bk256 s2 st4": MgpuConfig(bk=256, split_k=2, stages=4, decode="ptx"),
+    "k ptx bk256 s2 st4": MgpuConfig(bk=256, split_k=2, stages=4, decode="ptx", launcher="kernel"),
     "ws raw ptx bk256 s4 st4": MgpuConfig(bk=256, split_k=4, stages=4, decode="ptx", warp_specialized=True,
                                           raw_scales=True),
-    "ptx bk256 s4 st4": MgpuConfig(bk=256, split_k=4, stages=4, decode="ptx"),
+    "k ptx bk256 s4 st4": MgpuConfig(bk=256, split_k=4, stages=4, decode="ptx", launcher="kernel"),
     "ws raw ptx bk512 s1 st3": MgpuConfig(bk=512, split_k=1, stages=3, decode="ptx", warp_specialized=True,
                                           raw_scales=True),
-    "mul bk256 s2 st4": MgpuConfig(bk=256, split_k=2, stages=4),
+    "pc ptx bk256 s2 st4": MgpuConfig(bk=256, split_k=2, stages=4, decode="ptx"),
+    "k mul bk256 s2 st4": MgpuConfig(bk=256, split_k=2, stages=4, launcher="kernel"),
 }
-SMOKE = ["ws raw ptx bk256 s2 st4", "ws ptx bk256 s2 st4", "ptx bk256 s2 st4", "mul bk256 s2 st4"]
+# one per structure (launcher x warp specialization x scales x decode); "pc" = pallas_call (failed in
+# jax 0.11.2 with a bare AssertionError in the first run), "k" = plgpu.kernel + emit_pipeline
+SMOKE = ["ws raw ptx bk256 s2 st4", "ws ptx bk256 s2 st4", "k ptx bk256 s2 st4", "k mul bk256 s2 st4",
+         "pc ptx bk256 s2 st4"]
 
 
 def main(argv=None):
@@ -166,7 +170,7 @@ def main(argv=None):
         print("quick: done")
         return
     # 3. full size, every variant whose structure ran (same structure = same decode and ws/raw flags)
-    struct = lambda c: (c.decode, c.warp_specialized, c.raw_scales)
+    struct = lambda c: (c.decode, c.warp_specialized, c.raw_scales, c.launcher)
     ok_structs = {struct(VARIANTS[nm]) for nm in alive}
     passed = {}
     for name, cfg in VARIANTS.items():

@@ -121,6 +121,8 @@ def _mgpu_available():
     (128, 8192, 8192, wm.MgpuConfig(bk=128, split_k=4, decode="ptx", warp_specialized=True)),
     (16, 8192, 8192, wm.MgpuConfig(decode="ptx", warp_specialized=True, raw_scales=True)),
     (1, 1024, 1024, wm.MgpuConfig(bk=64, split_k=2, decode="ptx", warp_specialized=True, raw_scales=True)),
+    (16, 8192, 8192, wm.MgpuConfig(decode="ptx", launcher="kernel")),
+    (128, 1024, 2048, wm.MgpuConfig(bk=128, decode="mul", launcher="kernel")),
 ])
 def test_lowers_for_cuda(m, n, k, cfg):
     f = jax.jit(lambda x, d, s: wm.mgpu_w4a16(x, d, s, jnp.bfloat16, cfg))

@@ -83,7 +83,9 @@ class MgpuConfig:
     of the one-warpgroup ``pallas_call`` pipeline ("ptx" decode only); raw_scales (warp_specialized
     only): the kernel reads the E8M0 bytes [N, K/32] as stored (each CTA copies its [128, K/32 /
     split_k] slab into shared memory once) and converts them in registers, instead of taking the
-    bfloat16 [K/32, N] form that :func:`kernel_scales` builds outside.
+    bfloat16 [K/32, N] form that :func:`kernel_scales` builds outside; launcher (without
+    warp_specialized): ``"pallas_call"`` (grid pipelined by Pallas) or ``"kernel"``
+    (``plgpu.kernel`` + ``plgpu.emit_pipeline``, the API jax 0.11 recommends).
     """
 
     bk: int = 256
@@ -93,6 +95,7 @@ class MgpuConfig:
     x_swizzle: int = 32
     warp_specialized: bool = False
     raw_scales: bool = False
+    launcher: str = "pallas_call"
 
     def __post_init__(self):
         if self.decode not in DECODES:
@@ -101,6 +104,8 @@ class MgpuConfig:
             raise ValueError(f"MgpuConfig.bk must be a positive multiple of {BLOCK_SIZE}, got {self.bk}")
         if self.split_k < 1 or self.stages < 1:
             raise ValueError(f"MgpuConfig.split_k and stages must be >= 1, got {self.split_k}, {self.stages}")
+        if self.launcher not in ("pallas_call", "kernel"):
+            raise ValueError(f"MgpuConfig.launcher must be 'pallas_call' or 'kernel', got {self.launcher!r}")
         if self.raw_scales and not self.warp_specialized:
             raise ValueError("MgpuConfig.raw_scales needs warp_specialized=True")
         if self.warp_specialized and self.decode != "ptx":
@@ -216,17 +221,19 @@ def _decode_ptx(byt, s_ref, hb: int, raw: bool = False):
     return decode(byt, s_ref)
 
 
-def _kernel(xe_ref, xo_ref, w_ref, s_ref, o_ref, acc_ref, *, cfg: MgpuConfig, steps: int):
+def _step(xe_ref, xo_ref, w_ref, s_ref, acc_ref, cfg: MgpuConfig):
+    """One K step of one warpgroup: decode the [64, bk/2] byte tile with its scales and
+    accumulate ``lo @ x_lo^T + hi @ x_hi^T`` into the WGMMA accumulator (waited for)."""
     plgpu = _plgpu()
     half = BLOCK_SIZE // 2  # bytes per row of one block; also the WGMMA K of one half-fragment
     if cfg.decode == "ptx":
-        hb = cfg.bk // 2
         byt = _load(w_ref, plgpu.Layout.WGMMA_8BIT)
-        lo, hi = _decode_ptx(byt, s_ref, hb)
+        lo, hi = _decode_ptx(byt, s_ref, cfg.bk // 2)
         plgpu.wgmma(acc_ref, lo, plgpu.transpose_ref(xe_ref, (1, 0)))
         plgpu.wgmma(acc_ref, hi, plgpu.transpose_ref(xo_ref, (1, 0)))
         plgpu.wgmma_wait(0)
-    for b in range(0 if cfg.decode == "ptx" else cfg.bk // BLOCK_SIZE):
+        return
+    for b in range(cfg.bk // BLOCK_SIZE):
         byt = _load(w_ref.at[:, pl.ds(b * half, half)], plgpu.Layout.WGMMA, optimized=False)
         sc = _load(s_ref.at[b], plgpu.Layout.WGMMA.reduce(1), optimized=False)
         scb = plgpu.layout_cast(lax.broadcast_in_dim(sc, (_WG_ROWS, half), (0,)),
@@ -237,12 +244,53 @@ def _kernel(xe_ref, xo_ref, w_ref, s_ref, o_ref, acc_ref, *, cfg: MgpuConfig, st
         xs = pl.ds(b * half, half)
         plgpu.wgmma(acc_ref, lo, plgpu.transpose_ref(xe_ref.at[:, xs], (1, 0)))
         plgpu.wgmma(acc_ref, hi, plgpu.transpose_ref(xo_ref.at[:, xs], (1, 0)))
-    if cfg.decode != "ptx":
-        plgpu.wgmma_wait(0)
+    plgpu.wgmma_wait(0)
+
+
+def _kernel(xe_ref, xo_ref, w_ref, s_ref, o_ref, acc_ref, *, cfg: MgpuConfig, steps: int):
+    _step(xe_ref, xo_ref, w_ref, s_ref, acc_ref, cfg)
 
     @pl.when(pl.program_id(2) == steps - 1)
     def _():
         o_ref[...] = acc_ref[...]
+
+
+def _kernel_call(xe, xo, w_data, scales, *, cfg: MgpuConfig, n: int, mp: int, stages: int, specs):
+    """``plgpu.kernel`` launcher: one warpgroup per CTA, one CTA per (64-row tile, K split), the K
+    steps through ``plgpu.emit_pipeline`` (TMA issued by the same warpgroup)."""
+    plgpu = _plgpu()
+    nt = n // _WG_ROWS
+    kh_split = w_data.shape[1] // cfg.split_k
+    nbs = kh_split // (BLOCK_SIZE // 2)
+    steps = kh_split // (cfg.bk // 2)
+
+    def body(xe_g, xo_g, w_g, s_g, out_g, out_smem):
+        cta = lax.axis_index("cta")
+        tile, sp = lax.rem(cta, nt), lax.div(cta, nt)
+
+        def scope(acc_ref):
+            def step(_, xe_s, xo_s, w_s, s_s):
+                _step(xe_s, xo_s, w_s, s_s, acc_ref, cfg)
+
+            ks = pl.ds(sp * kh_split, kh_split)
+            plgpu.emit_pipeline(step, grid=(steps,), in_specs=specs, max_concurrent_steps=stages)(
+                xe_g.at[:, ks], xo_g.at[:, ks], w_g.at[pl.ds(tile * _WG_ROWS, _WG_ROWS), ks],
+                s_g.at[pl.ds(sp * nbs, nbs), pl.ds(tile * _WG_ROWS, _WG_ROWS)])
+            out_smem[...] = acc_ref[...]
+            plgpu.commit_smem()
+            plgpu.copy_smem_to_gmem(out_smem, out_g.at[pl.ds(sp * n + tile * _WG_ROWS, _WG_ROWS)])
+            plgpu.wait_smem_to_gmem(0)
+
+        pl.run_scoped(scope, plgpu.ACC((_WG_ROWS, mp), jnp.float32))
+
+    f = plgpu.kernel(
+        body,
+        out_type=jax.ShapeDtypeStruct((cfg.split_k * n, mp), jnp.float32),
+        grid=(nt * cfg.split_k,), grid_names=("cta",),
+        compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Lane),
+        scratch_types=dict(out_smem=plgpu.SMEM((_WG_ROWS, mp), jnp.float32)),
+    )
+    return f(xe, xo, w_data, scales)
 
 
 def _warp_specialized_call(xe, xo, w_data, scales, *, cfg: MgpuConfig, n: int, mp: int):
@@ -339,7 +387,7 @@ def _warp_specialized_call(xe, xo, w_data, scales, *, cfg: MgpuConfig, n: int, m
 
 
 def mgpu_w4a16(x, w_data, w_scales, out_dtype=jnp.bfloat16, cfg: MgpuConfig | None = None,
-               *, scales_prepared: bool = False, interpret=False):
+               *, scales_prepared: bool = False):
     """``x · Wᵀ`` for bfloat16 x [M, K] and MXFP4 W -> [M, N] of ``out_dtype`` (float32 accumulation).
 
     Args:
@@ -394,25 +442,32 @@ def mgpu_w4a16(x, w_data, w_scales, out_dtype=jnp.bfloat16, cfg: MgpuConfig | No
     # H100/H200 limit of 227 KiB
     per_stage = 2 * mp * hb * 2 + _WG_ROWS * hb + (cfg.bk // BLOCK_SIZE) * _WG_ROWS * 2
     fit = max(1, (_SMEM_BUDGET - 2 * _WG_ROWS * mp * 4) // per_stage)
-    out = pl.pallas_call(
-        functools.partial(_kernel, cfg=cfg, steps=steps),
-        out_shape=jax.ShapeDtypeStruct((cfg.split_k * n, mp), jnp.float32),
-        grid=(nt, cfg.split_k, steps),
-        in_specs=[
-            x_spec, x_spec,
-            plgpu.BlockSpec((_WG_ROWS, hb), lambda i, s, t: (i, s * steps + t), transforms=w_tr),
-            plgpu.BlockSpec((cfg.bk // BLOCK_SIZE, _WG_ROWS), lambda i, s, t: (s * steps + t, i)),
-        ],
-        out_specs=plgpu.BlockSpec((_WG_ROWS, mp), lambda i, s, t: (s * nt + i, 0)),
-        scratch_shapes=[plgpu.ACC((_WG_ROWS, mp), jnp.float32)],
-        compiler_params=plgpu.CompilerParams(
-            dimension_semantics=["parallel", "parallel", "sequential"],
-            max_concurrent_steps=max(1, min(cfg.stages, steps, fit)),
-            lowering_semantics=plgpu.LoweringSemantics.Lane,
-        ),
-        name="mxfp4_w4a16_mgpu",
-        interpret=interpret,
-    )(xe, xo, w_data, scales)
+    stages = max(1, min(cfg.stages, steps, fit))
+    if cfg.launcher == "kernel":
+        specs = [plgpu.BlockSpec((mp, hb), lambda t: (0, t), transforms=x_tr),
+                 plgpu.BlockSpec((mp, hb), lambda t: (0, t), transforms=x_tr),
+                 plgpu.BlockSpec((_WG_ROWS, hb), lambda t: (0, t), transforms=w_tr),
+                 plgpu.BlockSpec((cfg.bk // BLOCK_SIZE, _WG_ROWS), lambda t: (t, 0))]
+        out = _kernel_call(xe, xo, w_data, scales, cfg=cfg, n=n, mp=mp, stages=stages, specs=specs)
+    else:
+        out = pl.pallas_call(
+            functools.partial(_kernel, cfg=cfg, steps=steps),
+            out_shape=jax.ShapeDtypeStruct((cfg.split_k * n, mp), jnp.float32),
+            grid=(nt, cfg.split_k, steps),
+            in_specs=[
+                x_spec, x_spec,
+                plgpu.BlockSpec((_WG_ROWS, hb), lambda i, s, t: (i, s * steps + t), transforms=w_tr),
+                plgpu.BlockSpec((cfg.bk // BLOCK_SIZE, _WG_ROWS), lambda i, s, t: (s * steps + t, i)),
+            ],
+            out_specs=plgpu.BlockSpec((_WG_ROWS, mp), lambda i, s, t: (s * nt + i, 0)),
+            scratch_shapes=[plgpu.ACC((_WG_ROWS, mp), jnp.float32)],
+            compiler_params=plgpu.CompilerParams(
+                dimension_semantics=["parallel", "parallel", "sequential"],
+                max_concurrent_steps=stages,
+                lowering_semantics=plgpu.LoweringSemantics.Lane,
+            ),
+            name="mxfp4_w4a16_mgpu",
+        )(xe, xo, w_data, scales)
     out = out.reshape(cfg.split_k, n, mp).sum(axis=0)
     return out[:, :m].T.astype(out_dtype)
 
