@@ -213,3 +213,21 @@ def test_dispatch_switch_routes_hopper_w4a16_to_the_kernel(monkeypatch):
         a, mx.MXFP4Array(wd, ws, 2, w.shape, w.dtype, w.scale_mode, "plain"), prob))
     txt = f.trace(x, w.data, w.scales).lower(lowering_platforms=("cuda",)).as_text()
     assert "mosaic_gpu" in txt
+
+
+@pytest.mark.skipif(not _mgpu_available(), reason="Mosaic GPU lowering unavailable in this jaxlib")
+@pytest.mark.parametrize("m,n,k", [(1, 8192, 8192), (16, 4096, 14336), (100, 1024, 4096), (128, 320, 640),
+                                   (16, 192, 96 * 64)])
+def test_default_config_lowers(m, n, k):
+    assert wm.unsupported_reason(m, n, k) is None
+    cfg = wm.default_mgpu_config(m, n, k)
+    f = jax.jit(lambda x, d, s: wm.mgpu_w4a16(x, d, s, jnp.bfloat16, cfg))
+    args = (jax.ShapeDtypeStruct((m, k), jnp.bfloat16), jax.ShapeDtypeStruct((n, k // 2), jnp.uint8),
+            jax.ShapeDtypeStruct((n, k // 32), jnp.uint8))
+    assert "mosaic_gpu" in f.trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+
+
+def test_unsupported_shapes_named():
+    assert "M=300" in wm.unsupported_reason(300, 1024, 1024)
+    assert "N=100" in wm.unsupported_reason(16, 100, 1024)
+    assert "K=1056" in wm.unsupported_reason(16, 1024, 1056)

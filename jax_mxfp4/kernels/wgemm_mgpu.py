@@ -473,7 +473,9 @@ def mgpu_w4a16(x, w_data, w_scales, out_dtype=jnp.bfloat16, cfg: MgpuConfig | No
 
 
 def default_mgpu_config(m: int, n: int, k: int) -> MgpuConfig:
-    """Tiling by shape (provisional: to be set from benchmarks/wgemm_mgpu_check.py on the H200)."""
+    """Tiling by shape (provisional, not yet measured: benchmarks/wgemm_mgpu_check.py on the H200
+    decides). ``plgpu.kernel`` launchers only (jax 0.11.2 failed on the ``pallas_call`` one):
+    warp-specialized with in-kernel scales where N, K and shared memory allow, else one warpgroup."""
     bk = 256 if m <= 64 else 128
     split = 2
     while k % (bk * split):
@@ -481,7 +483,10 @@ def default_mgpu_config(m: int, n: int, k: int) -> MgpuConfig:
             split //= 2
         else:
             bk //= 2
-    return MgpuConfig(bk=bk, split_k=split, stages=4, decode="ptx")
+    nbs = k // BLOCK_SIZE // split
+    if n % (2 * _WG_ROWS) == 0 and 16 <= nbs <= 256 and m <= 64:
+        return MgpuConfig(bk=bk, split_k=split, stages=4, decode="ptx", warp_specialized=True, raw_scales=True)
+    return MgpuConfig(bk=bk, split_k=split, stages=4, decode="ptx", launcher="kernel")
 
 
 def unsupported_reason(m: int, n: int, k: int) -> str | None:
