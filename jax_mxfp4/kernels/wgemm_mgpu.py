@@ -5,32 +5,36 @@ MXFP4 weight W (packed E2M1 bytes [N, K/2], E8M0 scale bytes [N, K/32]) as ``out
 the weight's rows are the WGMMA M side (64 rows per warpgroup) and its decoded tile is the
 REGISTER A operand; the activation rows (padded to a multiple of 16) are the WGMMA N side, read
 from shared memory as the B operand. Per K step the weight bytes, the scales and the two halves of
-x arrive by TMA (Pallas' pipelined ``pallas_call``); each 32-element block (16 bytes per row) is
-loaded into registers in the WGMMA fragment layout (each thread holds the bytes of its fragment
-slots), decoded in registers, and multiplied by its block scale broadcast along the row:
+x arrive by TMA; the bytes are loaded into registers and decoded there:
 
-- low nibble of byte j = element 2j, high nibble = element 2j+1; the contraction is permuted
-  identically on both operands (x split into even and odd elements once,
-  :func:`jax_mxfp4.kernels.e2m1_asm.split_even_odd`), so a 16-byte block gives two [64, 16]
-  bfloat16 A fragments (low, high) that meet x's even and odd halves: two m64nMk16 WGMMAs;
-- E2M1 code c (sign s, magnitude e m) -> bfloat16 bits ``s << 15 | (c & 7) << 6``, which is the
-  value x 2^-126 (the exponent field holds e and the E2M1 subnormal 0.5 becomes the bfloat16
-  subnormal); one bfloat16 multiply by 2^126 restores it exactly (``decode="mul"``), or the bits
-  ``(c & 7) << 6 + 0x3F00`` with selects for codes 0 and 1 build it without subnormals
-  (``decode="select"``). Source: the Marlin FP4 decode (vllm csrc/quantization/marlin/dequant.h),
-  checked in NumPy on every byte in tests/test_wgemm_mgpu.py;
-- the block scale 2^(b-127) is a bfloat16 (:func:`jax_mxfp4.mx_format.e8m0_to_bf16_bits`; byte 0
-  the subnormal 2^-127, byte 0xFF NaN), applied last, so E2M1 x scale is exact in bfloat16 and its
-  products with x exact in float32; WGMMA accumulates in float32. Results equal backend "xla" up to
-  the order of float32 accumulation.
+- low nibble of byte j = element 2j, high nibble = element 2j+1; a contraction may be permuted
+  identically on both operands, so each decoded half (low nibbles, high nibbles) meets its own
+  half of x (:func:`split_x`, done once per call on the small activation): two WGMMAs per step;
+- ``decode="ptx"`` (the fast one): the bytes load in Mosaic GPU's 8-bit WGMMA register layout
+  (each thread holds 4 bytes of a row's 32-element block), and the inline PTX of
+  :mod:`jax_mxfp4.kernels.e2m1_asm` (Marlin-style lanes; the Triton kernel runs the same
+  instructions) turns each 32-bit register into the four bfloat16x2 registers of the thread's A
+  fragment slots, block scale applied last; x's columns follow :func:`_ptx_fragment_order`;
+- ``decode="mul"`` / ``"select"`` (portable Pallas operations, one 32-element block at a time):
+  E2M1 code c -> bfloat16 bits ``sign << 15 | (c & 7) << 6`` = value x 2^-126, times 2^126
+  (``"mul"``; the E2M1 0.5 passes through a bfloat16 subnormal), or ``(c & 7) << 6 + 0x3F00``
+  with selects for codes 0 and 1 (``"select"``); source: the Marlin FP4 decode (vllm
+  csrc/quantization/marlin/dequant.h); checked in NumPy on every byte (tests/test_wgemm_mgpu.py);
+- the block scale 2^(b-127) is the bfloat16 of :func:`jax_mxfp4.mx_format.e8m0_to_bf16_bits`
+  (byte 0 the subnormal 2^-127, 0xFF NaN), applied last: E2M1 x scale is exact in bfloat16, its
+  products with x exact in float32, WGMMA accumulates in float32; results equal backend "xla" up
+  to the order of float32 accumulation.
 
-Split-K over the grid fills the GPU when N/64 tiles are few; float32 partial sums are added
-afterwards in a fixed order. The scales are passed to the kernel as bfloat16 [K/32, N] (one row per
-block, contiguous along N so that a block's 64 scales load as one row vector); :func:`kernel_scales`
-builds that form (a weight could keep it, like ``scale_layout``).
+Launchers (:class:`MgpuConfig`): ``pallas_call`` with a pipelined grid, ``plgpu.kernel`` +
+``emit_pipeline`` (one warpgroup per CTA), or warp-specialized (two compute warpgroups, one TMA
+warpgroup; optionally reading the E8M0 bytes as stored). Split-K over the grid fills the GPU when
+N/64 tiles are few; float32 partial sums are added afterwards in a fixed order. Otherwise the
+scales are passed as bfloat16 [K/32, N] (:func:`kernel_scales`; a weight could keep that form).
 
-Status: lowers for CUDA on a CPU machine (tests/test_wgemm_mgpu.py); correctness and speed on an
-H200 are checked by benchmarks/wgemm_mgpu_check.py. Not used by dispatch.
+Status: every variant lowers for CUDA on a CPU machine (tests/test_wgemm_mgpu.py); on the H200
+(jax 0.11.2) the ``pallas_call`` variants failed before running (bare AssertionError, first run);
+benchmarks/wgemm_mgpu_check.py checks and times every structure. Dispatch uses it only behind
+``jax_mxfp4.backends.pallas.W4A16_MOSAIC_GPU`` (off).
 """
 
 from __future__ import annotations
@@ -76,8 +80,8 @@ class MgpuConfig:
     """Tiling of the Mosaic GPU w4a16 kernel.
 
     bk: K elements per pipeline step (multiple of 32, divides K / split_k); split_k: K ranges
-    summed afterwards; stages: pipeline depth (``max_concurrent_steps``; lowered where shared memory would not fit); decode: ``"mul"`` or
-    ``"select"`` (module doc); x_swizzle: shared-memory swizzle of x's tiles in bytes (32: each
+    summed afterwards; stages: pipeline depth (``max_concurrent_steps``; lowered where shared
+    memory would not fit); decode: ``"ptx"``, ``"mul"`` or ``"select"`` (module doc); x_swizzle: shared-memory swizzle of x's tiles in bytes (32: each
     16-element block is one tile); warp_specialized: ``plgpu.kernel`` with two compute warpgroups
     (128 weight rows per CTA) fed by a TMA warpgroup (``emit_pipeline_warp_specialized``) instead
     of the one-warpgroup ``pallas_call`` pipeline ("ptx" decode only); raw_scales (warp_specialized
