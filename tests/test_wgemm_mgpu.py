@@ -12,6 +12,8 @@ bfloat16 lanes of $5 and $6); here its column order against the two register lay
 
 from __future__ import annotations
 
+import dataclasses
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -114,6 +116,13 @@ def _mgpu_available():
     (1, 8192, 8192, wm.MgpuConfig(bk=512, stages=3, decode="ptx")),
     (128, 8192, 8192, wm.MgpuConfig(bk=128, split_k=4, decode="ptx")),
     (16, 256, 256, wm.MgpuConfig(bk=64, decode="ptx")),
+    (16, 8192, 8192, wm.MgpuConfig(decode="ptx", warp_specialized=True)),
+    (1, 8192, 8192, wm.MgpuConfig(bk=512, stages=3, decode="ptx", warp_specialized=True)),
+    (128, 8192, 8192, wm.MgpuConfig(bk=128, split_k=4, decode="ptx", warp_specialized=True)),
+    (16, 8192, 8192, wm.MgpuConfig(decode="ptx", warp_specialized=True, raw_scales=True)),
+    (1, 1024, 1024, wm.MgpuConfig(bk=64, split_k=2, decode="ptx", warp_specialized=True, raw_scales=True)),
+    (16, 8192, 8192, wm.MgpuConfig(decode="ptx", launcher="kernel")),
+    (128, 1024, 2048, wm.MgpuConfig(bk=128, decode="mul", launcher="kernel")),
 ])
 def test_lowers_for_cuda(m, n, k, cfg):
     f = jax.jit(lambda x, d, s: wm.mgpu_w4a16(x, d, s, jnp.bfloat16, cfg))
@@ -137,7 +146,22 @@ def test_bad_input_refused(shapes, msg):
         wm.mgpu_w4a16(jnp.zeros(xs, xd), jnp.zeros(ds, jnp.uint8), jnp.zeros(ss, jnp.uint8))
 
 
+@pytest.mark.skipif(not _mgpu_available(), reason="Mosaic GPU lowering unavailable in this jaxlib")
+def test_warp_specialized_refuses_what_does_not_fit():
+    cfg = wm.MgpuConfig(bk=512, decode="ptx", warp_specialized=True)
+    with pytest.raises(ValueError, match="shared memory"):
+        wm.mgpu_w4a16(jnp.zeros((128, 1024), jnp.bfloat16), jnp.zeros((128, 512), jnp.uint8),
+                      jnp.zeros((128, 32), jnp.uint8), jnp.bfloat16, cfg)
+    with pytest.raises(ValueError, match="multiple of 128"):
+        wm.mgpu_w4a16(jnp.zeros((16, 1024), jnp.bfloat16), jnp.zeros((64, 512), jnp.uint8),
+                      jnp.zeros((64, 32), jnp.uint8), jnp.bfloat16, wm.MgpuConfig(decode="ptx", warp_specialized=True))
+
+
 def test_config_validation():
+    with pytest.raises(ValueError, match="warp_specialized"):
+        wm.MgpuConfig(warp_specialized=True)
+    with pytest.raises(ValueError, match="raw_scales"):
+        wm.MgpuConfig(decode="ptx", raw_scales=True)
     with pytest.raises(ValueError, match="decode"):
         wm.MgpuConfig(decode="asm")
     with pytest.raises(ValueError, match="bk"):
@@ -164,3 +188,46 @@ def test_ptx_fragment_order_is_a_permutation_matching_the_layouts():
     byte_cols = np.concatenate([16 * b + order for b in range(2)])
     got = np.asarray(lo, np.float64) @ w[:, 2 * byte_cols].T + np.asarray(hi, np.float64) @ w[:, 2 * byte_cols + 1].T
     np.testing.assert_allclose(got, np.asarray(x, np.float64) @ w.T, rtol=1e-12)
+
+
+@pytest.mark.skipif(not _mgpu_available(), reason="Mosaic GPU lowering unavailable in this jaxlib")
+def test_dispatch_switch_routes_hopper_w4a16_to_the_kernel(monkeypatch):
+    """Behind backends.pallas.W4A16_MOSAIC_GPU (off by default): a decode-size w4a16 problem on a
+    compute-capability-9.0 CUDA device routes to the Mosaic GPU kernel and lowers for CUDA."""
+    import jax_mxfp4 as mx
+    from jax_mxfp4.backends import fp8, pallas
+    from jax_mxfp4.backends.base import GemmProblem
+
+    prob = GemmProblem(batch=1, m=16, n=1024, k=2048, out_dtype=np.dtype(jnp.bfloat16), scale_layout="plain",
+                       platform="cuda", lhs_kind="float", rhs_kind="mxfp4", lhs_dtype=np.dtype(jnp.bfloat16))
+    assert not pallas.W4A16_MOSAIC_GPU
+    assert "Mosaic" not in pallas.PallasBackend().route(prob)
+    monkeypatch.setattr(pallas, "W4A16_MOSAIC_GPU", True)
+    monkeypatch.setattr(fp8, "_compute_capability", lambda: (9, 0))
+    assert "Mosaic GPU w4a16" in pallas.PallasBackend().route(prob)
+    for other in (dict(m=200), dict(platform="rocm"), dict(lhs_kind="mxfp4")):
+        assert "Mosaic" not in pallas.PallasBackend().route(dataclasses.replace(prob, **other))
+    x = jax.ShapeDtypeStruct((1, 16, 2048), jnp.bfloat16)
+    w = mx.quantize(jnp.ones((1, 1024, 2048), jnp.float32), 2)
+    f = jax.jit(lambda a, wd, ws: pallas._weight_stationary(
+        a, mx.MXFP4Array(wd, ws, 2, w.shape, w.dtype, w.scale_mode, "plain"), prob))
+    txt = f.trace(x, w.data, w.scales).lower(lowering_platforms=("cuda",)).as_text()
+    assert "mosaic_gpu" in txt
+
+
+@pytest.mark.skipif(not _mgpu_available(), reason="Mosaic GPU lowering unavailable in this jaxlib")
+@pytest.mark.parametrize("m,n,k", [(1, 8192, 8192), (16, 4096, 14336), (100, 1024, 4096), (128, 320, 640),
+                                   (16, 192, 96 * 64)])
+def test_default_config_lowers(m, n, k):
+    assert wm.unsupported_reason(m, n, k) is None
+    cfg = wm.default_mgpu_config(m, n, k)
+    f = jax.jit(lambda x, d, s: wm.mgpu_w4a16(x, d, s, jnp.bfloat16, cfg))
+    args = (jax.ShapeDtypeStruct((m, k), jnp.bfloat16), jax.ShapeDtypeStruct((n, k // 2), jnp.uint8),
+            jax.ShapeDtypeStruct((n, k // 32), jnp.uint8))
+    assert "mosaic_gpu" in f.trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+
+
+def test_unsupported_shapes_named():
+    assert "M=300" in wm.unsupported_reason(300, 1024, 1024)
+    assert "N=100" in wm.unsupported_reason(16, 100, 1024)
+    assert "K=1056" in wm.unsupported_reason(16, 1024, 1056)

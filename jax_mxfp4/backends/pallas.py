@@ -40,6 +40,11 @@ A4W4_MAX_SMALL_SIDE = 128
 # once per 128-row activation tile inside the kernel (H200: the kernel at 128 rows already takes
 # 2.4x of bf16, benchmarks/results/wgemm_tune).
 W4A16_TWO_PASS_MIN_ROWS = 256
+# w4a16 with <= 128 activation rows on an NVIDIA Hopper GPU (compute capability 9.0) through the
+# Mosaic GPU kernel (jax_mxfp4/kernels/wgemm_mgpu.py: WGMMA with the decoded weight as the
+# register operand) instead of the Triton weight-stationary kernel. Off until the H200 shows it
+# correct and faster (benchmarks/wgemm_mgpu_check.py).
+W4A16_MOSAIC_GPU = False
 
 
 def _operand(x, kind):
@@ -94,6 +99,9 @@ class PallasBackend(Backend):
         if problem.has_float_operand and rows >= W4A16_TWO_PASS_MIN_ROWS and problem.platform != "cpu":
             return (f"two-pass w4a16: {rows} activation rows >= {W4A16_TWO_PASS_MIN_ROWS}, weight decoded "
                     f"to bfloat16 once ({decode} decode), then XLA's bfloat16 GEMM")
+        mgpu_cfg = _mosaic_gpu_config(problem, rows, problem.m if swap else problem.n)
+        if mgpu_cfg is not None:
+            return f"Mosaic GPU w4a16 kernel (WGMMA, decoded weight in registers), {mgpu_cfg}"
         from ..kernels.wgemm import default_wconfig
 
         what = "w4a16" if problem.has_float_operand else "a4w4 with the small side dequantized to bfloat16"
@@ -141,6 +149,19 @@ def _decoded_bf16(w: MXFP4Array, platform: str) -> jax.Array:
     return flat.reshape(b, r, k)
 
 
+def _mosaic_gpu_config(problem: GemmProblem, rows: int, wrows: int):
+    """The Mosaic GPU kernel's config where ``W4A16_MOSAIC_GPU`` routes this problem to it, else
+    None: w4a16 on CUDA, device 0 of compute capability 9.0 (WGMMA), and a shape it takes."""
+    if not (W4A16_MOSAIC_GPU and problem.has_float_operand and problem.platform == "cuda"):
+        return None
+    from ..kernels import wgemm_mgpu
+    from .fp8 import _compute_capability
+
+    if _compute_capability() != (9, 0) or wgemm_mgpu.unsupported_reason(rows, wrows, problem.k):
+        return None
+    return wgemm_mgpu.default_mgpu_config(rows, wrows, problem.k)
+
+
 def _weight_stationary(lhs, rhs, problem: GemmProblem) -> jax.Array:
     """w4a16, and a4w4 with one small side: the MXFP4 operand with more rows is the weight
     (decoded inside the kernel's K loop); the other side is bfloat16 (a4w4: its exact dequantized
@@ -163,6 +184,12 @@ def _weight_stationary(lhs, rhs, problem: GemmProblem) -> jax.Array:
         wf = _decoded_bf16(w, problem.platform)
         out = jax.lax.dot_general(x, wf, (((2,), (2,)), ((0,), (0,))),
                                   preferred_element_type=jnp.float32).astype(problem.out_dtype)
+    elif (mcfg := _mosaic_gpu_config(problem, rows, problem.m if swap else problem.n)) is not None:
+        from ..kernels.wgemm_mgpu import mgpu_w4a16
+
+        sbytes = as_scale_bytes(w.plain_scales())
+        out = jnp.stack([mgpu_w4a16(x[i], w.data[i], sbytes[i], problem.out_dtype, mcfg)
+                         for i in range(problem.batch)])
     else:
         wrows = problem.m if swap else problem.n
         cfg = default_wconfig(rows, wrows, problem.k, problem.batch, decode=decode_for(problem.platform))

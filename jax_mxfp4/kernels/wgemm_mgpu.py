@@ -5,32 +5,36 @@ MXFP4 weight W (packed E2M1 bytes [N, K/2], E8M0 scale bytes [N, K/32]) as ``out
 the weight's rows are the WGMMA M side (64 rows per warpgroup) and its decoded tile is the
 REGISTER A operand; the activation rows (padded to a multiple of 16) are the WGMMA N side, read
 from shared memory as the B operand. Per K step the weight bytes, the scales and the two halves of
-x arrive by TMA (Pallas' pipelined ``pallas_call``); each 32-element block (16 bytes per row) is
-loaded into registers in the WGMMA fragment layout (each thread holds the bytes of its fragment
-slots), decoded in registers, and multiplied by its block scale broadcast along the row:
+x arrive by TMA; the bytes are loaded into registers and decoded there:
 
-- low nibble of byte j = element 2j, high nibble = element 2j+1; the contraction is permuted
-  identically on both operands (x split into even and odd elements once,
-  :func:`jax_mxfp4.kernels.e2m1_asm.split_even_odd`), so a 16-byte block gives two [64, 16]
-  bfloat16 A fragments (low, high) that meet x's even and odd halves: two m64nMk16 WGMMAs;
-- E2M1 code c (sign s, magnitude e m) -> bfloat16 bits ``s << 15 | (c & 7) << 6``, which is the
-  value x 2^-126 (the exponent field holds e and the E2M1 subnormal 0.5 becomes the bfloat16
-  subnormal); one bfloat16 multiply by 2^126 restores it exactly (``decode="mul"``), or the bits
-  ``(c & 7) << 6 + 0x3F00`` with selects for codes 0 and 1 build it without subnormals
-  (``decode="select"``). Source: the Marlin FP4 decode (vllm csrc/quantization/marlin/dequant.h),
-  checked in NumPy on every byte in tests/test_wgemm_mgpu.py;
-- the block scale 2^(b-127) is a bfloat16 (:func:`jax_mxfp4.mx_format.e8m0_to_bf16_bits`; byte 0
-  the subnormal 2^-127, byte 0xFF NaN), applied last, so E2M1 x scale is exact in bfloat16 and its
-  products with x exact in float32; WGMMA accumulates in float32. Results equal backend "xla" up to
-  the order of float32 accumulation.
+- low nibble of byte j = element 2j, high nibble = element 2j+1; a contraction may be permuted
+  identically on both operands, so each decoded half (low nibbles, high nibbles) meets its own
+  half of x (:func:`split_x`, done once per call on the small activation): two WGMMAs per step;
+- ``decode="ptx"`` (the fast one): the bytes load in Mosaic GPU's 8-bit WGMMA register layout
+  (each thread holds 4 bytes of a row's 32-element block), and the inline PTX of
+  :mod:`jax_mxfp4.kernels.e2m1_asm` (Marlin-style lanes; the Triton kernel runs the same
+  instructions) turns each 32-bit register into the four bfloat16x2 registers of the thread's A
+  fragment slots, block scale applied last; x's columns follow :func:`_ptx_fragment_order`;
+- ``decode="mul"`` / ``"select"`` (portable Pallas operations, one 32-element block at a time):
+  E2M1 code c -> bfloat16 bits ``sign << 15 | (c & 7) << 6`` = value x 2^-126, times 2^126
+  (``"mul"``; the E2M1 0.5 passes through a bfloat16 subnormal), or ``(c & 7) << 6 + 0x3F00``
+  with selects for codes 0 and 1 (``"select"``); source: the Marlin FP4 decode (vllm
+  csrc/quantization/marlin/dequant.h); checked in NumPy on every byte (tests/test_wgemm_mgpu.py);
+- the block scale 2^(b-127) is the bfloat16 of :func:`jax_mxfp4.mx_format.e8m0_to_bf16_bits`
+  (byte 0 the subnormal 2^-127, 0xFF NaN), applied last: E2M1 x scale is exact in bfloat16, its
+  products with x exact in float32, WGMMA accumulates in float32; results equal backend "xla" up
+  to the order of float32 accumulation.
 
-Split-K over the grid fills the GPU when N/64 tiles are few; float32 partial sums are added
-afterwards in a fixed order. The scales are passed to the kernel as bfloat16 [K/32, N] (one row per
-block, contiguous along N so that a block's 64 scales load as one row vector); :func:`kernel_scales`
-builds that form (a weight could keep it, like ``scale_layout``).
+Launchers (:class:`MgpuConfig`): ``pallas_call`` with a pipelined grid, ``plgpu.kernel`` +
+``emit_pipeline`` (one warpgroup per CTA), or warp-specialized (two compute warpgroups, one TMA
+warpgroup; optionally reading the E8M0 bytes as stored). Split-K over the grid fills the GPU when
+N/64 tiles are few; float32 partial sums are added afterwards in a fixed order. Otherwise the
+scales are passed as bfloat16 [K/32, N] (:func:`kernel_scales`; a weight could keep that form).
 
-Status: lowers for CUDA on a CPU machine (tests/test_wgemm_mgpu.py); correctness and speed on an
-H200 are checked by benchmarks/wgemm_mgpu_check.py. Not used by dispatch.
+Status: every variant lowers for CUDA on a CPU machine (tests/test_wgemm_mgpu.py); on the H200
+(jax 0.11.2) the ``pallas_call`` variants failed before running (bare AssertionError, first run);
+benchmarks/wgemm_mgpu_check.py checks and times every structure. Dispatch uses it only behind
+``jax_mxfp4.backends.pallas.W4A16_MOSAIC_GPU`` (off).
 """
 
 from __future__ import annotations
@@ -59,14 +63,33 @@ def _plgpu():
     return plgpu
 
 
+def _load(ref, layout, optimized=True):
+    """``plgpu.load`` of a whole ref with a layout: jax 0.10 takes the index positionally, jax 0.11
+    deprecates it (the ref is indexed with ``.at`` instead)."""
+    import inspect
+
+    plgpu = _plgpu()
+    idx = inspect.signature(plgpu.load).parameters.get("idx")
+    if idx is not None and idx.default is inspect.Parameter.empty:
+        return plgpu.load(ref, (), layout=layout, optimized=optimized)
+    return plgpu.load(ref, layout=layout, optimized=optimized)
+
+
 @dataclasses.dataclass(frozen=True)
 class MgpuConfig:
     """Tiling of the Mosaic GPU w4a16 kernel.
 
     bk: K elements per pipeline step (multiple of 32, divides K / split_k); split_k: K ranges
-    summed afterwards; stages: pipeline depth (``max_concurrent_steps``; lowered where shared memory would not fit); decode: ``"mul"`` or
-    ``"select"`` (module doc); x_swizzle: shared-memory swizzle of x's tiles in bytes (32: each
-    16-element block is one tile).
+    summed afterwards; stages: pipeline depth (``max_concurrent_steps``; lowered where shared
+    memory would not fit); decode: ``"ptx"``, ``"mul"`` or ``"select"`` (module doc); x_swizzle: shared-memory swizzle of x's tiles in bytes (32: each
+    16-element block is one tile); warp_specialized: ``plgpu.kernel`` with two compute warpgroups
+    (128 weight rows per CTA) fed by a TMA warpgroup (``emit_pipeline_warp_specialized``) instead
+    of the one-warpgroup ``pallas_call`` pipeline ("ptx" decode only); raw_scales (warp_specialized
+    only): the kernel reads the E8M0 bytes [N, K/32] as stored (each CTA copies its [128, K/32 /
+    split_k] slab into shared memory once) and converts them in registers, instead of taking the
+    bfloat16 [K/32, N] form that :func:`kernel_scales` builds outside; launcher (without
+    warp_specialized): ``"pallas_call"`` (grid pipelined by Pallas) or ``"kernel"``
+    (``plgpu.kernel`` + ``plgpu.emit_pipeline``, the API jax 0.11 recommends).
     """
 
     bk: int = 256
@@ -74,6 +97,9 @@ class MgpuConfig:
     stages: int = 4
     decode: str = "mul"
     x_swizzle: int = 32
+    warp_specialized: bool = False
+    raw_scales: bool = False
+    launcher: str = "pallas_call"
 
     def __post_init__(self):
         if self.decode not in DECODES:
@@ -82,6 +108,12 @@ class MgpuConfig:
             raise ValueError(f"MgpuConfig.bk must be a positive multiple of {BLOCK_SIZE}, got {self.bk}")
         if self.split_k < 1 or self.stages < 1:
             raise ValueError(f"MgpuConfig.split_k and stages must be >= 1, got {self.split_k}, {self.stages}")
+        if self.launcher not in ("pallas_call", "kernel"):
+            raise ValueError(f"MgpuConfig.launcher must be 'pallas_call' or 'kernel', got {self.launcher!r}")
+        if self.raw_scales and not self.warp_specialized:
+            raise ValueError("MgpuConfig.raw_scales needs warp_specialized=True")
+        if self.warp_specialized and self.decode != "ptx":
+            raise ValueError('MgpuConfig.warp_specialized needs decode="ptx"')
         if self.x_swizzle != 32:
             raise ValueError(f"MgpuConfig.x_swizzle must be 32, got {self.x_swizzle}")
 
@@ -136,12 +168,13 @@ def split_x(x, decode: str):
     if decode != "ptx":
         return e2m1_asm.split_even_odd(x)
     m, k = x.shape
-    byte = _ptx_fragment_order()
-    xb = x.reshape(m, k // BLOCK_SIZE, BLOCK_SIZE)
-    return (xb[:, :, 2 * byte].reshape(m, k // 2), xb[:, :, 2 * byte + 1].reshape(m, k // 2))
+    # element 32b + 2p + n with byte p = 4g + 2ct + e (_ptx_fragment_order: column j = 8ct + 2g + e)
+    xb = x.reshape(m, k // BLOCK_SIZE, 4, 2, 2, 2)  # (g, ct, e, nibble n)
+    xb = jnp.transpose(xb, (0, 1, 3, 2, 4, 5))  # (ct, g, e, n)
+    return xb[..., 0].reshape(m, k // 2), xb[..., 1].reshape(m, k // 2)
 
 
-def _decode_ptx(byt, s_ref, hb: int):
+def _decode_ptx(byt, s_ref, hb: int, raw: bool = False):
     """Packed bytes uint8 [64, hb] (WGMMA_LAYOUT_8BIT) and the scale block bfloat16 [hb/16, 64]
     (shared memory) -> bfloat16 (lo, hi) [64, hb] in the WGMMA layout, by the inline PTX of
     :mod:`jax_mxfp4.kernels.e2m1_asm` (the same instructions the Triton kernel runs): one 32-bit
@@ -152,6 +185,7 @@ def _decode_ptx(byt, s_ref, hb: int):
 
     @plgpu.inline_mgpu(arg_types=(plgpu.Layout.WGMMA_8BIT, plgpu.RefType()), return_type=(ret, ret))
     def decode(ctx, fa, sref):
+        # sref: bfloat16 [nb, 64] (kernel_scales form) or uint8 [64, nb] (E8M0 bytes as stored)
         del ctx
         import jax.experimental.mosaic.gpu as mgpu
         from jaxlib.mlir import ir
@@ -168,8 +202,16 @@ def _decode_ptx(byt, s_ref, hb: int):
         struct = llvm.StructType.get_literal([i32] * 4)
         for (row, _col), ridx in zip(fa.layout.thread_idxs(fa.shape), np.ndindex(regs.shape)):
             b, rh = ridx[1], ridx[4]
-            sc = memref.load(sref, [arith.constant(index, b), row])
-            s32 = arith.extui(i32, arith.bitcast(i16, sc))
+            if raw:  # E8M0 byte -> bfloat16 bits, the rule of mx_format.e8m0_to_bf16_bits
+                sb = arith.extui(i32, memref.load(sref, [row, arith.constant(index, b)]))
+                bits = arith.shli(sb, arith.constant(i32, 7))
+                bits = arith.select(arith.cmpi(arith.CmpIPredicate.eq, sb, arith.constant(i32, 0)),
+                                    arith.constant(i32, 0x0040), bits)
+                s32 = arith.select(arith.cmpi(arith.CmpIPredicate.eq, sb, arith.constant(i32, 255)),
+                                   arith.constant(i32, 0x7FC0), bits)
+            else:
+                sc = memref.load(sref, [arith.constant(index, b), row])
+                s32 = arith.extui(i32, arith.bitcast(i16, sc))
             s2 = arith.ori(s32, arith.shli(s32, arith.constant(i32, 16)))
             q = mgpu.utils.bitcast(regs[ridx], i32)
             res = llvm.inline_asm(struct, [q, s2, s2], e2m1_asm._DECODE_PTX, "=r,=r,=r,=r,r,r,r")
@@ -183,20 +225,21 @@ def _decode_ptx(byt, s_ref, hb: int):
     return decode(byt, s_ref)
 
 
-def _kernel(xe_ref, xo_ref, w_ref, s_ref, o_ref, acc_ref, *, cfg: MgpuConfig, steps: int):
+def _step(xe_ref, xo_ref, w_ref, s_ref, acc_ref, cfg: MgpuConfig):
+    """One K step of one warpgroup: decode the [64, bk/2] byte tile with its scales and
+    accumulate ``lo @ x_lo^T + hi @ x_hi^T`` into the WGMMA accumulator (waited for)."""
     plgpu = _plgpu()
     half = BLOCK_SIZE // 2  # bytes per row of one block; also the WGMMA K of one half-fragment
     if cfg.decode == "ptx":
-        hb = cfg.bk // 2
-        byt = plgpu.load(w_ref, (), layout=plgpu.Layout.WGMMA_8BIT)
-        lo, hi = _decode_ptx(byt, s_ref, hb)
+        byt = _load(w_ref, plgpu.Layout.WGMMA_8BIT)
+        lo, hi = _decode_ptx(byt, s_ref, cfg.bk // 2)
         plgpu.wgmma(acc_ref, lo, plgpu.transpose_ref(xe_ref, (1, 0)))
         plgpu.wgmma(acc_ref, hi, plgpu.transpose_ref(xo_ref, (1, 0)))
         plgpu.wgmma_wait(0)
-    for b in range(0 if cfg.decode == "ptx" else cfg.bk // BLOCK_SIZE):
-        byt = plgpu.load(w_ref.at[:, pl.ds(b * half, half)], (), layout=plgpu.Layout.WGMMA,
-                         optimized=False)
-        sc = plgpu.load(s_ref.at[b], (), layout=plgpu.Layout.WGMMA.reduce(1), optimized=False)
+        return
+    for b in range(cfg.bk // BLOCK_SIZE):
+        byt = _load(w_ref.at[:, pl.ds(b * half, half)], plgpu.Layout.WGMMA, optimized=False)
+        sc = _load(s_ref.at[b], plgpu.Layout.WGMMA.reduce(1), optimized=False)
         scb = plgpu.layout_cast(lax.broadcast_in_dim(sc, (_WG_ROWS, half), (0,)),
                                 plgpu.Layout.WGMMA)
         u = byt.astype(jnp.uint16)
@@ -205,16 +248,150 @@ def _kernel(xe_ref, xo_ref, w_ref, s_ref, o_ref, acc_ref, *, cfg: MgpuConfig, st
         xs = pl.ds(b * half, half)
         plgpu.wgmma(acc_ref, lo, plgpu.transpose_ref(xe_ref.at[:, xs], (1, 0)))
         plgpu.wgmma(acc_ref, hi, plgpu.transpose_ref(xo_ref.at[:, xs], (1, 0)))
-    if cfg.decode != "ptx":
-        plgpu.wgmma_wait(0)
+    plgpu.wgmma_wait(0)
+
+
+def _kernel(xe_ref, xo_ref, w_ref, s_ref, o_ref, acc_ref, *, cfg: MgpuConfig, steps: int):
+    _step(xe_ref, xo_ref, w_ref, s_ref, acc_ref, cfg)
 
     @pl.when(pl.program_id(2) == steps - 1)
     def _():
         o_ref[...] = acc_ref[...]
 
 
+def _kernel_call(xe, xo, w_data, scales, *, cfg: MgpuConfig, n: int, mp: int, stages: int, specs):
+    """``plgpu.kernel`` launcher: one warpgroup per CTA, one CTA per (64-row tile, K split), the K
+    steps through ``plgpu.emit_pipeline`` (TMA issued by the same warpgroup)."""
+    plgpu = _plgpu()
+    nt = n // _WG_ROWS
+    kh_split = w_data.shape[1] // cfg.split_k
+    nbs = kh_split // (BLOCK_SIZE // 2)
+    steps = kh_split // (cfg.bk // 2)
+
+    def body(xe_g, xo_g, w_g, s_g, out_g, out_smem):
+        cta = lax.axis_index("cta")
+        tile, sp = lax.rem(cta, nt), lax.div(cta, nt)
+
+        def scope(acc_ref):
+            def step(_, xe_s, xo_s, w_s, s_s):
+                _step(xe_s, xo_s, w_s, s_s, acc_ref, cfg)
+
+            ks = pl.ds(sp * kh_split, kh_split)
+            plgpu.emit_pipeline(step, grid=(steps,), in_specs=specs, max_concurrent_steps=stages)(
+                xe_g.at[:, ks], xo_g.at[:, ks], w_g.at[pl.ds(tile * _WG_ROWS, _WG_ROWS), ks],
+                s_g.at[pl.ds(sp * nbs, nbs), pl.ds(tile * _WG_ROWS, _WG_ROWS)])
+            out_smem[...] = acc_ref[...]
+            plgpu.commit_smem()
+            plgpu.copy_smem_to_gmem(out_smem, out_g.at[pl.ds(sp * n + tile * _WG_ROWS, _WG_ROWS)])
+            plgpu.wait_smem_to_gmem(0)
+
+        pl.run_scoped(scope, plgpu.ACC((_WG_ROWS, mp), jnp.float32))
+
+    f = plgpu.kernel(
+        body,
+        out_type=jax.ShapeDtypeStruct((cfg.split_k * n, mp), jnp.float32),
+        grid=(nt * cfg.split_k,), grid_names=("cta",),
+        compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Lane),
+        scratch_types=dict(out_smem=plgpu.SMEM((_WG_ROWS, mp), jnp.float32)),
+    )
+    return f(xe, xo, w_data, scales)
+
+
+def _warp_specialized_call(xe, xo, w_data, scales, *, cfg: MgpuConfig, n: int, mp: int):
+    """Two compute warpgroups (64 weight rows each) and one TMA warpgroup per CTA; one CTA per
+    (128-row tile, K split). Returns float32 partial sums [split_k * N, mp]."""
+    plgpu = _plgpu()
+    rows = 2 * _WG_ROWS
+    if n % rows:
+        raise ValueError(f"mgpu_w4a16: N={n} must be a multiple of {rows} (warp_specialized)")
+    k_half = w_data.shape[1]
+    hb, nb = cfg.bk // 2, cfg.bk // BLOCK_SIZE
+    kh_split = k_half // cfg.split_k
+    steps = kh_split // hb
+    nt = n // rows
+    xsw, wsw = _swizzle(hb * 2), _swizzle(hb)
+    x_tr = (plgpu.TilingTransform((8, xsw // 2)), plgpu.SwizzleTransform(xsw))
+    w_tr = (plgpu.TilingTransform((8, wsw)), plgpu.SwizzleTransform(wsw))
+    raw = cfg.raw_scales
+    nbs = kh_split // (BLOCK_SIZE // 2)  # scale bytes per row of one K split
+    per_stage = 2 * mp * hb * 2 + rows * hb + (0 if raw else nb * rows * 2)
+    fixed = 2 * _WG_ROWS * mp * 4 + (rows * nbs if raw else 0)
+    if raw and not 16 <= nbs <= 256:
+        raise ValueError(f"mgpu_w4a16: raw_scales needs 16..256 scale bytes per row and K split, got {nbs}")
+    stages = min(cfg.stages, steps, (_SMEM_BUDGET - fixed) // per_stage)
+    if stages < 2:
+        raise ValueError(f"mgpu_w4a16: warp_specialized with bk={cfg.bk} and {mp} padded rows needs "
+                         f"two pipeline stages of {per_stage} bytes: too much shared memory (lower bk)")
+
+    def body(xe_g, xo_g, w_g, s_g, out_g, out_smem, slab, slab_bar):
+        cta = lax.axis_index("cta")
+        tile, sp = lax.rem(cta, nt), lax.div(cta, nt)
+        wg = lax.axis_index("wg")
+        wrows = pl.ds(wg * _WG_ROWS, _WG_ROWS)
+        if raw:  # this CTA's scale bytes, once: [128 rows, K/32 / split_k]
+            @pl.when(wg == 2)
+            def _():
+                plgpu.copy_gmem_to_smem(s_g.at[pl.ds(tile * rows, rows), pl.ds(sp * nbs, nbs)], slab,
+                                        slab_bar.at[0])
+
+            @pl.when(wg < 2)
+            def _():
+                plgpu.barrier_wait(slab_bar.at[0])
+
+        def mma_body(idx, *refs):
+            if raw:
+                xe_s, xo_s, w_s, acc_ref = refs
+                (t,) = idx
+                sref = slab.at[wrows, pl.ds(t * nb, nb)]
+            else:
+                xe_s, xo_s, w_s, s_s, acc_ref = refs
+                sref = s_s.at[:, wrows]
+            byt = _load(w_s.at[wrows], plgpu.Layout.WGMMA_8BIT)
+            lo, hi = _decode_ptx(byt, sref, hb, raw)
+            plgpu.wgmma(acc_ref, lo, plgpu.transpose_ref(xe_s, (1, 0)))
+            plgpu.wgmma(acc_ref, hi, plgpu.transpose_ref(xo_s, (1, 0)))
+            plgpu.wgmma_wait(0)
+            return acc_ref
+
+        def compute_context(eval_pipeline):
+            @functools.partial(pl.run_scoped, acc_ref=plgpu.ACC((_WG_ROWS, mp), jnp.float32))
+            def _(acc_ref):
+                eval_pipeline(acc_ref)
+                out_smem[wg] = acc_ref[...]
+                plgpu.commit_smem()
+                plgpu.copy_smem_to_gmem(
+                    out_smem.at[wg], out_g.at[pl.ds(sp * n + tile * rows + wg * _WG_ROWS, _WG_ROWS)])
+                plgpu.wait_smem_to_gmem(0)
+
+        pipeline = plgpu.emit_pipeline_warp_specialized(
+            mma_body, grid=(steps,), memory_registers=40, wg_axis="wg", num_compute_wgs=2,
+            max_concurrent_steps=stages, compute_context=compute_context,
+            in_specs=[
+                plgpu.BlockSpec((mp, hb), lambda t: (0, t), transforms=x_tr),
+                plgpu.BlockSpec((mp, hb), lambda t: (0, t), transforms=x_tr),
+                plgpu.BlockSpec((rows, hb), lambda t: (0, t), transforms=w_tr),
+            ] + ([] if raw else [plgpu.BlockSpec((nb, rows), lambda t: (t, 0))]))
+        ks = pl.ds(sp * kh_split, kh_split)
+        operands = [xe_g.at[:, ks], xo_g.at[:, ks], w_g.at[pl.ds(tile * rows, rows), ks]]
+        if not raw:
+            operands.append(s_g.at[pl.ds(sp * nbs, nbs), pl.ds(tile * rows, rows)])
+        pipeline(*operands)
+
+    f = plgpu.kernel(
+        body,
+        out_type=jax.ShapeDtypeStruct((cfg.split_k * n, mp), jnp.float32),
+        grid=(nt * cfg.split_k,), grid_names=("cta",),
+        num_threads=3, thread_name="wg",
+        compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Lane),
+        scratch_types=dict(out_smem=plgpu.SMEM((2, _WG_ROWS, mp), jnp.float32),
+                            slab=plgpu.SMEM((rows, nbs) if raw else (8, 16), jnp.uint8),
+                            slab_bar=plgpu.Barrier(num_arrivals=1)),
+    )
+    return f(xe, xo, w_data, scales)
+
+
 def mgpu_w4a16(x, w_data, w_scales, out_dtype=jnp.bfloat16, cfg: MgpuConfig | None = None,
-               *, scales_prepared: bool = False, interpret=False):
+               *, scales_prepared: bool = False):
     """``x · Wᵀ`` for bfloat16 x [M, K] and MXFP4 W -> [M, N] of ``out_dtype`` (float32 accumulation).
 
     Args:
@@ -247,7 +424,9 @@ def mgpu_w4a16(x, w_data, w_scales, out_dtype=jnp.bfloat16, cfg: MgpuConfig | No
         raise ValueError(f"mgpu_w4a16: M={m} must be in [1, 256] (decode sizes)")
     if k % (cfg.bk * cfg.split_k):
         raise ValueError(f"mgpu_w4a16: K={k} is not a multiple of bk*split_k={cfg.bk * cfg.split_k}")
-    scales = w_scales if scales_prepared else kernel_scales(w_scales)
+    if cfg.raw_scales and scales_prepared:
+        raise ValueError("mgpu_w4a16: raw_scales takes the E8M0 bytes, not prepared scales")
+    scales = w_scales if scales_prepared or cfg.raw_scales else kernel_scales(w_scales)
     mp = -(-m // 16) * 16
     xp = jnp.pad(x, ((0, mp - m), (0, 0))) if mp != m else x
     xe, xo = split_x(xp, cfg.decode)
@@ -259,28 +438,68 @@ def mgpu_w4a16(x, w_data, w_scales, out_dtype=jnp.bfloat16, cfg: MgpuConfig | No
     wsw = _swizzle(hb)
     w_tr = (plgpu.TilingTransform((8, wsw)), plgpu.SwizzleTransform(wsw)) if cfg.decode == "ptx" else ()
     x_spec = plgpu.BlockSpec((mp, hb), lambda i, s, t: (0, s * steps + t), transforms=x_tr)
+    if cfg.warp_specialized:
+        out = _warp_specialized_call(xe, xo, w_data, scales, cfg=cfg, n=n, mp=mp)
+        out = out.reshape(cfg.split_k, n, mp).sum(axis=0)
+        return out[:, :m].T.astype(out_dtype)
     # shared memory: x halves, weight bytes and scales per stage, the output block (x2) below the
     # H100/H200 limit of 227 KiB
     per_stage = 2 * mp * hb * 2 + _WG_ROWS * hb + (cfg.bk // BLOCK_SIZE) * _WG_ROWS * 2
     fit = max(1, (_SMEM_BUDGET - 2 * _WG_ROWS * mp * 4) // per_stage)
-    out = pl.pallas_call(
-        functools.partial(_kernel, cfg=cfg, steps=steps),
-        out_shape=jax.ShapeDtypeStruct((cfg.split_k * n, mp), jnp.float32),
-        grid=(nt, cfg.split_k, steps),
-        in_specs=[
-            x_spec, x_spec,
-            plgpu.BlockSpec((_WG_ROWS, hb), lambda i, s, t: (i, s * steps + t), transforms=w_tr),
-            plgpu.BlockSpec((cfg.bk // BLOCK_SIZE, _WG_ROWS), lambda i, s, t: (s * steps + t, i)),
-        ],
-        out_specs=plgpu.BlockSpec((_WG_ROWS, mp), lambda i, s, t: (s * nt + i, 0)),
-        scratch_shapes=[plgpu.ACC((_WG_ROWS, mp), jnp.float32)],
-        compiler_params=plgpu.CompilerParams(
-            dimension_semantics=["parallel", "parallel", "sequential"],
-            max_concurrent_steps=max(1, min(cfg.stages, steps, fit)),
-            lowering_semantics=plgpu.LoweringSemantics.Lane,
-        ),
-        name="mxfp4_w4a16_mgpu",
-        interpret=interpret,
-    )(xe, xo, w_data, scales)
+    stages = max(1, min(cfg.stages, steps, fit))
+    if cfg.launcher == "kernel":
+        specs = [plgpu.BlockSpec((mp, hb), lambda t: (0, t), transforms=x_tr),
+                 plgpu.BlockSpec((mp, hb), lambda t: (0, t), transforms=x_tr),
+                 plgpu.BlockSpec((_WG_ROWS, hb), lambda t: (0, t), transforms=w_tr),
+                 plgpu.BlockSpec((cfg.bk // BLOCK_SIZE, _WG_ROWS), lambda t: (t, 0))]
+        out = _kernel_call(xe, xo, w_data, scales, cfg=cfg, n=n, mp=mp, stages=stages, specs=specs)
+    else:
+        out = pl.pallas_call(
+            functools.partial(_kernel, cfg=cfg, steps=steps),
+            out_shape=jax.ShapeDtypeStruct((cfg.split_k * n, mp), jnp.float32),
+            grid=(nt, cfg.split_k, steps),
+            in_specs=[
+                x_spec, x_spec,
+                plgpu.BlockSpec((_WG_ROWS, hb), lambda i, s, t: (i, s * steps + t), transforms=w_tr),
+                plgpu.BlockSpec((cfg.bk // BLOCK_SIZE, _WG_ROWS), lambda i, s, t: (s * steps + t, i)),
+            ],
+            out_specs=plgpu.BlockSpec((_WG_ROWS, mp), lambda i, s, t: (s * nt + i, 0)),
+            scratch_shapes=[plgpu.ACC((_WG_ROWS, mp), jnp.float32)],
+            compiler_params=plgpu.CompilerParams(
+                dimension_semantics=["parallel", "parallel", "sequential"],
+                max_concurrent_steps=stages,
+                lowering_semantics=plgpu.LoweringSemantics.Lane,
+            ),
+            name="mxfp4_w4a16_mgpu",
+        )(xe, xo, w_data, scales)
     out = out.reshape(cfg.split_k, n, mp).sum(axis=0)
     return out[:, :m].T.astype(out_dtype)
+
+
+def default_mgpu_config(m: int, n: int, k: int) -> MgpuConfig:
+    """Tiling by shape (provisional, not yet measured: benchmarks/wgemm_mgpu_check.py on the H200
+    decides). ``plgpu.kernel`` launchers only (jax 0.11.2 failed on the ``pallas_call`` one):
+    warp-specialized with in-kernel scales where N, K and shared memory allow, else one warpgroup."""
+    bk = 256 if m <= 64 else 128
+    split = 2
+    while k % (bk * split):
+        if split > 1:
+            split //= 2
+        else:
+            bk //= 2
+    nbs = k // BLOCK_SIZE // split
+    if n % (2 * _WG_ROWS) == 0 and 16 <= nbs <= 256 and m <= 64:
+        return MgpuConfig(bk=bk, split_k=split, stages=4, decode="ptx", warp_specialized=True, raw_scales=True)
+    return MgpuConfig(bk=bk, split_k=split, stages=4, decode="ptx", launcher="kernel")
+
+
+def unsupported_reason(m: int, n: int, k: int) -> str | None:
+    """None if :func:`mgpu_w4a16` with :func:`default_mgpu_config` takes [m, k] x [n, k], else why
+    not (shape rules of the kernel; the device check is the caller's)."""
+    if m > 128:
+        return f"M={m} > 128 activation rows (decode-size kernel)"
+    if n % _WG_ROWS:
+        return f"N={n} is not a multiple of {_WG_ROWS} weight rows"
+    if k % (2 * BLOCK_SIZE):
+        return f"K={k} is not a multiple of {2 * BLOCK_SIZE}"
+    return None
