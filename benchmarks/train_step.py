@@ -120,16 +120,34 @@ def routing(s):
     return out
 
 
+def check_fused(config, s, sets):
+    """The fused and unfused training passes on the device: loss-free step outputs (dX, dW)
+    compared bit for bit (expected identical: same quantized operands, same GEMMs)."""
+    outs = {}
+    for mode in ("auto", "0"):
+        with _env(FUSED_ENV, mode):
+            outs[mode] = jax.jit(make_step(layer_fns(config, mx.Recipe())))(*sets[0])
+    same = [bool(jnp.array_equal(a, b)) for a, b in zip(outs["auto"], outs["0"])]
+    diff = [float(jnp.max(jnp.abs(a.astype(jnp.float32) - b.astype(jnp.float32)))) for a, b in zip(outs["auto"], outs["0"])]
+    return {"config": config, "bit_identical": same, "max_abs_diff": diff}
+
+
 def run(args):
     sizes = QUICK if args.quick else FULL
     timing = dict(reps=3, min_program_s=0.0) if args.quick else dict(reps=5)
-    rows = []
+    rows, checks = [], []
     t0 = time.time()
     for config, s in sizes.items():
         if args.configs and config not in args.configs:
             continue
         sets = [make_set(config, s, seed=1)]
         jax.block_until_ready(sets)
+        if args.check_fused and config == "linear":
+            try:
+                checks.append(check_fused(config, s, sets))
+            except Exception as e:  # record, keep going
+                checks.append({"config": config, "error": f"{type(e).__name__}: {str(e)[:300]}"})
+            print(f"[{time.time() - t0:6.1f}s] fused vs unfused gradients: {checks[-1]}", flush=True)
         base = None
         for variant, recipe in VARIANTS.items():
             if args.variants and variant not in args.variants and variant != "bf16":
@@ -151,7 +169,7 @@ def run(args):
                   f"ratio {r.get('time_ratio_vs_bf16', float('nan')):.3f} {r['status']}", flush=True)
         del sets
     return {"info": device_info(), "quick": args.quick, "method": __doc__.split("Usage")[0].strip(),
-            "routing_linear": routing(sizes["linear"]), "rows": rows}
+            "routing_linear": routing(sizes["linear"]), "rows": rows, "fused_checks": checks}
 
 
 KERNEL_CONFIGS = {False: [(1, 8), (1, 4)], True: [(4, 8), (8, 8), (16, 8)]}
@@ -246,6 +264,9 @@ def markdown(result):
     lines += ["", "Backends \"auto\" picks for the linear layer (Recipe(), precision DEFAULT):", ""]
     for name, d in result["routing_linear"].items():
         lines.append(f"- {name} {d['mnk'][0]}x{d['mnk'][1]}x{d['mnk'][2]}: {d['backend']} ({d['contract']})")
+    for c in result.get("fused_checks", []):
+        lines.append(f"- fused vs unfused passes, {c['config']} (dX, dW): {c.get('bit_identical', c.get('error'))}"
+                     f"{'' if 'error' in c else ', max |diff| ' + str(c['max_abs_diff'])}")
     return "\n".join(lines) + "\n"
 
 
@@ -256,6 +277,8 @@ def main(argv=None):
     ap.add_argument("--configs", default="", help="comma list of configs (default: linear,mlp)")
     ap.add_argument("--variants", default="", help="comma list of variants besides bf16 (default: all)")
     ap.add_argument("--kernel", action="store_true", help="time the fused quantize-to-FP8 kernel alone")
+    ap.add_argument("--check-fused", action="store_true",
+                    help="first compare the linear layer's gradients with and without the fused passes")
     args = ap.parse_args(argv)
     args.configs = [c for c in args.configs.split(",") if c]
     args.variants = [v for v in args.variants.split(",") if v]
