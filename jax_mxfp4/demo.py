@@ -40,6 +40,9 @@ SIZES = {
     # d_model, layers, heads, seq_len, batch, default steps, learning rate
     "small": dict(d_model=128, n_layers=2, n_heads=4, seq_len=128, batch=16, steps=400, lr=3e-3),
     "medium": dict(d_model=256, n_layers=4, n_heads=8, seq_len=256, batch=16, steps=1000, lr=2e-3),
+    # GPU size (issue 10): 8192 tokens per step, GEMMs 8192 x 1024 x 1024 / 4096, where the FP8
+    # path and the fused quantization passes apply; not meant for a CPU
+    "large": dict(d_model=1024, n_layers=4, n_heads=16, seq_len=512, batch=16, steps=300, lr=1e-3),
 }
 BF16_RECIPE_FIELDS = dict(fprop="bf16", dgrad="bf16", wgrad="bf16")
 MX_HADAMARD, MX_HADAMARD_BLOCK = "none", 32  # the MXFP4 run's default rotation (README's recipe table)
@@ -311,7 +314,7 @@ def plot(path, runs, unigram):
 def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="jax-mxfp4-demo", description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=None, help="training steps per run (default: per --size)")
-    p.add_argument("--size", choices=sorted(SIZES), default="small", help="model size (default small: ~4 min for both runs on 2 CPU cores; medium: ~75 min)")
+    p.add_argument("--size", choices=sorted(SIZES), default="small", help="model size (default small: ~4 min for both runs on 2 CPU cores; medium: ~75 min; large: a GPU size)")
     p.add_argument("--out", default="demo_out", help="directory for results.json and loss.png")
     p.add_argument("--backend", default="auto", help="jax_mxfp4 backend of the MXFP4 run (default auto)")
     p.add_argument("--seed", type=int, default=0)

@@ -40,6 +40,7 @@ import numpy as np
 
 from . import checks
 from .array import MXFP4Array
+from .platform import current_platform
 from .mx_format import (
     BLOCK_SIZE,
     E8M0_NAN,
@@ -126,6 +127,30 @@ def encode_blocks(sb, mag):
     any_nan = jnp.max(nan_blk.astype(jnp.int32), axis=-1) != 0
     row_flag = (exact[..., 0].astype(jnp.uint8) * FLAG_EXACT) | (any_nan.astype(jnp.uint8) * FLAG_NAN)
     return d, row_exp, row_flag
+
+
+ENCODE_KERNEL_ENV = "JAX_MXFP4_FP8_ENCODE_KERNEL"
+"""Set to 0 to keep :func:`encode_rows_on` on the jnp formulation on GPUs too."""
+
+
+def encode_rows_on(data, scale_bytes, platform: str):
+    """:func:`encode_rows` computed the fastest way on ``platform`` (bit-identical either way).
+
+    On "cuda" (unless ``JAX_MXFP4_FP8_ENCODE_KERNEL=0``) one Pallas kernel
+    (:func:`jax_mxfp4.kernels.fp8_encode.encode_rows_kernel`; the jnp form measured ~0.3 ms for an
+    8192 x 8192 weight on an H200); elsewhere the jnp form above. Leading dims are flattened.
+    """
+    import os
+
+    use_kernel = platform == "cuda" and os.environ.get(ENCODE_KERNEL_ENV, "1").strip() != "0"
+    if not use_kernel or data.size == 0:
+        return encode_rows(data, scale_bytes)
+    from .kernels.fp8_encode import encode_rows_kernel
+
+    lead, half = data.shape[:-1], data.shape[-1]
+    sb = as_scale_bytes(scale_bytes)
+    codes, row_exp, row_flag = encode_rows_kernel(data.reshape(-1, half), sb.reshape(-1, sb.shape[-1]))
+    return codes.reshape(*lead, half * 2), row_exp.reshape(lead), row_flag.reshape(lead)
 
 
 def decode_rows(codes, scale_bytes, row_exp, row_flag):
@@ -264,7 +289,7 @@ def prepare_fp8(x: MXFP4Array) -> FP8Prepared:
         raise TypeError(f"prepare_fp8 takes an MXFP4Array, got {type(x).__name__}")
     data = jnp.moveaxis(x.data, x.axis, -1)
     scales = jnp.moveaxis(x.plain_scales(), x.axis, -1)
-    codes, row_exp, row_flag = jax.jit(encode_rows)(data, scales)
+    codes, row_exp, row_flag = jax.jit(encode_rows_on, static_argnums=2)(data, scales, current_platform())
     return FP8Prepared(codes, as_e8m0(as_scale_bytes(scales)), row_exp, row_flag, x.axis, x.shape, x.dtype,
                        x.scale_mode)
 

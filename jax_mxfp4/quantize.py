@@ -79,14 +79,76 @@ def quantize(
     # GPU fast path (both roundings): one fused Pallas pass, bit-identical to _quantize_impl.
     from .kernels import quantize as fused
 
-    # The fused kernel is a pallas_call, opaque to SPMD partitioning (XLA would all-gather its
-    # input): under a mesh the reference jnp path runs instead, which XLA partitions shard-locally.
-    sharded = not jax.sharding.get_abstract_mesh().empty
-    use_fused = fused.fast_path_enabled(current_platform(), rounding, x.size) and not sharded
-    impl = fused.quantize_impl if use_fused else _quantize_impl
+    impl = fused.quantize_impl if fused_path(x, rounding) else _quantize_impl
     data, scales = impl(x, key, axis=axis, scale_mode=scale_mode, rounding=rounding)
     q = MXFP4Array(data, scales, axis, x.shape, x.dtype, scale_mode, "plain")
     return q.with_scale_layout(scale_layout)
+
+
+def fused_path(x, rounding: str = "nearest") -> bool:
+    """Whether :func:`quantize` of ``x`` runs the fused Pallas quantizer (GPU fast path,
+    :func:`jax_mxfp4.kernels.quantize.fast_path_enabled`) rather than the reference jnp path.
+
+    The fused kernel is a pallas_call, opaque to SPMD partitioning (XLA would all-gather its
+    input): under a mesh the reference jnp path runs instead, which XLA partitions shard-locally.
+    """
+    from .kernels import quantize as fused
+
+    sharded = not jax.sharding.get_abstract_mesh().empty
+    return fused.fast_path_enabled(current_platform(), rounding, x.size) and not sharded
+
+
+def quantize_rotated(
+    x: jax.Array,
+    axis: int,
+    hadamard: tuple[int, int],
+    *,
+    scale_mode: str = "even",
+    rounding: str = "nearest",
+    key: jax.Array | None = None,
+) -> MXFP4Array:
+    """``quantize(random_hadamard_transform(x, axis, seed, block), axis, ...)``, one pass on GPUs.
+
+    On the GPU fast path (:func:`fused_path`) the rotation is applied in registers inside the
+    Pallas quantization kernel (``jax_mxfp4.kernels.quantize``, ``hadamard=(block, seed)``), with
+    the same float32 operations in the same order as :func:`jax_mxfp4.hadamard.
+    random_hadamard_transform`, so the result is bit-identical to the two-pass form, which runs
+    everywhere else (CPU, under a mesh, ``JAX_MXFP4_FAST_QUANTIZE=0``). Not differentiable (used
+    where the quantized operand is consumed: the backward passes and ``quantize_params``).
+
+    Args:
+      x: float32/bfloat16/float16 array; ``x.shape[axis]`` a multiple of ``block``.
+      axis: the rotated and quantized axis.
+      hadamard: ``(block, seed)``: block 32, 64, 128 or 256, seed of the sign vector
+        (:func:`jax_mxfp4.hadamard.random_signs`).
+      scale_mode, rounding, key: as in :func:`quantize`.
+
+    Returns:
+      An :class:`MXFP4Array` (plain scales) of ``x.shape``, dtype float32 (the rotated values'
+      dtype), ``hadamard`` not recorded (the caller records it where the array leaves its hands).
+
+    Raises:
+      what :func:`quantize` raises; ValueError/TypeError from
+      :func:`jax_mxfp4.hadamard.check_block` / :func:`~jax_mxfp4.hadamard.check_length`.
+    """
+    from . import hadamard as hd
+    from .kernels import quantize as fused
+
+    block, seed = hd.check_block(hadamard[0], "hadamard block"), int(hadamard[1])
+    checks.check_float_input(x, "x")
+    axis = checks.normalize_axis(axis, jnp.ndim(x), "axis")
+    hd.check_length(x.shape[axis], block, "x")
+    if not fused_path(x, rounding):
+        return quantize(hd.random_hadamard_transform(x, axis, seed, block), axis, scale_mode=scale_mode,
+                        rounding=rounding, key=key)
+    checks.check_block_multiple(x.shape[axis], axis, "x")
+    checks.check_scale_mode(scale_mode)
+    checks.check_rounding(rounding, key)
+    if rounding == "nearest":
+        key = None
+    data, scales = fused.quantize_impl(x, key, axis=axis, scale_mode=scale_mode, rounding=rounding,
+                                       hadamard=(block, seed))
+    return MXFP4Array(data, scales, axis, x.shape, jnp.dtype(jnp.float32), scale_mode, "plain")
 
 
 @functools.partial(jax.jit, static_argnames=("axis", "scale_mode", "rounding"))

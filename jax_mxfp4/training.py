@@ -72,7 +72,7 @@ from .array import MXFP4Array
 from . import hadamard as hd
 from .fp8 import FP8Prepared
 from .mx_format import BLOCK_SIZE
-from .quantize import dequantize, quantize
+from .quantize import dequantize, fused_path, quantize, quantize_rotated
 from .recipe import Recipe
 
 ROOT_SEED = 0x4D584634  # "MXF4"
@@ -226,8 +226,16 @@ def _fprop(a, b, recipe: Recipe, out_dtype, fprop_seed):
     if recipe.fprop == "bf16":
         return _bf16_gemm(a, b, _CANON).astype(out_dtype)
     if "fprop" in recipe.hadamard_passes:
-        a = hd.random_hadamard_transform(a, 2, fprop_seed, recipe.hadamard_block)
-        b = hd.random_hadamard_transform(b, 2, fprop_seed, recipe.hadamard_block)
+        h = (recipe.hadamard_block, fprop_seed)
+        if recipe.quantize_activations and fused_path(a) and fused_path(b):
+            # GPU: rotation fused into the quantizer pass; dot_general would quantize the rotated
+            # float32 operands exactly so (along K, recipe.scale_mode, nearest, plain scales).
+            a = quantize_rotated(a, 2, h, scale_mode=recipe.scale_mode)
+            b = quantize_rotated(b, 2, h, scale_mode=recipe.scale_mode)
+        else:
+            a = hd.random_hadamard_transform(a, 2, fprop_seed, recipe.hadamard_block)
+            b = hd.random_hadamard_transform(b, 2, fprop_seed, recipe.hadamard_block)
+        return gemm.dot_general(a, b, _CANON, preferred_element_type=out_dtype, recipe=recipe)
     interpret = _fused_route(a, b, _CANON, out_dtype, recipe)
     if interpret is not None:
         qa = _fp8_fused(a, 2, recipe.scale_mode, interpret)
@@ -256,19 +264,20 @@ def _grad_gemm(g, w, g_axis, w_axis, precision, key, recipe: Recipe, hadamard_se
     padded = -(-g.shape[g_axis] // BLOCK_SIZE) * BLOCK_SIZE
     g, w = shd.gather_partial_blocks(g, g_axis, padded), shd.gather_partial_blocks(w, w_axis, padded)
     g, w = _pad_axis(g, g_axis), _pad_axis(w, w_axis)
-    if hadamard_seed is not None:
-        g = hd.random_hadamard_transform(g, g_axis, hadamard_seed, recipe.hadamard_block)
-        w = hd.random_hadamard_transform(w, w_axis, hadamard_seed, recipe.hadamard_block)
     rounding = recipe.grad_rounding
-    sr_key = key if rounding == "stochastic" else None
+    gkey = key if rounding == "stochastic" else None
+    if hadamard_seed is not None:  # one fused rotate+quantize pass on GPUs (quantize_rotated)
+        h = (recipe.hadamard_block, hadamard_seed)
+        gq = quantize_rotated(g, g_axis, h, scale_mode=recipe.scale_mode, rounding=rounding, key=gkey)
+        wq = quantize_rotated(w, w_axis, h, scale_mode=recipe.scale_mode)
+        return gemm.dot_general(gq, wq, contraction, preferred_element_type=jnp.float32, recipe=recipe)
     interpret = _fused_route(g, w, contraction, grad_dtype, recipe)
     if interpret is not None:  # the GEMM runs on backend "fp8": fused quantize-to-FP8 passes
-        gq = _fp8_fused(g, g_axis, recipe.scale_mode, interpret, rounding, sr_key)
+        gq = _fp8_fused(g, g_axis, recipe.scale_mode, interpret, rounding, gkey)
         wq = _fp8_fused(w, w_axis, recipe.scale_mode, interpret, swap=w_swap)
         if gq is not None and wq is not None:
             return gemm.dot_general(gq, wq, contraction, preferred_element_type=grad_dtype, recipe=recipe)
-    gq = quantize(g, g_axis, scale_mode=recipe.scale_mode, rounding=rounding,
-                  key=key if rounding == "stochastic" else None)
+    gq = quantize(g, g_axis, scale_mode=recipe.scale_mode, rounding=rounding, key=gkey)
     wq = quantize(w, w_axis, scale_mode=recipe.scale_mode)
     return gemm.dot_general(gq, wq, contraction, preferred_element_type=jnp.float32, recipe=recipe)
 

@@ -2,8 +2,8 @@
 
 Pipeline (``../shared/reference/gpu-speed.md`` §3):
 
-1. each operand row -> float8_e4m3fn codes x one power of two (:func:`jax_mxfp4.fp8.encode_rows`,
-   one jnp pass that XLA fuses; a weight can be converted once with
+1. each operand row -> float8_e4m3fn codes x one power of two (:func:`jax_mxfp4.fp8.encode_rows`:
+   one Pallas kernel on CUDA, jnp elsewhere; a weight can be converted once with
    :func:`jax_mxfp4.prepare_fp8`);
 2. XLA's FP8 ``dot_general`` (cuBLASLt ``__cublas$lt$matmul$f8`` on CUDA; XLA on CPU upcasts the
    codes to float32), float32 accumulation requested (bfloat16 output for a bfloat16 result on
@@ -43,7 +43,7 @@ import numpy as np
 from jax import lax
 
 from ..array import MXFP4Array
-from ..fp8 import FLAG_EXACT, FLAG_NAN, FP8Prepared, encode_rows
+from ..fp8 import FLAG_EXACT, FLAG_NAN, FP8Prepared, encode_rows_on
 from ..mx_format import as_scale_bytes, pow2_from_exponent
 from ..sharding import canonical_out_sharding, explicit_spec
 from .base import Backend, GemmProblem
@@ -102,10 +102,10 @@ def contract(precision: str, platform: str = "cuda") -> str:
             "rows outside the FP8 window exact (float32 path)")
 
 
-def _prepared(x) -> FP8Prepared:
+def _prepared(x, platform: str) -> FP8Prepared:
     if isinstance(x, FP8Prepared):
         return x
-    codes, row_exp, row_flag = encode_rows(x.data, as_scale_bytes(x.plain_scales()))
+    codes, row_exp, row_flag = encode_rows_on(x.data, as_scale_bytes(x.plain_scales()), platform)
     return FP8Prepared(codes, x.plain_scales(), row_exp, row_flag, 2, x.shape, x.dtype, x.scale_mode)
 
 
@@ -181,7 +181,7 @@ def fp8_gemm(lhs, rhs, out_dtype, precision: str = "default", platform: str = "c
     if precision not in ("default", "high"):
         raise ValueError(f"the FP8 path takes precision 'default' or 'high', got {precision!r}")
     out_dtype = np.dtype(out_dtype)  # (jit: an np.dtype or a jnp scalar type, both hashable)
-    a, b = _prepared(lhs), _prepared(rhs)
+    a, b = _prepared(lhs, platform), _prepared(rhs, platform)
     # bfloat16 out on CUDA: cuBLASLt rounds the float32 accumulator to bf16 in its epilogue and
     # the power-of-two rescale commutes with that rounding (same exponent range as float32).
     acc_dtype = jnp.bfloat16 if (platform == "cuda" and out_dtype == np.dtype(jnp.bfloat16)) else jnp.float32

@@ -11,7 +11,7 @@ from .. import checks, dims
 from .. import hadamard as hd
 from ..array import MXFP4Array
 from ..mx_format import BLOCK_SIZE
-from ..quantize import quantize
+from ..quantize import quantize, quantize_rotated
 
 
 def _key_name(k) -> str:
@@ -259,8 +259,7 @@ def quantize_params(
             return quantize(leaf, axis, scale_mode=scale_mode, scale_layout=scale_layout)
         block = recipe.hadamard_block
         hd.check_length(leaf.shape[axis], block, f"the kernel at {'/'.join(_key_name(k) for k in path)} along axis {axis}")
-        q = quantize(hd.random_hadamard_transform(leaf, axis, seed, block), axis, scale_mode=scale_mode,
-                     scale_layout=scale_layout)
+        q = quantize_rotated(leaf, axis, (block, seed), scale_mode=scale_mode).with_scale_layout(scale_layout)
         return MXFP4Array(q.data, q.scales, q.axis, q.shape, leaf.dtype, q.scale_mode, q.scale_layout, (block, seed))
 
     return jax.tree_util.tree_map_with_path(

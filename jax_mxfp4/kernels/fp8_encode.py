@@ -1,0 +1,149 @@
+"""Fused MXFP4 -> FP8-operand pass on GPU: :func:`jax_mxfp4.fp8.encode_rows` as one Pallas kernel.
+
+``encode_rows`` in jnp is several XLA fusions (nibble unpack, per-block reductions, the row
+maximum, the encode) and measured ~0.3 ms for an 8192 x 8192 weight on one H200
+(benchmarks/results/session3/gemm_large_log.txt: fp8 vs fp8-prepared at 1024x8192x8192), against
+~30 us for its bytes at HBM speed. Here one program owns ``br`` whole rows and reads them twice
+(the second read mostly from L2): pass A gathers per row the largest and smallest scale byte of
+the blocks holding a nonzero code, the NaN bytes and the special blocks (:func:`jax_mxfp4.fp8.
+special_blocks`); pass B writes the E4M3 bytes with the per-block shift of
+:func:`jax_mxfp4.fp8._block_shift`. Every rule is the one of :mod:`jax_mxfp4.fp8` (imported, not
+copied); only the E2M1 x 2^d -> E4M3 byte step is new, done with integer operations (below), and
+the result is bit-identical to ``encode_rows`` (tests/test_fp8_encode_kernel.py, Pallas
+interpreter; benchmarks/gpu_check.py on the GPU).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
+
+from ..mx_format import BLOCK_SIZE, E8M0_NAN
+
+MAX_CHUNK_BLOCKS = 32  # blocks per loop step (1024 elements of a row)
+
+
+def e4m3_byte(nibble, d):
+    """E4M3 byte of E2M1 code ``nibble`` (int32 0..15, sign in bit 3) times 2^d, d int32 in [-8, 6].
+
+    Exact for every code and d in the window (gpu-speed.md §3.1): with |E2M1| = (1 + f/2) 2^E
+    (code 1: E = -1, f = 0; codes 2..7: E = (m >> 1) - 1, f = m & 1) and t = E + d, a normal E4M3
+    (t >= -6) is ((t + 7) << 3) | (f << 2); below, the subnormal mantissa (units of 2^-9) is
+    (2 + f) 2^(t + 8) = ((2 + f) << (t + 9)) >> 1 (t >= -9 in the window, no bit lost). Zero codes
+    keep their sign (0x00 / 0x80), as ``astype(float8_e4m3fn)`` of -0.0 does.
+    """
+    m = nibble & 7
+    e = jnp.maximum(m >> 1, 1) - 1 - (m == 1).astype(jnp.int32)
+    f = m & 1 & (m > 1).astype(jnp.int32)
+    t = e + d
+    normal = ((t + 7) << 3) | (f << 2)
+    sub = ((2 + f) << jnp.maximum(t + 9, 0)) >> 1
+    mag = jnp.where(m == 0, 0, jnp.where(t >= -6, normal, sub))
+    return mag | ((nibble & 8) << 4)
+
+
+def _encode_kernel(data_ref, scale_ref, codes_ref, exp_ref, flag_ref, *, n_rows, br, nbc, n_chunks):
+    from .. import fp8 as rules  # the rules live there (imported lazily: fp8 imports this module)
+
+    r0 = pl.program_id(0) * br
+    ragged = n_rows % br != 0
+    rows = r0 + lax.broadcasted_iota(jnp.int32, (br, nbc), 0)
+    mask2 = rows < n_rows if ragged else None
+
+    def load(c):
+        dview = data_ref.at[pl.ds(r0, br), pl.ds(c * nbc, nbc), :]
+        sview = scale_ref.at[pl.ds(r0, br), pl.ds(c * nbc, nbc)]
+        if mask2 is None:
+            return plgpu.load(dview).astype(jnp.int32), plgpu.load(sview).astype(jnp.int32)
+        dm = jnp.broadcast_to(mask2[..., None], (br, nbc, BLOCK_SIZE // 2))
+        return (plgpu.load(dview, mask=dm, other=0).astype(jnp.int32),
+                plgpu.load(sview, mask=mask2, other=0).astype(jnp.int32))
+
+    def pass_a(c, carry):
+        bmax, bmin, special, nan = carry
+        d, sb = load(c)
+        lo, hi = d & 7, (d >> 4) & 7
+        mx = jnp.max(jnp.maximum(lo, hi), axis=-1)
+        nz_min = lambda v: jnp.where(v != 0, v, 8)  # noqa: E731
+        mn = jnp.min(jnp.minimum(nz_min(lo), nz_min(hi)), axis=-1)
+        is_nan = sb == E8M0_NAN
+        counted = (mx != 0) & ~is_nan
+        bmax = jnp.maximum(bmax, jnp.max(jnp.where(counted, sb, -1), axis=-1))
+        bmin = jnp.minimum(bmin, jnp.min(jnp.where(counted, sb, 256), axis=-1))
+        special = special | jnp.max(rules.special_blocks(sb, mx, mn).astype(jnp.int32), axis=-1)
+        nan = nan | jnp.max(is_nan.astype(jnp.int32), axis=-1)
+        return bmax, bmin, special, nan
+
+    init = (jnp.full((br,), -1, jnp.int32), jnp.full((br,), 256, jnp.int32),
+            jnp.zeros((br,), jnp.int32), jnp.zeros((br,), jnp.int32))
+    bmax, bmin, special, nan = lax.fori_loop(0, n_chunks, pass_a, init)
+    bmax = jnp.where(bmax < 0, rules.EMPTY_ROW_BMAX, bmax)
+    exact = (bmin < bmax - rules.WINDOW_SPAN) | (special != 0)
+
+    def pass_b(c, carry):
+        d, sb = load(c)
+        shift = rules._block_shift(sb, bmax[:, None], exact[:, None])[..., None]  # [br, nbc, 1]
+        lo = e4m3_byte(d & 15, shift)
+        hi = e4m3_byte(d >> 4, shift)
+        out = jnp.stack([lo, hi], axis=-1).reshape(br, nbc, BLOCK_SIZE).astype(jnp.uint8)
+        view = codes_ref.at[pl.ds(r0, br), pl.ds(c * nbc, nbc), :]
+        if mask2 is None:
+            plgpu.store(view, out)
+        else:
+            plgpu.store(view, out, mask=jnp.broadcast_to(mask2[..., None], out.shape))
+        return carry
+
+    lax.fori_loop(0, n_chunks, pass_b, 0)
+    row_exp = bmax - rules.ROW_EXP_OFFSET
+    row_flag = exact.astype(jnp.int32) * rules.FLAG_EXACT | jnp.where(nan != 0, rules.FLAG_NAN, 0)
+    rmask = (r0 + lax.broadcasted_iota(jnp.int32, (br,), 0)) < n_rows if ragged else None
+    plgpu.store(exp_ref.at[pl.ds(r0, br)], row_exp, mask=rmask)
+    plgpu.store(flag_ref.at[pl.ds(r0, br)], row_flag.astype(jnp.uint8), mask=rmask)
+
+
+def _chunk_blocks(n_blocks: int) -> int:
+    """Largest power of two <= MAX_CHUNK_BLOCKS dividing n_blocks (the loop needs equal chunks)."""
+    return min(MAX_CHUNK_BLOCKS, n_blocks & -n_blocks)
+
+
+@functools.partial(jax.jit, static_argnames=("rows_per_program", "num_warps", "interpret"))
+def encode_rows_kernel(data, scale_bytes, *, rows_per_program: int = 8, num_warps: int = 4,
+                       interpret: bool = False):
+    """:func:`jax_mxfp4.fp8.encode_rows` for 2-D operands in one Pallas kernel (bit-identical).
+
+    Args:
+      data: uint8 [R, K/2] packed E2M1 pairs (low nibble first), K a multiple of 32.
+      scale_bytes: uint8 [R, K/32] E8M0 bytes, plain layout.
+      rows_per_program: rows owned by one program (a power of two).
+      interpret: run the Pallas interpreter (CPU tests).
+    Returns:
+      (codes float8_e4m3fn [R, K], row_exp int32 [R], row_flag uint8 [R]).
+    Raises:
+      ValueError: shapes that are not [R, K/2] and [R, K/32].
+    """
+    if data.ndim != 2 or scale_bytes.shape != (data.shape[0], data.shape[1] * 2 // BLOCK_SIZE) \
+            or (data.shape[1] * 2) % BLOCK_SIZE:
+        raise ValueError(f"encode_rows_kernel: data [R, K/2] and scale_bytes [R, K/32] with K % 32 == 0 "
+                         f"expected, got {data.shape} and {scale_bytes.shape}")
+    n_rows, half = data.shape
+    n_blocks = half * 2 // BLOCK_SIZE
+    br = min(rows_per_program, 1 << max(0, (n_rows - 1).bit_length()))
+    nbc = _chunk_blocks(n_blocks)
+    kernel = functools.partial(_encode_kernel, n_rows=n_rows, br=br, nbc=nbc, n_chunks=n_blocks // nbc)
+    codes, row_exp, row_flag = pl.pallas_call(
+        kernel,
+        out_shape=(jax.ShapeDtypeStruct((n_rows, n_blocks, BLOCK_SIZE), jnp.uint8),
+                   jax.ShapeDtypeStruct((n_rows,), jnp.int32),
+                   jax.ShapeDtypeStruct((n_rows,), jnp.uint8)),
+        grid=(pl.cdiv(n_rows, br),),
+        compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
+        interpret=interpret,
+        name="mxfp4_encode_fp8_rows",
+    )(data.reshape(n_rows, n_blocks, BLOCK_SIZE // 2), scale_bytes.astype(jnp.uint8))
+    codes = lax.bitcast_convert_type(codes.reshape(n_rows, n_blocks * BLOCK_SIZE), jnp.float8_e4m3fn)
+    return codes, row_exp, row_flag

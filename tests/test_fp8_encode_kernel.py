@@ -1,0 +1,84 @@
+"""The Pallas MXFP4 -> FP8-operand kernel (jax_mxfp4.kernels.fp8_encode) against the jnp rules.
+
+Independent reference for the byte step: ml_dtypes' float8_e4m3fn conversion of E2M1 x 2^d in
+float64. The whole kernel is compared bit for bit with jax_mxfp4.fp8.encode_rows (whose rules are
+tested against float64 in tests/test_fp8.py) in the Pallas interpreter.
+"""
+
+import ml_dtypes
+import numpy as np
+import jax.numpy as jnp
+import pytest
+
+from jax_mxfp4.fp8 import encode_rows, encode_rows_on
+from jax_mxfp4.kernels.fp8_encode import e4m3_byte, encode_rows_kernel
+
+E2M1 = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6], np.float64)
+
+
+def test_e4m3_byte_every_code_and_shift():
+    code = np.repeat(np.arange(16), 15)
+    d = np.tile(np.arange(-8, 7), 16)
+    got = np.asarray(e4m3_byte(jnp.asarray(code), jnp.asarray(d)))
+    val = np.where(code & 8, -1.0, 1.0) * E2M1[code & 7] * 2.0 ** d
+    want = val.astype(ml_dtypes.float8_e4m3fn).view(np.uint8)
+    np.testing.assert_array_equal(got, want)
+
+
+def _as_bytes(v):
+    v = np.asarray(v)
+    return v.view(np.uint8) if v.dtype == ml_dtypes.float8_e4m3fn else v
+
+
+@pytest.mark.parametrize("rows,k,rpp", [(8, 64, 8), (13, 1024, 8), (33, 96, 4), (5, 1280, 8), (1, 32, 8)])
+def test_kernel_matches_encode_rows(rows, k, rpp):
+    rng = np.random.default_rng()
+    data = rng.integers(0, 256, (rows, k // 2), dtype=np.uint8)
+    sb = rng.integers(100, 150, (rows, k // 32)).astype(np.uint8)
+    edge = {  # row -> what it exercises
+        0: "block 20 binades below the row maximum (outside the window: exact flag)",
+        1: "NaN scale byte 0xFF",
+        2: "scale byte 0x00 (flushed elements: exact flag)",
+        3: "scale byte 0xFE (overflow to Inf: exact flag)",
+        4: "all-zero row",
+        5: "all-zero block with a far scale (not counted)",
+    }
+    nb = k // 32
+    for r in range(min(rows, len(edge))):
+        if r == 0:
+            sb[0, :] = 130
+            sb[0, nb - 1] = 110
+            data[0, -16:] |= 0x11  # nonzero codes in the far block
+        elif r == 1:
+            sb[1, nb // 2] = 255
+        elif r == 2:
+            sb[2, 0] = 0
+            data[2, :16] = 0x11
+        elif r == 3:
+            sb[3, 0] = 254
+            data[3, :16] = 0x77
+        elif r == 4:
+            data[4, :] = 0
+        elif r == 5:
+            data[5, :16] = 0
+            sb[5, 0] = 10
+    want = encode_rows(jnp.asarray(data), jnp.asarray(sb))
+    got = encode_rows_kernel(jnp.asarray(data), jnp.asarray(sb), rows_per_program=rpp, interpret=True)
+    for w, g, name in zip(want, got, ("codes", "row_exp", "row_flag")):
+        np.testing.assert_array_equal(_as_bytes(g), _as_bytes(w), err_msg=name)
+    if rows > 3 and nb > 1:
+        assert np.asarray(want[2])[[0, 2, 3]].tolist() == [1, 1, 1]  # the edge rows really are flagged
+        assert np.asarray(want[2])[1] & 2
+
+
+def test_encode_rows_on_cpu_is_the_jnp_form():
+    rng = np.random.default_rng()
+    data = jnp.asarray(rng.integers(0, 256, (2, 3, 32), dtype=np.uint8))
+    sb = jnp.asarray(rng.integers(120, 135, (2, 3, 2)).astype(np.uint8))
+    for w, g in zip(encode_rows(data, sb), encode_rows_on(data, sb, "cpu")):
+        np.testing.assert_array_equal(_as_bytes(g), _as_bytes(w))
+
+
+def test_kernel_rejects_bad_shapes():
+    with pytest.raises(ValueError, match="scale_bytes"):
+        encode_rows_kernel(jnp.zeros((4, 16), jnp.uint8), jnp.zeros((4, 2), jnp.uint8), interpret=True)

@@ -1,0 +1,166 @@
+"""Mosaic GPU w4a16 kernel (jax_mxfp4/kernels/wgemm_mgpu.py) on a CPU machine.
+
+The kernel runs only on an NVIDIA Hopper GPU (benchmarks/wgemm_mgpu_check.py checks it there
+against backend "xla"). Here: it LOWERS for CUDA (Mosaic GPU's lowering runs without a GPU; this
+catches layout, transform and shared-memory errors), its in-register decode formula is checked
+on every byte value and E8M0 edge in NumPy (bfloat16 rounding by ml_dtypes) and through XLA, the
+kernel's scale form is exact, and bad input is refused. The "ptx" decode runs the inline PTX of
+jax_mxfp4/kernels/e2m1_asm.py with the call convention that tests/test_wgemm.py's PTX model
+checks on every byte and E8M0 edge (4 bytes in one register, the block scale duplicated in both
+bfloat16 lanes of $5 and $6); here its column order against the two register layouts.
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import jax
+import jax.numpy as jnp
+
+from jax_mxfp4.kernels import wgemm_mgpu as wm
+
+# independent references: ml_dtypes' float4_e2m1fn for the codes, 2^(b-127) (NaN for 0xFF)
+E2M1_VALUES = np.arange(16, dtype=np.uint8).view(ml_dtypes.float4_e2m1fn).astype(np.float64)
+EDGE_SCALES = np.array([0, 1, 2, 100, 126, 127, 128, 200, 253, 254, 255], np.uint8)
+
+
+def _scale_ref(b):
+    b = np.asarray(b, np.float64)
+    return np.where(b == 255, np.nan, 2.0 ** (b - 127))
+
+
+def _bf16(bits):
+    return np.asarray(bits, np.uint16).view(ml_dtypes.bfloat16)
+
+
+def _mul_bf16(a, b):
+    """bfloat16 x bfloat16 rounded to bfloat16 (the GPU's mul.rn.bf16), via float64."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        return (a.astype(np.float64) * b.astype(np.float64)).astype(ml_dtypes.bfloat16)
+
+
+def _same(got_bf16, want_f64):
+    """Bitwise equality as bfloat16 (NaN matches NaN; -0.0 differs from 0.0)."""
+    with np.errstate(over="ignore"):
+        want = np.asarray(want_f64).astype(ml_dtypes.bfloat16)
+    nan_g, nan_w = np.isnan(got_bf16.astype(np.float32)), np.isnan(want.astype(np.float32))
+    return np.array_equal(nan_g, nan_w) and np.array_equal(
+        got_bf16.view(np.uint16)[~nan_w], want.view(np.uint16)[~nan_w])
+
+
+def _kernel_formula_numpy(byte, scale_byte, decode):
+    """The kernel's decode, instruction by instruction on uint16 words (NumPy model)."""
+    u = np.asarray(byte, np.uint16)
+    out = []
+    for code in (u & 15, u >> 4):
+        mag, sign = code & 7, (code & 8) << 12
+        if decode == "mul":
+            val = _mul_bf16(_bf16(sign | (mag << 6)), _bf16(np.uint16(wm._BF16_2P126)))
+        else:
+            bits = np.where(mag < 2, mag * np.uint16(0x3F00), (mag << 6) + np.uint16(0x3F00)).astype(np.uint16)
+            val = _bf16(sign | bits)
+        sbits = np.asarray(jax.device_get(wm.kernel_scales(jnp.asarray(scale_byte, jnp.uint8)[:, None]).T))
+        out.append(_mul_bf16(val, sbits.reshape(val.shape).astype(ml_dtypes.bfloat16)))
+    return out
+
+
+@pytest.mark.parametrize("decode", ("mul", "select"))
+def test_decode_formula_every_byte_and_scale_edge(decode):
+    byte, sb = np.meshgrid(np.arange(256, dtype=np.uint8), EDGE_SCALES, indexing="ij")
+    byte, sb = byte.ravel(), sb.ravel()
+    lo, hi = _kernel_formula_numpy(byte, sb, decode)
+    with np.errstate(over="ignore", invalid="ignore"):
+        want_lo = E2M1_VALUES[byte & 15] * _scale_ref(sb)
+        want_hi = E2M1_VALUES[byte >> 4] * _scale_ref(sb)
+    assert _same(lo, want_lo) and _same(hi, want_hi)
+
+
+@pytest.mark.parametrize("decode", ("mul", "select"))
+def test_decode_function_through_xla(decode):
+    """decode_e2m1_bits itself (the code the kernel traces) on every code, -0.0 included.
+
+    XLA on CPU flushes bfloat16 subnormals (denormals-are-zero), so the "mul" decode's subnormal
+    intermediate for the codes of +-0.5 is checked here only in the NumPy model above (the GPU's
+    mul.rn.bf16x2 keeps subnormals; benchmarks/wgemm_mgpu_check.py checks every byte there)."""
+    got = np.asarray(jax.jit(lambda c: wm.decode_e2m1_bits(c, decode))(jnp.arange(16, dtype=jnp.uint8)))
+    keep = np.ones(16, bool) if decode == "select" else np.abs(E2M1_VALUES) != 0.5
+    assert _same(got[keep], E2M1_VALUES[keep])
+
+
+def test_kernel_scales_exact():
+    b = jnp.arange(256, dtype=jnp.uint8).reshape(8, 32)  # N=8 rows, 32 blocks
+    got = np.asarray(wm.kernel_scales(b))
+    assert got.shape == (32, 8) and got.dtype == jnp.bfloat16
+    assert _same(got, _scale_ref(np.asarray(b)).T)
+
+
+def _mgpu_available():
+    try:
+        from jax.experimental.pallas import mosaic_gpu  # noqa: F401
+    except Exception:  # noqa: BLE001 - jaxlib built without Mosaic GPU
+        return False
+    return True
+
+
+@pytest.mark.skipif(not _mgpu_available(), reason="Mosaic GPU lowering unavailable in this jaxlib")
+@pytest.mark.parametrize("m,n,k,cfg", [
+    (16, 8192, 8192, wm.MgpuConfig()),
+    (1, 8192, 8192, wm.MgpuConfig(split_k=4)),
+    (128, 8192, 8192, wm.MgpuConfig(bk=128, stages=6)),
+    (40, 1024, 4096, wm.MgpuConfig(bk=512, split_k=1, decode="select")),
+    (16, 8192, 8192, wm.MgpuConfig(decode="ptx")),
+    (1, 8192, 8192, wm.MgpuConfig(bk=512, stages=3, decode="ptx")),
+    (128, 8192, 8192, wm.MgpuConfig(bk=128, split_k=4, decode="ptx")),
+    (16, 256, 256, wm.MgpuConfig(bk=64, decode="ptx")),
+])
+def test_lowers_for_cuda(m, n, k, cfg):
+    f = jax.jit(lambda x, d, s: wm.mgpu_w4a16(x, d, s, jnp.bfloat16, cfg))
+    args = (jax.ShapeDtypeStruct((m, k), jnp.bfloat16), jax.ShapeDtypeStruct((n, k // 2), jnp.uint8),
+            jax.ShapeDtypeStruct((n, k // 32), jnp.uint8))
+    txt = f.trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+    assert "mosaic_gpu" in txt
+
+
+@pytest.mark.parametrize("shapes,msg", [
+    (((16, 256), jnp.float32, (64, 128), (64, 8)), "x must be bfloat16"),
+    (((16, 256), jnp.bfloat16, (64, 100), (64, 8)), "w_data"),
+    (((16, 256), jnp.bfloat16, (64, 128), (64, 4)), "w_scales"),
+    (((16, 256), jnp.bfloat16, (48, 128), (48, 8)), "multiple of 64"),
+    (((300, 256), jnp.bfloat16, (64, 128), (64, 8)), "M=300"),
+    (((16, 288), jnp.bfloat16, (64, 144), (64, 9)), "not a multiple of bk"),
+])
+def test_bad_input_refused(shapes, msg):
+    xs, xd, ds, ss = shapes
+    with pytest.raises(ValueError, match=msg):
+        wm.mgpu_w4a16(jnp.zeros(xs, xd), jnp.zeros(ds, jnp.uint8), jnp.zeros(ss, jnp.uint8))
+
+
+def test_config_validation():
+    with pytest.raises(ValueError, match="decode"):
+        wm.MgpuConfig(decode="asm")
+    with pytest.raises(ValueError, match="bk"):
+        wm.MgpuConfig(bk=48)
+
+
+def test_ptx_fragment_order_is_a_permutation_matching_the_layouts():
+    """The "ptx" decode's column order: a permutation of each block's 16 bytes, and x's split
+    gathers exactly the elements the decoded fragments hold (low nibble of byte j = element 2j)."""
+    order = wm._ptx_fragment_order()
+    assert sorted(order.tolist()) == list(range(16))
+    # thread g of a row holds bytes 4g..4g+3 (WGMMA_LAYOUT_8BIT) and fragment columns
+    # 2g, 2g+1 | 8+2g, 8+2g+1 (bfloat16 WGMMA layout): those columns must map to its own bytes
+    for g in range(4):
+        cols = [2 * g, 2 * g + 1, 8 + 2 * g, 9 + 2 * g]
+        assert order[cols].tolist() == [4 * g, 4 * g + 1, 4 * g + 2, 4 * g + 3]
+    x = jnp.arange(2 * 64, dtype=jnp.float32).reshape(2, 64).astype(jnp.bfloat16)
+    lo, hi = wm.split_x(x, "ptx")
+    want_lo = np.concatenate([32 * b + 2 * order for b in range(2)])
+    np.testing.assert_array_equal(np.asarray(lo[0], np.float32), want_lo)
+    np.testing.assert_array_equal(np.asarray(hi[0], np.float32), want_lo + 1)
+    # the permuted contraction equals the natural one
+    w = np.random.default_rng(1).standard_normal((3, 64))
+    byte_cols = np.concatenate([16 * b + order for b in range(2)])
+    got = np.asarray(lo, np.float64) @ w[:, 2 * byte_cols].T + np.asarray(hi, np.float64) @ w[:, 2 * byte_cols + 1].T
+    np.testing.assert_allclose(got, np.asarray(x, np.float64) @ w.T, rtol=1e-12)
