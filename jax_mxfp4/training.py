@@ -174,11 +174,18 @@ def fused_mode() -> str:
 def _fused_route(x, y, contraction, out_dtype, recipe: Recipe):
     """None, or the Pallas ``interpret`` flag for :func:`_fp8_fused`: the fused passes are taken
     when the GEMM of these two float operands routes to backend "fp8" on this platform (CUDA;
-    any platform with ``$JAX_MXFP4_FUSED_TRAINING=interpret``) and no operand is sharded
-    explicitly. Every other backend and platform keeps the unfused passes."""
+    any platform with ``$JAX_MXFP4_FUSED_TRAINING=interpret``), outside any mesh, and (on CUDA)
+    where :func:`jax_mxfp4.quantize.fused_path` takes the fused quantizer (size limit,
+    ``JAX_MXFP4_FAST_QUANTIZE``). Every other backend and platform keeps the unfused passes."""
     mode = fused_mode()
     platform = dispatch.current_platform()
-    if mode == "off" or (mode == "auto" and platform != "cuda"):
+    if mode == "off":
+        return None
+    # the kernel is a pallas_call, opaque to SPMD partitioning: under a mesh the unfused passes
+    # run (as quantize's fused_path rules for the MXFP4 quantizer)
+    if mode == "auto" and (platform != "cuda" or not (fused_path(x) and fused_path(y))):
+        return None
+    if not jax.sharding.get_abstract_mesh().empty:
         return None
     if shd.explicit_spec(x) is not None or shd.explicit_spec(y) is not None:
         return None
