@@ -139,3 +139,16 @@ def test_training_other_backends_unfused(monkeypatch):
     w = jnp.asarray(rng.standard_normal((64, 32)), jnp.float32)
     (_, _), count = _grads(monkeypatch, "interpret", x, w, mx.Recipe(backend="xla"), None)
     assert count == 0
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+def test_kernel_lowers_for_cuda(transposed):
+    """Triton lowering (no GPU needed), ragged rows and a block count that is not a power of two
+    (masked loads and stores), stochastic rounding (in-kernel Threefry)."""
+    import functools
+
+    shape = (33, 96)  # rows x quantized length
+    x = jax.ShapeDtypeStruct(shape[::-1] if transposed else shape, jnp.bfloat16)
+    f = functools.partial(fq.quantize_fp8_2d, transposed=transposed)
+    lowered = jax.jit(f).trace(x, jax.ShapeDtypeStruct((2,), jnp.uint32)).lower(lowering_platforms=("cuda",))
+    assert "triton" in lowered.as_text()

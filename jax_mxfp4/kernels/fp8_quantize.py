@@ -149,7 +149,9 @@ def _kernel(*refs, n_rows, n_blocks, nbp, br, scale_mode, kernel_rng, transposed
     omask = ((r0 + lax.broadcasted_iota(jnp.int32, oshape, 0) < n_rows)
              & (lax.broadcasted_iota(jnp.int32, oshape, 1) < n_blocks))
     plgpu.store(cview, codes, mask=omask)
-    plgpu.store(sview, byte, mask=omask[:, :, 0])
+    smask = ((r0 + lax.broadcasted_iota(jnp.int32, oshape[:2], 0) < n_rows)
+             & (lax.broadcasted_iota(jnp.int32, oshape[:2], 1) < n_blocks))
+    plgpu.store(sview, byte, mask=smask)
     rmask = r0 + lax.broadcasted_iota(jnp.int32, (br,), 0) < n_rows
     plgpu.store(eview, row_exp, mask=rmask)
     plgpu.store(fview, row_flag, mask=rmask)
