@@ -18,7 +18,8 @@ function): the gradients with respect to X and every weight, all quantization in
                  quantize-to-FP8 kernel, jax_mxfp4/kernels/fp8_quantize.py); the plain names use
                  the fused kernel on CUDA.
 With ``--kernel``: the fused quantize-to-FP8 kernel alone on a bf16 [T, K] array (both layouts,
-both roundings, a few tiles) against a bf16 copy (x + 1) and the unfused quantize + convert.
+both roundings, a few tiles) against a bf16 copy (x + 1) and the unfused passes (the quantizer
+kernel, then the MXFP4 -> FP8 encode: ``encode_rows_on``, its Pallas kernel on CUDA).
 Timing: benchmarks/common.time_fn (fair timing). Reports ms/step, time relative to bf16 and
 tokens/s, and the backend "auto" chose for each of the linear layer's GEMMs.
 
@@ -178,7 +179,7 @@ KERNEL_CONFIGS = {False: [(1, 8), (1, 4)], True: [(4, 8), (8, 8), (16, 8)]}
 
 def run_kernel(args):
     """The fused quantize-to-FP8 kernel alone against a bf16 copy and the unfused passes."""
-    from jax_mxfp4.fp8 import encode_rows
+    from jax_mxfp4.fp8 import encode_rows_on
     from jax_mxfp4.kernels import fp8_quantize as fq
     from jax_mxfp4.mx_format import as_scale_bytes
 
@@ -216,9 +217,9 @@ def run_kernel(args):
                 q = mx.quantize(x, axis, rounding="stochastic" if sr else "nearest",
                                 key=jax.random.wrap_key_data(kd) if sr else None)
                 data, scales = jnp.moveaxis(q.data, axis, -1), jnp.moveaxis(q.plain_scales(), axis, -1)
-                return encode_rows(data, as_scale_bytes(scales))
+                return encode_rows_on(data, as_scale_bytes(scales), jax.devices()[0].platform)
 
-            add(f"unfused {'T' if transposed else 'rows'} {'SR' if sr else 'RN'} (quantize + encode_rows)", unfused, moved)
+            add(f"unfused {'T' if transposed else 'rows'} {'SR' if sr else 'RN'} (quantize + encode_rows_on)", unfused, moved)
             try:  # on the device: the fused kernel (default tile) bit for bit against the unfused passes
                 got = jax.jit(lambda x, kd, tr=transposed, sr=sr: fq.quantize_fp8_2d(
                     x, kd if sr else None, transposed=tr, interpret=interpret))(x, kd)
