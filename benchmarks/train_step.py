@@ -12,13 +12,13 @@ function): the gradients with respect to X and every weight, all quantization in
                  DEFAULT (on an H200: the FP8 path for these shapes);
   mxfp4-nearest  the same with ``grad_rounding="nearest"`` (every quantization on the fused kernel);
   mxfp4-highest  ``Recipe(precision="highest")``: the exact float32-accumulation backends;
-  mxfp4-unfused, mxfp4-nearest-unfused  as mxfp4 / mxfp4-nearest with
-                 ``JAX_MXFP4_FUSED_TRAINING=0``: the passes routed to backend "fp8" quantize to an
-                 MXFP4Array and convert it to FP8 in separate passes (the path before the fused
-                 quantize-to-FP8 kernel, jax_mxfp4/kernels/fp8_quantize.py); the plain names use
-                 the fused kernel on CUDA.
+  mxfp4-fused, mxfp4-nearest-fused  as mxfp4 / mxfp4-nearest with ``JAX_MXFP4_FUSED_TRAINING=1``:
+                 the passes routed to backend "fp8" quantize straight to the FP8 operand with
+                 one kernel per operand (jax_mxfp4/kernels/fp8_quantize.py); the plain names
+                 (the default) quantize to an MXFP4Array and encode it to FP8 in a second pass.
 With ``--kernel``: the fused quantize-to-FP8 kernel alone on a bf16 [T, K] array (both layouts,
-both roundings, a few tiles) against a bf16 copy (x + 1) and the unfused quantize + convert.
+both roundings, a few tiles) against a bf16 copy (x + 1) and the unfused passes (the quantizer
+kernel, then the MXFP4 -> FP8 encode: ``encode_rows_on``, its Pallas kernel on CUDA).
 Timing: benchmarks/common.time_fn (fair timing). Reports ms/step, time relative to bf16 and
 tokens/s, and the backend "auto" chose for each of the linear layer's GEMMs.
 
@@ -49,14 +49,14 @@ VARIANTS = {
     "mxfp4": mx.Recipe(),
     "mxfp4-nearest": mx.Recipe(grad_rounding="nearest"),
     "mxfp4-highest": mx.Recipe(precision="highest"),
-    "mxfp4-unfused": mx.Recipe(),
-    "mxfp4-nearest-unfused": mx.Recipe(grad_rounding="nearest"),
+    "mxfp4-fused": mx.Recipe(),
+    "mxfp4-nearest-fused": mx.Recipe(grad_rounding="nearest"),
     "mxfp4-rbg-key": mx.Recipe(),  # an explicit "rbg" key: SR uniforms from XLA's RngBitGenerator
 }
+FUSED = ("mxfp4-fused", "mxfp4-nearest-fused")  # traced with JAX_MXFP4_FUSED_TRAINING=1
 KEY_IMPL = {"mxfp4-rbg-key": "rbg"}
 """Variants given an explicit rounding key of this PRNG implementation (the others use the
 data-derived key, threefry: bit-identical SR then costs ~80 integer operations per element)."""
-UNFUSED = ("mxfp4-unfused", "mxfp4-nearest-unfused")  # traced with JAX_MXFP4_FUSED_TRAINING=0
 
 
 class _env:
@@ -125,22 +125,40 @@ def routing(s):
     return out
 
 
+def check_fused(config, s, sets):
+    """The fused and unfused training passes on the device: loss-free step outputs (dX, dW)
+    compared bit for bit (expected identical: same quantized operands, same GEMMs)."""
+    outs = {}
+    for mode in ("1", "0"):
+        with _env(FUSED_ENV, mode):
+            outs[mode] = jax.jit(make_step(layer_fns(config, mx.Recipe())))(*sets[0])
+    same = [bool(jnp.array_equal(a, b)) for a, b in zip(outs["1"], outs["0"])]
+    diff = [float(jnp.max(jnp.abs(a.astype(jnp.float32) - b.astype(jnp.float32)))) for a, b in zip(outs["1"], outs["0"])]
+    return {"config": config, "bit_identical": same, "max_abs_diff": diff}
+
+
 def run(args):
     sizes = QUICK if args.quick else FULL
     timing = dict(reps=3, min_program_s=0.0) if args.quick else dict(reps=5)
-    rows = []
+    rows, checks = [], []
     t0 = time.time()
     for config, s in sizes.items():
         if args.configs and config not in args.configs:
             continue
         sets = [make_set(config, s, seed=1)]
         jax.block_until_ready(sets)
+        if args.check_fused and config == "linear":
+            try:
+                checks.append(check_fused(config, s, sets))
+            except Exception as e:  # record, keep going
+                checks.append({"config": config, "error": f"{type(e).__name__}: {str(e)[:300]}"})
+            print(f"[{time.time() - t0:6.1f}s] fused vs unfused gradients: {checks[-1]}", flush=True)
         base = None
         for variant, recipe in VARIANTS.items():
             if args.variants and variant not in args.variants and variant != "bf16":
                 continue
             try:
-                with _env(FUSED_ENV, "0" if variant in UNFUSED else None):
+                with _env(FUSED_ENV, "1" if variant in FUSED else "0"):
                     r = time_fn(make_step(layer_fns(config, recipe, KEY_IMPL.get(variant))), sets, **timing)
                 r["status"] = "ok"
             except Exception as e:  # record, keep going
@@ -156,22 +174,26 @@ def run(args):
                   f"ratio {r.get('time_ratio_vs_bf16', float('nan')):.3f} {r['status']}", flush=True)
         del sets
     return {"info": device_info(), "quick": args.quick, "method": __doc__.split("Usage")[0].strip(),
-            "routing_linear": routing(sizes["linear"]), "rows": rows}
+            "routing_linear": routing(sizes["linear"]), "rows": rows, "fused_checks": checks}
 
 
-KERNEL_CONFIGS = {False: [(1, 8), (1, 4)], True: [(4, 8), (8, 8), (16, 8)]}
-"""(rows per program, num_warps) timed per layout by ``--kernel``."""
+KERNEL_CONFIGS = {False: [(1, 16), (1, 8), (2, 16)], True: [(1, 16), (2, 16), (4, 32)]}
+"""(rows per program, num_warps) timed per layout by ``--kernel`` with round to nearest; the first
+is the default at 8192 (jax_mxfp4.kernels.fp8_quantize.default_config), also timed with SR."""
 
 
 def run_kernel(args):
     """The fused quantize-to-FP8 kernel alone against a bf16 copy and the unfused passes."""
-    from jax_mxfp4.fp8 import encode_rows
+    from jax_mxfp4.fp8 import encode_rows_on
     from jax_mxfp4.kernels import fp8_quantize as fq
     from jax_mxfp4.mx_format import as_scale_bytes
 
     t, k = (256, 256) if args.quick else (8192, 8192)
     timing = dict(reps=3, min_program_s=0.0) if args.quick else dict(reps=5)
-    interpret = jax.devices()[0].platform not in ("cuda", "rocm")
+    from jax_mxfp4.dispatch import current_platform
+
+    platform = current_platform()  # "cuda" (a jax Device says "gpu")
+    interpret = platform not in ("cuda", "rocm")
     x = jax.random.normal(jax.random.key(3), (t, k), jnp.bfloat16)
     kd = jax.random.key_data(jax.random.key(4))
     sets = [(x + i, kd) for i in range(4)]  # 4 x 128 MiB at 8192^2: > 3x the H200's L2
@@ -191,28 +213,28 @@ def run_kernel(args):
 
     add("copy bf16 (x + 1)", lambda x, kd: x + jnp.bfloat16(1), 4 * t * k)
     for transposed in (False, True):
-        for sr in (False, True):
-            for rows_, warps in KERNEL_CONFIGS[transposed][:2 if args.quick else None]:
-                cfg = fq.Fp8QuantizeConfig(rows=rows_, num_warps=warps)
+        lay = "T" if transposed else "rows"
+        for i, (rows_, warps) in enumerate(KERNEL_CONFIGS[transposed][:2 if args.quick else None]):
+            cfg = fq.Fp8QuantizeConfig(rows=rows_, num_warps=warps)
+            for sr in ((False, True) if i == 0 else (False,)):
                 fn = (lambda x, kd, tr=transposed, sr=sr, cfg=cfg: fq.quantize_fp8_2d(
                     x, kd if sr else None, transposed=tr, cfg=cfg, interpret=interpret))
-                add(f"fused {'T' if transposed else 'rows'} {'SR' if sr else 'RN'} rows={rows_} warps={warps}", fn, moved)
-            axis = 0 if transposed else 1
-
+                add(f"fused {lay} {'SR' if sr else 'RN'} rows={rows_} warps={warps}", fn, moved)
+        axis = 0 if transposed else 1
+        for sr in (False, True):
             def unfused(x, kd, axis=axis, sr=sr):
                 q = mx.quantize(x, axis, rounding="stochastic" if sr else "nearest",
                                 key=jax.random.wrap_key_data(kd) if sr else None)
                 data, scales = jnp.moveaxis(q.data, axis, -1), jnp.moveaxis(q.plain_scales(), axis, -1)
-                return encode_rows(data, as_scale_bytes(scales))
+                return encode_rows_on(data, as_scale_bytes(scales), platform)
 
-            add(f"unfused {'T' if transposed else 'rows'} {'SR' if sr else 'RN'} (quantize + encode_rows)", unfused, moved)
+            add(f"unfused {lay} {'SR' if sr else 'RN'} (quantize + encode_rows_on)", unfused, moved)
             try:  # on the device: the fused kernel (default tile) bit for bit against the unfused passes
                 got = jax.jit(lambda x, kd, tr=transposed, sr=sr: fq.quantize_fp8_2d(
                     x, kd if sr else None, transposed=tr, interpret=interpret))(x, kd)
                 want = jax.jit(unfused)(x, kd)
-                same = [bool(jnp.array_equal(lax.bitcast_convert_type(g, jnp.uint8) if g.dtype.itemsize == 1 and g.dtype != jnp.uint8 else g,
-                                             lax.bitcast_convert_type(w, jnp.uint8) if w.dtype.itemsize == 1 and w.dtype != jnp.uint8 else w))
-                        for g, w in ((got[0], want[0]), (got[2], want[1]), (got[3], want[2]))]
+                u8 = lambda v: lax.bitcast_convert_type(v, jnp.uint8) if v.dtype == jnp.float8_e4m3fn else v  # noqa: E731
+                same = [bool(jnp.array_equal(u8(g), u8(w))) for g, w in ((got[0], want[0]), (got[2], want[1]), (got[3], want[2]))]
                 rows[-1]["fused_bit_identical"] = all(same)
                 print(f"    fused == unfused (codes, row_exp, row_flag): {same}", flush=True)
             except Exception as e:
@@ -251,6 +273,9 @@ def markdown(result):
     lines += ["", "Backends \"auto\" picks for the linear layer (Recipe(), precision DEFAULT):", ""]
     for name, d in result["routing_linear"].items():
         lines.append(f"- {name} {d['mnk'][0]}x{d['mnk'][1]}x{d['mnk'][2]}: {d['backend']} ({d['contract']})")
+    for c in result.get("fused_checks", []):
+        lines.append(f"- fused vs unfused passes, {c['config']} (dX, dW): {c.get('bit_identical', c.get('error'))}"
+                     f"{'' if 'error' in c else ', max |diff| ' + str(c['max_abs_diff'])}")
     return "\n".join(lines) + "\n"
 
 
@@ -261,6 +286,8 @@ def main(argv=None):
     ap.add_argument("--configs", default="", help="comma list of configs (default: linear,mlp)")
     ap.add_argument("--variants", default="", help="comma list of variants besides bf16 (default: all)")
     ap.add_argument("--kernel", action="store_true", help="time the fused quantize-to-FP8 kernel alone")
+    ap.add_argument("--check-fused", action="store_true",
+                    help="first compare the linear layer's gradients with and without the fused passes")
     args = ap.parse_args(argv)
     args.configs = [c for c in args.configs.split(",") if c]
     args.variants = [v for v in args.variants.split(",") if v]

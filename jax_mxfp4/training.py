@@ -80,9 +80,12 @@ DGRAD_TAG, WGRAD_TAG = 1, 2
 _CANON = (((2,), (2,)), ((0,), (0,)))
 
 FUSED_ENV = "JAX_MXFP4_FUSED_TRAINING"
-"""Fused FP8 quantization of the training passes (:func:`fused_mode`): "auto" (default) on CUDA,
-"0" off (the unfused passes: quantize, then the fp8 backend's conversion), "interpret" also
-off the GPU through the Pallas interpreter (tests)."""
+"""Fused FP8 quantization of the training passes (:func:`fused_mode`): "1" on CUDA, "0" (default)
+off (the unfused passes: the quantizer kernel, then the fp8 backend's encode kernel),
+"interpret" also off the GPU through the Pallas interpreter (tests). Off by default: the first
+H200 run of the fused kernel (whole rows in registers, its first tiles) made the linear training
+step slower (7.5 ms against 3.7 ms unfused, T = K = N = 8192); ``benchmarks/train_step.py
+--kernel`` times its tiles."""
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -160,25 +163,33 @@ def _bf16_gemm(a, b, dimension_numbers):
 
 # ----------------------------------------------------------------------------- fused FP8 passes
 def fused_mode() -> str:
-    """"auto", "off" or "interpret", from ``$JAX_MXFP4_FUSED_TRAINING`` (:data:`FUSED_ENV`)."""
-    v = os.environ.get(FUSED_ENV, "auto").strip().lower()
-    if v in ("0", "off", "false", "no"):
+    """"auto" (on CUDA), "off" (default) or "interpret", from ``$JAX_MXFP4_FUSED_TRAINING``
+    (:data:`FUSED_ENV`)."""
+    v = os.environ.get(FUSED_ENV, "0").strip().lower()
+    if v in ("", "0", "off", "false", "no"):
         return "off"
     if v == "interpret":
         return "interpret"
-    if v not in ("", "1", "auto", "on", "true", "yes"):
-        raise ValueError(f"${FUSED_ENV} must be 'auto', '0' or 'interpret', got {v!r}")
+    if v not in ("1", "auto", "on", "true", "yes"):
+        raise ValueError(f"${FUSED_ENV} must be '1', '0' or 'interpret', got {v!r}")
     return "auto"
 
 
 def _fused_route(x, y, contraction, out_dtype, recipe: Recipe):
     """None, or the Pallas ``interpret`` flag for :func:`_fp8_fused`: the fused passes are taken
     when the GEMM of these two float operands routes to backend "fp8" on this platform (CUDA;
-    any platform with ``$JAX_MXFP4_FUSED_TRAINING=interpret``) and no operand is sharded
-    explicitly. Every other backend and platform keeps the unfused passes."""
+    any platform with ``$JAX_MXFP4_FUSED_TRAINING=interpret``), outside any mesh, and (on CUDA)
+    where :func:`jax_mxfp4.quantize.fused_path` takes the fused quantizer (size limit,
+    ``JAX_MXFP4_FAST_QUANTIZE``). Every other backend and platform keeps the unfused passes."""
     mode = fused_mode()
     platform = dispatch.current_platform()
-    if mode == "off" or (mode == "auto" and platform != "cuda"):
+    if mode == "off":
+        return None
+    # the kernel is a pallas_call, opaque to SPMD partitioning: under a mesh the unfused passes
+    # run (as quantize's fused_path rules for the MXFP4 quantizer)
+    if mode == "auto" and (platform != "cuda" or not (fused_path(x) and fused_path(y))):
+        return None
+    if not jax.sharding.get_abstract_mesh().empty:
         return None
     if shd.explicit_spec(x) is not None or shd.explicit_spec(y) is not None:
         return None

@@ -58,20 +58,22 @@ class Fp8QuantizeConfig:
 
 
 TILE_ELEMENTS = 8192
-"""Default tile of the row layout: rows x quantized length <= this many elements (registers)."""
-TRANSPOSED_TILE_BYTES = 64 * 1024
-"""Default tile of the transposed layout: rows x quantized length x input itemsize <= this many
-bytes (the in-register transpose goes through shared memory; wider rows read longer contiguous
-runs of the input)."""
-NUM_WARPS = 8
+"""Default tile: rows x (quantized length rounded up to a power of two) <= this many elements."""
+ELEMENTS_PER_THREAD = 16
+"""Default warps: the tile spread at about this many elements per thread (up to 16 warps), so
+that the row's values, codes and (stochastic rounding) Threefry state stay in registers. The
+first H200 run used 4-8 warps for 8192-32768-element tiles (32-128 elements per thread) and was
+several times slower than the unfused passes (register spills, the likely cause)."""
 
 
 def default_config(kq: int, itemsize: int, transposed: bool) -> Fp8QuantizeConfig:
-    """Tile for a quantized length ``kq`` (provisional rule; ``benchmarks/train_step.py --kernel``
-    times alternatives on the GPU)."""
+    """Tile for a quantized length ``kq`` (provisional rule, both layouts;
+    ``benchmarks/train_step.py --kernel`` times alternatives on the GPU)."""
+    del itemsize, transposed
     kp = _pow2_at_least(kq)
-    budget = TRANSPOSED_TILE_BYTES // (kp * itemsize) if transposed else TILE_ELEMENTS // kp
-    return Fp8QuantizeConfig(rows=max(1, min(16, 1 << max(0, budget.bit_length() - 1))), num_warps=NUM_WARPS)
+    rows = max(1, min(16, TILE_ELEMENTS // kp))
+    warps = max(4, min(16, _pow2_at_least(rows * kp // (32 * ELEMENTS_PER_THREAD))))
+    return Fp8QuantizeConfig(rows=rows, num_warps=warps)
 
 
 def _pow2_at_least(n):
@@ -149,7 +151,9 @@ def _kernel(*refs, n_rows, n_blocks, nbp, br, scale_mode, kernel_rng, transposed
     omask = ((r0 + lax.broadcasted_iota(jnp.int32, oshape, 0) < n_rows)
              & (lax.broadcasted_iota(jnp.int32, oshape, 1) < n_blocks))
     plgpu.store(cview, codes, mask=omask)
-    plgpu.store(sview, byte, mask=omask[:, :, 0])
+    smask = ((r0 + lax.broadcasted_iota(jnp.int32, oshape[:2], 0) < n_rows)
+             & (lax.broadcasted_iota(jnp.int32, oshape[:2], 1) < n_blocks))
+    plgpu.store(sview, byte, mask=smask)
     rmask = r0 + lax.broadcasted_iota(jnp.int32, (br,), 0) < n_rows
     plgpu.store(eview, row_exp, mask=rmask)
     plgpu.store(fview, row_flag, mask=rmask)
