@@ -16,7 +16,7 @@ jnp reference (``_quantize_impl`` of the jnp transform), every scale mode (float
 boundary (where a flush-to-zero in either compiler would show).
 
 Fair timing: benchmarks/common.time_fn (calls grown until one program takes >= 20 ms; every call
-gets distinct operands). Time budgets (``--check-s`` 60 s, ``--budget-s`` 130 s) skip the cases
+gets distinct operands). Time budgets (``--check-s`` 50 s, ``--budget-s`` 150 s) skip the cases
 left, so a run takes about 3.5 minutes at most.
 
 Usage (from the repository root):
@@ -166,8 +166,8 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="tiny shape in the Pallas interpreter (CPU)")
     ap.add_argument("--no-check", action="store_true", help="skip the on-device bit-exactness check")
-    ap.add_argument("--check-s", type=float, default=60.0, help="skip bit-exactness cases after this many seconds")
-    ap.add_argument("--budget-s", type=float, default=130.0, help="skip timing cases after this many seconds")
+    ap.add_argument("--check-s", type=float, default=50.0, help="skip bit-exactness cases after this many seconds")
+    ap.add_argument("--budget-s", type=float, default=150.0, help="skip timing cases after this many seconds")
     ap.add_argument("--out", default=None, help="output folder (default benchmarks/results/hadamard_quantize)")
     a = ap.parse_args(argv)
     interpret = a.quick or jax.default_backend() == "cpu"
