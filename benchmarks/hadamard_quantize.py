@@ -98,7 +98,7 @@ def check(k, dtype, interpret, rng, deadline, modes=SCALE_MODES):
     return rows
 
 
-def bench(shape, dtype, interpret, budget_s, rng):
+def bench(shape, dtype, interpret, budget_s, rng, save=lambda rows: None):
     t_start = time.perf_counter()
     r, k = shape
     x = jax.random.normal(jax.random.key(int(rng.integers(1 << 30))), shape, jnp.float32).astype(dtype)
@@ -120,6 +120,7 @@ def bench(shape, dtype, interpret, budget_s, rng):
             traceback.print_exc()
             row = {"case": name, "block": block, "rounding": rounding, "error": repr(e)[:400]}
         res.append(row)
+        save(res)  # a run stopped from outside keeps the rows so far
         print(f"{name:9s} block {str(block):4s} {rounding:10s} "
               + (f"{row['us']:9.1f} us {row['gbs']:7.1f} GB/s" if "us" in row else row.get("error", "")), flush=True)
 
@@ -189,7 +190,10 @@ def main(argv=None):
         print("check cases run:", result["check_cases"], flush=True)
         print("bit-exact:", result["check_ok"], flush=True)
         write_json(os.path.join(out, "hadamard_quantize.json"), result)
-    result["timing"] = bench(shape, jnp.bfloat16, interpret, a.budget_s, rng)
+    def save(rows):
+        write_json(os.path.join(out, "hadamard_quantize.json"), {**result, "timing": rows})
+
+    result["timing"] = bench(shape, jnp.bfloat16, interpret, a.budget_s, rng, save)
     result["table"] = markdown(result["timing"])
     print(result["table"])
     write_json(os.path.join(out, "hadamard_quantize.json"), result)
