@@ -204,6 +204,6 @@ def test_benchmark_quick_checks_and_times(tmp_path):
     res = json.loads((tmp_path / "hadamard_quantize.json").read_text())
     assert res["check_ok"] and any("skipped" not in r for r in res["check"])
     rows = res["timing"]
-    assert rows[0]["case"] == "copy" and rows[0]["us"] > 0
+    assert rows[0]["case"] == "fused" and rows[0]["block"] == 256 and rows[0]["us"] > 0  # most informative first
     assert any(r.get("skipped") == "budget" for r in rows)  # 4 s cannot hold every case
     assert "fused rotate+quantize" in (tmp_path / "hadamard_quantize.md").read_text()
