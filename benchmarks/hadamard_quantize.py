@@ -16,7 +16,7 @@ jnp reference (``_quantize_impl`` of the jnp transform), every scale mode (float
 boundary (where a flush-to-zero in either compiler would show).
 
 Fair timing: benchmarks/common.time_fn (calls grown until one program takes >= 20 ms; every call
-gets distinct operands). Time budgets (``--check-s`` 60 s, ``--budget-s`` 130 s) skip the cases
+gets distinct operands). Time budgets (``--check-s`` 50 s, ``--budget-s`` 150 s) skip the cases
 left, so a run takes about 3.5 minutes at most.
 
 Usage (from the repository root):
@@ -70,42 +70,59 @@ def _bits(a):
     return np.asarray(jax.lax.bitcast_convert_type(a, jnp.uint8))
 
 
-def check(k, dtype, interpret, rng, deadline, modes=SCALE_MODES):
+def check_cases():
+    """(dtype, block, rounding, scale mode), most informative first: every block x rounding with
+    bfloat16 input, then float32, then the remaining scale modes."""
+    first, rest = [], []
+    for dtype in (jnp.bfloat16, jnp.float32):
+        for i, (block, rounding) in enumerate((b, r) for b in BLOCKS for r in ROUNDINGS):
+            modes = SCALE_MODES if dtype == jnp.bfloat16 else ("even", "rceil")
+            lead = modes[(i + (dtype == jnp.float32)) % len(modes)]
+            first.append((dtype, block, rounding, lead))
+            rest += [(dtype, block, rounding, m) for m in modes if m != lead]
+    return first + rest
+
+
+def check(k, interpret, rng, deadline):
     rows = []
-    x = jnp.asarray(check_rows(k, rng)).astype(dtype)
-    for block in BLOCKS:
-        for rounding in ROUNDINGS:
-            for mode in modes:
-                if time.perf_counter() > deadline:
-                    rows.append({"block": block, "rounding": rounding, "mode": mode, "skipped": "budget"})
-                    continue
-                key = jax.random.key(int(rng.integers(1 << 30)))
-                kw = dict(axis=1, scale_mode=mode, rounding=rounding)
-                try:
-                    got = quantize_impl(x, key, hadamard=(block, SEED), interpret=interpret, **kw)
-                    xr = random_hadamard_transform(x, 1, SEED, block)
-                    two = quantize_impl(xr, key, interpret=interpret, **kw)
-                    ref = _quantize_impl(xr, key, **kw)
-                    bad = {name: int(np.sum(_bits(got[0]) != _bits(w[0])) + np.sum(_bits(got[1]) != _bits(w[1])))
-                           for name, w in (("vs_two_pass", two), ("vs_jnp", ref))}
-                    row = {"block": block, "rounding": rounding, "mode": mode, **bad,
-                           "ok": not any(bad.values())}
-                except Exception as e:  # keep going: report per case
-                    row = {"block": block, "rounding": rounding, "mode": mode, "ok": False, "error": repr(e)[:400]}
-                rows.append(row)
-                print(f"check {dtype.__name__ if hasattr(dtype, '__name__') else dtype} block {block:3d} "
-                      f"{rounding:10s} {mode:5s}: {'OK' if row['ok'] else 'MISMATCH ' + str(row)}", flush=True)
+    xs = {d: jnp.asarray(check_rows(k, rng)).astype(d) for d in (jnp.bfloat16, jnp.float32)}
+    for dtype, block, rounding, mode in check_cases():
+        name = jnp.dtype(dtype).name
+        if time.perf_counter() > deadline:
+            rows.append({"dtype": name, "block": block, "rounding": rounding, "mode": mode, "skipped": "budget"})
+            continue
+        x = xs[dtype]
+        key = jax.random.key(int(rng.integers(1 << 30)))
+        kw = dict(axis=1, scale_mode=mode, rounding=rounding)
+        try:
+            got = quantize_impl(x, key, hadamard=(block, SEED), interpret=interpret, **kw)
+            xr = random_hadamard_transform(x, 1, SEED, block)
+            two = quantize_impl(xr, key, interpret=interpret, **kw)
+            ref = _quantize_impl(xr, key, **kw)
+            bad = {}
+            for what, w in (("vs_two_pass", two), ("vs_jnp", ref)):
+                diff = np.any(_bits(got[1]) != _bits(w[1]), axis=-1) | np.any(_bits(got[0]) != _bits(w[0]), axis=-1)
+                bad[what] = int(np.sum(_bits(got[0]) != _bits(w[0])) + np.sum(_bits(got[1]) != _bits(w[1])))
+                bad[what + "_rows"] = np.flatnonzero(diff).tolist()[:12]
+            row = {"dtype": name, "block": block, "rounding": rounding, "mode": mode, **bad,
+                   "ok": not (bad["vs_two_pass"] or bad["vs_jnp"])}
+        except Exception as e:  # keep going: report per case
+            row = {"dtype": name, "block": block, "rounding": rounding, "mode": mode, "ok": False,
+                   "error": repr(e)[:400]}
+        rows.append(row)
+        print(f"check {name:8s} block {block:3d} {rounding:10s} {mode:5s}: "
+              f"{'OK' if row['ok'] else 'MISMATCH ' + str(row)}", flush=True)
     return rows
 
 
-def bench(shape, dtype, interpret, budget_s, rng):
+def bench(shape, dtype, interpret, budget_s, rng, save=lambda rows: None, max_calls=64):
     t_start = time.perf_counter()
     r, k = shape
     x = jax.random.normal(jax.random.key(int(rng.integers(1 << 30))), shape, jnp.float32).astype(dtype)
     useful = x.size * x.dtype.itemsize + x.size // 2 + x.size // 32
     kd = jax.random.key_data(jax.random.key(1))
     res = []
-    cap = 8 if interpret else 64  # calls per program: each nearest-rounding call copies x
+    cap = 8 if interpret else max_calls  # calls per program: each nearest-rounding call copies x
 
     def add(name, block, rounding, fn, sets, nbytes):
         if time.perf_counter() - t_start > budget_s:
@@ -120,12 +137,12 @@ def bench(shape, dtype, interpret, budget_s, rng):
             traceback.print_exc()
             row = {"case": name, "block": block, "rounding": rounding, "error": repr(e)[:400]}
         res.append(row)
+        save(res)  # a run stopped from outside keeps the rows so far
         print(f"{name:9s} block {str(block):4s} {rounding:10s} "
               + (f"{row['us']:9.1f} us {row['gbs']:7.1f} GB/s" if "us" in row else row.get("error", "")), flush=True)
 
     s = jnp.ones((1,), dtype)
-    add("copy", "-", "-", lambda x, s: x * s[0], [(x, s)], 2 * x.size * x.dtype.itemsize)
-    for rounding in ROUNDINGS:
+    for rounding in ROUNDINGS:  # most informative first: a time budget cuts the tail
         def q(x, kd, rounding=rounding, h=None, rotate=None):
             if rotate is not None:
                 x = random_hadamard_transform(x, 1, SEED, rotate)
@@ -134,10 +151,13 @@ def bench(shape, dtype, interpret, budget_s, rng):
         # nearest ignores the key: give each call its own x copy instead (time_fn copies the smallest leaf)
         sets = [(x, kd)] if rounding == "stochastic" else [(x,)]
         wrap = (lambda f: f) if rounding == "stochastic" else (lambda f: (lambda x: f(x, kd)))
-        add("quantize", "-", rounding, wrap(q), sets, useful)
-        for block in BLOCKS:
+        for block in BLOCKS[::-1]:
             add("fused", block, rounding, wrap(lambda x, kd, b=block: q(x, kd, h=(b, SEED))), sets, useful)
             add("two-pass", block, rounding, wrap(lambda x, kd, b=block: q(x, kd, rotate=b)), sets, useful)
+            if block == BLOCKS[-1]:
+                add("quantize", "-", rounding, wrap(q), sets, useful)
+        if rounding == "nearest":
+            add("copy", "-", "-", lambda x, s: x * s[0], [(x, s)], 2 * x.size * x.dtype.itemsize)
     return res
 
 
@@ -166,8 +186,10 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="tiny shape in the Pallas interpreter (CPU)")
     ap.add_argument("--no-check", action="store_true", help="skip the on-device bit-exactness check")
-    ap.add_argument("--check-s", type=float, default=60.0, help="skip bit-exactness cases after this many seconds")
-    ap.add_argument("--budget-s", type=float, default=130.0, help="skip timing cases after this many seconds")
+    ap.add_argument("--check-s", type=float, default=50.0, help="skip bit-exactness cases after this many seconds")
+    ap.add_argument("--budget-s", type=float, default=150.0, help="skip timing cases after this many seconds")
+    ap.add_argument("--max-calls", type=int, default=64, help="cap on calls per timed program (fewer: faster "
+                    "compiles, more launch overhead per call)")
     ap.add_argument("--out", default=None, help="output folder (default benchmarks/results/hadamard_quantize)")
     a = ap.parse_args(argv)
     interpret = a.quick or jax.default_backend() == "cpu"
@@ -179,17 +201,17 @@ def main(argv=None):
     print(info, flush=True)
     result = {"info": info, "shape": shape, "dtype": "bfloat16", "seed": SEED}
     if not a.no_check:
-        result["check"] = []
-        deadline = time.perf_counter() + a.check_s
-        for dtype, modes in ((jnp.bfloat16, SCALE_MODES), (jnp.float32, ("even", "rceil"))):
-            result["check"] += check(512 if a.quick else 8192, dtype, interpret, rng, deadline, modes)
+        result["check"] = check(512 if a.quick else 8192, interpret, rng, time.perf_counter() + a.check_s)
         done = [r for r in result["check"] if "skipped" not in r]
         result["check_ok"] = bool(done) and all(r["ok"] for r in done)
         result["check_cases"] = f"{len(done)} of {len(result['check'])} (the rest: check time budget)"
         print("check cases run:", result["check_cases"], flush=True)
         print("bit-exact:", result["check_ok"], flush=True)
         write_json(os.path.join(out, "hadamard_quantize.json"), result)
-    result["timing"] = bench(shape, jnp.bfloat16, interpret, a.budget_s, rng)
+    def save(rows):
+        write_json(os.path.join(out, "hadamard_quantize.json"), {**result, "timing": rows})
+
+    result["timing"] = bench(shape, jnp.bfloat16, interpret, a.budget_s, rng, save, a.max_calls)
     result["table"] = markdown(result["timing"])
     print(result["table"])
     write_json(os.path.join(out, "hadamard_quantize.json"), result)

@@ -98,6 +98,15 @@ def fused_path(x, rounding: str = "nearest") -> bool:
     return fused.fast_path_enabled(current_platform(), rounding, x.size) and not sharded
 
 
+def fused_rotation_path(x, rounding: str = "nearest") -> bool:
+    """Whether :func:`quantize_rotated` of ``x`` runs the rotation inside the fused quantizer:
+    :func:`fused_path` and not ``JAX_MXFP4_FUSED_HADAMARD=0``
+    (:func:`jax_mxfp4.kernels.quantize.fused_rotation_enabled`)."""
+    from .kernels import quantize as fused
+
+    return fused.fused_rotation_enabled() and fused_path(x, rounding)
+
+
 def quantize_rotated(
     x: jax.Array,
     axis: int,
@@ -109,11 +118,12 @@ def quantize_rotated(
 ) -> MXFP4Array:
     """``quantize(random_hadamard_transform(x, axis, seed, block), axis, ...)``, one pass on GPUs.
 
-    On the GPU fast path (:func:`fused_path`) the rotation is applied in registers inside the
+    On the GPU fast path (:func:`fused_rotation_path`) the rotation is applied in registers inside the
     Pallas quantization kernel (``jax_mxfp4.kernels.quantize``, ``hadamard=(block, seed)``), with
     the same float32 operations in the same order as :func:`jax_mxfp4.hadamard.
     random_hadamard_transform`, so the result is bit-identical to the two-pass form, which runs
-    everywhere else (CPU, under a mesh, ``JAX_MXFP4_FAST_QUANTIZE=0``). Not differentiable (used
+    everywhere else (CPU, under a mesh, ``JAX_MXFP4_FAST_QUANTIZE=0`` or
+    ``JAX_MXFP4_FUSED_HADAMARD=0``). Not differentiable (used
     where the quantized operand is consumed: the backward passes and ``quantize_params``).
 
     Args:
@@ -138,7 +148,7 @@ def quantize_rotated(
     checks.check_float_input(x, "x")
     axis = checks.normalize_axis(axis, jnp.ndim(x), "axis")
     hd.check_length(x.shape[axis], block, "x")
-    if not fused_path(x, rounding):
+    if not fused_rotation_path(x, rounding):
         return quantize(hd.random_hadamard_transform(x, axis, seed, block), axis, scale_mode=scale_mode,
                         rounding=rounding, key=key)
     checks.check_block_multiple(x.shape[axis], axis, "x")

@@ -72,7 +72,7 @@ from .array import MXFP4Array
 from . import hadamard as hd
 from .fp8 import FP8Prepared
 from .mx_format import BLOCK_SIZE
-from .quantize import dequantize, fused_path, quantize, quantize_rotated
+from .quantize import dequantize, fused_rotation_path, quantize, quantize_rotated
 from .recipe import Recipe
 
 ROOT_SEED = 0x4D584634  # "MXF4"
@@ -238,7 +238,7 @@ def _fprop(a, b, recipe: Recipe, out_dtype, fprop_seed):
         return _bf16_gemm(a, b, _CANON).astype(out_dtype)
     if "fprop" in recipe.hadamard_passes:
         h = (recipe.hadamard_block, fprop_seed)
-        if recipe.quantize_activations and fused_path(a) and fused_path(b):
+        if recipe.quantize_activations and fused_rotation_path(a) and fused_rotation_path(b):
             # GPU: rotation fused into the quantizer pass; dot_general would quantize the rotated
             # float32 operands exactly so (along K, recipe.scale_mode, nearest, plain scales).
             a = quantize_rotated(a, 2, h, scale_mode=recipe.scale_mode)

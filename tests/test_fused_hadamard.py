@@ -130,7 +130,6 @@ def test_fused_rotation_lowers_to_triton_for_cuda(dtype):
 def fused_on_cpu(monkeypatch):
     """Route quantize/quantize_rotated to the fused kernel (Pallas interpreter) as on a GPU."""
     monkeypatch.setattr(quantize_mod, "fused_path", lambda x, rounding="nearest": True)
-    monkeypatch.setattr(training, "fused_path", lambda x, rounding="nearest": True)
     monkeypatch.setattr(fused, "quantize_impl", functools.partial(quantize_impl, interpret=True))
 
 
@@ -173,10 +172,38 @@ def test_training_passes_fused_rotation_bit_identical(fused_on_cpu, monkeypatch)
     def loss(x, w):
         return jnp.sum(jnp.sin(training.dense(x, w, recipe=recipe, key=key)))
 
-    run = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))
-    got = run(x, w)
-    monkeypatch.setattr(quantize_mod, "fused_path", lambda x, rounding="nearest": False)
-    monkeypatch.setattr(training, "fused_path", lambda x, rounding="nearest": False)
+    calls = []
+
+    def counting(*a, **kw):
+        calls.append(kw.get("hadamard"))
+        return quantize_impl(*a, interpret=True, **kw)
+
+    monkeypatch.setattr(fused, "quantize_impl", counting)
+    monkeypatch.delenv("JAX_MXFP4_FUSED_HADAMARD", raising=False)
+    got = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))(x, w)
+    assert sum(h == (64, h[1]) for h in calls if h) == 6, calls  # fprop, dgrad, wgrad: 2 operands each
+    calls.clear()
+    monkeypatch.setenv("JAX_MXFP4_FUSED_HADAMARD", "0")  # the two-pass form, fused quantizer kept
     want = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))(x, w)
+    assert calls and not any(calls)  # the quantizer kernel without the rotation
     for g, v in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
         np.testing.assert_array_equal(np.asarray(g).view(np.uint32), np.asarray(v).view(np.uint32))
+
+
+def test_benchmark_quick_checks_and_times(tmp_path):
+    # benchmarks/hadamard_quantize.py --quick (interpreter): its device check passes here and it
+    # writes the JSON and the table, with the time budgets honoured
+    import json
+    import os
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+    from benchmarks import hadamard_quantize
+
+    hadamard_quantize.main(["--quick", "--check-s", "8", "--budget-s", "4", "--out", str(tmp_path)])
+    res = json.loads((tmp_path / "hadamard_quantize.json").read_text())
+    assert res["check_ok"] and any("skipped" not in r for r in res["check"])
+    rows = res["timing"]
+    assert rows[0]["case"] == "fused" and rows[0]["block"] == 256 and rows[0]["us"] > 0  # most informative first
+    assert any(r.get("skipped") == "budget" for r in rows)  # 4 s cannot hold every case
+    assert "fused rotate+quantize" in (tmp_path / "hadamard_quantize.md").read_text()

@@ -361,6 +361,17 @@ def fast_path_enabled(platform: str, rounding: str = "nearest", size: int = 0) -
             and os.environ.get(ENV_VAR, "1").strip() != "0")
 
 
+ROTATION_ENV_VAR = "JAX_MXFP4_FUSED_HADAMARD"
+"""Set to "0" to make :func:`jax_mxfp4.quantize.quantize_rotated` run the two-pass form (the jnp
+transform, then this kernel) on GPUs too."""
+
+
+def fused_rotation_enabled() -> bool:
+    """Whether the Hadamard rotation may be fused into this kernel (``hadamard=(block, seed)``):
+    unless ``JAX_MXFP4_FUSED_HADAMARD=0``. Both forms give the same bits."""
+    return os.environ.get(ROTATION_ENV_VAR, "1").strip() != "0"
+
+
 def default_config(dtype) -> QuantizeConfig:
     """Tile used by :func:`quantize_impl` for input ``dtype`` when none is given."""
     return DEFAULT_CONFIGS.get(jnp.dtype(dtype).name, DEFAULT_CONFIG)
