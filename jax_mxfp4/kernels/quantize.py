@@ -18,6 +18,11 @@ benchmarks/quantize.py compares on the GPU). Integer formulation (gpu-speed.md Â
   is taken from the input bits with integer operations, so -0.0 and negatives rounded to zero
   keep code 0x8 (the Triton lowering computes a float negation as ``0 - x``, which loses -0.0).
 
+Optionally (``hadamard=(block, seed)``) each loaded tile is first rotated by the blockwise random
+Hadamard transform of :mod:`jax_mxfp4.hadamard` along the quantized axis, in registers, with the
+same float32 operations in the same order (:func:`_rotate_tile`): bit-identical to quantizing the
+output of ``random_hadamard_transform`` (tests/test_fused_hadamard.py), one pass instead of two.
+
 Stochastic rounding consumes the uniforms the reference draws
 (``jax.random.uniform(key, [..., K/32, 32])``, float32, element-aligned with the input), either
 passed in as a second input (``uniforms="input"``, 4 more bytes read per element) or generated in
