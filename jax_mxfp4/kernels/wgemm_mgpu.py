@@ -31,10 +31,11 @@ warpgroup; optionally reading the E8M0 bytes as stored). Split-K over the grid f
 N/64 tiles are few; float32 partial sums are added afterwards in a fixed order. Otherwise the
 scales are passed as bfloat16 [K/32, N] (:func:`kernel_scales`; a weight could keep that form).
 
-Status: every variant lowers for CUDA on a CPU machine (tests/test_wgemm_mgpu.py); on the H200
-(jax 0.11.2) the ``pallas_call`` variants failed before running (bare AssertionError, first run);
-benchmarks/wgemm_mgpu_check.py checks and times every structure. Dispatch uses it only behind
-``jax_mxfp4.backends.pallas.W4A16_MOSAIC_GPU`` (off).
+Status: every variant lowers for CUDA on a CPU machine (tests/test_wgemm_mgpu.py). On the H200
+(jax 0.11.2) the ``plgpu.kernel`` launchers are correct (benchmarks/wgemm_mgpu_check.py) and the
+default runs 16x8192x8192 at 0.75x of bf16; the ``pallas_call`` launcher fails in jax 0.11.2's
+lowering (bare AssertionError) and ``raw_scales`` does not lower there. Dispatch takes it for
+decode-size w4a16 on Hopper (``jax_mxfp4.backends.pallas.W4A16_MOSAIC_GPU``).
 """
 
 from __future__ import annotations
