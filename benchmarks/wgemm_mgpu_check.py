@@ -147,7 +147,9 @@ def main(argv=None):
             mag = np.abs(np.asarray(x, np.float64)) @ np.abs(w).T
         fin = np.isfinite(ref) & (np.abs(ref) < 3e38)
         ok_vals = bool(np.all(np.abs(got[fin] - ref[fin]) <= 2 * k * 2.0**-24 * mag[fin] + 2.0**-126))
-        ok_nan = bool(np.isnan(got[:, 17]).all()) and bool(np.isfinite(got[:, :17]).all())
+        # the NaN block poisons its whole output column; other columns may hold Inf/NaN legitimately
+        # (scale bytes near 254 overflow float32), so their pattern is compared with backend "xla"
+        ok_nan = bool(np.isnan(got[:, 17]).all())
         w_arr = mx.MXFP4Array(jnp.asarray(data), as_e8m0(jnp.asarray(sb)), 1, (n, k), jnp.float32, "floor", "plain")
         xla = np.asarray(mx.dot_general(x, w_arr, DIMS2, recipe=XLA_W4A16, preferred_element_type=jnp.float32),
                          np.float64)
