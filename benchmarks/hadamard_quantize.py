@@ -125,7 +125,7 @@ def bench(shape, dtype, interpret, budget_s, rng, save=lambda rows: None, max_ca
     cap = 8 if interpret else max_calls  # calls per program: each nearest-rounding call copies x
 
     def add(name, block, rounding, fn, sets, nbytes):
-        if time.perf_counter() - t_start > budget_s:
+        if res and time.perf_counter() - t_start > budget_s:  # the first case always runs
             print(f"skip {name} block {block} {rounding}: time budget spent", flush=True)
             res.append({"case": name, "block": block, "rounding": rounding, "skipped": "budget"})
             return

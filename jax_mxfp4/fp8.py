@@ -40,7 +40,7 @@ import numpy as np
 
 from . import checks
 from .array import MXFP4Array
-from .platform import current_platform
+from .platform import current_platform, env_switch
 from .mx_format import (
     BLOCK_SIZE,
     E8M0_NAN,
@@ -129,6 +129,23 @@ def encode_blocks(sb, mag):
     return d, row_exp, row_flag
 
 
+def check_packed_rows(data, scale_bytes) -> None:
+    """Operands of :func:`encode_rows_on`: data uint8 [..., K/2] and E8M0 scales (uint8 bytes or
+    float8_e8m0fnu) [..., K/32] with the same leading dims, K a multiple of 32 (OCP MX v1.0 §5:
+    one scale per 32 elements; two E2M1 codes per byte).
+
+    Raises:
+      TypeError: a dtype other than those; ValueError: shapes that do not pair up.
+    """
+    if getattr(data, "dtype", None) != jnp.uint8:
+        raise TypeError(f"data must be uint8 packed E2M1 pairs, got {getattr(data, 'dtype', type(data))}")
+    as_scale_bytes(scale_bytes)  # TypeError for other dtypes
+    if (data.ndim < 1 or scale_bytes.shape[:-1] != data.shape[:-1] or (data.shape[-1] * 2) % BLOCK_SIZE
+            or scale_bytes.shape[-1] != data.shape[-1] * 2 // BLOCK_SIZE):
+        raise ValueError(f"data [..., K/2] and scale_bytes [..., K/32] with K % 32 == 0 expected, got "
+                         f"{data.shape} and {scale_bytes.shape}")
+
+
 ENCODE_KERNEL_ENV = "JAX_MXFP4_FP8_ENCODE_KERNEL"
 """Set to 0 to keep :func:`encode_rows_on` on the jnp formulation on GPUs too."""
 
@@ -140,11 +157,12 @@ def encode_rows_on(data, scale_bytes, platform: str):
     (:func:`jax_mxfp4.kernels.fp8_encode.encode_rows_kernel`; the jnp form measured ~0.3 ms for an
     8192 x 8192 weight on an H200); elsewhere the jnp form above. Leading dims are flattened.
     """
-    import os
-
-    use_kernel = platform == "cuda" and os.environ.get(ENCODE_KERNEL_ENV, "1").strip() != "0"
+    check_packed_rows(data, scale_bytes)
+    if not isinstance(platform, str):
+        raise TypeError(f"platform must be a platform name such as 'cpu' or 'cuda', got {platform!r}")
+    use_kernel = platform == "cuda" and env_switch(ENCODE_KERNEL_ENV)
     if not use_kernel or data.size == 0:
-        return encode_rows(data, scale_bytes)
+        return encode_rows(data, as_scale_bytes(scale_bytes))
     from .kernels.fp8_encode import encode_rows_kernel
 
     lead, half = data.shape[:-1], data.shape[-1]

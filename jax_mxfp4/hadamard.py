@@ -83,13 +83,35 @@ def check_block(block, name: str = "block") -> int:
     return int(block)
 
 
+def check_spec(spec, name: str = "hadamard") -> tuple[int, int]:
+    """``(block, seed)`` validated: a 2-tuple of a block (:func:`check_block`) and a non-negative
+    Python int seed (the seed of :func:`random_signs`, ``numpy.random.default_rng``).
+
+    Raises:
+      TypeError: ``spec`` is not a 2-tuple/list, or the seed is not an int.
+      ValueError: a bad block, or a negative seed.
+    """
+    if not isinstance(spec, (tuple, list)) or len(spec) != 2:
+        raise TypeError(f"{name} must be a (block, seed) pair, got {spec!r}")
+    block = check_block(spec[0], f"{name} block")
+    seed = spec[1]
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+        raise TypeError(f"{name} seed must be a Python int (the sign vector's numpy seed), got {seed!r}")
+    if seed < 0:
+        raise ValueError(f"{name} seed must be >= 0 (numpy.random.default_rng), got {seed}")
+    return block, int(seed)
+
+
 def check_length(length: int, block: int, what: str) -> None:
     """Raise ``ValueError`` unless the contraction ``length`` is a multiple of ``block``."""
     if length % block:
+        fits = [b for b in HADAMARD_BLOCKS if length % b == 0]
+        advice = (f"Use a block size that divides {length} ({fits}, Recipe.hadamard_block)" if fits else
+                  f"No block size in {HADAMARD_BLOCKS} divides {length}: pad the axis to a multiple of 32")
         raise ValueError(
             f"{what} has length {length}, not a multiple of the Hadamard block {block}: the rotation "
-            f"acts on whole blocks of the contraction axis. Use a block size that divides {length} "
-            f"(Recipe.hadamard_block, one of {HADAMARD_BLOCKS}) or leave this pass out of Recipe.hadamard"
+            f"acts on whole blocks of the contraction axis. {advice}, or leave this pass out of "
+            "Recipe.hadamard"
         )
 
 

@@ -16,3 +16,20 @@ def current_platform() -> str:
         version = jax.devices()[0].client.platform_version.lower()
         return "rocm" if ("rocm" in version or "hip" in version) else "cuda"
     return platform
+
+
+def env_switch(name: str) -> bool:
+    """A feature switch read from the environment: on unless set to 0/off/false/no (any case).
+
+    Raises:
+      ValueError: any other value than those or 1/on/true/yes/"" (a typo must not leave a switch
+      silently on).
+    """
+    import os
+
+    v = os.environ.get(name, "1").strip().lower()
+    if v in ("0", "off", "false", "no"):
+        return False
+    if v in ("", "1", "on", "true", "yes"):
+        return True
+    raise ValueError(f"${name} must be 1/on/true/yes or 0/off/false/no, got {v!r}")

@@ -144,7 +144,7 @@ def quantize_rotated(
     from . import hadamard as hd
     from .kernels import quantize as fused
 
-    block, seed = hd.check_block(hadamard[0], "hadamard block"), int(hadamard[1])
+    block, seed = hd.check_spec(hadamard, "hadamard")
     checks.check_float_input(x, "x")
     axis = checks.normalize_axis(axis, jnp.ndim(x), "axis")
     hd.check_length(x.shape[axis], block, "x")

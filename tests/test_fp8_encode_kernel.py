@@ -82,3 +82,41 @@ def test_encode_rows_on_cpu_is_the_jnp_form():
 def test_kernel_rejects_bad_shapes():
     with pytest.raises(ValueError, match="scale_bytes"):
         encode_rows_kernel(jnp.zeros((4, 16), jnp.uint8), jnp.zeros((4, 2), jnp.uint8), interpret=True)
+
+
+def test_scales_as_e8m0_are_read_as_bytes():
+    """float8_e8m0fnu scales are bit-cast, not converted by value (a value cast would give 2^b-127)."""
+    rng = np.random.default_rng()
+    data = jnp.asarray(rng.integers(0, 256, (4, 32), dtype=np.uint8))
+    sb = rng.integers(100, 140, (4, 2)).astype(np.uint8)
+    from jax import lax
+
+    e8 = lax.bitcast_convert_type(jnp.asarray(sb), jnp.float8_e8m0fnu)
+    want = encode_rows(data, jnp.asarray(sb))
+    for got in (encode_rows_kernel(data, e8, interpret=True), encode_rows_on(data, e8, "cpu")):
+        for w, g in zip(want, got):
+            np.testing.assert_array_equal(_as_bytes(g), _as_bytes(w))
+
+
+@pytest.mark.parametrize("platform", ["cpu", "cuda"])
+def test_bad_operands_rejected_on_every_platform(platform):
+    d, s = jnp.zeros((4, 32), jnp.uint8), jnp.zeros((4, 2), jnp.uint8)
+    with pytest.raises(ValueError, match="scale_bytes"):
+        encode_rows_on(d, s[:, :1], platform)  # one scale for two blocks
+    with pytest.raises(ValueError, match="scale_bytes"):
+        encode_rows_on(d[:3], s, platform)  # row counts differ
+    with pytest.raises(ValueError, match="K % 32"):
+        encode_rows_on(jnp.zeros((4, 12), jnp.uint8), jnp.zeros((4, 0), jnp.uint8), platform)
+    with pytest.raises(TypeError, match="data must be uint8"):
+        encode_rows_on(d.astype(jnp.float32), s, platform)
+    with pytest.raises(TypeError, match="scales must be"):
+        encode_rows_on(d, s.astype(jnp.int32), platform)
+
+
+def test_kernel_empty_input_and_bad_rows_per_program():
+    d, s = jnp.zeros((0, 32), jnp.uint8), jnp.zeros((0, 2), jnp.uint8)
+    codes, row_exp, row_flag = encode_rows_kernel(d, s, interpret=True)
+    assert codes.shape == (0, 64) and row_exp.shape == (0,) and row_flag.shape == (0,)
+    with pytest.raises(ValueError, match="rows_per_program"):
+        encode_rows_kernel(jnp.zeros((4, 32), jnp.uint8), jnp.zeros((4, 2), jnp.uint8), rows_per_program=0,
+                           interpret=True)

@@ -292,3 +292,21 @@ def test_benchmark_scripts_tiny_runs(tmp_path):
     assert rotation_error.main(["--steps", "1", "--out", str(tmp_path)] + tiny) == 0
     rows = json.loads((tmp_path / "rotation_error.json").read_text())["layers"]
     assert len(rows) == 1 and all(0 < v < 0.5 for r in rows for v in r["gemm_rel_err"].values())
+
+
+def test_hadamard_spec_rules():
+    """(block, seed) pairs: named errors for a bad shape of the pair, a non-int or negative seed,
+    and advice that does not ask for an impossible block."""
+    import pytest as _pt
+
+    from jax_mxfp4 import hadamard as _hd
+
+    assert _hd.check_spec((64, 3)) == (64, 3)
+    for bad, exc, msg in [(32, TypeError, "pair"), ((32, 0, 1), TypeError, "pair"), ((32, 1.7), TypeError, "seed"),
+                          ((32, "3"), TypeError, "seed"), ((32, -1), ValueError, "seed"), ((48, 0), ValueError, "block")]:
+        with _pt.raises(exc, match=msg):
+            _hd.check_spec(bad)
+    with _pt.raises(ValueError, match="No block size"):
+        _hd.check_length(3, 32, "x")
+    with _pt.raises(ValueError, match=r"\[32\]"):
+        _hd.check_length(96, 64, "x")

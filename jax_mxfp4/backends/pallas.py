@@ -18,7 +18,6 @@ named explicitly: it then runs the same kernels in the Pallas interpreter (slow;
 
 from __future__ import annotations
 
-import os
 
 import jax
 import jax.numpy as jnp
@@ -26,6 +25,7 @@ import numpy as np
 
 from ..array import MXFP4Array
 from ..mx_format import as_scale_bytes
+from ..platform import env_switch
 from .base import Backend, GemmProblem
 
 FLOAT_OPERAND_DTYPES = (np.dtype(jnp.bfloat16),)
@@ -42,12 +42,12 @@ A4W4_MAX_SMALL_SIDE = 128
 # once per 128-row activation tile inside the kernel (H200: the kernel at 128 rows already takes
 # 2.4x of bf16, benchmarks/results/wgemm_tune).
 W4A16_TWO_PASS_MIN_ROWS = 256
-# w4a16 with <= 128 activation rows on an NVIDIA Hopper GPU (compute capability 9.0) through the
+# w4a16 with <= 64 activation rows on an NVIDIA Hopper GPU (compute capability 9.0) through the
 # Mosaic GPU kernel (jax_mxfp4/kernels/wgemm_mgpu.py: WGMMA with the decoded weight as the
 # register operand) instead of the Triton weight-stationary kernel: on the H200 (jax 0.11.2)
 # correct at 1/16/40 rows and 0.75x of bf16 at 16x8192x8192 against the Triton kernel's 1.14x
 # (benchmarks/wgemm_mgpu_check.py). JAX_MXFP4_MOSAIC_W4A16=0 turns it off.
-W4A16_MOSAIC_GPU = os.environ.get("JAX_MXFP4_MOSAIC_W4A16", "1") != "0"
+W4A16_MOSAIC_GPU = env_switch("JAX_MXFP4_MOSAIC_W4A16")  # 0/off/false/no turns it off
 
 
 def _operand(x, kind):

@@ -118,19 +118,29 @@ def encode_rows_kernel(data, scale_bytes, *, rows_per_program: int = 8, num_warp
 
     Args:
       data: uint8 [R, K/2] packed E2M1 pairs (low nibble first), K a multiple of 32.
-      scale_bytes: uint8 [R, K/32] E8M0 bytes, plain layout.
+      scale_bytes: E8M0 scales [R, K/32], uint8 bytes or float8_e8m0fnu (read bit for bit), plain layout.
       rows_per_program: rows owned by one program (a power of two).
       interpret: run the Pallas interpreter (CPU tests).
     Returns:
       (codes float8_e4m3fn [R, K], row_exp int32 [R], row_flag uint8 [R]).
     Raises:
-      ValueError: shapes that are not [R, K/2] and [R, K/32].
+      TypeError: data not uint8, scales not uint8/float8_e8m0fnu (:func:`jax_mxfp4.fp8.check_packed_rows`).
+      ValueError: shapes that are not [R, K/2] and [R, K/32]; a bad ``rows_per_program``.
     """
-    if data.ndim != 2 or scale_bytes.shape != (data.shape[0], data.shape[1] * 2 // BLOCK_SIZE) \
-            or (data.shape[1] * 2) % BLOCK_SIZE:
-        raise ValueError(f"encode_rows_kernel: data [R, K/2] and scale_bytes [R, K/32] with K % 32 == 0 "
-                         f"expected, got {data.shape} and {scale_bytes.shape}")
+    from ..fp8 import check_packed_rows
+    from ..mx_format import as_scale_bytes
+
+    if data.ndim != 2:
+        raise ValueError(f"encode_rows_kernel: data must be 2-D [R, K/2], got shape {data.shape}")
+    check_packed_rows(data, scale_bytes)
+    if not isinstance(rows_per_program, int) or rows_per_program < 1 or rows_per_program & (rows_per_program - 1):
+        raise ValueError(f"rows_per_program must be a power of two >= 1, got {rows_per_program!r}")
+    scale_bytes = as_scale_bytes(scale_bytes)  # bytes, not values (float8_e8m0fnu is bit-cast)
     n_rows, half = data.shape
+    if n_rows == 0 or half == 0:  # nothing to launch; the outputs of encode_rows for empty input
+        from ..fp8 import encode_rows
+
+        return encode_rows(data, scale_bytes)
     n_blocks = half * 2 // BLOCK_SIZE
     br = min(rows_per_program, 1 << max(0, (n_rows - 1).bit_length()))
     nbc = _chunk_blocks(n_blocks)
@@ -144,6 +154,6 @@ def encode_rows_kernel(data, scale_bytes, *, rows_per_program: int = 8, num_warp
         compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
         interpret=interpret,
         name="mxfp4_encode_fp8_rows",
-    )(data.reshape(n_rows, n_blocks, BLOCK_SIZE // 2), scale_bytes.astype(jnp.uint8))
+    )(data.reshape(n_rows, n_blocks, BLOCK_SIZE // 2), scale_bytes)
     codes = lax.bitcast_convert_type(codes.reshape(n_rows, n_blocks * BLOCK_SIZE), jnp.float8_e4m3fn)
     return codes, row_exp, row_flag

@@ -179,10 +179,23 @@ def quantize_fp8_2d(x, key_data=None, *, scale_mode="even", transposed=False,
       row_flag uint8 [R]) = ``encode_rows`` of ``quantize(x, axis)`` with the quantized axis
       last (:mod:`jax_mxfp4.fp8`), bit for bit.
     Raises:
-      ValueError: x not 2-D, Kq not a multiple of 32 or above :data:`MAX_ROW`.
+      TypeError: x not a float array; key_data not uint32[2]; cfg of another type.
+      ValueError: x not 2-D or empty, Kq not a multiple of 32 or above :data:`MAX_ROW`.
     """
+    from .. import checks
+
+    checks.check_float_input(x, "x")
     if x.ndim != 2:
         raise ValueError(f"quantize_fp8_2d: x must be 2-D, got shape {x.shape}")
+    if x.size == 0:
+        raise ValueError(f"quantize_fp8_2d: x must not be empty, got shape {x.shape}")
+    if cfg is not None and not isinstance(cfg, Fp8QuantizeConfig):
+        raise TypeError(f"cfg must be an Fp8QuantizeConfig or None, got {cfg!r}")
+    if key_data is not None:
+        kd = jnp.asarray(key_data)
+        if kd.dtype != jnp.uint32 or kd.size != 2:
+            raise TypeError("key_data must be uint32[2], the data of a threefry2x32 key "
+                            f"(jax.random.key_data(key)), got {kd.dtype}{list(kd.shape)}")
     kq, n_rows = (x.shape[0], x.shape[1]) if transposed else (x.shape[1], x.shape[0])
     if kq % BLOCK_SIZE:
         raise ValueError(f"quantized axis length {kq} is not a multiple of {BLOCK_SIZE}")

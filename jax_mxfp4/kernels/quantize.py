@@ -37,7 +37,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-import os
 
 import jax
 import jax.numpy as jnp
@@ -54,6 +53,7 @@ from ..mx_format import (
     e8m0_from_amax,
     pow2_from_exponent,
 )
+from ..platform import env_switch
 
 ENV_VAR = "JAX_MXFP4_FAST_QUANTIZE"
 """Set to "0" to make :func:`jax_mxfp4.quantize` use the reference jnp path on GPUs too."""
@@ -314,7 +314,7 @@ def quantize_2d(x, uniform=None, *, key_data=None, scale_mode="even", cfg: Quant
     if hadamard is not None:
         from .. import hadamard as hd
 
-        hadamard_block, seed = hd.check_block(hadamard[0], "hadamard block"), int(hadamard[1])
+        hadamard_block, seed = hd.check_spec(hadamard, "hadamard")
         hd.check_length(k, hadamard_block, "x's quantized axis")
         nbt = max(nbt, hadamard_block // BLOCK_SIZE)  # whole rotation blocks in a tile
         signs = jnp.asarray(hd.random_signs(seed, hadamard_block), jnp.float32)
@@ -362,19 +362,18 @@ def fast_path_enabled(platform: str, rounding: str = "nearest", size: int = 0) -
     that Triton's ``0 - x`` negation lost before is kept).
     """
     del rounding
-    return (platform in ("cuda", "rocm") and size < MAX_KERNEL_ELEMENTS
-            and os.environ.get(ENV_VAR, "1").strip() != "0")
+    return platform in ("cuda", "rocm") and size < MAX_KERNEL_ELEMENTS and env_switch(ENV_VAR)
 
 
 ROTATION_ENV_VAR = "JAX_MXFP4_FUSED_HADAMARD"
-"""Set to "0" to make :func:`jax_mxfp4.quantize.quantize_rotated` run the two-pass form (the jnp
+"""Set to 0/off/false/no to make :func:`jax_mxfp4.quantize.quantize_rotated` run the two-pass form (the jnp
 transform, then this kernel) on GPUs too."""
 
 
 def fused_rotation_enabled() -> bool:
     """Whether the Hadamard rotation may be fused into this kernel (``hadamard=(block, seed)``):
     unless ``JAX_MXFP4_FUSED_HADAMARD=0``. Both forms give the same bits."""
-    return os.environ.get(ROTATION_ENV_VAR, "1").strip() != "0"
+    return env_switch(ROTATION_ENV_VAR)
 
 
 def default_config(dtype) -> QuantizeConfig:
