@@ -386,6 +386,11 @@ def run(argv=None) -> dict:
         if val is not None:
             cfg[key] = val
     cfg["n_heads"] = min(cfg["n_heads"], max(1, cfg["d_model"] // 32))
+    if args.hadamard and cfg["d_model"] % args.hadamard_block:
+        # checked before any training: every projection contracts over d_model or a multiple of it
+        raise SystemExit(f"error: --hadamard-block {args.hadamard_block} does not divide d_model = "
+                         f"{cfg['d_model']} (--size {args.size}): the rotation acts on whole blocks of "
+                         "each contraction axis")
     steps = args.steps or cfg["steps"]
     eval_every = args.eval_every if args.eval_every is not None else max(1, steps // 6)
     out = pathlib.Path(args.out)

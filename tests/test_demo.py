@@ -90,3 +90,17 @@ def test_sharded_run_matches_single_device(tmp_path):
 def test_mesh_flag_is_validated():
     with pytest.raises(SystemExit):
         demo.parse_args(["--mesh", "2by1"])
+
+
+def test_hadamard_block_not_dividing_the_model_refused_before_training(capsys):
+    """--hadamard-block 256 at --size small (d_model 128): refused before any data or training."""
+    import time
+
+    import pytest as _pt
+
+    from jax_mxfp4 import demo as _demo
+
+    t0 = time.perf_counter()
+    with _pt.raises(SystemExit, match="does not divide d_model = 128"):
+        _demo.run(["--hadamard", "all", "--hadamard-block", "256", "--steps", "1"])
+    assert time.perf_counter() - t0 < 10  # no bf16 run first
