@@ -54,7 +54,9 @@ def rand(seed, shape, dtype=jnp.float32):
 def bound_check(out, ref, a_abs, b_abs, k, bf16_out):
     out = np.asarray(jnp.asarray(out, jnp.float32), np.float64)
     ref = np.asarray(jnp.asarray(ref, jnp.float32), np.float64)
-    mag = np.einsum("bmk,bnk->bmn", np.asarray(a_abs, np.float64), np.asarray(b_abs, np.float64))
+    # sum_k |a||b| per output ([..., M, K] x [..., N, K]), on the device in float32: it only sets the tolerance
+    mag = np.asarray(jnp.einsum("...mk,...nk->...mn", jnp.asarray(a_abs, jnp.float32), jnp.asarray(b_abs, jnp.float32),
+                                precision="highest"), np.float64)
     tol = 2 * k * 2.0**-24 * mag + (2.0**-7 * np.abs(ref) if bf16_out else 0) + 1e-30
     err = np.abs(out - ref)
     finite = bool(np.all(np.isfinite(out)))

@@ -293,18 +293,10 @@ def main(argv=None):
     args.variants = [v for v in args.variants.split(",") if v]
     here = os.path.dirname(os.path.abspath(__file__))
     out = out_dir(args.out or os.path.join(here, "results", "train_step-quick" if args.quick else "train_step"))
-    if args.kernel:
-        result = run_kernel(args)
-        write_json(os.path.join(out, "fp8_quantize.json"), result)
-        md = markdown_kernel(result)
-        with open(os.path.join(out, "fp8_quantize.md"), "w") as f:
-            f.write(md)
-        print(md)
-        return 0 if all(r["status"] == "ok" for r in result["rows"]) else 1
-    result = run(args)
-    write_json(os.path.join(out, "train_step.json"), result)
-    md = markdown(result)
-    with open(os.path.join(out, "train_step.md"), "w") as f:
+    name, result, md = (("fp8_quantize", r := run_kernel(args), markdown_kernel(r)) if args.kernel
+                        else ("train_step", r := run(args), markdown(r)))
+    write_json(os.path.join(out, f"{name}.json"), result)
+    with open(os.path.join(out, f"{name}.md"), "w") as f:
         f.write(md)
     print(md)
     return 0 if all(r["status"] == "ok" for r in result["rows"]) else 1

@@ -33,31 +33,15 @@ import numpy as np  # noqa: E402
 from jax import lax  # noqa: E402
 
 import jax_mxfp4 as mx  # noqa: E402
+from benchmarks.gpu_check import bound_check, rand  # noqa: E402
 from benchmarks.common import device_info, kernel_time, n_sets_for, out_dir, time_fn, write_json  # noqa: E402
-from jax_mxfp4.kernels.wgemm_mgpu import DECODES, MgpuConfig, kernel_scales, mgpu_w4a16  # noqa: E402
+from jax_mxfp4.kernels.wgemm_mgpu import MgpuConfig, kernel_scales, mgpu_w4a16  # noqa: E402
 from jax_mxfp4.mx_format import as_e8m0, as_scale_bytes  # noqa: E402
 
 DIMS2 = (((1,), (1,)), ((), ()))
 XLA_W4A16 = mx.Recipe(backend="xla", quantize_activations=False)
 
 
-def rand(seed, shape, dtype=jnp.float32):
-    rng = np.random.default_rng(seed)
-    size = int(np.prod(shape))
-    mags = np.exp2(rng.integers(-8, 9, size=-(-size // 32))).repeat(32)[:size].reshape(shape)
-    return jnp.asarray(rng.standard_normal(shape) * mags, dtype)
-
-
-def bound_check(out, ref, a_abs, b_abs, k, bf16_out):
-    out = np.asarray(jnp.asarray(out, jnp.float32), np.float64)
-    ref = np.asarray(jnp.asarray(ref, jnp.float32), np.float64)
-    mag = np.asarray(jnp.dot(a_abs, b_abs.T, precision="highest"), np.float64)  # on the device
-    tol = 2 * k * 2.0**-24 * mag + (2.0**-7 * np.abs(ref) if bf16_out else 0) + 1e-30
-    err = np.abs(out - ref)
-    finite = bool(np.all(np.isfinite(out)))
-    ratio = float(np.max(err / tol)) if finite else float("inf")
-    rel = float(np.linalg.norm(out - ref) / max(np.linalg.norm(ref), 1e-30))
-    return {"finite": finite, "max_err_over_bound": ratio, "rel_fro": rel, "ok": finite and ratio <= 1.0}
 
 
 VARIANTS = {  # name -> MgpuConfig, in order of priority (timing stops at --budget)

@@ -154,7 +154,7 @@ def encode_rows_on(data, scale_bytes, platform: str):
     """:func:`encode_rows` computed the fastest way on ``platform`` (bit-identical either way).
 
     On "cuda" (unless ``JAX_MXFP4_FP8_ENCODE_KERNEL=0``) one Pallas kernel
-    (:func:`jax_mxfp4.kernels.fp8_encode.encode_rows_kernel`; the jnp form measured ~0.3 ms for an
+    (:func:`jax_mxfp4.kernels.fp8_encode.encode_rows_kernel`; the jnp form cost ~0.3 ms (fp8 minus fp8-prepared, one H200 run) for an
     8192 x 8192 weight on an H200); elsewhere the jnp form above. Leading dims are flattened.
     """
     check_packed_rows(data, scale_bytes)

@@ -1,8 +1,8 @@
 """Fused MXFP4 -> FP8-operand pass on GPU: :func:`jax_mxfp4.fp8.encode_rows` as one Pallas kernel.
 
 ``encode_rows`` in jnp is several XLA fusions (nibble unpack, per-block reductions, the row
-maximum, the encode) and measured ~0.3 ms for an 8192 x 8192 weight on one H200
-(benchmarks/results/session3/gemm_large_log.txt: fp8 vs fp8-prepared at 1024x8192x8192), against
+maximum, the encode) and cost ~0.3 ms for an 8192 x 8192 weight on one H200 (fp8 minus fp8-prepared at 1024x8192x8192 in one run,
+benchmarks/results/session3/gemm_large_log.txt), against
 ~30 us for its bytes at HBM speed. Here one program owns ``br`` whole rows and reads them twice
 (the second read mostly from L2): pass A gathers per row the largest and smallest scale byte of
 the blocks holding a nonzero code, the NaN bytes and the special blocks (:func:`jax_mxfp4.fp8.
