@@ -200,6 +200,44 @@ def wgemm_checks():
     r["case"] = f"w4a16 512x768x1024 via auto ({mx.explain(x, w, dims, recipe=rec).backend})"
     res.append(r)
     print(("PASS" if r["ok"] else "FAIL"), r["case"], flush=True)
+    res += decode_dispatch_checks()
+    return res
+
+
+def decode_dispatch_checks():
+    """Decode-size w4a16 and a4w4 through ``mx.dot_general`` ("auto"), against backend "xla":
+    on a Hopper GPU these take the Mosaic GPU kernel (the route is recorded), elsewhere the Triton
+    kernel; batched and transposed operands included, per-call scale conversion included."""
+    res = []
+    cases = [  # act rows, weight rows, K, batch, a4w4, weight transposed ([K, N] rhs)
+        (16, 8192, 8192, 0, False, False), (1, 4096, 4096, 0, False, False), (40, 1024, 4096, 0, False, True),
+        (16, 4096, 4096, 0, True, False), (1, 2048, 8192, 0, True, True), (16, 1024, 2048, 2, False, False),
+        (64, 1024, 2048, 2, True, False)]
+    for i, (m, n, k, batch, a4w4, w_t) in enumerate(cases):
+        bs = (batch,) if batch else ()
+        x = rand(400 + i, bs + (m, k)).astype(jnp.bfloat16)
+        wf = rand(500 + i, bs + ((k, n) if w_t else (n, k)))
+        w = mx.quantize(wf, len(bs) + (0 if w_t else 1))
+        xs = mx.quantize(x.astype(jnp.float32), len(bs) + 1) if a4w4 else x
+        bd = ((0,), (0,)) if batch else ((), ())
+        dims = (((len(bs) + 1,), (len(bs) + (0 if w_t else 1),)), bd)
+        rec = mx.Recipe(quantize_activations=False)
+        d = mx.explain(xs, w, dims, recipe=rec)
+        out = mx.dot_general(xs, w, dims, recipe=rec, preferred_element_type=jnp.float32)
+        ref = mx.dot_general(xs, w, dims, recipe=mx.Recipe(backend="xla", quantize_activations=False),
+                             preferred_element_type=jnp.float32)
+        da = mx.dequantize(xs) if a4w4 else x.astype(jnp.float32)
+        db = mx.dequantize(w)
+        if w_t:
+            db = jnp.swapaxes(db, -1, -2)
+        if not batch:
+            out, ref, da, db = out[None], ref[None], da[None], db[None]
+        r = bound_check(out, ref, jnp.abs(da), jnp.abs(db), k, False)
+        r["case"] = (f"{'a4w4' if a4w4 else 'w4a16'} B={batch or 1} {m}x{n}x{k}{' rhs [K,N]' if w_t else ''} via auto"
+                     f" -> {d.backend}: {d.route}")
+        r["route"] = d.route
+        res.append(r)
+        print(("PASS" if r["ok"] else "FAIL"), r["case"], f"err/bound={r['max_err_over_bound']:.3g}", flush=True)
     return res
 
 

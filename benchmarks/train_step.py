@@ -22,7 +22,7 @@ kernel, then the MXFP4 -> FP8 encode: ``encode_rows_on``, its Pallas kernel on C
 Timing: benchmarks/common.time_fn (fair timing). Reports ms/step, time relative to bf16 and
 tokens/s, and the backend "auto" chose for each of the linear layer's GEMMs.
 
-Usage: python benchmarks/train_step.py [--quick] [--kernel] [--configs linear,mlp] [--variants bf16,mxfp4,...] [--out DIR]
+Usage: python benchmarks/train_step.py [--quick] [--kernel] [--profile] [--configs linear,mlp] [--variants bf16,mxfp4,...] [--out DIR]
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ import jax.numpy as jnp  # noqa: E402
 from jax import lax  # noqa: E402
 
 import jax_mxfp4 as mx  # noqa: E402
-from benchmarks.common import device_info, out_dir, time_fn, write_json  # noqa: E402
+from benchmarks.common import device_info, kernel_time, out_dir, time_fn, write_json  # noqa: E402
 from jax_mxfp4.training import FUSED_ENV  # noqa: E402
 
 FULL = {"linear": dict(t=8192, k=8192, n=8192), "mlp": dict(t=8192, d=8192)}
@@ -137,6 +137,22 @@ def check_fused(config, s, sets):
     return {"config": config, "bit_identical": same, "max_abs_diff": diff}
 
 
+def profile_step(config, variant, recipe, sets, top=25):
+    """Per-kernel device time of one step (``benchmarks.common.kernel_time``: profiler kernel
+    durations per call, 4 distinct calls in one program): where the step's time goes."""
+    with _env(FUSED_ENV, "1" if variant in FUSED else "0"):
+        kt = kernel_time(make_step(layer_fns(config, recipe, KEY_IMPL.get(variant))), sets, calls=4)
+    if "error" in kt:
+        print(f"    profile: {kt['error']}", flush=True)
+        return kt
+    ranked = sorted(kt["kernels"].items(), key=lambda kv: -kv[1])
+    print(f"    profile {variant}: kernels sum {kt['kernel_s'] * 1e3:.3f} ms/step; top {min(top, len(ranked))} of {len(ranked)}:",
+          flush=True)
+    for name, sec in ranked[:top]:
+        print(f"      {sec * 1e3:8.3f} ms  {name[:110]}", flush=True)
+    return {"kernel_s": kt["kernel_s"], "n_kernels": len(ranked), "top": {n: v for n, v in ranked[:top]}}
+
+
 def run(args):
     sizes = QUICK if args.quick else FULL
     timing = dict(reps=3, min_program_s=0.0) if args.quick else dict(reps=5)
@@ -172,6 +188,8 @@ def run(args):
             rows.append({"config": config, **s, "variant": variant, **r})
             print(f"[{time.time() - t0:6.1f}s] {config:6s} {variant:14s} {r.get('median_s', float('nan')) * 1e3:9.3f} ms "
                   f"ratio {r.get('time_ratio_vs_bf16', float('nan')):.3f} {r['status']}", flush=True)
+            if args.profile and r["status"] == "ok":
+                rows[-1]["profile"] = profile_step(config, variant, recipe, sets)
         del sets
     return {"info": device_info(), "quick": args.quick, "method": __doc__.split("Usage")[0].strip(),
             "routing_linear": routing(sizes["linear"]), "rows": rows, "fused_checks": checks}
@@ -286,6 +304,8 @@ def main(argv=None):
     ap.add_argument("--configs", default="", help="comma list of configs (default: linear,mlp)")
     ap.add_argument("--variants", default="", help="comma list of variants besides bf16 (default: all)")
     ap.add_argument("--kernel", action="store_true", help="time the fused quantize-to-FP8 kernel alone")
+    ap.add_argument("--profile", action="store_true",
+                    help="after each variant's timing, its per-kernel device times from the profiler")
     ap.add_argument("--check-fused", action="store_true",
                     help="first compare the linear layer's gradients with and without the fused passes")
     args = ap.parse_args(argv)

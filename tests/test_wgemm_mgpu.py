@@ -205,8 +205,12 @@ def test_dispatch_switch_routes_hopper_w4a16_to_the_kernel(monkeypatch):
     assert "Mosaic" not in pallas.PallasBackend().route(prob)
     monkeypatch.setattr(pallas, "W4A16_MOSAIC_GPU", True)
     monkeypatch.setattr(fp8, "_compute_capability", lambda: (9, 0))
-    assert "Mosaic GPU w4a16" in pallas.PallasBackend().route(prob)
-    for other in (dict(m=100), dict(platform="rocm"), dict(lhs_kind="mxfp4")):
+    assert "Mosaic GPU kernel" in pallas.PallasBackend().route(prob)
+    assert "w4a16" in pallas.PallasBackend().route(prob)
+    a4w4 = dataclasses.replace(prob, lhs_kind="mxfp4", lhs_dtype=np.dtype(np.float32))
+    assert "Mosaic GPU kernel" in pallas.PallasBackend().route(a4w4)  # small side dequantized
+    assert "a4w4" in pallas.PallasBackend().route(a4w4)
+    for other in (dict(m=100), dict(platform="rocm"), dict(m=100, lhs_kind="mxfp4", lhs_dtype=np.dtype(np.float32))):
         assert "Mosaic" not in pallas.PallasBackend().route(dataclasses.replace(prob, **other))
     x = jax.ShapeDtypeStruct((1, 16, 2048), jnp.bfloat16)
     w = mx.quantize(jnp.ones((1, 1024, 2048), jnp.float32), 2)
@@ -214,6 +218,11 @@ def test_dispatch_switch_routes_hopper_w4a16_to_the_kernel(monkeypatch):
         a, mx.MXFP4Array(wd, ws, 2, w.shape, w.dtype, w.scale_mode, "plain"), prob))
     txt = f.trace(x, w.data, w.scales).lower(lowering_platforms=("cuda",)).as_text()
     assert "mosaic_gpu" in txt
+    xq = mx.quantize(jnp.ones((1, 16, 2048), jnp.float32), 2)
+    g = jax.jit(lambda xd, xs, wd, ws: pallas._weight_stationary(
+        mx.MXFP4Array(xd, xs, 2, xq.shape, xq.dtype, xq.scale_mode, "plain"),
+        mx.MXFP4Array(wd, ws, 2, w.shape, w.dtype, w.scale_mode, "plain"), a4w4))
+    assert "mosaic_gpu" in g.trace(xq.data, xq.scales, w.data, w.scales).lower(lowering_platforms=("cuda",)).as_text()
 
 
 @pytest.mark.skipif(not _mgpu_available(), reason="Mosaic GPU lowering unavailable in this jaxlib")

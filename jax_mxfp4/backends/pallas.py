@@ -46,7 +46,8 @@ W4A16_TWO_PASS_MIN_ROWS = 256
 # Mosaic GPU kernel (jax_mxfp4/kernels/wgemm_mgpu.py: WGMMA with the decoded weight as the
 # register operand) instead of the Triton weight-stationary kernel: on the H200 (jax 0.11.2)
 # correct at 1/16/40 rows and 0.75x of bf16 at 16x8192x8192 against the Triton kernel's 1.14x
-# (benchmarks/wgemm_mgpu_check.py). JAX_MXFP4_MOSAIC_W4A16=0 turns it off.
+# (benchmarks/wgemm_mgpu_check.py). Decode-size a4w4 takes it too, after the exact bfloat16
+# dequantization of its small side (as for the Triton kernel). JAX_MXFP4_MOSAIC_W4A16=0 turns it off.
 W4A16_MOSAIC_GPU = env_switch("JAX_MXFP4_MOSAIC_W4A16")  # 0/off/false/no turns it off
 
 
@@ -102,12 +103,12 @@ class PallasBackend(Backend):
         if problem.has_float_operand and rows >= W4A16_TWO_PASS_MIN_ROWS and problem.platform != "cpu":
             return (f"two-pass w4a16: {rows} activation rows >= {W4A16_TWO_PASS_MIN_ROWS}, weight decoded "
                     f"to bfloat16 once ({decode} decode), then XLA's bfloat16 GEMM")
+        what = "w4a16" if problem.has_float_operand else "a4w4 with the small side dequantized to bfloat16"
         mgpu_cfg = _mosaic_gpu_config(problem, rows, problem.m if swap else problem.n)
         if mgpu_cfg is not None:
-            return f"Mosaic GPU w4a16 kernel (WGMMA, decoded weight in registers), {mgpu_cfg}"
+            return f"Mosaic GPU kernel (WGMMA, decoded weight in registers), {what}, {mgpu_cfg}"
         from ..kernels.wgemm import default_wconfig
 
-        what = "w4a16" if problem.has_float_operand else "a4w4 with the small side dequantized to bfloat16"
         cfg = default_wconfig(rows, problem.m if swap else problem.n, problem.k, problem.batch, decode=decode)
         return f"weight-stationary kernel, {what}, {decode} E2M1 decode, {cfg}"
 
@@ -154,8 +155,10 @@ def _decoded_bf16(w: MXFP4Array, platform: str) -> jax.Array:
 
 def _mosaic_gpu_config(problem: GemmProblem, rows: int, wrows: int):
     """The Mosaic GPU kernel's config where ``W4A16_MOSAIC_GPU`` routes this problem to it, else
-    None: w4a16 on CUDA, device 0 of compute capability 9.0 (WGMMA), and a shape it takes."""
-    if not (W4A16_MOSAIC_GPU and problem.has_float_operand and problem.platform == "cuda"):
+    None: CUDA, device 0 of compute capability 9.0 (WGMMA), and a shape it takes. a4w4 problems
+    come here with their small side already dequantized exactly to bfloat16 (the same input the
+    Triton weight-stationary kernel gets), so the kernel serves both."""
+    if not (W4A16_MOSAIC_GPU and problem.platform == "cuda"):
         return None
     from ..kernels import wgemm_mgpu
     from .fp8 import _compute_capability

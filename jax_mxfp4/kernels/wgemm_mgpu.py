@@ -333,11 +333,11 @@ def _warp_specialized_call(xe, xo, w_data, scales, *, cfg: MgpuConfig, n: int, m
             @pl.when(wg == 2)
             def _():
                 plgpu.copy_gmem_to_smem(s_g.at[pl.ds(tile * rows, rows), pl.ds(sp * nbs, nbs)], slab,
-                                        slab_bar.at[0])
+                                        slab_bar)
 
             @pl.when(wg < 2)
             def _():
-                plgpu.barrier_wait(slab_bar.at[0])
+                plgpu.barrier_wait(slab_bar)
 
         def mma_body(idx, *refs):
             if raw:
