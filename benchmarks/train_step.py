@@ -5,7 +5,9 @@ Configs (T tokens):
   mlp     Y = gelu(X·W1)·W2,    d = 8192, hidden 4d, T = 8192
 
 One step = forward + backward for a fixed random cotangent dY (``jax.vjp`` in one jitted
-function): the gradients with respect to X and every weight, all quantization included. Variants:
+function): the output Y and the gradients with respect to X and every weight, all quantization
+included (Y is returned: before 2026-11-30 session 4 it was not, and XLA dropped the forward GEMM
+of the linear config from both the bf16 and the MXFP4 step). Variants:
   bf16           ``lax.dot_general`` on bfloat16 operands (float32 accumulation, bf16 out), JAX's VJP;
   mxfp4          :func:`jax_mxfp4.dense`, ``Recipe()``: fprop, dgrad and wgrad in MXFP4 (dY
                  stochastically rounded), each GEMM on the backend "auto" picks at precision
@@ -96,10 +98,12 @@ def shapes(config, s):
 
 
 def make_step(f):
+    """Forward and backward: returns (Y, dX, dW...). Y is returned so that the forward GEMM is
+    part of the timed program (unused, XLA would drop it: dX and dW need only the residuals)."""
     def step(x, *rest):
         *ws, dy = rest
         y, pull = jax.vjp(f, x, *ws)
-        return pull(dy)
+        return (y, *pull(dy))
 
     return step
 
@@ -278,7 +282,7 @@ def markdown_kernel(result):
 def markdown(result):
     info = result["info"]
     lines = [f"# Training step: {info['device']} ({info['platform']}), jax {info['jax']}, {info['date_utc']} UTC", "",
-             "Forward + backward (dX and every dW), all quantization included; time relative to the bf16 "
+             "Forward (Y) + backward (dX and every dW), all quantization included; time relative to the bf16 "
              "step in the same run (< 1 is faster).", "",
              "| config | shape | variant | ms / step | vs bf16 | tokens/s |", "|---|---|---|---|---|---|"]
     for r in result["rows"]:

@@ -226,15 +226,21 @@ def main(argv=None):
                 guarded("time", f"mgpu {name} M={m}", lambda cfg=cfg, name=name: timed(
                     f"mgpu {name} (raw scale bytes)", lambda a, d, s: mgpu_w4a16(a, d, s, jnp.bfloat16, cfg), sets))
                 continue
-            if prepared is None:
-                prepared = [(x, d, kernel_scales(s)) for x, d, s in sets]
+            if prepared is None:  # E8M0 bytes in the kernel's K-major layout (scale_layout "kmajor")
+                prepared = [(x, d, s.T) for x, d, s in sets]
             guarded("time", f"mgpu {name} M={m}", lambda cfg=cfg, name=name: timed(
-                f"mgpu {name} (scales prepared)", lambda a, d, s: mgpu_w4a16(
-                    a, d, s, jnp.bfloat16, cfg, scales_prepared=True), prepared))
-            if name == next(iter(VARIANTS)):  # the default, as dispatch runs it: scales converted per call
-                guarded("time", f"mgpu {name} per-call scales M={m}", lambda cfg=cfg, name=name: timed(
-                    f"mgpu {name} (scales converted per call, as dispatch)",
+                f"mgpu {name} (kmajor scale bytes)", lambda a, d, s: mgpu_w4a16(
+                    a, d, s, jnp.bfloat16, cfg, scales_form="kmajor"), prepared))
+            if name == next(iter(VARIANTS)):  # the default from plain scale bytes (one transpose per
+                # call, as dispatch runs a plain-layout weight) and with session 3's bfloat16 form
+                guarded("time", f"mgpu {name} rows M={m}", lambda cfg=cfg, name=name: timed(
+                    f"mgpu {name} (plain scale bytes, transposed per call)",
                     lambda a, d, s: mgpu_w4a16(a, d, s, jnp.bfloat16, cfg), sets))
+                bf = [(x, d, kernel_scales(s)) for x, d, s in sets]
+                guarded("time", f"mgpu {name} bf16 M={m}", lambda cfg=cfg, name=name: timed(
+                    f"mgpu {name} (bfloat16 scales prepared, session 3's form)",
+                    lambda a, d, s: mgpu_w4a16(a, d, s, jnp.bfloat16, cfg, scales_form="bf16"), bf))
+                del bf
         wcfg = default_wconfig(m, n, k)
         if m == 16:
             guarded("time", f"triton M={m}", lambda: timed(

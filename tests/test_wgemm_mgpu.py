@@ -125,11 +125,33 @@ def _mgpu_available():
     (128, 1024, 2048, wm.MgpuConfig(bk=128, decode="mul", launcher="kernel")),
 ])
 def test_lowers_for_cuda(m, n, k, cfg):
-    f = jax.jit(lambda x, d, s: wm.mgpu_w4a16(x, d, s, jnp.bfloat16, cfg))
-    args = (jax.ShapeDtypeStruct((m, k), jnp.bfloat16), jax.ShapeDtypeStruct((n, k // 2), jnp.uint8),
-            jax.ShapeDtypeStruct((n, k // 32), jnp.uint8))
-    txt = f.trace(*args).lower(lowering_platforms=("cuda",)).as_text()
-    assert "mosaic_gpu" in txt
+    forms = ("rows",) if cfg.raw_scales else wm.SCALE_FORMS
+    for form in forms:
+        f = jax.jit(lambda x, d, s: wm.mgpu_w4a16(x, d, s, jnp.bfloat16, cfg, scales_form=form))
+        sshape, sdt = ((n, k // 32), jnp.uint8) if form == "rows" else ((k // 32, n), jnp.uint8)
+        if form == "bf16":
+            sdt = jnp.bfloat16
+        args = (jax.ShapeDtypeStruct((m, k), jnp.bfloat16), jax.ShapeDtypeStruct((n, k // 2), jnp.uint8),
+                jax.ShapeDtypeStruct(sshape, sdt))
+        txt = f.trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+        assert "mosaic_gpu" in txt, form
+
+
+@pytest.mark.parametrize("form,sshape,sdt,msg", [
+    ("kmajor", (64, 8), jnp.uint8, r"w_scales \('kmajor'\) must be uint8 \(8, 64\)"),
+    ("kmajor", (8, 64), jnp.bfloat16, "must be uint8"),
+    ("bf16", (8, 64), jnp.uint8, "must be bfloat16"),
+    ("rows", (8, 64), jnp.uint8, r"must be uint8 \(64, 8\)"),
+    ("plain", (64, 8), jnp.uint8, "scales_form must be one of"),
+])
+def test_scale_forms_refused_when_they_do_not_match(form, sshape, sdt, msg):
+    with pytest.raises(ValueError, match=msg):
+        wm.mgpu_w4a16(jnp.zeros((16, 256), jnp.bfloat16), jnp.zeros((64, 128), jnp.uint8),
+                      jnp.zeros(sshape, sdt), scales_form=form)
+    cfg = wm.MgpuConfig(bk=64, split_k=2, decode="ptx", warp_specialized=True, raw_scales=True)
+    with pytest.raises(ValueError, match="raw_scales takes"):
+        wm.mgpu_w4a16(jnp.zeros((16, 256), jnp.bfloat16), jnp.zeros((64, 128), jnp.uint8),
+                      jnp.zeros((8, 64), jnp.uint8), cfg=cfg, scales_form="kmajor")
 
 
 @pytest.mark.parametrize("shapes,msg", [

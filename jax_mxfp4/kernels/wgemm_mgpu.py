@@ -194,6 +194,16 @@ def _decode_ptx(byt, s_ref, hb: int, raw: bool = False):
 
         i16, i32 = ir.IntegerType.get_signless(16), ir.IntegerType.get_signless(32)
         index = ir.IndexType.get()
+        kmajor_bytes = not raw and ir.MemRefType(sref.type).element_type == ir.IntegerType.get_signless(8)
+
+        def _e8m0_bits(sb):
+            """E8M0 byte (i32) -> bfloat16 bits of 2^(b-127), the rule of mx_format.e8m0_to_bf16_bits
+            (0x00 -> 2^-127, a bfloat16 subnormal; 0xFF -> NaN)."""
+            bits = arith.shli(sb, arith.constant(i32, 7))
+            bits = arith.select(arith.cmpi(arith.CmpIPredicate.eq, sb, arith.constant(i32, 0)),
+                                arith.constant(i32, 0x0040), bits)
+            return arith.select(arith.cmpi(arith.CmpIPredicate.eq, sb, arith.constant(i32, 255)),
+                                arith.constant(i32, 0x7FC0), bits)
         bf2 = ir.VectorType.get((2,), ir.BF16Type.get())
         regs = fa.registers
         assert regs.shape == (1, nb, 1, 1, 2, 1, 1, 1, 1), regs.shape
@@ -203,13 +213,10 @@ def _decode_ptx(byt, s_ref, hb: int, raw: bool = False):
         struct = llvm.StructType.get_literal([i32] * 4)
         for (row, _col), ridx in zip(fa.layout.thread_idxs(fa.shape), np.ndindex(regs.shape)):
             b, rh = ridx[1], ridx[4]
-            if raw:  # E8M0 byte -> bfloat16 bits, the rule of mx_format.e8m0_to_bf16_bits
-                sb = arith.extui(i32, memref.load(sref, [row, arith.constant(index, b)]))
-                bits = arith.shli(sb, arith.constant(i32, 7))
-                bits = arith.select(arith.cmpi(arith.CmpIPredicate.eq, sb, arith.constant(i32, 0)),
-                                    arith.constant(i32, 0x0040), bits)
-                s32 = arith.select(arith.cmpi(arith.CmpIPredicate.eq, sb, arith.constant(i32, 255)),
-                                   arith.constant(i32, 0x7FC0), bits)
+            if raw:
+                s32 = _e8m0_bits(arith.extui(i32, memref.load(sref, [row, arith.constant(index, b)])))
+            elif kmajor_bytes:  # E8M0 bytes [nb, 64]: one byte per (block, row), same rule
+                s32 = _e8m0_bits(arith.extui(i32, memref.load(sref, [arith.constant(index, b), row])))
             else:
                 sc = memref.load(sref, [arith.constant(index, b), row])
                 s32 = arith.extui(i32, arith.bitcast(i16, sc))
@@ -315,7 +322,7 @@ def _warp_specialized_call(xe, xo, w_data, scales, *, cfg: MgpuConfig, n: int, m
     w_tr = (plgpu.TilingTransform((8, wsw)), plgpu.SwizzleTransform(wsw))
     raw = cfg.raw_scales
     nbs = kh_split // (BLOCK_SIZE // 2)  # scale bytes per row of one K split
-    per_stage = 2 * mp * hb * 2 + rows * hb + (0 if raw else nb * rows * 2)
+    per_stage = 2 * mp * hb * 2 + rows * hb + (0 if raw else nb * rows * jnp.dtype(scales.dtype).itemsize)
     fixed = 2 * _WG_ROWS * mp * 4 + (rows * nbs if raw else 0)
     if raw and not 16 <= nbs <= 256:
         raise ValueError(f"mgpu_w4a16: raw_scales needs 16..256 scale bytes per row and K split, got {nbs}")
@@ -391,15 +398,21 @@ def _warp_specialized_call(xe, xo, w_data, scales, *, cfg: MgpuConfig, n: int, m
     return f(xe, xo, w_data, scales)
 
 
+SCALE_FORMS = ("rows", "kmajor", "bf16")
+
+
 def mgpu_w4a16(x, w_data, w_scales, out_dtype=jnp.bfloat16, cfg: MgpuConfig | None = None,
-               *, scales_prepared: bool = False):
+               *, scales_form: str = "rows"):
     """``x · Wᵀ`` for bfloat16 x [M, K] and MXFP4 W -> [M, N] of ``out_dtype`` (float32 accumulation).
 
     Args:
       x: bfloat16 [M, K], M <= 256 (activation rows; padded to a multiple of 16 inside).
       w_data: uint8 [N, K/2] packed E2M1 (element 2j in the low nibble of byte j); N % 64 == 0.
-      w_scales: uint8 [N, K/32] E8M0 bytes, or (``scales_prepared=True``) the bfloat16 [K/32, N]
-        from :func:`kernel_scales`.
+      w_scales: E8M0 scale bytes as ``scales_form`` says: "rows" uint8 [N, K/32] (the plain layout;
+        transposed to "kmajor" per call, one small XLA transpose), "kmajor" uint8 [K/32, N] (the
+        kernel's own layout: read by TMA and converted to bfloat16 in registers, no per-call
+        work; ``MXFP4Array`` scale_layout "kmajor"), or "bf16" the bfloat16 [K/32, N] from
+        :func:`kernel_scales` (measurement only). ``cfg.raw_scales`` takes "rows".
       out_dtype: float32, bfloat16 or float16. cfg: :class:`MgpuConfig` (default MgpuConfig()).
     Runs only on an NVIDIA Hopper GPU (sm_90a) through Mosaic GPU.
     Raises:
@@ -414,20 +427,26 @@ def mgpu_w4a16(x, w_data, w_scales, out_dtype=jnp.bfloat16, cfg: MgpuConfig | No
     if w_data.dtype != jnp.uint8 or half_k * 2 != k:
         raise ValueError(f"mgpu_w4a16: w_data must be uint8 [N, K/2] with K={k}, got "
                          f"{w_data.dtype} {w_data.shape}")
-    sshape = (k // BLOCK_SIZE, n) if scales_prepared else (n, k // BLOCK_SIZE)
-    sdtype = jnp.bfloat16 if scales_prepared else jnp.uint8
+    if scales_form not in SCALE_FORMS:
+        raise ValueError(f"mgpu_w4a16: scales_form must be one of {SCALE_FORMS}, got {scales_form!r}")
+    sshape = (n, k // BLOCK_SIZE) if scales_form == "rows" else (k // BLOCK_SIZE, n)
+    sdtype = jnp.bfloat16 if scales_form == "bf16" else jnp.uint8
     if w_scales.shape != sshape or w_scales.dtype != sdtype:
-        raise ValueError(f"mgpu_w4a16: w_scales must be {jnp.dtype(sdtype).name} {sshape}, got "
-                         f"{w_scales.dtype} {w_scales.shape}")
+        raise ValueError(f"mgpu_w4a16: w_scales ({scales_form!r}) must be {jnp.dtype(sdtype).name} {sshape}, "
+                         f"got {w_scales.dtype} {w_scales.shape}")
     if n % _WG_ROWS:
         raise ValueError(f"mgpu_w4a16: N={n} must be a multiple of {_WG_ROWS}")
     if not 1 <= m <= 256:
         raise ValueError(f"mgpu_w4a16: M={m} must be in [1, 256] (decode sizes)")
     if k % (cfg.bk * cfg.split_k):
         raise ValueError(f"mgpu_w4a16: K={k} is not a multiple of bk*split_k={cfg.bk * cfg.split_k}")
-    if cfg.raw_scales and scales_prepared:
-        raise ValueError("mgpu_w4a16: raw_scales takes the E8M0 bytes, not prepared scales")
-    scales = w_scales if scales_prepared or cfg.raw_scales else kernel_scales(w_scales)
+    if cfg.raw_scales and scales_form != "rows":
+        raise ValueError(f"mgpu_w4a16: raw_scales takes the E8M0 bytes [N, K/32] (scales_form 'rows'), "
+                         f"got {scales_form!r}")
+    scales = w_scales.T if scales_form == "rows" and not cfg.raw_scales else w_scales
+    if cfg.decode != "ptx" and scales.dtype == jnp.uint8:  # the "mul"/"select" decodes load bfloat16 scales
+        scales = lax.bitcast_convert_type(e8m0_to_bf16_bits(scales), jnp.bfloat16)
+    sbytes = jnp.dtype(scales.dtype).itemsize
     mp = -(-m // 16) * 16
     xp = jnp.pad(x, ((0, mp - m), (0, 0))) if mp != m else x
     xe, xo = split_x(xp, cfg.decode)
@@ -445,7 +464,7 @@ def mgpu_w4a16(x, w_data, w_scales, out_dtype=jnp.bfloat16, cfg: MgpuConfig | No
         return out[:, :m].T.astype(out_dtype)
     # shared memory: x halves, weight bytes and scales per stage, the output block (x2) below the
     # H100/H200 limit of 227 KiB
-    per_stage = 2 * mp * hb * 2 + _WG_ROWS * hb + (cfg.bk // BLOCK_SIZE) * _WG_ROWS * 2
+    per_stage = 2 * mp * hb * 2 + _WG_ROWS * hb + (cfg.bk // BLOCK_SIZE) * _WG_ROWS * sbytes
     fit = max(1, (_SMEM_BUDGET - 2 * _WG_ROWS * mp * 4) // per_stage)
     stages = max(1, min(cfg.stages, steps, fit))
     if cfg.launcher == "kernel":
