@@ -54,9 +54,10 @@ VARIANTS = {
     "mxfp4-fused": mx.Recipe(),
     "mxfp4-nearest-fused": mx.Recipe(grad_rounding="nearest"),
     "mxfp4-rbg-key": mx.Recipe(),  # an explicit "rbg" key: SR uniforms from XLA's RngBitGenerator
+    "mxfp4-rbg-key-fused": mx.Recipe(),  # rbg key + fused passes (x, W fused; dY's SR passes unfused)
 }
-FUSED = ("mxfp4-fused", "mxfp4-nearest-fused")  # traced with JAX_MXFP4_FUSED_TRAINING=1
-KEY_IMPL = {"mxfp4-rbg-key": "rbg"}
+FUSED = ("mxfp4-fused", "mxfp4-nearest-fused", "mxfp4-rbg-key-fused")  # traced with JAX_MXFP4_FUSED_TRAINING=1
+KEY_IMPL = {"mxfp4-rbg-key": "rbg", "mxfp4-rbg-key-fused": "rbg"}
 """Variants given an explicit rounding key of this PRNG implementation (the others use the
 data-derived key, threefry: bit-identical SR then costs ~80 integer operations per element)."""
 
@@ -141,11 +142,16 @@ def check_fused(config, s, sets):
     return {"config": config, "bit_identical": same, "max_abs_diff": diff}
 
 
-def profile_step(config, variant, recipe, sets, top=25):
+def profile_step(config, variant, recipe, sets, top=25, hlo_dir=None):
     """Per-kernel device time of one step (``benchmarks.common.kernel_time``: profiler kernel
-    durations per call, 4 distinct calls in one program): where the step's time goes."""
+    durations per call, 4 distinct calls in one program): where the step's time goes. With
+    ``hlo_dir``: also the optimized HLO of one step, ``hlo_<config>_<variant>.txt``."""
     with _env(FUSED_ENV, "1" if variant in FUSED else "0"):
-        kt = kernel_time(make_step(layer_fns(config, recipe, KEY_IMPL.get(variant))), sets, calls=4)
+        step = make_step(layer_fns(config, recipe, KEY_IMPL.get(variant)))
+        if hlo_dir:
+            with open(os.path.join(hlo_dir, f"hlo_{config}_{variant}.txt"), "w") as f:
+                f.write(jax.jit(step).lower(*sets[0]).compile().as_text())
+        kt = kernel_time(step, sets, calls=4)
     if "error" in kt:
         print(f"    profile: {kt['error']}", flush=True)
         return kt
@@ -193,7 +199,7 @@ def run(args):
             print(f"[{time.time() - t0:6.1f}s] {config:6s} {variant:14s} {r.get('median_s', float('nan')) * 1e3:9.3f} ms "
                   f"ratio {r.get('time_ratio_vs_bf16', float('nan')):.3f} {r['status']}", flush=True)
             if args.profile and r["status"] == "ok":
-                rows[-1]["profile"] = profile_step(config, variant, recipe, sets)
+                rows[-1]["profile"] = profile_step(config, variant, recipe, sets, hlo_dir=args.hlo)
         del sets
     return {"info": device_info(), "quick": args.quick, "method": __doc__.split("Usage")[0].strip(),
             "routing_linear": routing(sizes["linear"]), "rows": rows, "fused_checks": checks}
@@ -310,6 +316,8 @@ def main(argv=None):
     ap.add_argument("--kernel", action="store_true", help="time the fused quantize-to-FP8 kernel alone")
     ap.add_argument("--profile", action="store_true",
                     help="after each variant's timing, its per-kernel device times from the profiler")
+    ap.add_argument("--hlo", default=None, metavar="DIR",
+                    help="with --profile: also write each profiled step's optimized HLO into DIR")
     ap.add_argument("--check-fused", action="store_true",
                     help="first compare the linear layer's gradients with and without the fused passes")
     args = ap.parse_args(argv)
