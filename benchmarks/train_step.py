@@ -14,10 +14,13 @@ of the linear config from both the bf16 and the MXFP4 step). Variants:
                  DEFAULT (on an H200: the FP8 path for these shapes);
   mxfp4-nearest  the same with ``grad_rounding="nearest"`` (every quantization on the fused kernel);
   mxfp4-highest  ``Recipe(precision="highest")``: the exact float32-accumulation backends;
-  mxfp4-fused, mxfp4-nearest-fused  as mxfp4 / mxfp4-nearest with ``JAX_MXFP4_FUSED_TRAINING=1``:
-                 the passes routed to backend "fp8" quantize straight to the FP8 operand with
-                 one kernel per operand (jax_mxfp4/kernels/fp8_quantize.py); the plain names
-                 (the default) quantize to an MXFP4Array and encode it to FP8 in a second pass.
+  The plain names run the library default ``JAX_MXFP4_FUSED_TRAINING=rows``: operands that the
+                 FP8 path reads along their contiguous axis are quantized straight to the FP8
+                 operand by one kernel each (jax_mxfp4/kernels/fp8_quantize.py), the others are
+                 quantized to an MXFP4Array and encoded to FP8 in a second pass;
+  *-unfused      ``JAX_MXFP4_FUSED_TRAINING=0``: every operand in two passes;
+  *-fused        ``JAX_MXFP4_FUSED_TRAINING=1``: every operand through the fused kernel;
+  mxfp4-rbg-key[-unfused|-fused]  with an explicit "rbg" key (see KEY_IMPL).
 With ``--kernel``: the fused quantize-to-FP8 kernel alone on a bf16 [T, K] array (both layouts,
 both roundings, a few tiles) against a bf16 copy (x + 1) and the unfused passes (the quantizer
 kernel, then the MXFP4 -> FP8 encode: ``encode_rows_on``, its Pallas kernel on CUDA).
@@ -49,15 +52,19 @@ QUICK = {"linear": dict(t=64, k=64, n=96), "mlp": dict(t=64, d=64)}
 VARIANTS = {
     "bf16": None,
     "mxfp4": mx.Recipe(),
+    "mxfp4-unfused": mx.Recipe(),
     "mxfp4-nearest": mx.Recipe(grad_rounding="nearest"),
     "mxfp4-highest": mx.Recipe(precision="highest"),
     "mxfp4-fused": mx.Recipe(),
     "mxfp4-nearest-fused": mx.Recipe(grad_rounding="nearest"),
     "mxfp4-rbg-key": mx.Recipe(),  # an explicit "rbg" key: SR uniforms from XLA's RngBitGenerator
-    "mxfp4-rbg-key-fused": mx.Recipe(),  # rbg key + fused passes (x, W fused; dY's SR passes unfused)
+    "mxfp4-rbg-key-unfused": mx.Recipe(),
+    "mxfp4-rbg-key-fused": mx.Recipe(),  # rbg key + every pass fused (the rbg SR passes stay unfused)
 }
-FUSED = ("mxfp4-fused", "mxfp4-nearest-fused", "mxfp4-rbg-key-fused")  # traced with JAX_MXFP4_FUSED_TRAINING=1
-KEY_IMPL = {"mxfp4-rbg-key": "rbg", "mxfp4-rbg-key-fused": "rbg"}
+FUSED_MODE = {v: "0" for v in VARIANTS if v.endswith("-unfused")} | {v: "1" for v in VARIANTS if v.endswith("-fused")}
+"""$JAX_MXFP4_FUSED_TRAINING per variant ("0" unfused, "1" every pass fused); the others run the
+library's default ("rows": the fused kernel for operands read along their contiguous axis)."""
+KEY_IMPL = {v: "rbg" for v in VARIANTS if v.startswith("mxfp4-rbg-key")}
 """Variants given an explicit rounding key of this PRNG implementation (the others use the
 data-derived key, threefry: bit-identical SR then costs ~80 integer operations per element)."""
 
@@ -146,7 +153,7 @@ def profile_step(config, variant, recipe, sets, top=25, hlo_dir=None):
     """Per-kernel device time of one step (``benchmarks.common.kernel_time``: profiler kernel
     durations per call, 4 distinct calls in one program): where the step's time goes. With
     ``hlo_dir``: also the optimized HLO of one step, ``hlo_<config>_<variant>.txt``."""
-    with _env(FUSED_ENV, "1" if variant in FUSED else "0"):
+    with _env(FUSED_ENV, FUSED_MODE.get(variant, "rows")):
         step = make_step(layer_fns(config, recipe, KEY_IMPL.get(variant)))
         if hlo_dir:
             with open(os.path.join(hlo_dir, f"hlo_{config}_{variant}.txt"), "w") as f:
@@ -184,7 +191,7 @@ def run(args):
             if args.variants and variant not in args.variants and variant != "bf16":
                 continue
             try:
-                with _env(FUSED_ENV, "1" if variant in FUSED else "0"):
+                with _env(FUSED_ENV, FUSED_MODE.get(variant, "rows")):
                     r = time_fn(make_step(layer_fns(config, recipe, KEY_IMPL.get(variant))), sets, **timing)
                 r["status"] = "ok"
             except Exception as e:  # record, keep going

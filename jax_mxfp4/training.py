@@ -72,7 +72,7 @@ from .array import MXFP4Array
 from . import hadamard as hd
 from .fp8 import FP8Prepared
 from .mx_format import BLOCK_SIZE
-from .quantize import dequantize, fused_rotation_path, quantize, quantize_rotated
+from .quantize import dequantize, fused_path, fused_rotation_path, quantize, quantize_rotated
 from .recipe import Recipe
 
 ROOT_SEED = 0x4D584634  # "MXF4"
@@ -80,12 +80,14 @@ DGRAD_TAG, WGRAD_TAG = 1, 2
 _CANON = (((2,), (2,)), ((0,), (0,)))
 
 FUSED_ENV = "JAX_MXFP4_FUSED_TRAINING"
-"""Fused FP8 quantization of the training passes (:func:`fused_mode`): "1" on CUDA, "0" (default)
-off (the unfused passes: the quantizer kernel, then the fp8 backend's encode kernel),
-"interpret" also off the GPU through the Pallas interpreter (tests). Off by default: the first
-H200 run of the fused kernel (whole rows in registers, its first tiles) made the linear training
-step slower (7.5 ms against 3.7 ms unfused, T = K = N = 8192); ``benchmarks/train_step.py
---kernel`` times its tiles."""
+"""Fused FP8 quantization of the training passes (:func:`fused_mode`) on CUDA: "rows" (default)
+for the operands quantized along their contiguous (last) axis, "1"/"all" for every operand, "0"
+off (the unfused passes: the quantizer kernel, then the fp8 backend's encode kernel);
+"interpret" / "interpret-rows" the same off the GPU through the Pallas interpreter (tests).
+Why "rows": on the H200 (``benchmarks/train_step.py --kernel``, 8192x8192 bf16, one run) the
+fused kernel takes 0.146-0.160 ms along rows against 0.215 ms for the unfused passes (0.398 vs
+0.478 ms with Threefry stochastic rounding), but 1.1-1.6 ms for the transposed layout against
+0.289 ms unfused (its column reads are strided)."""
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -162,48 +164,70 @@ def _bf16_gemm(a, b, dimension_numbers):
 
 
 # ----------------------------------------------------------------------------- fused FP8 passes
+_FUSED_MODES = {"": "rows", "rows": "rows", "0": "off", "off": "off", "false": "off", "no": "off",
+                "1": "all", "all": "all", "auto": "all", "on": "all", "true": "all", "yes": "all",
+                "interpret": "interpret", "interpret-rows": "interpret-rows"}
+
+
 def fused_mode() -> str:
-    """"auto" (on CUDA), "off" (default) or "interpret", from ``$JAX_MXFP4_FUSED_TRAINING``
-    (:data:`FUSED_ENV`)."""
-    v = os.environ.get(FUSED_ENV, "0").strip().lower()
-    if v in ("", "0", "off", "false", "no"):
-        return "off"
-    if v == "interpret":
-        return "interpret"
-    if v not in ("1", "auto", "on", "true", "yes"):
-        raise ValueError(f"${FUSED_ENV} must be '1', '0' or 'interpret', got {v!r}")
-    return "auto"
+    """"rows" (default), "all", "off", "interpret" or "interpret-rows", from
+    ``$JAX_MXFP4_FUSED_TRAINING`` (:data:`FUSED_ENV`). ValueError for any other value."""
+    v = os.environ.get(FUSED_ENV, "rows").strip().lower()
+    if v not in _FUSED_MODES:
+        raise ValueError(f"${FUSED_ENV} must be 'rows' (default), '1'/'all', '0'/'off', 'interpret' or "
+                         f"'interpret-rows', got {v!r}")
+    return _FUSED_MODES[v]
+
+
+def _routes_to_fp8(x, y, contraction, out_dtype, recipe: Recipe) -> bool:
+    """Whether "auto"/the recipe's backend runs this float x float GEMM on backend "fp8" here."""
+    platform = dispatch.current_platform()
+    structs = [jax.ShapeDtypeStruct(v.shape, v.dtype) for v in (x, y)]
+    decision = gemm.explain(*structs, contraction, preferred_element_type=out_dtype, recipe=recipe)
+    return decision.per_platform.get(platform, decision.per_platform["default"]) == "fp8"
 
 
 def _fused_route(x, y, contraction, out_dtype, recipe: Recipe):
-    """None, or the Pallas ``interpret`` flag for :func:`_fp8_fused`: the fused passes are taken
+    """None, or ``(interpret, rows_only)`` for :func:`_fp8_fused`: the fused passes are taken
     when the GEMM of these two float operands routes to backend "fp8" on this platform (CUDA;
-    any platform with ``$JAX_MXFP4_FUSED_TRAINING=interpret``), outside any mesh, and (on CUDA)
-    where :func:`jax_mxfp4.quantize.fused_path` takes the fused quantizer (size limit,
-    ``JAX_MXFP4_FAST_QUANTIZE``). Every other backend and platform keeps the unfused passes."""
+    any platform with ``$JAX_MXFP4_FUSED_TRAINING=interpret[-rows]``), outside any mesh, and (on
+    CUDA) where :func:`jax_mxfp4.quantize.fused_path` takes the fused quantizer (size limit,
+    ``JAX_MXFP4_FAST_QUANTIZE``). Every other backend and platform keeps the unfused passes.
+    ``rows_only``: only operands read along their contiguous axis take the kernel."""
     mode = fused_mode()
     platform = dispatch.current_platform()
     if mode == "off":
         return None
+    interpret = mode.startswith("interpret")
     # the kernel is a pallas_call, opaque to SPMD partitioning: under a mesh the unfused passes
     # run (as quantize's fused_path rules for the MXFP4 quantizer)
-    if mode == "auto" and (platform != "cuda" or not (fused_path(x) and fused_path(y))):
+    if not interpret and (platform != "cuda" or not (fused_path(x) and fused_path(y))):
         return None
     if not jax.sharding.get_abstract_mesh().empty:
         return None
     if shd.explicit_spec(x) is not None or shd.explicit_spec(y) is not None:
         return None
-    structs = [jax.ShapeDtypeStruct(v.shape, v.dtype) for v in (x, y)]
-    decision = gemm.explain(*structs, contraction, preferred_element_type=out_dtype, recipe=recipe)
-    if decision.per_platform.get(platform, decision.per_platform["default"]) != "fp8":
+    if not _routes_to_fp8(x, y, contraction, out_dtype, recipe):
         return None
-    return platform not in ("cuda", "rocm")
+    return interpret and platform not in ("cuda", "rocm"), mode in ("rows", "interpret-rows")
 
 
-def _fp8_fused(x, axis, scale_mode, interpret, rounding="nearest", key=None, swap=False):
+def _fp8_operand(x, axis, scale_mode, route, rounding="nearest", key=None, swap=False):
+    """The FP8-path operand of a canonical float x: the fused kernel's :class:`FP8Prepared`
+    (:func:`_fp8_fused`) where ``route`` (from :func:`_fused_route`) and the layout allow, else
+    the unfused ``quantize`` (an MXFP4Array the fp8 backend encodes). Same bits either way."""
+    q = None
+    if route is not None:
+        interpret, rows_only = route
+        q = _fp8_fused(x, axis, scale_mode, interpret, rounding, key, swap, rows_only)
+    return q if q is not None else quantize(x, axis, scale_mode=scale_mode, rounding=rounding, key=key)
+
+
+def _fp8_fused(x, axis, scale_mode, interpret, rounding="nearest", key=None, swap=False, rows_only=False):
     """``prepare_fp8(quantize(x, axis, ...))`` for a canonical float operand x [B, ., .] (axis 1
     or 2) in one fused kernel (:mod:`jax_mxfp4.kernels.fp8_quantize`), or None where the kernel
-    cannot take it (then the caller keeps the unfused passes).
+    cannot take it, or (``rows_only``) where it would read x along a strided axis (then the
+    caller keeps the unfused passes for this operand).
 
     ``swap``: run the kernel on ``swapaxes(x, 1, 2)`` with the other layout: for an operand that
     is itself a transpose (the weight: canonical ``b`` = kernel [K, N] transposed) XLA cancels
@@ -225,6 +249,8 @@ def _fp8_fused(x, axis, scale_mode, interpret, rounding="nearest", key=None, swa
         x2, transposed = jnp.swapaxes(x, 1, 2)[0], last
     else:
         x2, transposed = (x.reshape(-1, kq), False) if last else (x[0], True)
+    if transposed and rows_only:
+        return None
     codes, scales, row_exp, row_flag = fq.quantize_fp8_2d(
         x2, key_data, scale_mode=scale_mode, transposed=transposed, interpret=interpret)
     rest = tuple(d for i, d in enumerate(x.shape) if i != axis)
@@ -247,12 +273,11 @@ def _fprop(a, b, recipe: Recipe, out_dtype, fprop_seed):
             a = hd.random_hadamard_transform(a, 2, fprop_seed, recipe.hadamard_block)
             b = hd.random_hadamard_transform(b, 2, fprop_seed, recipe.hadamard_block)
         return gemm.dot_general(a, b, _CANON, preferred_element_type=out_dtype, recipe=recipe)
-    interpret = _fused_route(a, b, _CANON, out_dtype, recipe)
-    if interpret is not None:
-        qa = _fp8_fused(a, 2, recipe.scale_mode, interpret)
-        qb = _fp8_fused(b, 2, recipe.scale_mode, interpret, swap=True)
-        if qa is not None and qb is not None:
-            return gemm.dot_general(qa, qb, _CANON, preferred_element_type=out_dtype, recipe=recipe)
+    route = _fused_route(a, b, _CANON, out_dtype, recipe)
+    if route is not None:
+        qa = _fp8_operand(a, 2, recipe.scale_mode, route)
+        qb = _fp8_operand(b, 2, recipe.scale_mode, route, swap=True)
+        return gemm.dot_general(qa, qb, _CANON, preferred_element_type=out_dtype, recipe=recipe)
     return gemm.dot_general(a, b, _CANON, preferred_element_type=out_dtype, recipe=recipe)
 
 
@@ -282,15 +307,13 @@ def _grad_gemm(g, w, g_axis, w_axis, precision, key, recipe: Recipe, hadamard_se
         gq = quantize_rotated(g, g_axis, h, scale_mode=recipe.scale_mode, rounding=rounding, key=gkey)
         wq = quantize_rotated(w, w_axis, h, scale_mode=recipe.scale_mode)
         return gemm.dot_general(gq, wq, contraction, preferred_element_type=jnp.float32, recipe=recipe)
-    interpret = _fused_route(g, w, contraction, grad_dtype, recipe)
-    if interpret is not None:  # the GEMM runs on backend "fp8": fused quantize-to-FP8 passes
-        gq = _fp8_fused(g, g_axis, recipe.scale_mode, interpret, rounding, gkey)
-        wq = _fp8_fused(w, w_axis, recipe.scale_mode, interpret, swap=w_swap)
-        if gq is not None and wq is not None:
-            return gemm.dot_general(gq, wq, contraction, preferred_element_type=grad_dtype, recipe=recipe)
-    gq = quantize(g, g_axis, scale_mode=recipe.scale_mode, rounding=rounding, key=gkey)
-    wq = quantize(w, w_axis, scale_mode=recipe.scale_mode)
-    return gemm.dot_general(gq, wq, contraction, preferred_element_type=jnp.float32, recipe=recipe)
+    route = _fused_route(g, w, contraction, grad_dtype, recipe)
+    gq = _fp8_operand(g, g_axis, recipe.scale_mode, route, rounding, gkey)
+    wq = _fp8_operand(w, w_axis, recipe.scale_mode, route, swap=w_swap)
+    # On backend "fp8" the GEMM writes ``grad_dtype`` directly (the float32 result rounded once,
+    # the caller's cast: same value) instead of a float32 [M, N] array cast afterwards.
+    out_dtype = grad_dtype if route is not None or _routes_to_fp8(g, w, contraction, grad_dtype, recipe) else jnp.float32
+    return gemm.dot_general(gq, wq, contraction, preferred_element_type=out_dtype, recipe=recipe)
 
 
 def rounding_key(key, dy, site: int, tag: int):

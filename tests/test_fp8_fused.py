@@ -111,10 +111,46 @@ def test_training_fused_equals_unfused(monkeypatch, rounding, with_key, dtype):
     key = jax.random.key(int(rng.integers(2**31))) if with_key else None
     (l0, g0), n0 = _grads(monkeypatch, "0", x, w, recipe, key)
     (l1, g1), n1 = _grads(monkeypatch, "interpret", x, w, recipe, key)
+    (l2, g2), n2 = _grads(monkeypatch, "interpret-rows", x, w, recipe, key)
     assert n0 == 0 and n1 == 6  # fprop x, w; dgrad dY, w; wgrad dY, x
-    np.testing.assert_array_equal(np.asarray(l0), np.asarray(l1))
-    for a, b in zip(g0, g1):
-        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert n2 == 3  # rows only: fprop x; dgrad dY, w (W [K, N] read along N); the others unfused
+    for l_, g_ in ((l1, g1), (l2, g2)):
+        np.testing.assert_array_equal(np.asarray(l0), np.asarray(l_))
+        for a, b in zip(g0, g_):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_fused_modes_parsed_and_typos_refused(monkeypatch):
+    for value, mode in (("", "rows"), ("rows", "rows"), ("0", "off"), ("off", "off"), ("1", "all"),
+                        ("all", "all"), ("interpret", "interpret"), ("Interpret-Rows", "interpret-rows")):
+        monkeypatch.setenv(training.FUSED_ENV, value)
+        assert training.fused_mode() == mode, value
+    monkeypatch.delenv(training.FUSED_ENV)
+    assert training.fused_mode() == "rows"  # the default
+    monkeypatch.setenv(training.FUSED_ENV, "row")
+    with pytest.raises(ValueError, match="JAX_MXFP4_FUSED_TRAINING"):
+        training.fused_mode()
+
+
+@pytest.mark.parametrize("mode,want", [("", (False, True)), ("1", (False, False)), ("0", None)])
+def test_fused_route_on_cuda(monkeypatch, mode, want):
+    """The CUDA branch of the route (a CPU test cannot run the kernels, but it can take the
+    decision): an 8192-class bf16 GEMM routed to "fp8" takes the fused passes, rows only by
+    default. Guards the code path that only CUDA reaches (an import lost in a merge broke it)."""
+    import importlib
+
+    qmod = importlib.import_module("jax_mxfp4.quantize")  # the module (the package exports the function)
+    kq = importlib.import_module("jax_mxfp4.kernels.quantize")
+
+    monkeypatch.setenv(training.FUSED_ENV, mode)
+    monkeypatch.setattr(training.dispatch, "current_platform", lambda: "cuda")
+    monkeypatch.setattr(qmod, "current_platform", lambda: "cuda")
+    monkeypatch.setattr(kq, "fast_path_enabled", lambda platform, rounding, size: platform == "cuda")
+    x = jax.ShapeDtypeStruct((1, 1024, 512), jnp.bfloat16)
+    w = jax.ShapeDtypeStruct((1, 768, 512), jnp.bfloat16)
+    canon = (((2,), (2,)), ((0,), (0,)))
+    assert training._fused_route(x, w, canon, jnp.bfloat16, mx.Recipe()) == want
+    assert training._fused_route(x, w, canon, jnp.bfloat16, mx.Recipe(backend="xla")) is None
 
 
 def test_training_fused_hadamard_and_batch_dims(monkeypatch):

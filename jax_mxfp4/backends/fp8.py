@@ -14,8 +14,8 @@ Pipeline (``../shared/reference/gpu-speed.md`` §3):
    the reference flushes to zero or overflows to Inf) are recomputed on the exact float32 path
    (backend "xla"'s arithmetic) and written over the FP8 result: up to ``fallback_capacity``
    flagged rows and columns per batch element as gathered strips, more as one full exact GEMM.
-   This runs under ``lax.cond``: it costs nothing when no row is flagged. Rows with a NaN scale
-   byte come out NaN, as in the reference.
+   This runs in a ``lax.while_loop`` that takes zero trips when no row is flagged (one predicate
+   read, no copy of the result). Rows with a NaN scale byte come out NaN, as in the reference.
 
 Products are exact (E4M3 x E4M3 in the tensor core); what is not exact is the hardware's
 accumulation. The ``precision`` contract (:func:`contract`):
@@ -142,31 +142,48 @@ def _rows(x: MXFP4Array, idx) -> MXFP4Array:
     return MXFP4Array(data, scales, 2, (x.shape[0], idx.shape[1], x.shape[2]), x.dtype, x.scale_mode, "plain")
 
 
-def _fix_flagged(out, a, b, flag_l, flag_r):
-    """``out`` with flagged rows (flag_l [B, M]) and columns (flag_r [B, N]) recomputed exactly."""
+def _fix_flagged(out, lhs, rhs, flag_l, flag_r):
+    """``out`` with flagged rows (flag_l [B, M]) and columns (flag_r [B, N]) recomputed exactly.
+
+    A ``lax.while_loop`` whose body runs only while flags remain: each trip recomputes up to
+    ``fallback_capacity`` flagged rows and columns (or, with more flagged than that, every flagged
+    entry at once from the full exact GEMM) and clears their flags. With no flagged row (the
+    common case) it runs zero trips and ``out`` passes through in place: no ``lax.cond`` whose
+    result buffer XLA copied (the H200 profile of 2026-11-30 showed a 256 MiB float32 copy per
+    GEMM of the training step). Prepared operands are decoded back to MXFP4 inside the body only.
+    """
     bsz, m, n = out.shape
     cap_l, cap_r = fallback_capacity(m), fallback_capacity(n)
-    too_many = (jnp.max(jnp.sum(flag_l, axis=1)) > cap_l) | (jnp.max(jnp.sum(flag_r, axis=1)) > cap_r)
     bidx = jnp.arange(bsz)[:, None]
 
-    def full(out):
-        exact = _exact(a, b, out.dtype)
-        return jnp.where(flag_l[:, :, None] | flag_r[:, None, :], exact, out)
+    def full(carry):
+        out, fl, fr = carry
+        exact = _exact(_mxfp4(lhs), _mxfp4(rhs), out.dtype)
+        return jnp.where(fl[:, :, None] | fr[:, None, :], exact, out), jnp.zeros_like(fl), jnp.zeros_like(fr)
 
-    def strips(out):
-        il = lax.top_k(flag_l.astype(jnp.int32), cap_l)[1]
+    def strips(carry):
+        out, fl, fr = carry
+        a, b = _mxfp4(lhs), _mxfp4(rhs)
+        il = lax.top_k(fl.astype(jnp.int32), cap_l)[1]
         rows = _exact(_rows(a, il), b, out.dtype)  # [B, cap_l, N]
-        keep = jnp.take_along_axis(flag_l, il, axis=1)[:, :, None]
+        keep = jnp.take_along_axis(fl, il, axis=1)[:, :, None]
         out = out.at[bidx, il].set(jnp.where(keep, rows, out[bidx, il]))
-        ir = lax.top_k(flag_r.astype(jnp.int32), cap_r)[1]
+        ir = lax.top_k(fr.astype(jnp.int32), cap_r)[1]
         cols = _exact(a, _rows(b, ir), out.dtype)  # [B, M, cap_r]
-        keep = jnp.take_along_axis(flag_r, ir, axis=1)[:, None, :]
+        keep = jnp.take_along_axis(fr, ir, axis=1)[:, None, :]
         cur = jnp.take_along_axis(out, jnp.broadcast_to(ir[:, None, :], (bsz, m, cap_r)), axis=2)
-        return out.at[bidx[:, :, None], jnp.arange(m)[None, :, None], ir[:, None, :]].set(jnp.where(keep, cols, cur))
+        out = out.at[bidx[:, :, None], jnp.arange(m)[None, :, None], ir[:, None, :]].set(jnp.where(keep, cols, cur))
+        return out, fl.at[bidx, il].set(False), fr.at[bidx, ir].set(False)
 
-    if explicit_spec(out) is not None:  # explicit-sharding mesh: no gathered strips across shards
-        return full(out)
-    return lax.cond(too_many, full, strips, out)
+    def body(carry):
+        if explicit_spec(out) is not None:  # explicit-sharding mesh: no gathered strips across shards
+            return full(carry)
+        _, fl, fr = carry
+        too_many = (jnp.max(jnp.sum(fl, axis=1)) > cap_l) | (jnp.max(jnp.sum(fr, axis=1)) > cap_r)
+        return lax.cond(too_many, full, strips, carry)
+
+    flagged = lambda carry: jnp.any(carry[1]) | jnp.any(carry[2])  # noqa: E731
+    return lax.while_loop(flagged, body, (out, flag_l, flag_r))[0]
 
 
 @functools.partial(jax.jit, static_argnums=(2, 3, 4), static_argnames=("_fallback",))
@@ -176,7 +193,7 @@ def fp8_gemm(lhs, rhs, out_dtype, precision: str = "default", platform: str = "c
     ``lhs``/``rhs``: canonical MXFP4Arrays (axis 2) or canonical :class:`FP8Prepared`.
     ``precision``: "default" or "high" (module docstring). Raises ValueError for "highest".
     ``_fallback=False`` drops step 4 (flagged rows are then WRONG): for benchmarks/gemm.py only,
-    to measure what the ``lax.cond`` costs on data without flagged rows.
+    to measure what the exact-row loop (its predicate read) costs on data without flagged rows.
     """
     if precision not in ("default", "high"):
         raise ValueError(f"the FP8 path takes precision 'default' or 'high', got {precision!r}")
@@ -195,11 +212,8 @@ def fp8_gemm(lhs, rhs, out_dtype, precision: str = "default", platform: str = "c
     if not _fallback:
         return out
     flag_l, flag_r = (a.row_flag & FLAG_EXACT) != 0, (b.row_flag & FLAG_EXACT) != 0
-    any_flag = jnp.any(flag_l) | jnp.any(flag_r)
-    # flagged rows/columns get the reference's values, NaN rows included (0 x NaN = NaN there);
-    # a prepared operand is decoded back to MXFP4 inside the branch only (not on every call)
-    return lax.cond(any_flag, lambda o, x, y: _fix_flagged(o, _mxfp4(x), _mxfp4(y), flag_l, flag_r),
-                    lambda o, x, y: o, out, lhs, rhs)
+    # flagged rows/columns get the reference's values, NaN rows included (0 x NaN = NaN there)
+    return _fix_flagged(out, lhs, rhs, flag_l, flag_r)
 
 
 def _compute_capability():
