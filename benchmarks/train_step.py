@@ -205,7 +205,7 @@ def run(args):
             rows.append({"config": config, **s, "variant": variant, **r})
             print(f"[{time.time() - t0:6.1f}s] {config:6s} {variant:14s} {r.get('median_s', float('nan')) * 1e3:9.3f} ms "
                   f"ratio {r.get('time_ratio_vs_bf16', float('nan')):.3f} {r['status']}", flush=True)
-            if args.profile and r["status"] == "ok":
+            if r["status"] == "ok" and (args.profile == "all" or variant in args.profile.split(",")):
                 rows[-1]["profile"] = profile_step(config, variant, recipe, sets, hlo_dir=args.hlo)
         del sets
     return {"info": device_info(), "quick": args.quick, "method": __doc__.split("Usage")[0].strip(),
@@ -321,8 +321,9 @@ def main(argv=None):
     ap.add_argument("--configs", default="", help="comma list of configs (default: linear,mlp)")
     ap.add_argument("--variants", default="", help="comma list of variants besides bf16 (default: all)")
     ap.add_argument("--kernel", action="store_true", help="time the fused quantize-to-FP8 kernel alone")
-    ap.add_argument("--profile", action="store_true",
-                    help="after each variant's timing, its per-kernel device times from the profiler")
+    ap.add_argument("--profile", nargs="?", const="all", default="", metavar="VARIANTS",
+                    help="after the timing of each variant (or of the comma-listed ones), its per-kernel "
+                         "device times from the profiler")
     ap.add_argument("--hlo", default=None, metavar="DIR",
                     help="with --profile: also write each profiled step's optimized HLO into DIR")
     ap.add_argument("--check-fused", action="store_true",

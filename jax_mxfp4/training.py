@@ -81,7 +81,9 @@ _CANON = (((2,), (2,)), ((0,), (0,)))
 
 FUSED_ENV = "JAX_MXFP4_FUSED_TRAINING"
 """Fused FP8 quantization of the training passes (:func:`fused_mode`) on CUDA: "rows" (default)
-for the operands quantized along their contiguous (last) axis, "1"/"all" for every operand, "0"
+the fused kernel reads rows only (an operand quantized along a strided axis is transposed by XLA
+first; with stochastic rounding such an operand keeps the unfused passes), "1"/"all" the kernel
+also reads transposed layouts directly, "0"
 off (the unfused passes: the quantizer kernel, then the fp8 backend's encode kernel);
 "interpret" / "interpret-rows" the same off the GPU through the Pallas interpreter (tests).
 Why "rows": on the H200 (``benchmarks/train_step.py --kernel``, 8192x8192 bf16, one run) the
@@ -226,8 +228,9 @@ def _fp8_operand(x, axis, scale_mode, route, rounding="nearest", key=None, swap=
 def _fp8_fused(x, axis, scale_mode, interpret, rounding="nearest", key=None, swap=False, rows_only=False):
     """``prepare_fp8(quantize(x, axis, ...))`` for a canonical float operand x [B, ., .] (axis 1
     or 2) in one fused kernel (:mod:`jax_mxfp4.kernels.fp8_quantize`), or None where the kernel
-    cannot take it, or (``rows_only``) where it would read x along a strided axis (then the
-    caller keeps the unfused passes for this operand).
+    cannot take it (then the caller keeps the unfused passes for this operand). ``rows_only``:
+    an operand quantized along a strided axis is transposed by XLA first and the kernel reads rows
+    (round to nearest; with stochastic rounding such an operand keeps the unfused passes).
 
     ``swap``: run the kernel on ``swapaxes(x, 1, 2)`` with the other layout: for an operand that
     is itself a transpose (the weight: canonical ``b`` = kernel [K, N] transposed) XLA cancels
@@ -250,7 +253,13 @@ def _fp8_fused(x, axis, scale_mode, interpret, rounding="nearest", key=None, swa
     else:
         x2, transposed = (x.reshape(-1, kq), False) if last else (x[0], True)
     if transposed and rows_only:
-        return None
+        # XLA's transpose pass, then the kernel along rows: on the H200 the kernel's strided
+        # transposed reads took 1.1-1.6 ms for 8192x8192 bf16, a transpose takes ~0.07 ms and the
+        # rows kernel ~0.15 ms. Same bits for round-to-nearest; stochastic rounding draws each
+        # element's uniform by its position in the transposed layout, so it keeps the unfused passes.
+        if key_data is not None:
+            return None
+        x2, transposed = x2.T, False
     codes, scales, row_exp, row_flag = fq.quantize_fp8_2d(
         x2, key_data, scale_mode=scale_mode, transposed=transposed, interpret=interpret)
     rest = tuple(d for i, d in enumerate(x.shape) if i != axis)
