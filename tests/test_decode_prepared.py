@@ -338,4 +338,4 @@ def test_cuda_dispatch_route_reads_the_prepared_weight_without_transposes(monkey
     x = jax.ShapeDtypeStruct(xshape, jnp.bfloat16)
     rec = mx.Recipe(backend="pallas", quantize_activations=False)
     assert "read as stored, no per-call conversion" in str(gemm.explain(x, p, dn, recipe=rec))
-    assert "per call (prepare_decode does it once)" in str(gemm.explain(x, q, dn, recipe=rec))
+    assert "per call, and the packed data too unless the weight is stored K-last" in str(gemm.explain(x, q, dn, recipe=rec))

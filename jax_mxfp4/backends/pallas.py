@@ -115,7 +115,8 @@ class PallasBackend(Backend):
         if mgpu_cfg is not None:
             w_prepared = problem.lhs_decode_prepared if swap else problem.rhs_decode_prepared
             scales = ("weight from prepare_decode read as stored, no per-call conversion" if w_prepared else
-                      "weight data moved to [N, K/2] and scales to K-major per call (prepare_decode does it once)")
+                      "E8M0 scales transposed to K-major per call, and the packed data too unless the weight is stored "
+                      "K-last (prepare_decode does both once)")
             return f"Mosaic GPU kernel (WGMMA, decoded weight in registers), {what}, {scales}, {mgpu_cfg}"
         from ..kernels.wgemm import default_wconfig
 
