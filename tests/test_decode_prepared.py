@@ -339,3 +339,45 @@ def test_cuda_dispatch_route_reads_the_prepared_weight_without_transposes(monkey
     rec = mx.Recipe(backend="pallas", quantize_activations=False)
     assert "read as stored, no per-call conversion" in str(gemm.explain(x, p, dn, recipe=rec))
     assert "per call, and the packed data too unless the weight is stored K-last" in str(gemm.explain(x, q, dn, recipe=rec))
+
+
+# ------------------------------------------------------------------ the partitioning rule (K-major scales)
+@pytest.mark.skipif(len(jax.devices()) < 8, reason="needs 8 (simulated) devices")
+@pytest.mark.parametrize("style", ["auto", "explicit"])
+@pytest.mark.parametrize("layout", ["tp-column", "tp-row"])
+def test_prepared_weight_through_the_partitioning_rule(monkeypatch, style, layout):
+    """The pallas backend handed the DecodePrepared itself (as on the Mosaic GPU route; here its
+    interpreter route, which converts inside the shard): the custom_partitioning rule shards the
+    K-major scales [B, K/32, N] with the data [B, N, K/2] - no all-gather, tp-row one all-reduce."""
+    import jax_mxfp4.backends.pallas as pallas_mod
+    from jax.sharding import AxisType, NamedSharding, PartitionSpec as P
+
+    monkeypatch.setattr(pallas_mod.PallasBackend, "takes_decode_prepared",
+                        lambda self, problem: (problem.lhs_decode_prepared, problem.rhs_decode_prepared))
+    rng = np.random.default_rng()
+    q, codes, sb = mk(rng, (256, 128), 0)
+    p = prepare_decode(q)
+    x = jnp.asarray(rng.standard_normal((16, 256)), jnp.bfloat16)
+    dn = (((1,), (0,)), ((), ()))
+    fwd = lambda a, b: mx.dot_general(a, b, dn, preferred_element_type=jnp.float32, recipe=W4A16_PALLAS)  # noqa: E731
+    single = np.asarray(jax.jit(fwd)(x, q))
+    mesh = (jax.make_mesh((2, 4), ("data", "model"), axis_types=(AxisType.Auto,) * 2) if style == "auto"
+            else jax.make_mesh((2, 4), ("data", "model")))
+    if layout == "tp-column":  # N over "model"
+        xs, ds, ss = P("data", None), P("model", None), P(None, "model")
+    else:  # K over "model": data [N, K/2] and scales [K/32, N] split along K
+        xs, ds, ss = P("data", "model"), P(None, "model"), P("model", None)
+    with jax.set_mesh(mesh):
+        xx = jax.device_put(x, NamedSharding(mesh, xs))
+        pp = DecodePrepared(jax.device_put(p.data, NamedSharding(mesh, ds)),
+                            jax.device_put(p.scales, NamedSharding(mesh, ss)), p.axis, p.shape, p.dtype)
+        f = jax.jit(fwd)
+        out = np.asarray(f(xx, pp))
+        text = f.lower(xx, pp).compile().as_text()
+    assert not re.search(r"\ball-gather(-start)?\(", text)
+    assert bool(re.search(r"\ball-reduce(-start)?\(", text)) == (layout == "tp-row")
+    if layout == "tp-row":  # partial sums in another order
+        mag = np.abs(np.asarray(x, np.float64)) @ np.abs(dequantize_ref(codes, sb, 0))
+        assert (np.abs(out - single) <= 256 * 2.0**-24 * mag).all()
+    else:
+        np.testing.assert_array_equal(out, single)
