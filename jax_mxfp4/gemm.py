@@ -92,9 +92,10 @@ def match_rotation(lhs, rhs, dimension_numbers):
     """(lhs, rhs) with a float operand facing a rotated MXFP4Array rotated the same way.
 
     An :class:`MXFP4Array` (or :class:`jax_mxfp4.DecodePrepared`) whose ``hadamard`` is
-    ``(block, seed)`` holds values rotated along its axis; the float operand is rotated along its (single) contracting dim with the same transform
-    (float32 result; ``jax.ShapeDtypeStruct``s become float32 structs), so the product is that of
-    the unrotated operands. Shapes that do not match are left for the later checks to report.
+    ``(block, seed)`` holds values rotated along its axis; the float operand is rotated along its
+    (single) contracting dim with the same transform (float32 result; ``jax.ShapeDtypeStruct``s
+    become float32 structs), so the product is that of the unrotated operands. Shapes that do
+    not match are left for the later checks to report.
 
     Raises:
       ValueError: both operands are MXFP4Arrays recording different rotations.
