@@ -284,9 +284,9 @@ def test_bad_input_is_named(tmp_path):
         np.asarray(p)
     with pytest.raises(TypeError, match="DecodePrepared holds packed E2M1 codes"):
         jnp.asarray(p)
-    with pytest.raises(TypeError, match="a DecodePrepared: use q.dequantize"):
+    with pytest.raises(TypeError, match="a prepared weight, DecodePrepared: use q.dequantize"):
         mx.dequantize(p)
-    with pytest.raises(TypeError, match="is an DecodePrepared; save t.to_mxfp4"):
+    with pytest.raises(TypeError, match=r"is a prepared weight \(DecodePrepared\); save t.to_mxfp4"):
         checkpoint.save_mxfp4(tmp_path / "w.safetensors", {"w": p})
     x = jnp.ones((2, 64))
     with pytest.raises(ValueError, match="gradient with respect to rhs"):
