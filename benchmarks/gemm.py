@@ -18,7 +18,11 @@ converted beforehand (":func:`jax_mxfp4.prepare_fp8`", "fp8-prepared") and witho
 exact-row ``lax.cond`` ("fp8-nofallback": measurement only, the random data has no flagged rows,
 to show what the conditional costs); its peer row "e4m3
 xla-fp8" is XLA's FP8 ``dot_general`` on float8_e4m3fn operands (DEFAULT precision, bf16 out,
-no scales), the ceiling of any FP8 route. Timing: benchmarks/common.py (median of many samples after warm-up, rotating operand
+no scales), the ceiling of any FP8 route. Rows "pallas-KxN", "pallas-NxK" and "pallas-prepared"
+time the whole dispatch path (``jax_mxfp4.dot_general``, backend "pallas") with the weight stored
+like a Flax kernel ([K, N] quantized along axis 0: its packed bytes are transposed per call), stored
+[N, K] along axis 1 (its scales moved per call), and [K, N] arranged once by
+:func:`jax_mxfp4.prepare_decode` (read as stored on the Mosaic GPU route). Timing: benchmarks/common.py (median of many samples after warm-up, rotating operand
 sets past the L2). Output: JSON, a markdown table and PNG figures in --out.
 
 Usage: python benchmarks/gemm.py [--quick] [--tune] [--only NAME,...] [--out DIR]
@@ -52,8 +56,8 @@ QUICK_LAYERS = [(64, 64, 128)]
 
 BACKENDS = {  # variant -> backends tried (each skipped with its reason where unavailable)
     "a4w4": ["xla", "scaled_dot", "pallas", "fp8", "fp8-prepared", "fp8-high", "fp8-nofallback",
-             "hipblaslt", "hipblaslt-swizzled"],
-    "w4a16": ["xla", "pallas"],
+             "hipblaslt", "hipblaslt-swizzled", "pallas-KxN", "pallas-NxK", "pallas-prepared"],
+    "w4a16": ["xla", "pallas", "pallas-KxN", "pallas-NxK", "pallas-prepared"],
     "e4m3": ["xla-fp8"],  # the peer: XLA's FP8 GEMM without any MXFP4 work
 }
 
@@ -93,6 +97,41 @@ def make_sets(m, n, k, variant, seed, scale_layout="plain"):
             sets.append((quantize(a, 2, scale_layout=scale_layout), quantize(b, 2, scale_layout=scale_layout)))
     jax.block_until_ready(sets)
     return sets
+
+
+DISPATCH_ROWS = ("pallas-KxN", "pallas-NxK", "pallas-prepared")
+"""Backend "pallas" timed through ``jax_mxfp4.dot_general`` with the weight in a stored layout."""
+
+
+def dispatch_sets(m, n, k, variant, seed, name):
+    """Operand sets for a :data:`DISPATCH_ROWS` row: x [M, K] (bf16, or MXFP4 along K for a4w4)
+    and the weight [K, N] along axis 0 (prepared once for "pallas-prepared") or [N, K] along 1."""
+    import jax_mxfp4 as mx
+
+    sets = []
+    for i in range(n_sets_for({"w4a16": 2 * m * k + (n * k * 17) // 32, "a4w4": ((m + n) * k * 17) // 32}[variant])):
+        ka, kb = jax.random.split(jax.random.key(seed * 100 + i))
+        a = jax.random.normal(ka, (m, k), jnp.bfloat16)
+        b = jax.random.normal(kb, (k, n), jnp.bfloat16)
+        w = quantize(b.T, 1) if name == "pallas-NxK" else quantize(b, 0)
+        if name == "pallas-prepared":
+            w = mx.prepare_decode(w)
+        sets.append((quantize(a, 1) if variant == "a4w4" else a, w))
+    jax.block_until_ready(sets)
+    return sets
+
+
+def dispatch_fn(name, m, n, k, variant):
+    """(fn, "") for a :data:`DISPATCH_ROWS` row, or (None, reason)."""
+    import jax_mxfp4 as mx
+
+    be = dispatch.get_backend("pallas")
+    why = be.unavailable_reason() or be.rejects(_problem(m, n, k, variant))
+    if why:
+        return None, why
+    recipe = mx.Recipe(backend="pallas", quantize_activations=variant == "a4w4")
+    dn = (((1,), (1,)), ((), ())) if name == "pallas-NxK" else (((1,), (0,)), ((), ()))
+    return (lambda a, b: mx.dot_general(a, b, dn, preferred_element_type=jnp.bfloat16, recipe=recipe)), ""
 
 
 def bf16_fn(a, b):
@@ -147,11 +186,15 @@ def run(args):
             names = ["bf16"] if variant == "bf16" else BACKENDS[variant]
             if args.only and variant != "bf16":
                 names = [b for b in names if b in args.only]
+            if pass_name != "decode":  # the stored-layout dispatch rows are about decode-size GEMMs
+                names = [b for b in names if b not in DISPATCH_ROWS]
             for name in names:
                 key = (m, n, k, variant, name)
                 if key not in measured:
                     if name == "bf16":
                         fn, layout = bf16_fn, "plain"
+                    elif name in DISPATCH_ROWS:
+                        fn, layout = dispatch_fn(name, m, n, k, variant)
                     elif name == "xla" and m * n * k > 2**39 and not quick:
                         fn, layout = None, "float32 reference path: not timed above 8192^3 (75 ms at 8192x28672x8192 in an earlier run)"
                     else:
@@ -160,7 +203,11 @@ def run(args):
                         measured[key] = {"status": "skipped", "reason": layout}
                     else:
                         try:
-                            sets = make_sets(m, n, k, "bf16" if name == "bf16" else variant, seed=m + n + k, scale_layout=layout)
+                            if name in DISPATCH_ROWS:
+                                sets = dispatch_sets(m, n, k, variant, seed=m + n + k, name=name)
+                            else:
+                                sets = make_sets(m, n, k, "bf16" if name == "bf16" else variant, seed=m + n + k,
+                                                 scale_layout=layout)
                             if name == "fp8-prepared":  # the weight converted once, outside the timing
                                 from jax_mxfp4.fp8 import prepare_fp8
 

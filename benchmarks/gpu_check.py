@@ -207,7 +207,8 @@ def wgemm_checks():
 def decode_dispatch_checks():
     """Decode-size w4a16 and a4w4 through ``mx.dot_general`` ("auto"), against backend "xla":
     on a Hopper GPU these take the Mosaic GPU kernel (the route is recorded), elsewhere the Triton
-    kernel; batched and transposed operands included, per-call scale conversion included."""
+    kernel; batched and transposed operands included, per-call scale conversion included; each
+    case also with the weight arranged once by :func:`jax_mxfp4.prepare_decode`."""
     res = []
     cases = [  # act rows, weight rows, K, batch, a4w4, weight transposed ([K, N] rhs)
         (16, 8192, 8192, 0, False, False), (1, 4096, 4096, 0, False, False), (40, 1024, 4096, 0, False, True),
@@ -222,8 +223,6 @@ def decode_dispatch_checks():
         bd = ((0,), (0,)) if batch else ((), ())
         dims = (((len(bs) + 1,), (len(bs) + (0 if w_t else 1),)), bd)
         rec = mx.Recipe(quantize_activations=False)
-        d = mx.explain(xs, w, dims, recipe=rec)
-        out = mx.dot_general(xs, w, dims, recipe=rec, preferred_element_type=jnp.float32)
         ref = mx.dot_general(xs, w, dims, recipe=mx.Recipe(backend="xla", quantize_activations=False),
                              preferred_element_type=jnp.float32)
         da = mx.dequantize(xs) if a4w4 else x.astype(jnp.float32)
@@ -231,13 +230,17 @@ def decode_dispatch_checks():
         if w_t:
             db = jnp.swapaxes(db, -1, -2)
         if not batch:
-            out, ref, da, db = out[None], ref[None], da[None], db[None]
-        r = bound_check(out, ref, jnp.abs(da), jnp.abs(db), k, False)
-        r["case"] = (f"{'a4w4' if a4w4 else 'w4a16'} B={batch or 1} {m}x{n}x{k}{' rhs [K,N]' if w_t else ''} via auto"
-                     f" -> {d.backend}: {d.route}")
-        r["route"] = d.route
-        res.append(r)
-        print(("PASS" if r["ok"] else "FAIL"), r["case"], f"err/bound={r['max_err_over_bound']:.3g}", flush=True)
+            ref, da, db = ref[None], da[None], db[None]
+        # the weight as stored, and arranged once by prepare_decode (read as stored by the Mosaic route)
+        for tag, wx in (("", w), (" prepared", mx.prepare_decode(w))):
+            d = mx.explain(xs, wx, dims, recipe=rec)
+            out = mx.dot_general(xs, wx, dims, recipe=rec, preferred_element_type=jnp.float32)
+            r = bound_check(out if batch else out[None], ref, jnp.abs(da), jnp.abs(db), k, False)
+            r["case"] = (f"{'a4w4' if a4w4 else 'w4a16'} B={batch or 1} {m}x{n}x{k}{' rhs [K,N]' if w_t else ''}"
+                         f"{tag} via auto -> {d.backend}: {d.route}")
+            r["route"] = d.route
+            res.append(r)
+            print(("PASS" if r["ok"] else "FAIL"), r["case"], f"err/bound={r['max_err_over_bound']:.3g}", flush=True)
     return res
 
 
@@ -434,9 +437,17 @@ def main(argv=None):
     ap.add_argument("--gemm-only", action="store_true", help="skip the quantizer checks")
     ap.add_argument("--wgemm-only", action="store_true", help="only the weight-stationary kernel checks")
     ap.add_argument("--fp8-only", action="store_true", help="only the FP8-path checks")
+    ap.add_argument("--decode-only", action="store_true", help="only the decode-size dot_general checks")
     ap.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "gpu_check"))
     args = ap.parse_args(argv)
     out = out_dir(args.out)
+    if args.decode_only:
+        res = {"info": device_info(), "gemm": decode_dispatch_checks()}
+        n_fail = sum(not r["ok"] for r in res["gemm"])
+        res["failures"] = n_fail
+        write_json(os.path.join(out, "gpu_check.json"), res)
+        print(f"{len(res['gemm']) - n_fail} passed, {n_fail} failed")
+        return 1 if n_fail else 0
     only = args.wgemm_only or args.fp8_only
     res = {"info": device_info(),
            "gemm": ([] if only else gemm_checks()) + ([] if args.fp8_only else wgemm_checks()),

@@ -3,11 +3,13 @@
 Public API: :func:`quantize`, :func:`dequantize`, :class:`MXFP4Array`, :func:`dot_general`
 (differentiable: MXFP4 fprop, dgrad and wgrad; :mod:`jax_mxfp4.training`), :func:`einsum`,
 :func:`dense`, :class:`Recipe`, :func:`available_backends`, :func:`explain`, :func:`prepare_fp8`
-(:class:`FP8Prepared`, a weight converted once for the FP8 GEMM path); Flax layers in
+(:class:`FP8Prepared`, a weight converted once for the FP8 GEMM path), :func:`prepare_decode`
+(:class:`DecodePrepared`, a weight arranged once for decode-size GEMMs); Flax layers in
 :mod:`jax_mxfp4.flax` (imported on first use of ``jax_mxfp4.flax``; needs flax).
 """
 
 from .array import MXFP4Array
+from .decode_prepared import DecodePrepared, prepare_decode
 from .dispatch import BackendUnavailableError, available_backends
 from .einsum import einsum
 from .fp8 import FP8Prepared, prepare_fp8
@@ -31,6 +33,7 @@ def __getattr__(name):
 __all__ = [
     "MXFP4Array",
     "BackendUnavailableError",
+    "DecodePrepared",
     "FP8Prepared",
     "Recipe",
     "available_backends",
@@ -39,6 +42,7 @@ __all__ = [
     "dot_general",
     "einsum",
     "explain",
+    "prepare_decode",
     "prepare_fp8",
     "quantize",
 ]

@@ -107,8 +107,8 @@ def save_mxfp4(path, tensors: Mapping, metadata: Mapping[str, str] | None = None
     for name, t in tensors.items():
         if not isinstance(name, str):
             raise TypeError(f"tensor names must be str, got {name!r}")
-        if hasattr(t, "to_mxfp4"):  # an FP8Prepared: the checkpoint layout is MXFP4's
-            raise TypeError(f"tensor {name!r} is an FP8Prepared; save t.to_mxfp4() (its exact MXFP4Array) "
+        if hasattr(t, "to_mxfp4"):  # an FP8Prepared or DecodePrepared: the checkpoint layout is MXFP4's
+            raise TypeError(f"tensor {name!r} is a prepared weight ({type(t).__name__}); save t.to_mxfp4() (its exact MXFP4Array) "
                             "and prepare it again after loading")
         if isinstance(t, MXFP4Array):
             pair = dict(zip((name + BLOCKS_SUFFIX, name + SCALES_SUFFIX), to_blocks_scales(t)))

@@ -16,10 +16,12 @@ import functools
 import jax
 import jax.numpy as jnp
 
-from . import checks, dims, dispatch
+from . import checks, dims, dispatch, sharding
 from .array import MXFP4Array
 from .hadamard import random_hadamard_transform
 from .backends.base import GemmProblem
+from .decode_prepared import DecodePrepared
+from .decode_prepared import canonical as decode_canonical
 from .fp8 import FP8Prepared
 from .fp8 import canonical as fp8_canonical
 from .partitioning import partitioned_gemm
@@ -27,7 +29,8 @@ from .quantize import quantize
 from .recipe import Recipe
 
 
-_QUANTIZED = (MXFP4Array, FP8Prepared)
+_QUANTIZED = (MXFP4Array, FP8Prepared, DecodePrepared)
+_ROTATABLE = (MXFP4Array, DecodePrepared)  # operands that record a Hadamard rotation
 
 
 def _logical_shape(x, name):
@@ -54,7 +57,15 @@ def _operand_kinds(lhs, rhs, recipe: Recipe) -> tuple[str, str]:
 def _to_canonical(x, contracting, batch, recipe: Recipe, kind: str, name):
     """Operand -> MXFP4Array [B, F, K] quantized along axis 2 with plain scales, or, for
     ``kind == "float"``, the float array as [B, F, K] (:func:`jax_mxfp4.dims.to_bfk`); an
-    :class:`jax_mxfp4.FP8Prepared` operand stays prepared ([B, F, K], see :mod:`jax_mxfp4.fp8`)."""
+    :class:`jax_mxfp4.FP8Prepared` operand stays prepared ([B, F, K], see :mod:`jax_mxfp4.fp8`), as
+    does a :class:`jax_mxfp4.DecodePrepared` ([B, F, K], see :mod:`jax_mxfp4.decode_prepared`)."""
+    if isinstance(x, DecodePrepared):
+        if len(contracting) != 1 or contracting[0] != x.axis:
+            raise ValueError(
+                f"{name} is a DecodePrepared array quantized along axis {x.axis}, but its contracting dims "
+                f"are {tuple(contracting)}: it must be contracted along its single quantized axis"
+            )
+        return decode_canonical(x, contracting, batch)
     if isinstance(x, FP8Prepared):
         if len(contracting) != 1 or contracting[0] != x.axis:
             raise ValueError(
@@ -80,15 +91,16 @@ def _to_canonical(x, contracting, batch, recipe: Recipe, kind: str, name):
 def match_rotation(lhs, rhs, dimension_numbers):
     """(lhs, rhs) with a float operand facing a rotated MXFP4Array rotated the same way.
 
-    An :class:`MXFP4Array` whose ``hadamard`` is ``(block, seed)`` holds values rotated along its
-    axis; the float operand is rotated along its (single) contracting dim with the same transform
-    (float32 result; ``jax.ShapeDtypeStruct``s become float32 structs), so the product is that of
-    the unrotated operands. Shapes that do not match are left for the later checks to report.
+    An :class:`MXFP4Array` (or :class:`jax_mxfp4.DecodePrepared`) whose ``hadamard`` is
+    ``(block, seed)`` holds values rotated along its axis; the float operand is rotated along its
+    (single) contracting dim with the same transform (float32 result; ``jax.ShapeDtypeStruct``s
+    become float32 structs), so the product is that of the unrotated operands. Shapes that do
+    not match are left for the later checks to report.
 
     Raises:
       ValueError: both operands are MXFP4Arrays recording different rotations.
     """
-    lq, rq = isinstance(lhs, MXFP4Array), isinstance(rhs, MXFP4Array)
+    lq, rq = isinstance(lhs, _ROTATABLE), isinstance(rhs, _ROTATABLE)
     lh, rh = (lhs.hadamard if lq else None), (rhs.hadamard if rq else None)
     if lq and rq:
         if lh != rh:
@@ -138,6 +150,7 @@ def _plan(lhs, rhs, dimension_numbers, preferred_element_type, recipe, precision
         batch=batch, m=m, n=n, k=k, out_dtype=out_dtype, scale_layout=recipe.scale_layout,
         platform=dispatch.current_platform(), lhs_kind=lk, rhs_kind=rk,
         lhs_dtype=jnp.dtype(lhs.dtype), rhs_dtype=jnp.dtype(rhs.dtype), precision=precision,
+        lhs_decode_prepared=isinstance(lhs, DecodePrepared), rhs_decode_prepared=isinstance(rhs, DecodePrepared),
     )
     return recipe, (lc, rc, lb, rb), problem, out_shape
 
@@ -146,6 +159,12 @@ def _run(a, b, backend_name: str, problem: GemmProblem, platforms=None):
     if backend_name != "fp8":  # other backends take the exact MXFP4Array round trip
         a, b = (v.to_mxfp4() if isinstance(v, FP8Prepared) else v for v in (a, b))
     backend = dispatch.get_backend(backend_name)
+    # a DecodePrepared stays as stored only where the backend's route reads it so (the pallas
+    # backend's Mosaic GPU route); elsewhere the exact MXFP4Array round trip (a scales transpose)
+    keep = backend.takes_decode_prepared(problem)
+    a, b = (v.to_mxfp4() if isinstance(v, DecodePrepared) and not k else v for v, k in zip((a, b), keep))
+    problem = dataclasses.replace(problem, lhs_decode_prepared=isinstance(a, DecodePrepared),
+                                  rhs_decode_prepared=isinstance(b, DecodePrepared))
     if backend.opaque:
         return partitioned_gemm(a, b, backend_name, problem, platforms)
     return backend.gemm(a, b, problem)
@@ -230,6 +249,9 @@ def dot_general(
         out = _staged_gemm(a, b, problem, decision.per_platform)
 
     def leaf(v):  # an array of the operand's logical rank and shardings (to_logical reads both)
+        if isinstance(v, DecodePrepared):  # rank only, unless a mesh needs the permuted shardings
+            explicit = sharding.explicit_spec(v.data) is not None
+            return jnp.moveaxis(v.data, -1, v.axis) if explicit else v.data
         if isinstance(v, FP8Prepared):
             return jnp.moveaxis(v.codes, -1, v.axis)
         return v.data if isinstance(v, MXFP4Array) else v

@@ -8,7 +8,8 @@ into B) whose lowering is a ``custom_partitioning`` with a Shardy ``sharding_rul
 
   - B, M and N shard freely with no collectives;
   - a sharded K gives per-shard partial GEMMs (float32) and one ``psum`` over K's mesh axes;
-  - scales share their operand's factors (packed data K/2 and scales K/32 are one factor "k").
+  - scales share their operand's factors (packed data K/2 and scales K/32 are one factor "k");
+    a :class:`jax_mxfp4.DecodePrepared` operand's K-major scales [B, K/32, F] take them in that order.
 
 The custom VJP of :func:`jax_mxfp4.dot_general` stays outside (custom_partitioning has no JVP),
 so ``jax.grad`` works on sharded inputs.
@@ -29,6 +30,7 @@ from jax.interpreters import batching, mlir
 from jax.sharding import NamedSharding, PartitionSpec
 
 from .array import MXFP4Array
+from .decode_prepared import DecodePrepared
 from .backends.base import GemmProblem
 from .mx_format import BLOCK_SIZE
 from .sharding import canonical_out_sharding
@@ -42,11 +44,13 @@ def _flatten(x, kind):
     return (x.data, x.scales)
 
 
-def _unflatten(arrays, kind, dtype):
+def _unflatten(arrays, kind, dtype, decode_prepared=False):
     if kind == "float":
         return arrays[0]
     data, scales = arrays
     b, f, kh = data.shape
+    if decode_prepared:
+        return DecodePrepared(data, scales, 2, (b, f, 2 * kh), dtype, "even")
     return MXFP4Array(data, scales, 2, (b, f, 2 * kh), dtype, "even", "plain")
 
 
@@ -68,15 +72,16 @@ def _run_backend(args, backend_name, problem: GemmProblem):
 
     problem = _local_problem(args, problem)
     lhs, rhs = _split(args, problem)
-    a = _unflatten(lhs, problem.lhs_kind, problem.lhs_dtype)
-    b = _unflatten(rhs, problem.rhs_kind, problem.rhs_dtype)
+    a = _unflatten(lhs, problem.lhs_kind, problem.lhs_dtype, problem.lhs_decode_prepared)
+    b = _unflatten(rhs, problem.rhs_kind, problem.rhs_dtype, problem.rhs_decode_prepared)
     return dispatch.get_backend(backend_name).gemm(a, b, problem)
 
 
 def partitioned_gemm(lhs, rhs, backend_name: str, problem: GemmProblem, platforms=None) -> jax.Array:
     """Canonical GEMM through ``backend_name`` with a sharding rule (module docstring).
 
-    ``lhs``/``rhs``: canonical MXFP4Arrays [B, M|N, K] (plain scales) or float arrays (w4a16).
+    ``lhs``/``rhs``: canonical MXFP4Arrays [B, M|N, K] (plain scales), float arrays (w4a16), or
+    canonical DecodePrepared where ``problem.lhs_decode_prepared``/``rhs_decode_prepared`` say so.
     ``platforms``: when this call is one branch of a ``lax.platform_dependent``, the platforms
     that branch serves; in a multi-platform lowering the call is then lowered for those platforms
     only (JAX lowers every kept branch for all of them, and a backend that has no lowering for
@@ -153,7 +158,10 @@ def _partitioned_impl(backend_name: str, problem: GemmProblem):
         lhs_s = NamedSharding(mesh, PartitionSpec(b, m, k))
         rhs_s = NamedSharding(mesh, PartitionSpec(b, n, k))
         out_s = NamedSharding(mesh, PartitionSpec(b, m, n))
-        arg_shardings = (lhs_s,) * n_lhs + (rhs_s,) * n_rhs
+        lhs_kmajor = NamedSharding(mesh, PartitionSpec(b, k, m))
+        rhs_kmajor = NamedSharding(mesh, PartitionSpec(b, k, n))
+        arg_shardings = ((lhs_s,) + ((lhs_kmajor if problem.lhs_decode_prepared else lhs_s),) * (n_lhs - 1)
+                         + (rhs_s,) + ((rhs_kmajor if problem.rhs_decode_prepared else rhs_s),) * (n_rhs - 1))
 
         def lower(*args):
             if not k_axes:
@@ -163,8 +171,8 @@ def _partitioned_impl(backend_name: str, problem: GemmProblem):
 
         return mesh, lower, out_s, arg_shardings
 
-    lhs_rule = ", ".join(["b m k"] * n_lhs)
-    rhs_rule = ", ".join(["b n k"] * n_rhs)
+    lhs_rule = ", ".join(["b m k"] + ["b k m" if problem.lhs_decode_prepared else "b m k"] * (n_lhs - 1))
+    rhs_rule = ", ".join(["b n k"] + ["b k n" if problem.rhs_decode_prepared else "b n k"] * (n_rhs - 1))
     impl.def_partition(
         partition=partition,
         sharding_rule=f"{lhs_rule}, {rhs_rule} -> b m n",

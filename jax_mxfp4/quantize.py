@@ -198,7 +198,8 @@ def dequantize(q: MXFP4Array, dtype=jnp.float32) -> jax.Array:
       TypeError: ``q`` is not an MXFP4Array. ValueError: ``dtype`` is not a supported float.
     """
     if not isinstance(q, MXFP4Array):
-        hint = " (an FP8Prepared: use q.dequantize(dtype) or q.to_mxfp4())" if hasattr(q, "to_mxfp4") else ""
+        hint = (f" (a prepared weight, {type(q).__name__}: use q.dequantize(dtype) or q.to_mxfp4())" if hasattr(q, "to_mxfp4")
+                else "")
         raise TypeError(f"q must be an MXFP4Array, got {type(q).__name__}{hint}")
     return q.dequantize(dtype)
 

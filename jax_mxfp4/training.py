@@ -70,6 +70,7 @@ from . import checks, dims, dispatch, gemm
 from . import sharding as shd
 from .array import MXFP4Array
 from . import hadamard as hd
+from .decode_prepared import DecodePrepared
 from .fp8 import FP8Prepared
 from .mx_format import BLOCK_SIZE
 from .quantize import dequantize, fused_path, fused_rotation_path, quantize, quantize_rotated
@@ -377,11 +378,11 @@ _mx_gemm.defvjp(_mx_gemm_fwd, _mx_gemm_bwd)
 
 
 # ----------------------------------------------------------------------------- with MXFP4Array
-_QUANTIZED = (MXFP4Array, FP8Prepared)
+_QUANTIZED = (MXFP4Array, FP8Prepared, DecodePrepared)
 
 
 def _as_float(x):
-    if isinstance(x, FP8Prepared):
+    if isinstance(x, (FP8Prepared, DecodePrepared)):
         return x.dequantize(jnp.float32)
     return dequantize(x, jnp.float32) if isinstance(x, MXFP4Array) else x
 
@@ -554,7 +555,8 @@ def dense(x, kernel, bias=None, *, recipe=None, key=None):
       x: float32/bfloat16/float16 array [..., K], any K.
       kernel: float array [K, N], or an :class:`MXFP4Array` [Kp, N] quantized along axis 0 with
         Kp = K rounded up to a multiple of 32 (what :func:`jax_mxfp4.flax.quantize_params` makes),
-        or the same converted by :func:`jax_mxfp4.prepare_fp8` (:class:`FP8Prepared`); x is then
+        or the same converted by :func:`jax_mxfp4.prepare_fp8` (:class:`FP8Prepared`) or
+        :func:`jax_mxfp4.prepare_decode` (:class:`DecodePrepared`); x is then
         zero-padded to Kp (exact).
       bias: optional float array [N], added in the output dtype.
       recipe: :class:`jax_mxfp4.Recipe` (see :func:`dot_general`).

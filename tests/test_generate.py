@@ -46,7 +46,8 @@ def test_kv_cache_decoder_matches_the_linen_forward(kind):
             a, b = served, variables["params"]
             for k in path:
                 a, b = a[k], b[k]
-            np.testing.assert_array_equal(a.data, b.data)  # the very same MXFP4 weights
+            assert isinstance(a, mx.DecodePrepared)  # arranged once for decode (prepare_decode)
+            np.testing.assert_array_equal(a.to_mxfp4().data, b.data)  # the very same MXFP4 weights
     want = model.apply(variables, tokens)
     got = decode_all(served, tokens)
     # the decoder keeps activations in bfloat16 (the linen model in float32): close, not equal
@@ -62,6 +63,7 @@ def test_weight_bytes_follow_the_formats():
     elems = sum(k * n for k, n in shapes)
     assert gen.gemm_weight_bytes(gen.serving_weights(params, "bf16")) == 2 * elems
     assert gen.gemm_weight_bytes(gen.serving_weights(params, "mxfp4")) == elems // 2 + elems // 32
+    assert gen.gemm_weight_bytes(gen.serving_weights(params, "mxfp4", prepare=False)) == elems // 2 + elems // 32
 
 
 def test_cli_runs_and_writes_results(tmp_path, capsys):

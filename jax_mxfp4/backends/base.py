@@ -32,6 +32,10 @@ class GemmProblem:
     lhs_dtype: np.dtype = np.dtype(np.float32)  # logical dtype of the operand
     rhs_dtype: np.dtype = np.dtype(np.float32)
     precision: str = "default"  # "default" | "high" | "highest" (jax_mxfp4.checks.canonical_precision)
+    # The operand is a jax_mxfp4.DecodePrepared (canonical: data [B, F, K/2], K-major scales
+    # [B, K/32, F]); a backend receives it as such only where takes_decode_prepared says so.
+    lhs_decode_prepared: bool = False
+    rhs_decode_prepared: bool = False
 
     @property
     def has_float_operand(self) -> bool:
@@ -81,6 +85,12 @@ class Backend:
     def route(self, problem: GemmProblem) -> str:
         """The backend's own path for ``problem`` (kernel, tiling), for explain(); "" if one."""
         return ""
+
+    def takes_decode_prepared(self, problem: GemmProblem) -> tuple[bool, bool]:
+        """(lhs, rhs): whether :meth:`gemm` reads that operand as a canonical
+        :class:`jax_mxfp4.DecodePrepared` as it is stored; where not (the default), it receives
+        ``to_mxfp4()`` (an exact round trip)."""
+        return (False, False)
 
     def contract(self, problem: GemmProblem) -> str:
         """One line for explain(): the numerics this backend gives for ``problem``."""

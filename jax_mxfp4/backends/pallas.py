@@ -24,6 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..array import MXFP4Array
+from ..decode_prepared import DecodePrepared
 from ..mx_format import as_scale_bytes
 from ..platform import env_switch
 from .base import Backend, GemmProblem
@@ -51,7 +52,13 @@ W4A16_TWO_PASS_MIN_ROWS = 256
 W4A16_MOSAIC_GPU = env_switch("JAX_MXFP4_MOSAIC_W4A16")  # 0/off/false/no turns it off
 
 
+def _plain(x):
+    """A DecodePrepared operand as its exact MXFP4Array (routes that do not read it as stored)."""
+    return x.to_mxfp4() if isinstance(x, DecodePrepared) else x
+
+
 def _operand(x, kind):
+    x = _plain(x)
     if isinstance(x, MXFP4Array):
         return (x.data, as_scale_bytes(x.plain_scales()))
     return x.astype(jnp.bfloat16)
@@ -96,21 +103,37 @@ class PallasBackend(Backend):
 
     def route(self, problem: GemmProblem) -> str:
         if not (problem.has_float_operand or min(problem.m, problem.n) <= A4W4_MAX_SMALL_SIDE):
-            return "a4w4 tiled kernel (both operands decoded in the K loop)"
+            return "a4w4 tiled kernel (both operands decoded in the K loop)" + _converted_note(problem)
         swap = problem.lhs_kind != "float" if problem.has_float_operand else problem.m > problem.n
         rows = problem.n if swap else problem.m
         decode = decode_for(problem.platform)
         if problem.has_float_operand and rows >= W4A16_TWO_PASS_MIN_ROWS and problem.platform != "cpu":
             return (f"two-pass w4a16: {rows} activation rows >= {W4A16_TWO_PASS_MIN_ROWS}, weight decoded "
-                    f"to bfloat16 once ({decode} decode), then XLA's bfloat16 GEMM")
+                    f"to bfloat16 once ({decode} decode), then XLA's bfloat16 GEMM" + _converted_note(problem))
         what = "w4a16" if problem.has_float_operand else "a4w4 with the small side dequantized to bfloat16"
         mgpu_cfg = _mosaic_gpu_config(problem, rows, problem.m if swap else problem.n)
         if mgpu_cfg is not None:
-            return f"Mosaic GPU kernel (WGMMA, decoded weight in registers), {what}, {mgpu_cfg}"
+            w_prepared = problem.lhs_decode_prepared if swap else problem.rhs_decode_prepared
+            scales = ("weight from prepare_decode read as stored, no per-call conversion" if w_prepared else
+                      "E8M0 scales transposed to K-major per call, and the packed data too unless the weight is stored "
+                      "K-last (prepare_decode does both once)")
+            return f"Mosaic GPU kernel (WGMMA, decoded weight in registers), {what}, {scales}, {mgpu_cfg}"
         from ..kernels.wgemm import default_wconfig
 
         cfg = default_wconfig(rows, problem.m if swap else problem.n, problem.k, problem.batch, decode=decode)
-        return f"weight-stationary kernel, {what}, {decode} E2M1 decode, {cfg}"
+        return f"weight-stationary kernel, {what}, {decode} E2M1 decode, {cfg}" + _converted_note(problem)
+
+    def takes_decode_prepared(self, problem: GemmProblem) -> tuple[bool, bool]:
+        """The weight side of the Mosaic GPU route, when it is a DecodePrepared (read as stored)."""
+        if not (problem.has_float_operand or min(problem.m, problem.n) <= A4W4_MAX_SMALL_SIDE):
+            return (False, False)
+        swap = problem.lhs_kind != "float" if problem.has_float_operand else problem.m > problem.n
+        rows, wrows = (problem.n, problem.m) if swap else (problem.m, problem.n)
+        if problem.has_float_operand and rows >= W4A16_TWO_PASS_MIN_ROWS and problem.platform != "cpu":
+            return (False, False)
+        if _mosaic_gpu_config(problem, rows, wrows) is None:
+            return (False, False)
+        return (swap and problem.lhs_decode_prepared, not swap and problem.rhs_decode_prepared)
 
     def gemm(self, lhs, rhs, problem: GemmProblem) -> jax.Array:
         if problem.has_float_operand or min(problem.m, problem.n) <= A4W4_MAX_SMALL_SIDE:
@@ -128,6 +151,13 @@ class PallasBackend(Backend):
             cfg=cfg,
             interpret=problem.platform == "cpu",
         )
+
+
+def _converted_note(problem: GemmProblem) -> str:
+    if not (problem.lhs_decode_prepared or problem.rhs_decode_prepared):
+        return ""
+    return ("; the DecodePrepared operand is converted back per call (to_mxfp4: a scales transpose), "
+            "only the Mosaic GPU route reads it as stored")
 
 
 def decode_for(platform: str) -> str:
@@ -182,19 +212,26 @@ def _weight_stationary(lhs, rhs, problem: GemmProblem) -> jax.Array:
         swap = problem.m > problem.n  # the smaller side plays x
     x, w = (rhs, lhs) if swap else (lhs, rhs)
     rows = problem.n if swap else problem.m
+    x = _plain(x)
     if isinstance(x, MXFP4Array):
         x = dequantize(x, jnp.bfloat16)
     x = x.astype(jnp.bfloat16)
     interpret = problem.platform == "cpu"
+    mcfg = _mosaic_gpu_config(problem, rows, problem.m if swap else problem.n)
+    if mcfg is None or (problem.has_float_operand and rows >= W4A16_TWO_PASS_MIN_ROWS and not interpret):
+        w = _plain(w)  # only the Mosaic GPU route reads a DecodePrepared as stored
     if problem.has_float_operand and rows >= W4A16_TWO_PASS_MIN_ROWS and not interpret:
         wf = _decoded_bf16(w, problem.platform)
         out = jax.lax.dot_general(x, wf, (((2,), (2,)), ((0,), (0,))),
                                   preferred_element_type=jnp.float32).astype(problem.out_dtype)
-    elif (mcfg := _mosaic_gpu_config(problem, rows, problem.m if swap else problem.n)) is not None:
+    elif mcfg is not None:
         from ..kernels.wgemm_mgpu import mgpu_w4a16
 
-        sbytes = as_scale_bytes(w.plain_scales())
-        out = jnp.stack([mgpu_w4a16(x[i], w.data[i], sbytes[i], problem.out_dtype, mcfg)
+        if isinstance(w, DecodePrepared):  # data [B, N, K/2] and K-major scales [B, K/32, N] as stored
+            sbytes, form = as_scale_bytes(w.scales), "kmajor"
+        else:
+            sbytes, form = as_scale_bytes(w.plain_scales()), "rows"
+        out = jnp.stack([mgpu_w4a16(x[i], w.data[i], sbytes[i], problem.out_dtype, mcfg, scales_form=form)
                          for i in range(problem.batch)])
     else:
         wrows = problem.m if swap else problem.n

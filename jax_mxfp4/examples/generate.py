@@ -8,7 +8,9 @@ Run: ``python -m jax_mxfp4.demo generate [--size small --steps N --new-tokens 96
    (``--train-recipe bf16`` for bf16 GEMMs).
 2. Pre-quantizes the weights once: every projection kernel (q/k/v, attention output, both MLP
    layers, LM head) becomes an :class:`jax_mxfp4.MXFP4Array` along its contraction axis (4.25
-   bits per weight); the bf16 baseline casts the same kernels to bfloat16. Embeddings, norms and
+   bits per weight), arranged once for decode-size GEMMs by :func:`jax_mxfp4.prepare_decode`
+   (the same bytes, quantized axis last and scales K-major: no per-call transpose of the Flax
+   kernel layout [K, N]); the bf16 baseline casts the same kernels to bfloat16. Embeddings, norms and
    biases stay as they are in both.
 3. Greedy-decodes ``--new-tokens`` bytes after a prompt from a held-out file (a line starting
    with ``def ``, :func:`prompt_starts`), with a KV cache, the whole prefill + decode loop
@@ -47,15 +49,20 @@ def _layer_norm(x, p, eps=1e-6):  # flax.linen.LayerNorm's defaults (epsilon 1e-
 DENSE_LAYERS = ("qkv", "proj", "mlp_in", "mlp_out")
 
 
-def serving_weights(params, kind: str, scale_mode: str = "even"):
+def serving_weights(params, kind: str, scale_mode: str = "even", prepare: bool = True):
     """The demo LM's params with every projection kernel as bf16 (``kind="bf16"``) or as an
-    MXFP4Array along axis 0, the contraction axis (``kind="mxfp4"``); everything else as is."""
+    MXFP4Array along axis 0, the contraction axis (``kind="mxfp4"``), by default arranged once by
+    :func:`jax_mxfp4.prepare_decode` (``prepare=False``: the plain MXFP4Array); everything else as is."""
     import jax.numpy as jnp
 
+    from ..decode_prepared import prepare_decode
     from ..quantize import quantize
 
     def conv(k):
-        return k.astype(jnp.bfloat16) if kind == "bf16" else quantize(k, 0, scale_mode=scale_mode)
+        if kind == "bf16":
+            return k.astype(jnp.bfloat16)
+        q = quantize(k, 0, scale_mode=scale_mode)
+        return prepare_decode(q) if prepare else q
 
     out = {}
     for name, sub in params.items():
@@ -69,15 +76,17 @@ def serving_weights(params, kind: str, scale_mode: str = "even"):
 
 
 def _matmul(x, layer, backend: str):
-    """x [B, K] (bf16) · kernel + bias -> [B, N] float32 (bf16 kernel: XLA; MXFP4Array: jax_mxfp4 w4a16)."""
+    """x [B, K] (bf16) · kernel + bias -> [B, N] float32 (bf16 kernel: XLA; MXFP4Array or
+    DecodePrepared: jax_mxfp4 w4a16)."""
     import jax.numpy as jnp
 
     from ..array import MXFP4Array
+    from ..decode_prepared import DecodePrepared
     from ..recipe import Recipe
     from ..training import dot_general
 
     k = layer["kernel"]
-    if isinstance(k, MXFP4Array):
+    if isinstance(k, (MXFP4Array, DecodePrepared)):
         y = dot_general(x, k, (((1,), (0,)), ((), ())), preferred_element_type=jnp.float32,
                         recipe=Recipe(quantize_activations=False, backend=backend))
     else:
@@ -178,9 +187,11 @@ def param_bytes(tree) -> int:
     import jax
 
     from ..array import MXFP4Array
+    from ..decode_prepared import DecodePrepared
 
-    leaves = jax.tree_util.tree_leaves(tree, is_leaf=lambda x: isinstance(x, MXFP4Array))
-    return int(sum(x.nbytes if isinstance(x, MXFP4Array) else x.size * x.dtype.itemsize for x in leaves))
+    packed = (MXFP4Array, DecodePrepared)
+    leaves = jax.tree_util.tree_leaves(tree, is_leaf=lambda x: isinstance(x, packed))
+    return int(sum(x.nbytes if isinstance(x, packed) else x.size * x.dtype.itemsize for x in leaves))
 
 
 def gemm_weight_bytes(tree) -> int:

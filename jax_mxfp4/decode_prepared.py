@@ -1,0 +1,257 @@
+"""An MXFP4 weight arranged once for the decode-size GEMM kernel: :class:`DecodePrepared`.
+
+The Mosaic GPU w4a16 kernel (:func:`jax_mxfp4.kernels.wgemm_mgpu.mgpu_w4a16`) reads the weight
+as packed E2M1 bytes [N, K/2] (the quantized axis K last) and its E8M0 scale bytes K-major,
+[K/32, N]. A plain :class:`jax_mxfp4.MXFP4Array` stored like a Flax kernel ([K, N] quantized
+along axis 0) needs, on every call, a transpose of the whole packed weight to [N, K/2] and a
+transpose of its scales; one stored [N, K] along axis 1 still needs the scale transpose. At
+decode sizes (a few activation rows) those copies cost as much as the GEMM. :func:`prepare_decode`
+does them once:
+
+  data:   uint8 [*rest, K/2]: the packed bytes with the quantized axis moved last (each byte's
+          two E2M1 codes unchanged: element 2i in bits 0-3, 2i+1 in bits 4-7);
+  scales: float8_e8m0fnu [*rest[:-1], K/32, rest[-1]]: the E8M0 bytes, K-major ("kmajor": the
+          block index before the last non-quantized dim); [K/32] for a 1-D array.
+
+``rest`` is the logical shape without the quantized axis, in order. For a 2-D weight [K, N]
+along axis 0 or [N, K] along axis 1: data [N, K/2], scales [K/32, N]; for stacked layers
+[L, K, N] along axis 1: data [L, N, K/2], scales [L, K/32, N]. The bytes are the MXFP4Array's
+own, only moved: :meth:`DecodePrepared.to_mxfp4` gives it back bit for bit (plain scale layout).
+
+:func:`jax_mxfp4.dot_general` takes a DecodePrepared wherever it takes an MXFP4Array operand
+(contracted along its quantized axis). The pallas backend's Mosaic GPU route uses ``data`` and
+``scales`` as they are (``scales_form="kmajor"``); every other backend and route computes with
+``to_mxfp4()`` (exact; for the canonical form a transpose of the scales only).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from . import checks
+from .array import MXFP4Array, _packed_shapes
+from .mx_format import BLOCK_SIZE
+
+
+def _rest(shape, axis) -> tuple[int, ...]:
+    return tuple(d for i, d in enumerate(shape) if i != axis)
+
+
+def child_shapes(shape, axis) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(data shape, scales shape) of a DecodePrepared of logical ``shape`` quantized along
+    ``axis`` (module docstring): the one place the layout is written down."""
+    rest, k = _rest(shape, axis), shape[axis]
+    scales = rest[:-1] + (k // BLOCK_SIZE,) + rest[-1:]
+    return rest + (k // 2,), scales
+
+
+def kmajor_from_plain(scales_last):
+    """Scales [*rest, K/32] (quantized axis last) -> K-major [*rest[:-1], K/32, rest[-1]]."""
+    return scales_last if scales_last.ndim < 2 else jnp.swapaxes(scales_last, -1, -2)
+
+
+def plain_from_kmajor(scales_kmajor):
+    """Inverse of :func:`kmajor_from_plain`."""
+    return scales_kmajor if scales_kmajor.ndim < 2 else jnp.swapaxes(scales_kmajor, -1, -2)
+
+
+@jax.tree_util.register_pytree_node_class
+@dataclasses.dataclass(frozen=True, eq=False)
+class DecodePrepared:
+    """An :class:`jax_mxfp4.MXFP4Array` arranged once for decode-size GEMMs (:func:`prepare_decode`).
+
+    Children (see the module docstring for the layout):
+      data:   uint8 [*rest, K/2], packed E2M1 pairs, quantized axis last.
+      scales: ``float8_e8m0fnu`` [*rest[:-1], K/32, rest[-1]] (K-major), or [K/32] for 1-D.
+    Static: ``axis``, ``shape`` (logical), ``dtype``, ``scale_mode``, ``hadamard`` - those of the
+    MXFP4Array it came from (``hadamard``: the ``(block, seed)`` rotation its values carry, as in
+    MXFP4Array; :func:`jax_mxfp4.dot_general` rotates a float operand facing it the same way).
+
+    Memory: the same 17/32 bytes per element as an MXFP4Array in the plain layout.
+    A pytree: ``jit``, ``device_put``/sharding and orbax handle it like a pair of arrays. It
+    cannot be batched by ``vmap``/``scan`` (the static shape would no longer describe the
+    children: :meth:`to_mxfp4` and ``dot_general`` then raise); use a stacked array and
+    ``dot_general``'s batch dims instead.
+
+    Raises (construction): TypeError for a logical dtype other than float32/bfloat16/float16;
+    ValueError for an unknown ``scale_mode``, an ``axis`` out of range, a quantized length that
+    is not a multiple of 32, or children of the wrong shape or dtype (naming the field).
+    """
+
+    data: Any
+    scales: Any
+    axis: int
+    shape: tuple[int, ...]
+    dtype: Any
+    scale_mode: str = "even"
+    hadamard: tuple[int, int] | None = None
+
+    def tree_flatten(self):
+        aux = (self.axis, self.shape, jnp.dtype(self.dtype), self.scale_mode, self.hadamard)
+        return (self.data, self.scales), aux
+
+    @classmethod
+    def tree_unflatten(cls, aux, children):
+        obj = object.__new__(cls)
+        names = ("data", "scales", "axis", "shape", "dtype", "scale_mode", "hadamard")
+        for name, value in zip(names, (*children, *aux)):
+            object.__setattr__(obj, name, value)
+        return obj
+
+    def __post_init__(self):
+        checks.check_mx_dtype(self.dtype, "DecodePrepared dtype")
+        if not isinstance(self.shape, (tuple, list)) or not all(
+                isinstance(d, (int, np.integer)) and not isinstance(d, bool) and d >= 0 for d in self.shape):
+            raise TypeError(f"DecodePrepared shape must be a tuple of non-negative ints, got {self.shape!r}")
+        object.__setattr__(self, "shape", tuple(int(d) for d in self.shape))
+        object.__setattr__(self, "dtype", jnp.dtype(self.dtype))
+        checks.check_scale_mode(self.scale_mode, "DecodePrepared scale_mode")
+        shape, axis = self.shape, self.axis
+        if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)) or not 0 <= axis < len(shape):
+            raise ValueError(f"DecodePrepared axis must be an int in [0, {len(shape)}), got {axis!r}")
+        object.__setattr__(self, "axis", int(axis))
+        checks.check_block_multiple(shape[axis], axis, "DecodePrepared shape")
+        want_data, want_scales = child_shapes(shape, axis)
+        for name, wshape, wdtype, what in (
+            ("data", want_data, jnp.uint8, "packed E2M1 pairs, quantized axis last"),
+            ("scales", want_scales, jnp.float8_e8m0fnu, "E8M0 scales, K-major"),
+        ):
+            v = getattr(self, name)
+            if not hasattr(v, "shape") or tuple(v.shape) != wshape or jnp.dtype(v.dtype) != jnp.dtype(wdtype):
+                got = (tuple(v.shape), jnp.dtype(v.dtype).name) if hasattr(v, "shape") else type(v).__name__
+                raise ValueError(
+                    f"DecodePrepared.{name} must be {jnp.dtype(wdtype).name} of shape {wshape} ({what}; "
+                    f"logical shape {shape}, axis {axis}), got {got}"
+                )
+        if self.hadamard is not None:
+            # the rule of MXFP4Array.hadamard, applied by building one on shape-only children
+            pdata, pscales = _packed_shapes(shape, axis)
+            h = MXFP4Array(jax.ShapeDtypeStruct(pdata, jnp.uint8), jax.ShapeDtypeStruct(pscales, jnp.float8_e8m0fnu),
+                           axis, shape, self.dtype, self.scale_mode, "plain", self.hadamard).hadamard
+            object.__setattr__(self, "hadamard", h)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape))
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by data and scales (4.25 bits per element, as an MXFP4Array)."""
+        return int(np.prod(self.data.shape)) + int(np.prod(self.scales.shape))
+
+    def __repr__(self) -> str:
+        return (f"DecodePrepared(shape={self.shape}, dtype={self.dtype.name}, axis={self.axis}, "
+                f"scale_mode={self.scale_mode!r}"
+                + (f", hadamard={self.hadamard}" if self.hadamard is not None else "") + ")")
+
+    def _check_children(self):
+        """ValueError if the children no longer match the static shape (e.g. the output of
+        ``vmap``/``scan``, which add a dim that the static fields do not describe)."""
+        want_data, want_scales = child_shapes(self.shape, self.axis)
+        if tuple(self.data.shape) != want_data or tuple(self.scales.shape) != want_scales:
+            raise ValueError(
+                f"DecodePrepared data/scales have shapes {tuple(self.data.shape)}/{tuple(self.scales.shape)} "
+                f"but its static shape {self.shape} (axis {self.axis}) asks for {want_data}/{want_scales}: "
+                "batching a DecodePrepared with vmap/scan is not supported; prepare the stacked MXFP4Array "
+                "instead and use dot_general's batch dims"
+            )
+
+    def to_mxfp4(self) -> MXFP4Array:
+        """The MXFP4Array this was prepared from, bit for bit (plain scale layout)."""
+        self._check_children()
+        plain = plain_from_kmajor(self.scales)
+        return MXFP4Array(jnp.moveaxis(self.data, -1, self.axis), jnp.moveaxis(plain, -1, self.axis),
+                          self.axis, self.shape, self.dtype, self.scale_mode, "plain", self.hadamard)
+
+    def dequantize(self, dtype=jnp.float32) -> jax.Array:
+        """Same values as ``jax_mxfp4.dequantize(self.to_mxfp4(), dtype)`` (logical shape)."""
+        return self.to_mxfp4().dequantize(dtype)
+
+    def __array__(self, dtype=None, copy=None):
+        raise TypeError(_NOT_DENSE.format(self=self, how="np.asarray/np.array"))
+
+    def __jax_array__(self):
+        raise TypeError(_NOT_DENSE.format(self=self, how="jnp.asarray/jnp.array"))
+
+
+def prepare_decode(w: MXFP4Array) -> DecodePrepared:
+    """Arrange an MXFP4Array once for decode-size GEMMs (a weight used by many calls).
+
+    Args:
+      w: an :class:`jax_mxfp4.MXFP4Array` of any rank, quantized along any axis, either scale
+        layout (e.g. a Flax kernel [K, N] quantized along axis 0, as
+        :func:`jax_mxfp4.flax.quantize_params` makes it).
+    Returns:
+      :class:`DecodePrepared`: data uint8 [*rest, K/2] (quantized axis moved last) and scales
+      float8_e8m0fnu [*rest[:-1], K/32, rest[-1]] (K-major; [K/32, N] for a 2-D weight), the
+      same bytes moved (``to_mxfp4()`` is an exact round trip). Passing it to
+      :func:`jax_mxfp4.dot_general` in place of ``w`` gives the same result on every backend; on
+      an NVIDIA Hopper GPU the Mosaic GPU w4a16 route then reads it with no per-call transpose
+      of the packed weight or of its scales (module docstring).
+    Raises:
+      TypeError: ``w`` is not an MXFP4Array (a :class:`jax_mxfp4.FP8Prepared` or
+        DecodePrepared: call ``to_mxfp4()`` first; a float array: quantize it first).
+    """
+    if not isinstance(w, MXFP4Array):
+        hint = " (call .to_mxfp4() first)" if hasattr(w, "to_mxfp4") else " (quantize it with jax_mxfp4.quantize first)"
+        raise TypeError(f"prepare_decode takes an MXFP4Array, got {type(w).__name__}{hint}")
+    data = jnp.moveaxis(w.data, w.axis, -1)
+    scales = kmajor_from_plain(jnp.moveaxis(w.plain_scales(), w.axis, -1))
+    return DecodePrepared(data, scales, w.axis, w.shape, w.dtype, w.scale_mode, w.hadamard)
+
+
+def canonical(x: DecodePrepared, contracting, batch) -> DecodePrepared:
+    """A prepared operand as the canonical [B, F, K] form: a DecodePrepared of logical shape
+    (B, F, K) quantized along axis 2, i.e. data uint8 [B, F, K/2] and scales [B, K/32, F].
+
+    Batch dims come first, then the free dims (the logical dims that are neither batch nor the
+    quantized axis), each group in the given order. When the logical dims are already in that
+    order (batch..., free..., with the quantized axis anywhere) and there is at most one free dim
+    - the common cases: a 2-D weight [K, N] or [N, K], stacked weights [L, K, N] with L a batch
+    dim - both children are only reshaped (no transpose). Other orders, or several free dims,
+    transpose the children (correct, just a per-call copy).
+
+    Raises:
+      ValueError: ``contracting`` is not exactly the quantized axis; children that do not match
+        the static shape (a DecodePrepared batched by vmap/scan).
+    """
+    x._check_children()
+    if tuple(contracting) != (x.axis,):
+        raise ValueError(
+            f"a DecodePrepared operand quantized along axis {x.axis} must be contracted along it alone, got "
+            f"contracting dims {tuple(contracting)}"
+        )
+    nd, k = x.ndim, x.shape[x.axis]
+    moved = lambda d: d if d < x.axis else d - 1  # noqa: E731  logical dim -> position in `rest`
+    free = tuple(d for d in range(nd) if d != x.axis and d not in batch)
+    perm = tuple(moved(d) for d in tuple(batch) + free)
+    bsz = int(np.prod([x.shape[d] for d in batch])) if batch else 1
+    fsz = int(np.prod([x.shape[d] for d in free])) if free else 1
+    nb = k // BLOCK_SIZE
+    if perm != tuple(range(nd - 1)):
+        data = jnp.transpose(x.data, perm + (nd - 1,))
+    else:
+        data = x.data
+    data = data.reshape(bsz, fsz, k // 2)
+    if perm == tuple(range(nd - 1)) and len(free) == 1:
+        scales = x.scales.reshape(bsz, nb, fsz)  # [*batch, K/32, F]: already K-major over F
+    else:  # to [*rest, K/32], then batch/free order, then K-major over the merged free dims
+        plain = plain_from_kmajor(x.scales) if nd > 1 else x.scales
+        plain = jnp.transpose(plain, perm + (nd - 1,)).reshape(bsz, fsz, nb)
+        scales = jnp.swapaxes(plain, 1, 2)
+    return DecodePrepared(data, scales, 2, (bsz, fsz, k), x.dtype, x.scale_mode, x.hadamard)
+
+
+_NOT_DENSE = (
+    "{how} on {self}: a DecodePrepared holds packed E2M1 codes and K-major E8M0 scales, not a dense "
+    "array; decode it with q.dequantize(dtype), or get the exact MXFP4Array back with q.to_mxfp4()"
+)
