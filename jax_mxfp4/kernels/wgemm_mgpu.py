@@ -29,13 +29,15 @@ Launchers (:class:`MgpuConfig`): ``pallas_call`` with a pipelined grid, ``plgpu.
 ``emit_pipeline`` (one warpgroup per CTA), or warp-specialized (two compute warpgroups, one TMA
 warpgroup; optionally reading the E8M0 bytes as stored). Split-K over the grid fills the GPU when
 N/64 tiles are few; float32 partial sums are added afterwards in a fixed order. Otherwise the
-scales are passed as bfloat16 [K/32, N] (:func:`kernel_scales`; a weight could keep that form).
+scales arrive as E8M0 bytes in a K-major [K/32, N] layout by TMA and are converted to bfloat16
+in registers (``scales_form``; :func:`jax_mxfp4.prepare_decode` stores weights that way).
 
 Status: every variant lowers for CUDA on a CPU machine (tests/test_wgemm_mgpu.py). On the H200
-(jax 0.11.2) the ``plgpu.kernel`` launchers are correct (benchmarks/wgemm_mgpu_check.py) and the
-default runs 16x8192x8192 at 0.75x of bf16; the ``pallas_call`` launcher fails in jax 0.11.2's
-lowering (bare AssertionError) and ``raw_scales`` does not lower there. Dispatch takes it for
-decode-size w4a16 on Hopper (``jax_mxfp4.backends.pallas.W4A16_MOSAIC_GPU``).
+(jax 0.11.2) the ``plgpu.kernel`` launchers are correct, ``raw_scales`` too since session 4
+(benchmarks/wgemm_mgpu_check.py); the default runs 16x8192x8192 at 0.67x of bf16 with prepared
+scales (0.84x through ``dot_general`` with a prepared weight); the ``pallas_call`` launcher fails
+in jax 0.11.2's lowering (bare AssertionError). Dispatch takes it for decode-size w4a16 and a4w4
+on Hopper (``jax_mxfp4.backends.pallas.W4A16_MOSAIC_GPU``).
 """
 
 from __future__ import annotations
@@ -411,7 +413,7 @@ def mgpu_w4a16(x, w_data, w_scales, out_dtype=jnp.bfloat16, cfg: MgpuConfig | No
       w_scales: E8M0 scale bytes as ``scales_form`` says: "rows" uint8 [N, K/32] (the plain layout;
         transposed to "kmajor" per call, one small XLA transpose), "kmajor" uint8 [K/32, N] (the
         kernel's own layout: read by TMA and converted to bfloat16 in registers, no per-call
-        work; ``MXFP4Array`` scale_layout "kmajor"), or "bf16" the bfloat16 [K/32, N] from
+        work; what :func:`jax_mxfp4.prepare_decode` stores), or "bf16" the bfloat16 [K/32, N] from
         :func:`kernel_scales` (measurement only). ``cfg.raw_scales`` takes "rows".
       out_dtype: float32, bfloat16 or float16. cfg: :class:`MgpuConfig` (default MgpuConfig()).
     Runs only on an NVIDIA Hopper GPU (sm_90a) through Mosaic GPU.
