@@ -2,13 +2,11 @@
 input dtype) and of the reference jnp quantizer, against the same run's copy bandwidth, plus a
 bit-exactness check of fused against reference on the device.
 
-Fair timing (``fair_time``): one jitted program runs the operation once on each of n distinct
-input copies (distinct buffers: XLA cannot merge the calls; together >= 3.5x the 60 MB L2, so no
-call finds its input in L2), n grown until one program takes >= 20 ms (capped by device memory);
-time per call = program time / n, median over several programs (host launch cost is < 1% of a
-program). Stochastic rounding gets a distinct key per copy, so the uniforms are drawn per call as
-in real use. (Re-using fewer copies in rounds separated by ``optimization_barrier`` does not
-work: XLA drops the barriers and merges the repeated calls.)
+Fair timing (``fair_time`` = ``benchmarks.common.time_fn``, the method of every benchmark here):
+one jitted program runs the operation on distinct input copies (together > 3x the 60 MB L2, so no
+call finds its input in L2; every call's operands distinct, so XLA cannot merge calls), calls
+grown until one program takes >= 20 ms; time per call = program time / calls, median over
+several programs. Stochastic rounding draws its uniforms in every call, as in real use.
 
 Bytes counted per quantization: input read once + packed data + scale bytes written once
 ("useful bytes"; stochastic rounding's float32 uniforms are extra traffic, not counted, except
@@ -24,9 +22,7 @@ Usage (from the repository root):
 from __future__ import annotations
 
 import argparse
-import math
 import os
-import statistics
 import sys
 import time
 
@@ -37,13 +33,12 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from jax import lax  # noqa: E402
 
-from benchmarks.common import device_info, out_dir, save_figure, write_json  # noqa: E402
+from benchmarks.common import device_info, n_sets_for, out_dir, save_figure, time_fn, write_json  # noqa: E402
 from jax_mxfp4 import dispatch  # noqa: E402
 from jax_mxfp4.kernels.quantize import QuantizeConfig, default_config, quantize_2d, quantize_impl  # noqa: E402
 from jax_mxfp4.mx_format import SCALE_MODES  # noqa: E402
 from jax_mxfp4.quantize import _quantize_impl  # noqa: E402
 
-L2_BYTES = 60e6  # H200
 FULL_SHAPE = (16384, 8192)
 QUICK_SHAPE = (64, 256)
 ROUNDINGS = ("nearest", "stochastic")
@@ -57,60 +52,18 @@ def _nbytes(tree):
     return sum(a.size * a.dtype.itemsize for a in jax.tree.leaves(tree))
 
 
-def fair_time(fn, make_inputs, *, min_pool_bytes=3.5 * L2_BYTES, min_program_s=0.02, programs=5,
-              guess_bytes_per_s=3.5e12, bytes_per_call=None, max_pool_bytes=48e9, max_calls=512,
-              max_program_s=0.25):
-    """Seconds per call of ``fn(*make_inputs(i))``, timed fairly (method in the module docstring).
+def fair_time(fn, make_inputs, *, programs=5, min_program_s=0.02, max_calls=512, **_unused):
+    """Seconds per call of ``fn(*make_inputs(i))`` by :func:`benchmarks.common.time_fn` (the one
+    fair-timing method of the benchmarks): ``n_sets_for`` distinct input copies (together > 3x
+    the L2), calls grown until one program takes >= ``min_program_s``, median of ``programs``.
 
-    One jitted program calls ``fn`` once on each of n distinct input copies (distinct buffers, so
-    XLA cannot merge the calls; together >= ``min_pool_bytes``, so no call finds its input in L2);
-    n is grown until one program takes >= ``min_program_s``; per-call time = program time / n,
-    median over ``programs`` programs.
-
-    Args:
-      fn: the operation, called as ``fn(*args)`` inside the program.
-      make_inputs: ``i -> tuple of arrays``, the i-th distinct input copy (cache them in the caller
-        to share copies between measurements).
-      min_pool_bytes: least total input bytes per program (default 3.5x the 60 MB L2 of an H200).
-      min_program_s: least program time.
-      programs: number of timed programs (median reported).
-      guess_bytes_per_s, bytes_per_call: first guess of the per-call time, so that most
-        operations compile once.
-      max_pool_bytes, max_calls: caps on n (device memory, compile time); a program capped there
-        may be shorter than ``min_program_s`` (its length is reported).
-      max_program_s: a program longer than this is shrunk (slow operations).
-    Returns:
-      {"median_s", "min_s", "calls", "programs", "program_s"}: per-call median and minimum, calls
-      per program, programs timed, median program seconds.
+    ``make_inputs``: ``i -> tuple of arrays``, the i-th distinct input copy (cache them in the
+    caller to share copies between measurements). Returns time_fn's dict ({"median_s", "min_s",
+    "calls", ...}).
     """
     first = make_inputs(0)
-    b = max(_nbytes(first), 1)
-    n_min = max(2, math.ceil(min_pool_bytes / b))
-    cap = max(n_min, min(max_calls, int(max_pool_bytes // b)))
-    guess = (bytes_per_call or b) / guess_bytes_per_s
-    n = max(n_min, min(cap, math.ceil(1.1 * min_program_s / guess)))
-
-    def once(prog, pool):
-        t0 = time.perf_counter()
-        jax.block_until_ready(prog(pool))
-        return time.perf_counter() - t0
-
-    made = [first]
-    for _ in range(4):
-        made += [make_inputs(i) for i in range(len(made), n)]  # each copy made once
-        pool = made[:n]
-        prog = jax.jit(lambda pool: [fn(*args) for args in pool])
-        once(prog, pool)  # compile + warm-up
-        t = once(prog, pool)
-        if t < min_program_s and n < cap:
-            n = min(cap, math.ceil(n * 1.2 * min_program_s / t))
-        elif t > max_program_s and n > n_min:
-            n = max(n_min, math.ceil(n * 2 * min_program_s / t))
-        else:
-            break
-    samples = [once(prog, pool) for _ in range(programs)]
-    return {"median_s": statistics.median(samples) / n, "min_s": min(samples) / n, "calls": n,
-            "programs": programs, "program_s": statistics.median(samples)}
+    sets = [first] + [make_inputs(i) for i in range(1, n_sets_for(_nbytes(first)))]
+    return time_fn(fn, sets, reps=programs, min_program_s=min_program_s, max_calls=max_calls)
 
 
 # ------------------------------------------------------------------------------- inputs

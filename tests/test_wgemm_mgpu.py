@@ -263,3 +263,22 @@ def test_unsupported_shapes_named():
     assert "M=300" in wm.unsupported_reason(300, 1024, 1024)
     assert "N=100" in wm.unsupported_reason(16, 100, 1024)
     assert "K=1056" in wm.unsupported_reason(16, 1024, 1056)
+
+
+def test_mosaic_switch_read_at_routing_time(monkeypatch):
+    """$JAX_MXFP4_MOSAIC_W4A16 is read when a problem is routed (not at import): 0 turns the
+    kernel off, a typo raises there, naming the variable."""
+    from jax_mxfp4.backends import fp8, pallas
+    from jax_mxfp4.backends.base import GemmProblem
+
+    prob = GemmProblem(batch=1, m=16, n=1024, k=2048, out_dtype=np.dtype(jnp.bfloat16), scale_layout="plain",
+                       platform="cuda", lhs_kind="float", rhs_kind="mxfp4", lhs_dtype=np.dtype(jnp.bfloat16))
+    monkeypatch.setattr(pallas, "W4A16_MOSAIC_GPU", None)
+    monkeypatch.setattr(fp8, "_compute_capability", lambda: (9, 0))
+    monkeypatch.setenv("JAX_MXFP4_MOSAIC_W4A16", "1")
+    assert "Mosaic" in pallas.PallasBackend().route(prob)
+    monkeypatch.setenv("JAX_MXFP4_MOSAIC_W4A16", "off")
+    assert "Mosaic" not in pallas.PallasBackend().route(prob)
+    monkeypatch.setenv("JAX_MXFP4_MOSAIC_W4A16", "of")
+    with pytest.raises(ValueError, match="JAX_MXFP4_MOSAIC_W4A16"):
+        pallas.PallasBackend().route(prob)
