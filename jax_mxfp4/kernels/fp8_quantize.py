@@ -17,6 +17,12 @@ and reading the scales). Whole rows in registers cost register pressure for long
 quantized length is capped (:data:`MAX_ROW`), and the caller falls back to the unfused path
 beyond it.
 
+Measured (H200, 8192x8192 bf16, session 4, ``benchmarks/train_step.py --kernel``): along rows
+0.146-0.160 ms (the unfused quantize + encode: 0.215 ms), with Threefry stochastic rounding 0.398
+ms (0.478); the transposed layout 1.1-1.6 ms (unfused 0.289): its column reads are strided. So
+training's default (``JAX_MXFP4_FUSED_TRAINING=rows``) transposes such operands with XLA first
+and uses the rows layout (:mod:`jax_mxfp4.training`).
+
 Every rule is shared code: the block scale and the E2M1 rounding (nearest, or stochastic with
 the reference's Threefry uniforms generated in the kernel) come from
 :mod:`jax_mxfp4.kernels.quantize` (:func:`block_scale_bits`, :func:`magnitude_code_bits`,
