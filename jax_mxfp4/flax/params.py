@@ -256,8 +256,7 @@ def quantize_params(
 
     Raises:
       ValueError: an unknown ``scale_mode``/``scale_layout``; ``prepare`` not None or "decode";
-        an out-of-range axis from
-        ``select``; with ``model``, a ``select`` request for a kernel no jax_mxfp4 GEMM consumes,
+        an out-of-range axis from ``select``; with ``model``, a ``select`` request for a kernel no jax_mxfp4 GEMM consumes,
         or along another axis than the one it contracts (the message names the parameter path);
         a ``scale_mode`` different from ``recipe.scale_mode``; with an fprop rotation, a kernel
         axis (padded to 32) that is not a multiple of ``recipe.hadamard_block``.
