@@ -175,9 +175,12 @@ def _einsum(subscripts, lhs, rhs, preferred_element_type, recipe, *, pad_k: bool
 
 
 def _pad_to_quantized(lhs, la, rhs, ra):
-    """Zero-pad the float operand's contracting dim up to a facing MXFP4Array's (padded) K."""
+    """Zero-pad the float operand's contracting dim up to a facing quantized operand's (padded) K
+    (an MXFP4Array, or one prepared by :func:`jax_mxfp4.prepare_decode`/``prepare_fp8``)."""
+    from .gemm import _QUANTIZED
+
     for q, f, fa, swap in ((rhs, lhs, la, False), (lhs, rhs, ra, True)):
-        if isinstance(q, MXFP4Array) and not isinstance(f, MXFP4Array):
+        if isinstance(q, _QUANTIZED) and not isinstance(f, _QUANTIZED):
             kq, kf = q.shape[q.axis], f.shape[fa]
             if kf < kq and -(-kf // 32) * 32 == kq:
                 widths = [(0, 0)] * f.ndim

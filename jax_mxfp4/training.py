@@ -585,13 +585,14 @@ def _dense(x, kernel, bias, recipe, key, out_dtype=None):
     if isinstance(kernel, _QUANTIZED):
         if kernel.ndim != 2 or kernel.axis != 0:
             raise ValueError(
-                f"kernel: an MXFP4Array kernel must be 2-D [K, N] quantized along axis 0 (K), got {kernel}"
+                f"kernel: a quantized kernel ({type(kernel).__name__}) must be 2-D [K, N] quantized along "
+                f"axis 0 (K), got {kernel}"
             )
         kp = kernel.shape[0]
         if k != kp:
             if -(-k // BLOCK_SIZE) * BLOCK_SIZE != kp:
                 raise ValueError(
-                    f"x has K={k} but the MXFP4Array kernel has K={kp}; expected K={kp} or K padded "
+                    f"x has K={k} but the {type(kernel).__name__} kernel has K={kp}; expected K={kp} or K padded "
                     f"up to it (K rounded up to a multiple of {BLOCK_SIZE})"
                 )
             shd.check_dim_blocks(x, x.ndim - 1, "x")  # before padding the sharded dim

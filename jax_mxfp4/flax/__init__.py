@@ -8,6 +8,9 @@
 * :func:`quantize_params`: trained float kernels -> :class:`jax_mxfp4.MXFP4Array` (inference).
   The layers accept such kernels in place of the float ones; orbax saves and restores them
   bit-exactly (``orbax.checkpoint.StandardCheckpointer``; see :func:`abstract_params`).
+  ``prepare="decode"`` returns each as :func:`jax_mxfp4.prepare_decode` of it (serving: arranged
+  once for decode-size GEMMs); the layers take that :class:`jax_mxfp4.DecodePrepared` (or a
+  :class:`jax_mxfp4.FP8Prepared`) kernel as is, with the same outputs.
 
 Needs the ``flax`` extra: ``pip install jax-mxfp4[flax]``.
 """

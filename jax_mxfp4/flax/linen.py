@@ -8,7 +8,9 @@ from its ``param_dtype`` value, never from a cast copy, so the trained forward u
 weights :func:`jax_mxfp4.flax.quantize_params` produces for serving. The GEMMs (fprop, dgrad,
 wgrad) run through :func:`jax_mxfp4.dot_general` with ``recipe`` (default ``Recipe()``); the
 float32 accumulator is returned in the computation dtype. A kernel replaced by an
-:class:`jax_mxfp4.MXFP4Array` (:func:`jax_mxfp4.flax.quantize_params`) is used as is (inference).
+:class:`jax_mxfp4.MXFP4Array` (:func:`jax_mxfp4.flax.quantize_params`), or by one arranged once
+by :func:`jax_mxfp4.prepare_decode` (``quantize_params(..., prepare="decode")``) or
+:func:`jax_mxfp4.prepare_fp8`, is used as is (inference; same outputs, bit for bit).
 
 Stochastic rounding of the gradients (``Recipe.grad_rounding="stochastic"``) draws its key from
 the RNG stream ``rng_collection`` (default ``"stochastic_rounding"``) when ``apply`` is given one:
@@ -29,10 +31,9 @@ from flax.linen import initializers
 from flax.linen.dtypes import promote_dtype
 
 from .. import dims, sharding
-from ..array import MXFP4Array
 from ..recipe import Recipe
 from ..training import _dense, _dot_general
-from .params import layer_operands
+from .params import QUANTIZED_KERNELS, kernel_kind, layer_operands, quantized_kernel
 
 default_kernel_init = initializers.lecun_normal()
 
@@ -51,10 +52,9 @@ def _rounding_key(module: nn.Module):
 
 
 def _quantized_kernel(module: nn.Module):
+    """The layer's quantized kernel (MXFP4Array, DecodePrepared, FP8Prepared), used as is, or None."""
     if module.has_variable("params", "kernel"):
-        k = module.get_variable("params", "kernel")
-        if isinstance(k, MXFP4Array):
-            return k
+        return quantized_kernel(module.get_variable("params", "kernel"))
     return None
 
 
@@ -109,11 +109,13 @@ class DenseGeneral(nn.Module):
     ``use_bias``, ``dtype``, ``param_dtype``, ``kernel_init``, ``bias_init``, ``precision``) plus
     ``recipe`` and ``rng_collection`` (as in :class:`Dense`). Params: ``kernel`` [*batch, *in_axes,
     *features], ``bias`` [*batch, *features].
-    The contracted axes are flattened into one K (zero-padded to a multiple of 32). An
-    MXFP4Array kernel must be quantized along its single contraction axis.
+    The contracted axes are flattened into one K (zero-padded to a multiple of 32). A quantized
+    kernel (MXFP4Array, DecodePrepared, FP8Prepared) must be quantized along its single
+    contraction axis.
 
     Raises:
-      ValueError: ``batch_dims`` not consecutive leading dims (as in Flax).
+      ValueError: ``batch_dims`` not consecutive leading dims (as in Flax); a quantized kernel
+        not quantized along the single contraction axis (the message names its type).
     """
 
     features: int | Sequence[int]
@@ -170,10 +172,10 @@ class DenseGeneral(nn.Module):
 
             bias = self.param("bias", bias_init_wrap, batch_shape + features, self.param_dtype)
 
-        if isinstance(kernel, MXFP4Array):
+        if isinstance(kernel, QUANTIZED_KERNELS):
             if n_axis != 1 or kernel.axis != contract_ind[0]:
                 raise ValueError(
-                    f"DenseGeneral: an MXFP4Array kernel must be quantized along the single contraction "
+                    f"DenseGeneral: {kernel_kind(kernel)} kernel must be quantized along the single contraction "
                     f"axis {contract_ind[0] if n_axis == 1 else contract_ind} of the kernel, but this "
                     f"layer contracts {n_axis} axes (axis={self.axis}, batch_dims={self.batch_dims}) and "
                     f"the kernel is quantized along axis {kernel.axis}; quantize it with "

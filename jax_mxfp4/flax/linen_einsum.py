@@ -22,7 +22,8 @@ class Einsum(nn.Einsum):
     them, so checkpoints move between the two. The contraction runs through
     :func:`jax_mxfp4.einsum` (rules in :mod:`jax_mxfp4.einsum`; K zero-padded to a multiple of 32
     inside). A kernel replaced by an :class:`jax_mxfp4.MXFP4Array` quantized along its single
-    contracting dim (:func:`jax_mxfp4.flax.quantize_params`) is used as is.
+    contracting dim (:func:`jax_mxfp4.flax.quantize_params`), or by its
+    :class:`jax_mxfp4.DecodePrepared`/:class:`jax_mxfp4.FP8Prepared` form, is used as is.
 
     Raises:
       ValueError: as ``flax.linen.Einsum`` (no "->", not two operands), and as

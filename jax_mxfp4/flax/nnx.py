@@ -32,7 +32,8 @@ class Linear(nnx.Linear):
     interchangeable. Any ``in_features`` works (K zero-padded to 32 inside). The kernel is
     quantized from its ``param_dtype`` value (never a cast copy), so the trained forward uses
     exactly the weights that :func:`jax_mxfp4.flax.quantize_params` on
-    ``nnx.state(model, nnx.Param)`` (then ``nnx.update``) gives for inference.
+    ``nnx.state(model, nnx.Param)`` (then ``nnx.update``) gives for inference (an MXFP4Array
+    kernel, or its :class:`jax_mxfp4.DecodePrepared`/:class:`jax_mxfp4.FP8Prepared` form).
 
     Key for stochastic rounding of the gradients (``Recipe.grad_rounding="stochastic"``), first
     found of: the call's ``rngs`` (a PRNG key, an ``nnx.RngStream``, or an ``nnx.Rngs`` whose

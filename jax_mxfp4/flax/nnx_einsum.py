@@ -20,7 +20,8 @@ class Einsum(nnx.Einsum):
     (:class:`jax_mxfp4.Recipe`); ``einsum_op`` raises TypeError (the contraction is always
     :func:`jax_mxfp4.einsum`). Params ``kernel`` and ``bias`` as in Flax. K is zero-padded to a
     multiple of 32 inside; the kernel may be an :class:`jax_mxfp4.MXFP4Array` quantized along its
-    single contracting dim (:func:`jax_mxfp4.flax.quantize_params`) for inference.
+    single contracting dim (:func:`jax_mxfp4.flax.quantize_params`), or its
+    :class:`jax_mxfp4.DecodePrepared`/:class:`jax_mxfp4.FP8Prepared` form, for inference.
     """
 
     def __init__(self, einsum_str, kernel_shape, bias_shape=None, *, recipe: Recipe | None = None, **kwargs):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable
 
 import jax
@@ -10,8 +11,59 @@ import jax.numpy as jnp
 from .. import checks, dims
 from .. import hadamard as hd
 from ..array import MXFP4Array
+from ..decode_prepared import DecodePrepared, prepare_decode
+from ..fp8 import FP8Prepared
 from ..mx_format import BLOCK_SIZE
 from ..quantize import quantize, quantize_rotated
+
+#: The quantized kernel forms the Flax layers use as is (inference): an MXFP4Array and the forms
+#: arranged once from one, :func:`jax_mxfp4.prepare_decode` / :func:`jax_mxfp4.prepare_fp8`.
+QUANTIZED_KERNELS = (MXFP4Array, DecodePrepared, FP8Prepared)
+
+#: ``quantize_params(prepare=...)`` values: None (plain MXFP4Array) or "decode".
+PREPARE_MODES = (None, "decode")
+
+
+def quantized_kernel(kernel):
+    """``kernel`` if it is a quantized kernel (:data:`QUANTIZED_KERNELS`), else None.
+
+    A :class:`~jax_mxfp4.DecodePrepared` or :class:`~jax_mxfp4.FP8Prepared` kernel of layers
+    stacked by ``nn.scan``/``nnx.vmap`` reaches each layer with its children sliced along their
+    leading dims while its static ``shape``/``axis`` still describe the stack (unlike an
+    MXFP4Array, these two classes do not re-describe themselves under ``vmap``/``scan``). Such a
+    kernel is rebuilt here as the per-layer array: the leading ``d`` logical dims dropped (``d``
+    less than or equal to ``axis``; the quantized axis is never sliced), the class's own
+    constructor checking the children against the new static shape. Both classes store the
+    non-quantized dims first, in order, so slicing the leading dims of the children is exactly
+    slicing the leading logical dims. Children matching no such shape are returned unchanged, and
+    :func:`jax_mxfp4.dot_general` reports them (the class's "batching ... not supported" error).
+    """
+    if isinstance(kernel, MXFP4Array):
+        return kernel  # re-describes itself under vmap/scan (MXFP4Array.tree_unflatten)
+    if not isinstance(kernel, (DecodePrepared, FP8Prepared)):
+        return None
+    for d in range(kernel.axis + 1):  # d = 0: already consistent
+        try:
+            return dataclasses.replace(kernel, axis=kernel.axis - d, shape=kernel.shape[d:])
+        except ValueError:
+            continue
+    return kernel
+
+
+def kernel_kind(kernel) -> str:
+    """"an MXFP4Array" / "a DecodePrepared" / "an FP8Prepared": the type, for error messages."""
+    name = type(kernel).__name__
+    return ("an " if name[0] in "AEFHILMNORSX" else "a ") + name
+
+
+def check_scale_mode_matches(kernel, recipe):
+    """ValueError for a quantized ``kernel`` whose scale rule is not ``recipe.scale_mode``."""
+    if isinstance(kernel, QUANTIZED_KERNELS) and kernel.scale_mode != recipe.scale_mode:
+        raise ValueError(
+            f"kernel: {kernel_kind(kernel)} quantized with scale_mode={kernel.scale_mode!r}, but this "
+            f"layer's recipe trains with scale_mode={recipe.scale_mode!r}; quantize_params(..., "
+            f"scale_mode={recipe.scale_mode!r}) gives the weights the trained forward used"
+        )
 
 
 def _key_name(k) -> str:
@@ -114,7 +166,7 @@ def consumed_kernels(model, params, inputs=()) -> dict:
             mod = context.module
             if context.method_name == "__call__" and isinstance(mod, layers) and mod.has_variable("params", "kernel"):
                 k = mod.get_variable("params", "kernel")
-                if not isinstance(k, MXFP4Array):
+                if not isinstance(k, QUANTIZED_KERNELS):
                     _record(found, mod.path, _linen_kernel_axis(mod, args, kwargs, jnp.ndim(k)), jnp.shape(k))
             return out
 
@@ -146,6 +198,7 @@ def quantize_params(
     model: Any = None,
     inputs: tuple = (),
     recipe=None,
+    prepare: str | None = None,
 ) -> Any:
     """Replace the float kernels that jax_mxfp4 GEMMs consume by :class:`jax_mxfp4.MXFP4Array`.
 
@@ -185,18 +238,36 @@ def quantize_params(
         only shapes are used) or nnx ``Module`` (``inputs`` unused).
       inputs: tuple of example inputs for a linen ``model``.
       recipe: the :class:`jax_mxfp4.Recipe` the model was trained with (optional; see above).
+      prepare: None (default): each selected kernel becomes a plain MXFP4Array. "decode": each
+        becomes ``jax_mxfp4.prepare_decode(q)`` of that MXFP4Array, a
+        :class:`jax_mxfp4.DecodePrepared` (the same bytes, packed data with the quantized axis
+        last and E8M0 scales K-major: data uint8 [N, K/2] and scales [K/32, N] for a [K, N]
+        kernel, [L, N, K/2] and [L, K/32, N] for a stack of L layers), and so do MXFP4Array
+        leaves already in ``params`` (e.g. restored from a checkpoint: save the MXFP4Arrays,
+        prepare after restoring). For inference/serving only, like every quantized kernel
+        (training needs the float kernels): the layers give bit-identical outputs with either
+        form, and on an NVIDIA Hopper GPU the w4a16 GEMMs of decode-size batches then read the
+        weight with no per-call transpose of the Flax kernel layout (README "Weights arranged
+        once for decode"). DecodePrepared and FP8Prepared leaves in ``params`` are kept as is.
 
     Returns:
-      A pytree of the same structure with MXFP4Array leaves where selected (4.25 bits/element).
+      A pytree of the same structure with MXFP4Array leaves where selected (4.25 bits/element),
+      or DecodePrepared leaves with ``prepare="decode"`` (same size).
 
     Raises:
-      ValueError: an unknown ``scale_mode``/``scale_layout``; an out-of-range axis from
-        ``select``; with ``model``, a ``select`` request for a kernel no jax_mxfp4 GEMM consumes,
+      ValueError: an unknown ``scale_mode``/``scale_layout``; ``prepare`` not None or "decode";
+        an out-of-range axis from ``select``; with ``model``, a ``select`` request for a kernel no jax_mxfp4 GEMM consumes,
         or along another axis than the one it contracts (the message names the parameter path);
         a ``scale_mode`` different from ``recipe.scale_mode``; with an fprop rotation, a kernel
         axis (padded to 32) that is not a multiple of ``recipe.hadamard_block``.
       TypeError: ``recipe`` not a Recipe.
     """
+    if not (prepare is None or (isinstance(prepare, str) and prepare in PREPARE_MODES)):
+        raise ValueError(
+            f"quantize_params: prepare must be one of {PREPARE_MODES} (None: plain MXFP4Array kernels; "
+            f'"decode": jax_mxfp4.prepare_decode of each), got {prepare!r}'
+        )
+    finish = prepare_decode if prepare == "decode" else (lambda q: q)
     rotate = False
     if recipe is not None:
         from ..dims import check_recipe
@@ -215,8 +286,8 @@ def quantize_params(
     consumers = consumed_kernels(model, params, inputs) if model is not None else None
 
     def convert(path, leaf):
-        if isinstance(leaf, MXFP4Array):
-            return leaf
+        if isinstance(leaf, QUANTIZED_KERNELS):
+            return finish(leaf) if isinstance(leaf, MXFP4Array) else leaf
         names = tuple(_key_name(k) for k in path)
         key = tuple(n for n in names if n != "value")
         if key[:1] == ("params",):
@@ -256,14 +327,15 @@ def quantize_params(
             widths[axis] = (0, extra)
             leaf = jnp.pad(leaf, widths)
         if not rotate:
-            return quantize(leaf, axis, scale_mode=scale_mode, scale_layout=scale_layout)
+            return finish(quantize(leaf, axis, scale_mode=scale_mode, scale_layout=scale_layout))
         block = recipe.hadamard_block
         hd.check_length(leaf.shape[axis], block, f"the kernel at {'/'.join(_key_name(k) for k in path)} along axis {axis}")
         q = quantize_rotated(leaf, axis, (block, seed), scale_mode=scale_mode).with_scale_layout(scale_layout)
-        return MXFP4Array(q.data, q.scales, q.axis, q.shape, leaf.dtype, q.scale_mode, q.scale_layout, (block, seed))
+        return finish(MXFP4Array(q.data, q.scales, q.axis, q.shape, leaf.dtype, q.scale_mode, q.scale_layout,
+                                 (block, seed)))
 
     return jax.tree_util.tree_map_with_path(
-        convert, params, is_leaf=lambda x: isinstance(x, MXFP4Array)
+        convert, params, is_leaf=lambda x: isinstance(x, QUANTIZED_KERNELS)
     )
 
 
@@ -277,22 +349,19 @@ def layer_operands(inputs, kernel, bias, dtype, recipe, promote):
     """The one weight path of every Flax layer, training and serving alike.
 
     The kernel is never cast: a float kernel reaches the GEMM in its ``param_dtype`` and is
-    quantized from that value (the value :func:`quantize_params` quantizes), an MXFP4Array kernel
-    is used as is. ``inputs`` and ``bias`` are promoted with ``promote`` (Flax's
+    quantized from that value (the value :func:`quantize_params` quantizes), a quantized kernel
+    (MXFP4Array, DecodePrepared, FP8Prepared: :func:`quantized_kernel`) is used as is. ``inputs`` and ``bias`` are promoted with ``promote`` (Flax's
     ``promote_dtype``) to the computation dtype: ``dtype``, else the result type of inputs, the
     kernel's (logical) dtype and bias, as Flax's layers do. The GEMM returns that dtype.
 
-    Returns ``(inputs, kernel, bias, out_dtype)``. Raises ValueError for an MXFP4Array kernel
+    Returns ``(inputs, kernel, bias, out_dtype)``. Raises ValueError for a quantized kernel
     quantized with another scale rule than ``recipe.scale_mode`` (serving would then differ
     from the forward the model was trained with).
     """
     recipe = dims.check_recipe(recipe)
-    if isinstance(kernel, MXFP4Array) and kernel.scale_mode != recipe.scale_mode:
-        raise ValueError(
-            f"kernel: an MXFP4Array quantized with scale_mode={kernel.scale_mode!r}, but this layer's "
-            f"recipe trains with scale_mode={recipe.scale_mode!r}; quantize_params(..., "
-            f"scale_mode={recipe.scale_mode!r}) gives the weights the trained forward used"
-        )
+    q = quantized_kernel(kernel)
+    kernel = kernel if q is None else q
+    check_scale_mode_matches(kernel, recipe)
     if dtype is None:
         dtype = jnp.result_type(*(x for x in (inputs, bias) if x is not None), jnp.dtype(kernel.dtype))
         if not jnp.issubdtype(dtype, jnp.inexact):
