@@ -73,3 +73,24 @@ def test_fair_timing_grows_programs_and_keeps_calls_distinct():
     assert len({id(x) for x in small}) == 5 and all(float(x[0]) == i % 2 for i, x in enumerate(small))
     assert all(c[0] is sets[i % 2][0] for i, c in enumerate(calls))  # the large operand rotates
     assert "error" in kernel_time(lambda a, b: a @ a, sets)  # no GPU plane on the CPU
+
+
+def test_train_step_refuses_names_it_would_skip(tmp_path, capsys):
+    """Unknown configs/variants/profiled variants and --hlo without --profile were skipped
+    silently (exit 0, an empty or bf16-only table); --hlo into a missing folder crashed after
+    the timing. Now: argparse errors naming the flag, and the folder is made."""
+    import pytest
+
+    for argv, msg in ((["--configs", "linera"], "--configs: unknown name(s) 'linera'; choose from linear, mlp"),
+                      (["--variants", "mxfp4,bogus"], "--variants: unknown name(s) 'bogus'"),
+                      (["--profile", "bogus"], "--profile: unknown name(s) 'bogus'"),
+                      (["--variants", "mxfp4-nearest", "--profile", "mxfp4"],
+                       "--profile: 'mxfp4' not among the --variants run"),
+                      (["--hlo", str(tmp_path / "h")], "--hlo DIR writes the HLO of each profiled step")):
+        with pytest.raises(SystemExit) as e:
+            train_step.main(["--quick", "--out", str(tmp_path)] + argv)
+        assert e.value.code == 2 and msg in capsys.readouterr().err
+    hlo = tmp_path / "new" / "hlo"
+    assert train_step.main(["--quick", "--out", str(tmp_path), "--configs", "linear", "--variants",
+                            "mxfp4-nearest", "--profile", "mxfp4-nearest", "--hlo", str(hlo)]) == 0
+    assert "HloModule" in (hlo / "hlo_linear_mxfp4-nearest.txt").read_text()
