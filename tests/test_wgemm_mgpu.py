@@ -263,3 +263,29 @@ def test_unsupported_shapes_named():
     assert "M=300" in wm.unsupported_reason(300, 1024, 1024)
     assert "N=100" in wm.unsupported_reason(16, 100, 1024)
     assert "K=1056" in wm.unsupported_reason(16, 1024, 1056)
+
+
+def test_argument_errors_are_named_before_the_kernel():
+    """Ranks, non-arrays, the cfg type, out_dtype and K = 0 are refused with the argument's name
+    (they were unpacking errors, AttributeErrors, a silently accepted int8 output or an empty
+    kernel); scale bytes given as float8_e8m0fnu (DecodePrepared.scales) are the same bytes."""
+    x, wd = jnp.zeros((16, 512), jnp.bfloat16), jnp.zeros((64, 256), jnp.uint8)  # K = bk * split_k
+    srows, skm = jnp.zeros((64, 16), jnp.uint8), jnp.zeros((16, 64), jnp.uint8)
+    for args, kw, err, msg in (
+        ((x[0], wd, srows), {}, ValueError, r"x must be 2-D \(bfloat16 \[M, K\]\), got shape \(512,\)"),
+        ((x[None], wd, srows), {}, ValueError, "x must be 2-D"),
+        ((x, wd[None], srows), {}, ValueError, "w_data must be 2-D"),
+        ((x, wd, skm[None]), {"scales_form": "kmajor"}, ValueError, "w_scales must be 2-D"),
+        (([[1.0]], wd, srows), {}, TypeError, "x must be an array"),
+        ((x, wd, srows), {"cfg": {"bk": 256}}, TypeError, "cfg must be an MgpuConfig or None, got dict"),
+        ((x, wd, srows), {"out_dtype": jnp.int8}, ValueError, "out_dtype must be float32, bfloat16 or float16"),
+        ((x, wd, srows), {"out_dtype": "float64"}, ValueError, "out_dtype must be float32, bfloat16 or float16"),
+        ((x[:, :0], wd[:, :0], srows[:, :0]), {}, ValueError, "K must be > 0"),
+        ((x, wd, skm.view(jnp.float8_e8m0fnu)), {"scales_form": "bf16"}, ValueError, "must be bfloat16"),
+    ):
+        with pytest.raises(err, match=msg):
+            wm.mgpu_w4a16(*args, **kw)
+    for form, s in (("kmajor", skm), ("rows", srows)):  # accepted: shapes and dtype as the uint8 form
+        out = jax.eval_shape(lambda a, b, c: wm.mgpu_w4a16(a, b, c, jnp.float32, scales_form=form),
+                             x, wd, s.view(jnp.float8_e8m0fnu))
+        assert out.shape == (16, 64) and out.dtype == jnp.float32
