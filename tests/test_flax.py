@@ -214,3 +214,23 @@ def test_orbax_round_trip_is_bit_exact(tmp_path):
     np.testing.assert_array_equal(np.asarray(kr.scales).view(np.uint8), np.asarray(kq.scales).view(np.uint8))
     np.testing.assert_array_equal(np.asarray(r["params"]["bias"]), np.asarray(q["params"]["bias"]))
     np.testing.assert_array_equal(np.asarray(m.apply(r, x)), np.asarray(m.apply(q, x)))
+
+
+def test_linen_layers_refuse_a_prepared_kernel_by_name():
+    """A DecodePrepared / FP8Prepared kernel put into a linen layer's params was reported by Flax
+    as a parameter of the wrong shape (its children's); now a TypeError naming the type and the fix,
+    and the MXFP4Array it came from still runs (against the float64 reference)."""
+    rng = np.random.default_rng()
+    x = jnp.asarray(rng.standard_normal((4, 64)), jnp.float32)
+    w = rng.standard_normal((64, 96)).astype(np.float32)
+    layer = mxf.linen.Dense(96, use_bias=False)
+    q = mx.quantize(jnp.asarray(w), 0)
+    for prepared in (mx.prepare_decode(q), mx.prepare_fp8(q)):
+        with pytest.raises(TypeError, match=f"Dense kernel is a prepared weight \\({type(prepared).__name__}\\); "
+                                            "the Flax layers take an MXFP4Array kernel"):
+            layer.apply({"params": {"kernel": prepared}}, x)
+        with pytest.raises(TypeError, match="DenseGeneral kernel is a prepared weight"):
+            mxf.linen.DenseGeneral(96, use_bias=False).apply({"params": {"kernel": prepared}}, x)
+    y = layer.apply({"params": {"kernel": mx.prepare_decode(q).to_mxfp4()}}, x)
+    ref = dequantize_ref(*quantize_ref(np.asarray(x), 1, "even"), 1) @ dequantize_ref(*quantize_ref(w, 0, "even"), 0)
+    np.testing.assert_allclose(np.asarray(y, np.float64), ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())

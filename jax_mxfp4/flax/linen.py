@@ -30,6 +30,8 @@ from flax.linen.dtypes import promote_dtype
 
 from .. import dims, sharding
 from ..array import MXFP4Array
+from ..decode_prepared import DecodePrepared
+from ..fp8 import FP8Prepared
 from ..recipe import Recipe
 from ..training import _dense, _dot_general
 from .params import layer_operands
@@ -51,10 +53,23 @@ def _rounding_key(module: nn.Module):
 
 
 def _quantized_kernel(module: nn.Module):
+    """The layer's MXFP4Array kernel, or None (a float kernel, or none yet).
+
+    Raises:
+      TypeError: a prepared kernel (:class:`jax_mxfp4.FP8Prepared`, :class:`jax_mxfp4.DecodePrepared`),
+        which the layers do not take (README "prepare_decode"); Flax would otherwise report its
+        children as a parameter of the wrong shape.
+    """
     if module.has_variable("params", "kernel"):
         k = module.get_variable("params", "kernel")
         if isinstance(k, MXFP4Array):
             return k
+        if isinstance(k, (FP8Prepared, DecodePrepared)):
+            raise TypeError(
+                f"{type(module).__name__} kernel is a prepared weight ({type(k).__name__}); the Flax layers take "
+                "an MXFP4Array kernel: store kernel.to_mxfp4(), or call jax_mxfp4.dense / dot_general with "
+                "the prepared weight"
+            )
     return None
 
 
