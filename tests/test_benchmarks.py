@@ -94,3 +94,19 @@ def test_train_step_refuses_names_it_would_skip(tmp_path, capsys):
     assert train_step.main(["--quick", "--out", str(tmp_path), "--configs", "linear", "--variants",
                             "mxfp4-nearest", "--profile", "mxfp4-nearest", "--hlo", str(hlo)]) == 0
     assert "HloModule" in (hlo / "hlo_linear_mxfp4-nearest.txt").read_text()
+
+
+def test_gemm_refuses_what_it_would_skip(tmp_path, capsys):
+    """--only/--layers/--decode-m values outside the benchmark's lists were skipped silently (an
+    empty table, exit 0), malformed ones raised a bare int() traceback, and --quick ignored them."""
+    import pytest
+
+    for argv, msg in ((["--quick", "--only", "bogus"], "--only: bogus not among this benchmark's"),
+                      (["--layers", "64x64x48"], "--layers: 64x64x48 not among this benchmark's 1024x8192x8192"),
+                      (["--decode-m", "3"], "--decode-m: 3 not among this benchmark's 16, 1, 64, 128"),
+                      (["--layers", "axbxc"], "--layers TxKxN shapes"),
+                      (["--decode-m", "x"], "--decode-m takes integers"),
+                      (["--quick", "--decode-m", "16"], "--quick times its own tiny shapes")):
+        with pytest.raises(SystemExit) as e:
+            gemm.main(["--out", str(tmp_path)] + argv)
+        assert e.value.code == 2 and msg in capsys.readouterr().err
