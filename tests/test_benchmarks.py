@@ -110,3 +110,7 @@ def test_gemm_refuses_what_it_would_skip(tmp_path, capsys):
         with pytest.raises(SystemExit) as e:
             gemm.main(["--out", str(tmp_path)] + argv)
         assert e.value.code == 2 and msg in capsys.readouterr().err
+    # "none" selects no shapes of that kind (was spelled with an unknown shape, e.g. --layers 1x1x1)
+    ns = gemm.argparse.Namespace(decode_m="16", layers="none", only="", quick=False)
+    gemm.check_args(gemm.argparse.ArgumentParser(), ns)
+    assert ns.decode_m == [16] and ns.layers == [None] and not [t for t in gemm.FULL_LAYERS if t in ns.layers]
