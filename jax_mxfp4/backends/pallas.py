@@ -49,7 +49,15 @@ W4A16_TWO_PASS_MIN_ROWS = 256
 # correct at 1/16/40 rows and 0.75x of bf16 at 16x8192x8192 against the Triton kernel's 1.14x
 # (benchmarks/wgemm_mgpu_check.py). Decode-size a4w4 takes it too, after the exact bfloat16
 # dequantization of its small side (as for the Triton kernel). JAX_MXFP4_MOSAIC_W4A16=0 turns it off.
-W4A16_MOSAIC_GPU = env_switch("JAX_MXFP4_MOSAIC_W4A16")  # 0/off/false/no turns it off
+MOSAIC_W4A16_ENV = "JAX_MXFP4_MOSAIC_W4A16"
+W4A16_MOSAIC_GPU: bool | None = None
+"""None (default): ``$JAX_MXFP4_MOSAIC_W4A16`` decides, read when a GEMM is planned, like the other
+switches (0/off/false/no turns the route off; another value raises there, not at import); True or
+False overrides it (tests)."""
+
+
+def _mosaic_w4a16_on() -> bool:
+    return env_switch(MOSAIC_W4A16_ENV) if W4A16_MOSAIC_GPU is None else W4A16_MOSAIC_GPU
 
 
 def _plain(x):
@@ -188,7 +196,7 @@ def _mosaic_gpu_config(problem: GemmProblem, rows: int, wrows: int):
     None: CUDA, device 0 of compute capability 9.0 (WGMMA), and a shape it takes. a4w4 problems
     come here with their small side already dequantized exactly to bfloat16 (the same input the
     Triton weight-stationary kernel gets), so the kernel serves both."""
-    if not (W4A16_MOSAIC_GPU and problem.platform == "cuda"):
+    if not (problem.platform == "cuda" and _mosaic_w4a16_on()):
         return None
     from ..kernels import wgemm_mgpu
     from .fp8 import _compute_capability
