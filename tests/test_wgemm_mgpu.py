@@ -285,6 +285,9 @@ def test_argument_errors_are_named_before_the_kernel():
     ):
         with pytest.raises(err, match=msg):
             wm.mgpu_w4a16(*args, **kw)
+    if jax.default_backend() == "cpu":  # an eager call on CPU: named, not Pallas' "only interpret mode"
+        with pytest.raises(RuntimeError, match="mgpu_w4a16 runs only on an NVIDIA Hopper GPU .*; x is on cpu"):
+            wm.mgpu_w4a16(x, wd, srows)
     for form, s in (("kmajor", skm), ("rows", srows)):  # accepted: shapes and dtype as the uint8 form
         out = jax.eval_shape(lambda a, b, c: wm.mgpu_w4a16(a, b, c, jnp.float32, scales_form=form),
                              x, wd, s.view(jnp.float8_e8m0fnu))

@@ -270,6 +270,22 @@ def _kernel(xe_ref, xo_ref, w_ref, s_ref, o_ref, acc_ref, *, cfg: MgpuConfig, st
         o_ref[...] = acc_ref[...]
 
 
+def _check_eager_device(x):
+    """RuntimeError for an eager call (concrete ``x``) on a device that is not a GPU: Pallas would
+    say "Only interpret mode is supported on CPU backend", which this kernel has not. Traced calls
+    are checked when lowered. Called right before each launch, after the shape checks."""
+    try:
+        where = sorted({d.platform for d in x.devices()})
+    except Exception:  # a tracer (ConcretizationTypeError) or not a jax.Array: checked when lowered
+        return
+    if any(p not in ("gpu", "cuda") for p in where):
+        raise RuntimeError(
+            f"mgpu_w4a16 runs only on an NVIDIA Hopper GPU (sm_90a, Mosaic GPU); x is on {', '.join(where)}. "
+            "Use jax_mxfp4.dot_general (it routes here on such a GPU), or lower it for CUDA under jax.jit "
+            "(jit(...).trace(...).lower(lowering_platforms=('cuda',)))"
+        )
+
+
 def _kernel_call(xe, xo, w_data, scales, *, cfg: MgpuConfig, n: int, mp: int, stages: int, specs):
     """``plgpu.kernel`` launcher: one warpgroup per CTA, one CTA per (64-row tile, K split), the K
     steps through ``plgpu.emit_pipeline`` (TMA issued by the same warpgroup)."""
@@ -298,6 +314,7 @@ def _kernel_call(xe, xo, w_data, scales, *, cfg: MgpuConfig, n: int, mp: int, st
 
         pl.run_scoped(scope, plgpu.ACC((_WG_ROWS, mp), jnp.float32))
 
+    _check_eager_device(xe)
     f = plgpu.kernel(
         body,
         out_type=jax.ShapeDtypeStruct((cfg.split_k * n, mp), jnp.float32),
@@ -388,6 +405,7 @@ def _warp_specialized_call(xe, xo, w_data, scales, *, cfg: MgpuConfig, n: int, m
             operands.append(s_g.at[pl.ds(sp * nbs, nbs), pl.ds(tile * rows, rows)])
         pipeline(*operands)
 
+    _check_eager_device(xe)
     f = plgpu.kernel(
         body,
         out_type=jax.ShapeDtypeStruct((cfg.split_k * n, mp), jnp.float32),
@@ -421,6 +439,8 @@ def mgpu_w4a16(x, w_data, w_scales, out_dtype=jnp.bfloat16, cfg: MgpuConfig | No
     Runs only on an NVIDIA Hopper GPU (sm_90a) through Mosaic GPU.
     Raises:
       TypeError: ``cfg`` not an MgpuConfig; ``x``, ``w_data`` or ``w_scales`` not arrays.
+      RuntimeError: called eagerly with ``x`` on a device other than a GPU (traced calls are
+        checked when lowered: Pallas refuses other platforms).
       ValueError: ranks, shapes, dtypes (``out_dtype`` included), K = 0, or a K that is not a
         multiple of ``cfg.bk * cfg.split_k``.
     """
@@ -493,6 +513,7 @@ def mgpu_w4a16(x, w_data, w_scales, out_dtype=jnp.bfloat16, cfg: MgpuConfig | No
                  plgpu.BlockSpec((cfg.bk // BLOCK_SIZE, _WG_ROWS), lambda t: (t, 0))]
         out = _kernel_call(xe, xo, w_data, scales, cfg=cfg, n=n, mp=mp, stages=stages, specs=specs)
     else:
+        _check_eager_device(xe)
         out = pl.pallas_call(
             functools.partial(_kernel, cfg=cfg, steps=steps),
             out_shape=jax.ShapeDtypeStruct((cfg.split_k * n, mp), jnp.float32),
