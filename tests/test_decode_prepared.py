@@ -415,3 +415,37 @@ def test_explain_and_batched_prepared_operands_raise_like_dot_general():
                          preferred_element_type=jnp.float32)
     ref = np.einsum("k,lkn->ln", qdq(np.asarray(x[0], np.float64), 0), dequantize_ref(codes, sb, 1))
     np.testing.assert_allclose(np.asarray(got, np.float64), ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
+
+
+def test_children_sharded_along_different_dims_are_named():
+    """Under an explicit mesh, scales sharded otherwise than the data (e.g. one spec given to both
+    children, as jax.device_put(prepared, sharding) does) failed deep in JAX (DuplicateSpecError,
+    ShardingTypeError); now a ValueError with the spec to use. Consistent shardings (K-major
+    scales spec = data spec with the last two entries swapped) and replicated scales give the
+    float64 reference product."""
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    rng = np.random.default_rng()
+    q, codes, sb = mk(rng, (256, 64), 0)
+    p = prepare_decode(q)
+    x = jnp.asarray(rng.standard_normal((8, 256)), jnp.float32)
+    ref = qdq(np.asarray(x), 1) @ dequantize_ref(codes, sb, 0)
+    dn = (((1,), (0,)), ((), ()))
+    mesh = jax.make_mesh((4,), ("m",), axis_types=(jax.sharding.AxisType.Explicit,))
+
+    def put(dspec, sspec):
+        return DecodePrepared(jax.device_put(p.data, NamedSharding(mesh, dspec)),
+                              jax.device_put(p.scales, NamedSharding(mesh, sspec)), 0, p.shape, p.dtype)
+
+    with jax.set_mesh(mesh):
+        f = jax.jit(lambda a, b: mx.dot_general(a, b, dn, recipe=XLA))
+        for dspec, sspec in ((P("m", None), P(None, "m")), (P(None, "m"), P("m", None)), (P("m", None), P(None, None))):
+            got = np.asarray(f(x, put(dspec, sspec)), np.float64)
+            np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
+        for dspec, sspec, want in ((P("m", None), P("m", None), r"P\(None, 'm'\)"),
+                                   (P(None, None), P(None, "m"), r"P\(None, None\)")):
+            with pytest.raises(ValueError, match=r"DecodePrepared.scales are sharded .* must be sharded as the data "
+                                                 rf".* swapped, {want}, or replicated"):
+                f(x, put(dspec, sspec))
+            with pytest.raises(ValueError, match="DecodePrepared.scales are sharded"):
+                jax.jit(lambda b: b.to_mxfp4().dequantize())(put(dspec, sspec))
