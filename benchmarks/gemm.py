@@ -375,19 +375,43 @@ def tune(out):
     return res
 
 
+def check_args(ap, args):
+    """Parse the comma lists, refusing what run() would skip silently (argparse error, exit 2):
+    malformed numbers, decode M / layer shapes / backends not in this benchmark's lists, and
+    --decode-m/--layers with --quick (which times its own tiny shapes)."""
+    none = {f: getattr(args, f) == "none" for f in ("decode_m", "layers")}  # time none of them
+    try:
+        args.decode_m = [int(v) for v in args.decode_m.split(",") if v] if not none["decode_m"] else []
+        args.layers = [tuple(int(x) for x in v.split("x")) for v in args.layers.split(",") if v] if not none["layers"] else []
+    except ValueError:
+        ap.error("--decode-m takes integers and --layers TxKxN shapes (e.g. 1024x8192x8192), comma-separated, "
+                 "or 'none'")
+    args.only = [b for b in args.only.split(",") if b]
+    if args.quick and (args.decode_m or args.layers):
+        ap.error("--quick times its own tiny shapes: leave out --decode-m and --layers")
+    known_only = sorted({b for names in BACKENDS.values() for b in names})
+    for flag, given, known in (("--decode-m", args.decode_m, [d[0] for d in FULL_DECODE]),
+                               ("--layers", args.layers, FULL_LAYERS), ("--only", args.only, known_only)):
+        bad = [v for v in given if v not in known]
+        if bad:
+            fmt = (lambda v: "x".join(map(str, v))) if flag == "--layers" else str  # noqa: E731
+            ap.error(f"{flag}: {', '.join(map(fmt, bad))} not among this benchmark's {', '.join(map(fmt, known))}"
+                     + (" (or 'none')" if flag != "--only" else ""))
+    args.decode_m = args.decode_m or ([None] if none["decode_m"] else [])  # [None]: matches no shape
+    args.layers = args.layers or ([None] if none["layers"] else [])
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="tiny shapes (CPU CI): checks the pipeline and files")
     ap.add_argument("--tune", action="store_true", help="only sweep Pallas tile configs at the goal shapes")
-    ap.add_argument("--decode-m", default="", help="comma list of decode M values (default: all)")
-    ap.add_argument("--layers", default="", help="comma list of TxKxN layer shapes (default: all)")
+    ap.add_argument("--decode-m", default="", help="comma list of decode M values (default: all; 'none': no decode shapes)")
+    ap.add_argument("--layers", default="", help="comma list of TxKxN layer shapes (default: all; 'none': no layer shapes)")
     ap.add_argument("--fprop-only", action="store_true", help="only the decode and fprop GEMMs of each shape")
     ap.add_argument("--only", default="", help="comma list of backends to time besides bf16 (default: all)")
     ap.add_argument("--out", default=None, help="output folder (default benchmarks/results/gemm[-quick])")
     args = ap.parse_args(argv)
-    args.decode_m = [int(v) for v in args.decode_m.split(",") if v]
-    args.layers = [tuple(int(x) for x in v.split("x")) for v in args.layers.split(",") if v]
-    args.only = [b for b in args.only.split(",") if b]
+    check_args(ap, args)
     here = os.path.dirname(os.path.abspath(__file__))
     out = out_dir(args.out or os.path.join(here, "results", "gemm-quick" if args.quick else "gemm"))
     if args.tune:

@@ -314,6 +314,26 @@ def markdown(result):
     return "\n".join(lines) + "\n"
 
 
+def check_args(ap, args):
+    """Refuse names that would otherwise be skipped silently (argparse error, exit code 2): an
+    unknown config or variant, a profiled variant that is not run, --hlo without --profile. Makes
+    the --hlo folder."""
+    for flag, names, known in (("--configs", args.configs, FULL), ("--variants", args.variants, VARIANTS),
+                               ("--profile", [] if args.profile in ("", "all") else args.profile.split(","),
+                                VARIANTS)):
+        bad = [n for n in names if n not in known]
+        if bad:
+            ap.error(f"{flag}: unknown name(s) {', '.join(map(repr, bad))}; choose from {', '.join(known)}")
+    if args.profile not in ("", "all") and args.variants:
+        idle = [v for v in args.profile.split(",") if v and v != "bf16" and v not in args.variants]
+        if idle:
+            ap.error(f"--profile: {', '.join(map(repr, idle))} not among the --variants run ({','.join(args.variants)})")
+    if args.hlo is not None:
+        if not args.profile:
+            ap.error("--hlo DIR writes the HLO of each profiled step: give --profile too")
+        os.makedirs(args.hlo, exist_ok=True)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="tiny shapes (CPU CI): checks the pipeline and files")
@@ -331,6 +351,7 @@ def main(argv=None):
     args = ap.parse_args(argv)
     args.configs = [c for c in args.configs.split(",") if c]
     args.variants = [v for v in args.variants.split(",") if v]
+    check_args(ap, args)
     here = os.path.dirname(os.path.abspath(__file__))
     out = out_dir(args.out or os.path.join(here, "results", "train_step-quick" if args.quick else "train_step"))
     name, result, md = (("fp8_quantize", r := run_kernel(args), markdown_kernel(r)) if args.kernel

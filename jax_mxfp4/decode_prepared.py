@@ -164,6 +164,33 @@ class DecodePrepared:
                 "batching a DecodePrepared with vmap/scan is not supported; prepare the stacked MXFP4Array "
                 "instead and use dot_general's batch dims"
             )
+        self._check_shardings()
+
+    def _check_shardings(self):
+        """ValueError if the scales carry an explicit-mesh sharding that is not the data's with the
+        last two entries swapped (K-major): data [*rest, K/2] P(..., n, k) -> scales
+        [*rest[:-1], K/32, rest[-1]] P(..., k, n). Replicated scales are fine (each shard reads them
+        whole). ``jax.device_put(prepared, spec)`` gives both children one spec, which shards the
+        scales along another dim than the data: JAX then failed deep inside the dequantization."""
+        from . import sharding as shd
+
+        try:
+            ds, ss = shd.explicit_spec(self.data), shd.explicit_spec(self.scales)
+        except Exception:  # children without an abstract value (e.g. ShapeDtypeStructs): nothing to check
+            return
+        if ss is None or all(e is None for e in ss):
+            return
+        ds = ds or (None,) * len(self.data.shape)
+        want = ds if len(ds) < 2 else ds[:-2] + (ds[-1], ds[-2])
+        if tuple(ss) != tuple(want):
+            from jax.sharding import PartitionSpec as P
+
+            raise ValueError(
+                f"DecodePrepared.scales are sharded {P(*ss)} but .data {P(*ds)}: the K-major scales "
+                f"[..., K/32, N] must be sharded as the data [..., N, K/2] with the last two entries swapped, "
+                f"{P(*want)}, or replicated (jax.device_put(prepared, sharding) gives both children one "
+                "spec: put each child with its own, or prepare_decode a sharded MXFP4Array)"
+            )
 
     def to_mxfp4(self) -> MXFP4Array:
         """The MXFP4Array this was prepared from, bit for bit (plain scale layout)."""

@@ -34,10 +34,27 @@ _ROTATABLE = (MXFP4Array, DecodePrepared)  # operands that record a Hadamard rot
 
 
 def _logical_shape(x, name):
+    if isinstance(x, (FP8Prepared, DecodePrepared)):
+        x._check_children()  # batched by vmap/scan: say so before the shape checks misread it
     if isinstance(x, _QUANTIZED):
         return x.shape
     checks.check_float_input(x, name)
     return tuple(jnp.shape(x))
+
+
+def _check_quantized_contraction(x, contracting, name):
+    """ValueError unless a pre-quantized operand (MXFP4Array, FP8Prepared, DecodePrepared) is
+    contracted along its single quantized axis (the shared scales run along the contraction;
+    OCP MX v1.0 §6.1). Float operands pass."""
+    if not isinstance(x, _QUANTIZED) or (len(contracting) == 1 and contracting[0] == x.axis):
+        return
+    what = {DecodePrepared: "a DecodePrepared array", FP8Prepared: "an FP8Prepared array"}.get(type(x), "an MXFP4Array")
+    raise ValueError(
+        f"{name} is {what} quantized along axis {x.axis}, but its contracting dims are "
+        f"{tuple(contracting)}: an MXFP4 operand must be quantized along its single contracting dim, i.e. "
+        f"contracted along its single quantized axis (the shared scales run along the contraction; OCP MX "
+        f"v1.0 §6.1)"
+    )
 
 
 def _operand_kinds(lhs, rhs, recipe: Recipe) -> tuple[str, str]:
@@ -60,26 +77,10 @@ def _to_canonical(x, contracting, batch, recipe: Recipe, kind: str, name):
     :class:`jax_mxfp4.FP8Prepared` operand stays prepared ([B, F, K], see :mod:`jax_mxfp4.fp8`), as
     does a :class:`jax_mxfp4.DecodePrepared` ([B, F, K], see :mod:`jax_mxfp4.decode_prepared`)."""
     if isinstance(x, DecodePrepared):
-        if len(contracting) != 1 or contracting[0] != x.axis:
-            raise ValueError(
-                f"{name} is a DecodePrepared array quantized along axis {x.axis}, but its contracting dims "
-                f"are {tuple(contracting)}: it must be contracted along its single quantized axis"
-            )
         return decode_canonical(x, contracting, batch)
     if isinstance(x, FP8Prepared):
-        if len(contracting) != 1 or contracting[0] != x.axis:
-            raise ValueError(
-                f"{name} is an FP8Prepared array quantized along axis {x.axis}, but its contracting dims "
-                f"are {tuple(contracting)}: it must be contracted along its single quantized axis"
-            )
         return fp8_canonical(x, contracting, batch)
     if isinstance(x, MXFP4Array):
-        if len(contracting) != 1 or contracting[0] != x.axis:
-            raise ValueError(
-                f"{name} is an MXFP4Array quantized along axis {x.axis}, but its contracting dims are "
-                f"{tuple(contracting)}: an MXFP4 operand must be quantized along its single "
-                f"contracting dim (the shared scales run along the contraction; OCP MX v1.0 §6.1)"
-            )
         k = x.shape[x.axis]
         data = dims.to_bfk(x.data, contracting, batch, name, logical_k=k)
         scales = dims.to_bfk(x.plain_scales(), contracting, batch, name, logical_k=k)
@@ -144,6 +145,8 @@ def _plan(lhs, rhs, dimension_numbers, preferred_element_type, recipe, precision
     lc, rc, lb, rb, out_shape = dims.parse_dimension_numbers(dimension_numbers, lshape, rshape)
     batch, m, k = dims.canonical_sizes(lshape, lc, lb)
     n = dims.canonical_sizes(rshape, rc, rb)[1]
+    _check_quantized_contraction(lhs, lc, "lhs")
+    _check_quantized_contraction(rhs, rc, "rhs")
     dims.check_block_k(k, lc)
     lk, rk = _operand_kinds(lhs, rhs, recipe)
     problem = GemmProblem(
@@ -229,8 +232,9 @@ def dot_general(
 
     Raises:
       ValueError: malformed ``dimension_numbers``; total contracting length not a multiple of 32;
-        an MXFP4Array not quantized along its single contracting dim; unsupported output dtype;
-        two MXFP4Arrays recording different Hadamard rotations.
+        an MXFP4Array, FP8Prepared or DecodePrepared not quantized along its single contracting
+        dim; a prepared operand batched by ``vmap``/``scan`` (not supported); unsupported output
+        dtype; two MXFP4Arrays recording different Hadamard rotations.
       TypeError: an operand that is neither an MXFP4Array nor a float array; shape mismatches
         (from ``lax.dot_general``'s shape rule).
       BackendUnavailableError: the backend named by the recipe or ``JAX_MXFP4_BACKEND`` cannot

@@ -583,6 +583,8 @@ def _dense(x, kernel, bias, recipe, key, out_dtype=None):
         raise ValueError("x must have at least one dim (the contraction dim K last)")
     k = x.shape[-1]
     if isinstance(kernel, _QUANTIZED):
+        if isinstance(kernel, (FP8Prepared, DecodePrepared)):
+            kernel._check_children()  # batched by vmap/scan: say so, not "must be 2-D"
         if kernel.ndim != 2 or kernel.axis != 0:
             raise ValueError(
                 f"kernel: a quantized kernel ({type(kernel).__name__}) must be 2-D [K, N] quantized along "

@@ -73,3 +73,44 @@ def test_fair_timing_grows_programs_and_keeps_calls_distinct():
     assert len({id(x) for x in small}) == 5 and all(float(x[0]) == i % 2 for i, x in enumerate(small))
     assert all(c[0] is sets[i % 2][0] for i, c in enumerate(calls))  # the large operand rotates
     assert "error" in kernel_time(lambda a, b: a @ a, sets)  # no GPU plane on the CPU
+
+
+def test_train_step_refuses_names_it_would_skip(tmp_path, capsys):
+    """Unknown configs/variants/profiled variants and --hlo without --profile were skipped
+    silently (exit 0, an empty or bf16-only table); --hlo into a missing folder crashed after
+    the timing. Now: argparse errors naming the flag, and the folder is made."""
+    import pytest
+
+    for argv, msg in ((["--configs", "linera"], "--configs: unknown name(s) 'linera'; choose from linear, mlp"),
+                      (["--variants", "mxfp4,bogus"], "--variants: unknown name(s) 'bogus'"),
+                      (["--profile", "bogus"], "--profile: unknown name(s) 'bogus'"),
+                      (["--variants", "mxfp4-nearest", "--profile", "mxfp4"],
+                       "--profile: 'mxfp4' not among the --variants run"),
+                      (["--hlo", str(tmp_path / "h")], "--hlo DIR writes the HLO of each profiled step")):
+        with pytest.raises(SystemExit) as e:
+            train_step.main(["--quick", "--out", str(tmp_path)] + argv)
+        assert e.value.code == 2 and msg in capsys.readouterr().err
+    hlo = tmp_path / "new" / "hlo"
+    assert train_step.main(["--quick", "--out", str(tmp_path), "--configs", "linear", "--variants",
+                            "mxfp4-nearest", "--profile", "mxfp4-nearest", "--hlo", str(hlo)]) == 0
+    assert "HloModule" in (hlo / "hlo_linear_mxfp4-nearest.txt").read_text()
+
+
+def test_gemm_refuses_what_it_would_skip(tmp_path, capsys):
+    """--only/--layers/--decode-m values outside the benchmark's lists were skipped silently (an
+    empty table, exit 0), malformed ones raised a bare int() traceback, and --quick ignored them."""
+    import pytest
+
+    for argv, msg in ((["--quick", "--only", "bogus"], "--only: bogus not among this benchmark's"),
+                      (["--layers", "64x64x48"], "--layers: 64x64x48 not among this benchmark's 1024x8192x8192"),
+                      (["--decode-m", "3"], "--decode-m: 3 not among this benchmark's 16, 1, 64, 128"),
+                      (["--layers", "axbxc"], "--layers TxKxN shapes"),
+                      (["--decode-m", "x"], "--decode-m takes integers"),
+                      (["--quick", "--decode-m", "16"], "--quick times its own tiny shapes")):
+        with pytest.raises(SystemExit) as e:
+            gemm.main(["--out", str(tmp_path)] + argv)
+        assert e.value.code == 2 and msg in capsys.readouterr().err
+    # "none" selects no shapes of that kind (was spelled with an unknown shape, e.g. --layers 1x1x1)
+    ns = gemm.argparse.Namespace(decode_m="16", layers="none", only="", quick=False)
+    gemm.check_args(gemm.argparse.ArgumentParser(), ns)
+    assert ns.decode_m == [16] and ns.layers == [None] and not [t for t in gemm.FULL_LAYERS if t in ns.layers]

@@ -20,7 +20,7 @@ import pytest
 import jax_mxfp4 as mx
 from jax_mxfp4 import checkpoint
 from jax_mxfp4.decode_prepared import DecodePrepared, canonical, prepare_decode
-from mx_reference import dequantize_ref, pack_ref
+from mx_reference import dequantize_ref, pack_ref, qdq
 
 XLA = mx.Recipe(backend="xla")
 W4A16_PALLAS = mx.Recipe(backend="pallas", quantize_activations=False)
@@ -381,3 +381,71 @@ def test_prepared_weight_through_the_partitioning_rule(monkeypatch, style, layou
         assert (np.abs(out - single) <= 256 * 2.0**-24 * mag).all()
     else:
         np.testing.assert_array_equal(out, single)
+
+
+def test_explain_and_batched_prepared_operands_raise_like_dot_general():
+    """explain() raises what dot_general raises for a quantized operand contracted along a
+    non-quantized axis (it used to pick a backend); a prepared operand batched by vmap/scan is
+    named as such by dot_general and dense (it used to read as a contracting-shape mismatch or
+    "kernel must be 2-D")."""
+    rng = np.random.default_rng()
+    q, _, _ = mk(rng, (64, 64), 0)
+    x = jnp.asarray(rng.standard_normal((4, 64)), jnp.float32)
+    wrong = (((1,), (1,)), ((), ()))  # rhs contracted along dim 1, quantized along 0
+    for w, what in ((q, "an MXFP4Array"), (prepare_decode(q), "a DecodePrepared array"),
+                    (mx.prepare_fp8(q), "an FP8Prepared array")):
+        for f in (mx.explain, mx.dot_general):
+            with pytest.raises(ValueError, match=f"rhs is {what} quantized along axis 0, but its contracting dims "
+                                                 r"are \(1,\): an MXFP4 operand must be quantized along its single"):
+                f(x, w, wrong)
+    stacked, codes, sb = mk(rng, (3, 64, 32), 1)
+    dn = (((0,), (0,)), ((), ()))
+    for prep, name in ((prepare_decode, "DecodePrepared"), (mx.prepare_fp8, "FP8Prepared")):
+        p3 = prep(stacked)
+        with pytest.raises(ValueError, match=f"batching an? {name} with vmap/scan is not supported"):
+            jax.vmap(lambda b: mx.dot_general(x[0], b, dn))(p3)
+        with pytest.raises(ValueError, match=f"batching an? {name} with vmap/scan is not supported"):
+            jax.lax.scan(lambda c, b: (c, mx.dot_general(x[0], b, dn)), 0, p3)
+        with pytest.raises(ValueError, match=f"batching an? {name} with vmap/scan is not supported"):
+            jax.vmap(lambda b: mx.dense(x, b))(p3)
+    # the supported form of the same products: the stacked weight with dot_general's batch dims,
+    # against the float64 reference (x[0] quantized along K, times each layer's weight)
+    xb = jnp.broadcast_to(x[0], (3, 64))
+    got = mx.dot_general(xb, prepare_decode(stacked), (((1,), (1,)), ((0,), (0,))), recipe=XLA,
+                         preferred_element_type=jnp.float32)
+    ref = np.einsum("k,lkn->ln", qdq(np.asarray(x[0], np.float64), 0), dequantize_ref(codes, sb, 1))
+    np.testing.assert_allclose(np.asarray(got, np.float64), ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
+
+
+def test_children_sharded_along_different_dims_are_named():
+    """Under an explicit mesh, scales sharded otherwise than the data (e.g. one spec given to both
+    children, as jax.device_put(prepared, sharding) does) failed deep in JAX (DuplicateSpecError,
+    ShardingTypeError); now a ValueError with the spec to use. Consistent shardings (K-major
+    scales spec = data spec with the last two entries swapped) and replicated scales give the
+    float64 reference product."""
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    rng = np.random.default_rng()
+    q, codes, sb = mk(rng, (256, 64), 0)
+    p = prepare_decode(q)
+    x = jnp.asarray(rng.standard_normal((8, 256)), jnp.float32)
+    ref = qdq(np.asarray(x), 1) @ dequantize_ref(codes, sb, 0)
+    dn = (((1,), (0,)), ((), ()))
+    mesh = jax.make_mesh((4,), ("m",), axis_types=(jax.sharding.AxisType.Explicit,))
+
+    def put(dspec, sspec):
+        return DecodePrepared(jax.device_put(p.data, NamedSharding(mesh, dspec)),
+                              jax.device_put(p.scales, NamedSharding(mesh, sspec)), 0, p.shape, p.dtype)
+
+    with jax.set_mesh(mesh):
+        f = jax.jit(lambda a, b: mx.dot_general(a, b, dn, recipe=XLA))
+        for dspec, sspec in ((P("m", None), P(None, "m")), (P(None, "m"), P("m", None)), (P("m", None), P(None, None))):
+            got = np.asarray(f(x, put(dspec, sspec)), np.float64)
+            np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
+        for dspec, sspec, want in ((P("m", None), P("m", None), r"P\(None, 'm'\)"),
+                                   (P(None, None), P(None, "m"), r"P\(None, None\)")):
+            with pytest.raises(ValueError, match=r"DecodePrepared.scales are sharded .* must be sharded as the data "
+                                                 rf".* swapped, {want}, or replicated"):
+                f(x, put(dspec, sspec))
+            with pytest.raises(ValueError, match="DecodePrepared.scales are sharded"):
+                jax.jit(lambda b: b.to_mxfp4().dequantize())(put(dspec, sspec))

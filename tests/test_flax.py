@@ -214,3 +214,4 @@ def test_orbax_round_trip_is_bit_exact(tmp_path):
     np.testing.assert_array_equal(np.asarray(kr.scales).view(np.uint8), np.asarray(kq.scales).view(np.uint8))
     np.testing.assert_array_equal(np.asarray(r["params"]["bias"]), np.asarray(q["params"]["bias"]))
     np.testing.assert_array_equal(np.asarray(m.apply(r, x)), np.asarray(m.apply(q, x)))
+

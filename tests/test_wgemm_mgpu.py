@@ -265,9 +265,44 @@ def test_unsupported_shapes_named():
     assert "K=1056" in wm.unsupported_reason(16, 1024, 1056)
 
 
-def test_mosaic_switch_read_at_routing_time(monkeypatch):
-    """$JAX_MXFP4_MOSAIC_W4A16 is read when a problem is routed (not at import): 0 turns the
-    kernel off, a typo raises there, naming the variable."""
+def test_argument_errors_are_named_before_the_kernel():
+    """Ranks, non-arrays, the cfg type, out_dtype and K = 0 are refused with the argument's name
+    (they were unpacking errors, AttributeErrors, a silently accepted int8 output or an empty
+    kernel); scale bytes given as float8_e8m0fnu (DecodePrepared.scales) are the same bytes."""
+    x, wd = jnp.zeros((16, 512), jnp.bfloat16), jnp.zeros((64, 256), jnp.uint8)  # K = bk * split_k
+    srows, skm = jnp.zeros((64, 16), jnp.uint8), jnp.zeros((16, 64), jnp.uint8)
+    for args, kw, err, msg in (
+        ((x[0], wd, srows), {}, ValueError, r"x must be 2-D \(bfloat16 \[M, K\]\), got shape \(512,\)"),
+        ((x[None], wd, srows), {}, ValueError, "x must be 2-D"),
+        ((x, wd[None], srows), {}, ValueError, "w_data must be 2-D"),
+        ((x, wd, skm[None]), {"scales_form": "kmajor"}, ValueError, "w_scales must be 2-D"),
+        (([[1.0]], wd, srows), {}, TypeError, "x must be an array"),
+        ((x, wd, srows), {"cfg": {"bk": 256}}, TypeError, "cfg must be an MgpuConfig or None, got dict"),
+        ((x, wd, srows), {"out_dtype": jnp.int8}, ValueError, "out_dtype must be float32, bfloat16 or float16"),
+        ((x, wd, srows), {"out_dtype": "float64"}, ValueError, "out_dtype must be float32, bfloat16 or float16"),
+        ((x[:, :0], wd[:, :0], srows[:, :0]), {}, ValueError, "K must be > 0"),
+        ((x, wd, skm.view(jnp.float8_e8m0fnu)), {"scales_form": "bf16"}, ValueError, "must be bfloat16"),
+    ):
+        with pytest.raises(err, match=msg):
+            wm.mgpu_w4a16(*args, **kw)
+    if jax.default_backend() == "cpu":  # an eager call on CPU: named, not Pallas' "only interpret mode"
+        with pytest.raises(RuntimeError, match="mgpu_w4a16 runs only on an NVIDIA Hopper GPU .*; x is on cpu"):
+            wm.mgpu_w4a16(x, wd, srows)
+    for form, s in (("kmajor", skm), ("rows", srows)):  # accepted: shapes and dtype as the uint8 form
+        out = jax.eval_shape(lambda a, b, c: wm.mgpu_w4a16(a, b, c, jnp.float32, scales_form=form),
+                             x, wd, s.view(jnp.float8_e8m0fnu))
+        assert out.shape == (16, 64) and out.dtype == jnp.float32
+
+
+@pytest.mark.skipif(not _mgpu_available(), reason="Mosaic GPU lowering unavailable in this jaxlib")
+def test_mosaic_switch_is_read_per_call_like_the_other_switches(monkeypatch):
+    """$JAX_MXFP4_MOSAIC_W4A16 was read once at import: set later it did nothing, and a typo made
+    `import jax_mxfp4` fail everywhere. Now it is read when a CUDA GEMM is planned (as
+    JAX_MXFP4_FUSED_TRAINING and the other switches), a typo raising there with the variable named."""
+    import os
+    import subprocess
+    import sys
+
     from jax_mxfp4.backends import fp8, pallas
     from jax_mxfp4.backends.base import GemmProblem
 
@@ -275,10 +310,12 @@ def test_mosaic_switch_read_at_routing_time(monkeypatch):
                        platform="cuda", lhs_kind="float", rhs_kind="mxfp4", lhs_dtype=np.dtype(jnp.bfloat16))
     monkeypatch.setattr(pallas, "W4A16_MOSAIC_GPU", None)
     monkeypatch.setattr(fp8, "_compute_capability", lambda: (9, 0))
-    monkeypatch.setenv("JAX_MXFP4_MOSAIC_W4A16", "1")
-    assert "Mosaic" in pallas.PallasBackend().route(prob)
-    monkeypatch.setenv("JAX_MXFP4_MOSAIC_W4A16", "off")
-    assert "Mosaic" not in pallas.PallasBackend().route(prob)
-    monkeypatch.setenv("JAX_MXFP4_MOSAIC_W4A16", "of")
-    with pytest.raises(ValueError, match="JAX_MXFP4_MOSAIC_W4A16"):
+    for value, on in (("0", False), ("off", False), ("1", True), ("", True)):
+        monkeypatch.setenv("JAX_MXFP4_MOSAIC_W4A16", value)
+        assert ("Mosaic GPU kernel" in pallas.PallasBackend().route(prob)) == on, value
+    monkeypatch.setenv("JAX_MXFP4_MOSAIC_W4A16", "bogus")
+    with pytest.raises(ValueError, match=r"\$JAX_MXFP4_MOSAIC_W4A16 must be 1/on/true/yes or 0/off/false/no, got 'bogus'"):
         pallas.PallasBackend().route(prob)
+    env = dict(os.environ, JAX_MXFP4_MOSAIC_W4A16="bogus")
+    r = subprocess.run([sys.executable, "-c", "import jax_mxfp4"], env=env, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr[-2000:]

@@ -51,7 +51,8 @@ import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
 
-from ..mx_format import BLOCK_SIZE, e8m0_to_bf16_bits
+from ..checks import check_output_dtype
+from ..mx_format import BLOCK_SIZE, as_scale_bytes, e8m0_to_bf16_bits
 from . import e2m1_asm
 
 DECODES = ("mul", "select", "ptx")
@@ -269,6 +270,22 @@ def _kernel(xe_ref, xo_ref, w_ref, s_ref, o_ref, acc_ref, *, cfg: MgpuConfig, st
         o_ref[...] = acc_ref[...]
 
 
+def _check_eager_device(x):
+    """RuntimeError for an eager call (concrete ``x``) on a device that is not a GPU: Pallas would
+    say "Only interpret mode is supported on CPU backend", which this kernel has not. Traced calls
+    are checked when lowered. Called right before each launch, after the shape checks."""
+    try:
+        where = sorted({d.platform for d in x.devices()})
+    except Exception:  # a tracer (ConcretizationTypeError) or not a jax.Array: checked when lowered
+        return
+    if any(p not in ("gpu", "cuda") for p in where):
+        raise RuntimeError(
+            f"mgpu_w4a16 runs only on an NVIDIA Hopper GPU (sm_90a, Mosaic GPU); x is on {', '.join(where)}. "
+            "Use jax_mxfp4.dot_general (it routes here on such a GPU), or lower it for CUDA under jax.jit "
+            "(jit(...).trace(...).lower(lowering_platforms=('cuda',)))"
+        )
+
+
 def _kernel_call(xe, xo, w_data, scales, *, cfg: MgpuConfig, n: int, mp: int, stages: int, specs):
     """``plgpu.kernel`` launcher: one warpgroup per CTA, one CTA per (64-row tile, K split), the K
     steps through ``plgpu.emit_pipeline`` (TMA issued by the same warpgroup)."""
@@ -297,6 +314,7 @@ def _kernel_call(xe, xo, w_data, scales, *, cfg: MgpuConfig, n: int, mp: int, st
 
         pl.run_scoped(scope, plgpu.ACC((_WG_ROWS, mp), jnp.float32))
 
+    _check_eager_device(xe)
     f = plgpu.kernel(
         body,
         out_type=jax.ShapeDtypeStruct((cfg.split_k * n, mp), jnp.float32),
@@ -387,6 +405,7 @@ def _warp_specialized_call(xe, xo, w_data, scales, *, cfg: MgpuConfig, n: int, m
             operands.append(s_g.at[pl.ds(sp * nbs, nbs), pl.ds(tile * rows, rows)])
         pipeline(*operands)
 
+    _check_eager_device(xe)
     f = plgpu.kernel(
         body,
         out_type=jax.ShapeDtypeStruct((cfg.split_k * n, mp), jnp.float32),
@@ -414,14 +433,27 @@ def mgpu_w4a16(x, w_data, w_scales, out_dtype=jnp.bfloat16, cfg: MgpuConfig | No
         transposed to "kmajor" per call, one small XLA transpose), "kmajor" uint8 [K/32, N] (the
         kernel's own layout: read by TMA and converted to bfloat16 in registers, no per-call
         work; what :func:`jax_mxfp4.prepare_decode` stores), or "bf16" the bfloat16 [K/32, N] from
-        :func:`kernel_scales` (measurement only). ``cfg.raw_scales`` takes "rows".
+        :func:`kernel_scales` (measurement only). "rows" and "kmajor" also take the same bytes as
+        ``float8_e8m0fnu`` (e.g. ``DecodePrepared.scales``; a bitcast). ``cfg.raw_scales`` takes "rows".
       out_dtype: float32, bfloat16 or float16. cfg: :class:`MgpuConfig` (default MgpuConfig()).
     Runs only on an NVIDIA Hopper GPU (sm_90a) through Mosaic GPU.
     Raises:
-      ValueError: shapes, dtypes, or a K that is not a multiple of ``cfg.bk * cfg.split_k``.
+      TypeError: ``cfg`` not an MgpuConfig; ``x``, ``w_data`` or ``w_scales`` not arrays.
+      RuntimeError: called eagerly with ``x`` on a device other than a GPU (traced calls are
+        checked when lowered: Pallas refuses other platforms).
+      ValueError: ranks, shapes, dtypes (``out_dtype`` included), K = 0, or a K that is not a
+        multiple of ``cfg.bk * cfg.split_k``.
     """
-    cfg = cfg or MgpuConfig()
-    plgpu = _plgpu()
+    cfg = MgpuConfig() if cfg is None else cfg
+    if not isinstance(cfg, MgpuConfig):
+        raise TypeError(f"mgpu_w4a16: cfg must be an MgpuConfig or None, got {type(cfg).__name__}")
+    for name, v, what in (("x", x, "bfloat16 [M, K]"), ("w_data", w_data, "uint8 [N, K/2]"),
+                          ("w_scales", w_scales, "the E8M0 scales, 2-D")):
+        if not hasattr(v, "shape") or not hasattr(v, "dtype"):
+            raise TypeError(f"mgpu_w4a16: {name} must be an array ({what}), got {type(v).__name__}")
+        if len(v.shape) != 2:
+            raise ValueError(f"mgpu_w4a16: {name} must be 2-D ({what}), got shape {tuple(v.shape)}")
+    out_dtype = check_output_dtype(out_dtype, "mgpu_w4a16: out_dtype")
     m, k = x.shape
     n, half_k = w_data.shape
     if x.dtype != jnp.bfloat16:
@@ -429,8 +461,12 @@ def mgpu_w4a16(x, w_data, w_scales, out_dtype=jnp.bfloat16, cfg: MgpuConfig | No
     if w_data.dtype != jnp.uint8 or half_k * 2 != k:
         raise ValueError(f"mgpu_w4a16: w_data must be uint8 [N, K/2] with K={k}, got "
                          f"{w_data.dtype} {w_data.shape}")
+    if k == 0:
+        raise ValueError("mgpu_w4a16: K must be > 0 (an empty contraction is an exact zero: no kernel to run)")
     if scales_form not in SCALE_FORMS:
         raise ValueError(f"mgpu_w4a16: scales_form must be one of {SCALE_FORMS}, got {scales_form!r}")
+    if scales_form != "bf16" and w_scales.dtype == jnp.float8_e8m0fnu:
+        w_scales = as_scale_bytes(w_scales)  # the same bytes (what prepare_decode stores)
     sshape = (n, k // BLOCK_SIZE) if scales_form == "rows" else (k // BLOCK_SIZE, n)
     sdtype = jnp.bfloat16 if scales_form == "bf16" else jnp.uint8
     if w_scales.shape != sshape or w_scales.dtype != sdtype:
@@ -445,6 +481,7 @@ def mgpu_w4a16(x, w_data, w_scales, out_dtype=jnp.bfloat16, cfg: MgpuConfig | No
     if cfg.raw_scales and scales_form != "rows":
         raise ValueError(f"mgpu_w4a16: raw_scales takes the E8M0 bytes [N, K/32] (scales_form 'rows'), "
                          f"got {scales_form!r}")
+    plgpu = _plgpu()
     scales = w_scales.T if scales_form == "rows" and not cfg.raw_scales else w_scales
     if cfg.decode != "ptx" and scales.dtype == jnp.uint8:  # the "mul"/"select" decodes load bfloat16 scales
         scales = lax.bitcast_convert_type(e8m0_to_bf16_bits(scales), jnp.bfloat16)
@@ -476,6 +513,7 @@ def mgpu_w4a16(x, w_data, w_scales, out_dtype=jnp.bfloat16, cfg: MgpuConfig | No
                  plgpu.BlockSpec((cfg.bk // BLOCK_SIZE, _WG_ROWS), lambda t: (t, 0))]
         out = _kernel_call(xe, xo, w_data, scales, cfg=cfg, n=n, mp=mp, stages=stages, specs=specs)
     else:
+        _check_eager_device(xe)
         out = pl.pallas_call(
             functools.partial(_kernel, cfg=cfg, steps=steps),
             out_shape=jax.ShapeDtypeStruct((cfg.split_k * n, mp), jnp.float32),
