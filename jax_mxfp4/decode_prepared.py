@@ -35,6 +35,7 @@ import numpy as np
 
 from . import checks
 from .array import MXFP4Array, _packed_shapes
+from .prepared import PreparedWeight
 from .mx_format import BLOCK_SIZE
 
 
@@ -62,7 +63,7 @@ def plain_from_kmajor(scales_kmajor):
 
 @jax.tree_util.register_pytree_node_class
 @dataclasses.dataclass(frozen=True, eq=False)
-class DecodePrepared:
+class DecodePrepared(PreparedWeight):
     """An :class:`jax_mxfp4.MXFP4Array` arranged once for decode-size GEMMs (:func:`prepare_decode`).
 
     Children (see the module docstring for the layout):
@@ -82,6 +83,8 @@ class DecodePrepared:
     ValueError for an unknown ``scale_mode``, an ``axis`` out of range, a quantized length that
     is not a multiple of 32, or children of the wrong shape or dtype (naming the field).
     """
+
+    holds = "a DecodePrepared holds packed E2M1 codes and K-major E8M0 scales"
 
     data: Any
     scales: Any
@@ -134,14 +137,6 @@ class DecodePrepared:
             h = MXFP4Array(jax.ShapeDtypeStruct(pdata, jnp.uint8), jax.ShapeDtypeStruct(pscales, jnp.float8_e8m0fnu),
                            axis, shape, self.dtype, self.scale_mode, "plain", self.hadamard).hadamard
             object.__setattr__(self, "hadamard", h)
-
-    @property
-    def ndim(self) -> int:
-        return len(self.shape)
-
-    @property
-    def size(self) -> int:
-        return int(np.prod(self.shape))
 
     @property
     def nbytes(self) -> int:
@@ -198,16 +193,6 @@ class DecodePrepared:
         plain = plain_from_kmajor(self.scales)
         return MXFP4Array(jnp.moveaxis(self.data, -1, self.axis), jnp.moveaxis(plain, -1, self.axis),
                           self.axis, self.shape, self.dtype, self.scale_mode, "plain", self.hadamard)
-
-    def dequantize(self, dtype=jnp.float32) -> jax.Array:
-        """Same values as ``jax_mxfp4.dequantize(self.to_mxfp4(), dtype)`` (logical shape)."""
-        return self.to_mxfp4().dequantize(dtype)
-
-    def __array__(self, dtype=None, copy=None):
-        raise TypeError(_NOT_DENSE.format(self=self, how="np.asarray/np.array"))
-
-    def __jax_array__(self):
-        raise TypeError(_NOT_DENSE.format(self=self, how="jnp.asarray/jnp.array"))
 
 
 def prepare_decode(w: MXFP4Array) -> DecodePrepared:
@@ -276,9 +261,3 @@ def canonical(x: DecodePrepared, contracting, batch) -> DecodePrepared:
         plain = jnp.transpose(plain, perm + (nd - 1,)).reshape(bsz, fsz, nb)
         scales = jnp.swapaxes(plain, 1, 2)
     return DecodePrepared(data, scales, 2, (bsz, fsz, k), x.dtype, x.scale_mode, x.hadamard)
-
-
-_NOT_DENSE = (
-    "{how} on {self}: a DecodePrepared holds packed E2M1 codes and K-major E8M0 scales, not a dense "
-    "array; decode it with q.dequantize(dtype), or get the exact MXFP4Array back with q.to_mxfp4()"
-)

@@ -40,6 +40,7 @@ import numpy as np
 
 from . import checks
 from .array import MXFP4Array
+from .prepared import PreparedWeight
 from .platform import current_platform, env_switch
 from .mx_format import (
     BLOCK_SIZE,
@@ -184,7 +185,7 @@ def decode_rows(codes, scale_bytes, row_exp, row_flag):
 
 @jax.tree_util.register_pytree_node_class
 @dataclasses.dataclass(frozen=True, eq=False)
-class FP8Prepared:
+class FP8Prepared(PreparedWeight):
     """An :class:`jax_mxfp4.MXFP4Array` converted for the FP8 GEMM path (:func:`prepare_fp8`).
 
     Children (stored with the quantized axis LAST, the K-contiguous layout an FP8 GEMM reads):
@@ -198,6 +199,8 @@ class FP8Prepared:
     Memory: 1 + 1/32 bytes per element plus 5 bytes per row (an MXFP4Array: 17/32).
     A pytree: ``jit``, ``device_put``/sharding and orbax handle it like any tuple of arrays.
     """
+
+    holds = "an FP8Prepared holds E4M3 codes with per-row exponents"
 
     codes: Any
     scales: Any
@@ -246,10 +249,6 @@ class FP8Prepared:
                 )
 
     @property
-    def ndim(self) -> int:
-        return len(self.shape)
-
-    @property
     def nbytes(self) -> int:
         return sum(int(np.prod(v.shape)) * jnp.dtype(v.dtype).itemsize
                    for v in (self.codes, self.scales, self.row_exp, self.row_flag))
@@ -275,16 +274,6 @@ class FP8Prepared:
         data = decode_rows(self.codes, self.scales, self.row_exp, self.row_flag)
         return MXFP4Array(jnp.moveaxis(data, -1, self.axis), jnp.moveaxis(self.scales, -1, self.axis),
                           self.axis, self.shape, self.dtype, self.scale_mode, "plain")
-
-    def dequantize(self, dtype=jnp.float32) -> jax.Array:
-        """Same values as ``jax_mxfp4.dequantize(self.to_mxfp4(), dtype)``."""
-        return self.to_mxfp4().dequantize(dtype)
-
-    def __array__(self, dtype=None, copy=None):
-        raise TypeError(_NOT_DENSE.format(self=self, how="np.asarray/np.array"))
-
-    def __jax_array__(self):
-        raise TypeError(_NOT_DENSE.format(self=self, how="jnp.asarray/jnp.array"))
 
     def exact_rows(self) -> jax.Array:
         """bool [*rest]: rows the FP8 GEMM computes on its exact path (module docstring)."""
@@ -336,9 +325,3 @@ def canonical(x: FP8Prepared, contracting, batch) -> FP8Prepared:
 
     return FP8Prepared(rows(x.codes, k), rows(x.scales, k // BLOCK_SIZE), rows(x.row_exp), rows(x.row_flag),
                        2, (bsz, fsz, k), x.dtype, x.scale_mode)
-
-
-_NOT_DENSE = (
-    "{how} on an FP8Prepared {self.shape}: it holds E4M3 codes with per-row exponents, not a dense "
-    "array; decode it with q.dequantize(dtype), or get the exact MXFP4Array back with q.to_mxfp4()"
-)
