@@ -53,23 +53,13 @@ def _rounding_key(module: nn.Module):
 
 
 def _quantized_kernel(module: nn.Module):
-    """The layer's MXFP4Array kernel, or None (a float kernel, or none yet).
-
-    Raises:
-      TypeError: a prepared kernel (:class:`jax_mxfp4.FP8Prepared`, :class:`jax_mxfp4.DecodePrepared`),
-        which the layers do not take (README "prepare_decode"); Flax would otherwise report its
-        children as a parameter of the wrong shape.
-    """
+    """The layer's pre-quantized kernel (an MXFP4Array, or one prepared from it:
+    :class:`jax_mxfp4.DecodePrepared`, :class:`jax_mxfp4.FP8Prepared`), or None (a float kernel,
+    or none yet). Flax would otherwise see a prepared kernel's children as the parameter."""
     if module.has_variable("params", "kernel"):
         k = module.get_variable("params", "kernel")
-        if isinstance(k, MXFP4Array):
+        if isinstance(k, (MXFP4Array, DecodePrepared, FP8Prepared)):
             return k
-        if isinstance(k, (FP8Prepared, DecodePrepared)):
-            raise TypeError(
-                f"{type(module).__name__} kernel is a prepared weight ({type(k).__name__}); the Flax layers take "
-                "an MXFP4Array kernel: store kernel.to_mxfp4(), or call jax_mxfp4.dense / dot_general with "
-                "the prepared weight"
-            )
     return None
 
 
