@@ -139,14 +139,24 @@ def routing(s):
 
 def check_fused(config, s, sets):
     """The fused and unfused training passes on the device: loss-free step outputs (dX, dW)
-    compared bit for bit (expected identical: same quantized operands, same GEMMs)."""
-    outs = {}
-    for mode in ("1", "0"):
+    compared bit for bit (expected identical: same quantized operands, same GEMMs). Off CUDA the
+    fused kernels run in the Pallas interpreter on backend "fp8" ("auto" would route the GEMMs to
+    "xla", where no fused kernel runs and the comparison would hold trivially); ``fused_kernels``
+    counts the kernels in the fused step."""
+    from jax_mxfp4.dispatch import current_platform
+
+    cuda = current_platform() == "cuda"
+    fused, recipe = ("1", mx.Recipe()) if cuda else ("interpret", mx.Recipe(backend="fp8"))
+    outs, kernels = {}, 0
+    for mode in (fused, "0"):
         with _env(FUSED_ENV, mode):
-            outs[mode] = jax.jit(make_step(layer_fns(config, mx.Recipe())))(*sets[0])
-    same = [bool(jnp.array_equal(a, b)) for a, b in zip(outs["1"], outs["0"])]
-    diff = [float(jnp.max(jnp.abs(a.astype(jnp.float32) - b.astype(jnp.float32)))) for a, b in zip(outs["1"], outs["0"])]
-    return {"config": config, "bit_identical": same, "max_abs_diff": diff}
+            step = make_step(layer_fns(config, recipe))
+            if mode == fused:
+                kernels = str(jax.make_jaxpr(step)(*sets[0])).count("pallas_call")
+            outs[mode] = jax.jit(step)(*sets[0])
+    same = [bool(jnp.array_equal(a, b)) for a, b in zip(outs[fused], outs["0"])]
+    diff = [float(jnp.max(jnp.abs(a.astype(jnp.float32) - b.astype(jnp.float32)))) for a, b in zip(outs[fused], outs["0"])]
+    return {"config": config, "bit_identical": same, "max_abs_diff": diff, "fused_mode": fused, "fused_kernels": kernels}
 
 
 def profile_step(config, variant, recipe, sets, top=25, hlo_dir=None):
@@ -310,7 +320,8 @@ def markdown(result):
         lines.append(f"- {name} {d['mnk'][0]}x{d['mnk'][1]}x{d['mnk'][2]}: {d['backend']} ({d['contract']})")
     for c in result.get("fused_checks", []):
         lines.append(f"- fused vs unfused passes, {c['config']} (dX, dW): {c.get('bit_identical', c.get('error'))}"
-                     f"{'' if 'error' in c else ', max |diff| ' + str(c['max_abs_diff'])}")
+                     + ("" if "error" in c else f", max |diff| {c['max_abs_diff']} ({c['fused_kernels']} fused "
+                        f"kernels, ${FUSED_ENV}={c['fused_mode']})"))
     return "\n".join(lines) + "\n"
 
 

@@ -215,3 +215,28 @@ def test_orbax_round_trip_is_bit_exact(tmp_path):
     np.testing.assert_array_equal(np.asarray(r["params"]["bias"]), np.asarray(q["params"]["bias"]))
     np.testing.assert_array_equal(np.asarray(m.apply(r, x)), np.asarray(m.apply(q, x)))
 
+
+
+def test_layers_take_a_prepared_kernel():
+    """A DecodePrepared / FP8Prepared kernel in a layer's params: the nnx layer took it, while
+    linen reported its children as a kernel of the wrong shape (Flax's ScopeParamShapeError). Now
+    every layer takes it: the same output as the MXFP4Array kernel, bit for bit, equal to the
+    float64 reference, and a finite input gradient."""
+    rng = np.random.default_rng()
+    x = jnp.asarray(rng.standard_normal((4, 64)), jnp.float32)
+    w = rng.standard_normal((64, 96)).astype(np.float32)
+    q = mx.quantize(jnp.asarray(w), 0)
+    ref = dequantize_ref(*quantize_ref(np.asarray(x), 1, "even"), 1) @ dequantize_ref(*quantize_ref(w, 0, "even"), 0)
+    layers = (mxf.linen.Dense(96, use_bias=False), mxf.linen.DenseGeneral(96, use_bias=False),
+              mxf.linen.Einsum((64, 96), "mk,kn->mn", use_bias=False))
+    for layer in layers:
+        want = np.asarray(layer.apply({"params": {"kernel": q}}, x))
+        np.testing.assert_allclose(want.astype(np.float64), ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
+        for prepared in (mx.prepare_decode(q), mx.prepare_fp8(q)):
+            f = lambda xx, k=prepared: layer.apply({"params": {"kernel": k}}, xx)  # noqa: E731
+            np.testing.assert_array_equal(np.asarray(f(x)), want, err_msg=f"{type(layer).__name__} {type(prepared).__name__}")
+            assert np.isfinite(np.asarray(jax.grad(lambda xx: f(xx).sum())(x))).all()
+    lin = mxf.nnx.Linear(64, 96, use_bias=False, rngs=nnx.Rngs(0))
+    for k in (q, mx.prepare_decode(q), mx.prepare_fp8(q)):
+        lin.kernel.value = k
+        np.testing.assert_allclose(np.asarray(lin(x), np.float64), ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
