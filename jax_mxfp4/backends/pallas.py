@@ -18,6 +18,7 @@ named explicitly: it then runs the same kernels in the Pallas interpreter (slow;
 
 from __future__ import annotations
 
+import dataclasses
 
 import jax
 import jax.numpy as jnp
@@ -109,42 +110,35 @@ class PallasBackend(Backend):
         return None
 
     def route(self, problem: GemmProblem) -> str:
-        if not (problem.has_float_operand or min(problem.m, problem.n) <= A4W4_MAX_SMALL_SIDE):
+        plan = _plan(problem)
+        if plan.kind == "tiled":
             return "a4w4 tiled kernel (both operands decoded in the K loop)" + _converted_note(problem)
-        swap = problem.lhs_kind != "float" if problem.has_float_operand else problem.m > problem.n
-        rows = problem.n if swap else problem.m
         decode = decode_for(problem.platform)
-        if problem.has_float_operand and rows >= W4A16_TWO_PASS_MIN_ROWS and problem.platform != "cpu":
-            return (f"two-pass w4a16: {rows} activation rows >= {W4A16_TWO_PASS_MIN_ROWS}, weight decoded "
+        if plan.kind == "two-pass":
+            return (f"two-pass w4a16: {plan.rows} activation rows >= {W4A16_TWO_PASS_MIN_ROWS}, weight decoded "
                     f"to bfloat16 once ({decode} decode), then XLA's bfloat16 GEMM" + _converted_note(problem))
         what = "w4a16" if problem.has_float_operand else "a4w4 with the small side dequantized to bfloat16"
-        mgpu_cfg = _mosaic_gpu_config(problem, rows, problem.m if swap else problem.n)
-        if mgpu_cfg is not None:
-            w_prepared = problem.lhs_decode_prepared if swap else problem.rhs_decode_prepared
-            scales = ("weight from prepare_decode read as stored, no per-call conversion" if w_prepared else
+        if plan.kind == "mosaic":
+            scales = ("weight from prepare_decode read as stored, no per-call conversion" if plan.w_prepared else
                       "E8M0 scales transposed to K-major per call, and the packed data too unless the weight is stored "
                       "K-last (prepare_decode does both once)")
-            return f"Mosaic GPU kernel (WGMMA, decoded weight in registers), {what}, {scales}, {mgpu_cfg}"
+            return f"Mosaic GPU kernel (WGMMA, decoded weight in registers), {what}, {scales}, {plan.mgpu_cfg}"
         from ..kernels.wgemm import default_wconfig
 
-        cfg = default_wconfig(rows, problem.m if swap else problem.n, problem.k, problem.batch, decode=decode)
+        cfg = default_wconfig(plan.rows, plan.wrows, problem.k, problem.batch, decode=decode)
         return f"weight-stationary kernel, {what}, {decode} E2M1 decode, {cfg}" + _converted_note(problem)
 
     def takes_decode_prepared(self, problem: GemmProblem) -> tuple[bool, bool]:
         """The weight side of the Mosaic GPU route, when it is a DecodePrepared (read as stored)."""
-        if not (problem.has_float_operand or min(problem.m, problem.n) <= A4W4_MAX_SMALL_SIDE):
+        plan = _plan(problem)
+        if plan.kind != "mosaic":
             return (False, False)
-        swap = problem.lhs_kind != "float" if problem.has_float_operand else problem.m > problem.n
-        rows, wrows = (problem.n, problem.m) if swap else (problem.m, problem.n)
-        if problem.has_float_operand and rows >= W4A16_TWO_PASS_MIN_ROWS and problem.platform != "cpu":
-            return (False, False)
-        if _mosaic_gpu_config(problem, rows, wrows) is None:
-            return (False, False)
-        return (swap and problem.lhs_decode_prepared, not swap and problem.rhs_decode_prepared)
+        return (plan.swap and problem.lhs_decode_prepared, not plan.swap and problem.rhs_decode_prepared)
 
     def gemm(self, lhs, rhs, problem: GemmProblem) -> jax.Array:
-        if problem.has_float_operand or min(problem.m, problem.n) <= A4W4_MAX_SMALL_SIDE:
-            return _weight_stationary(lhs, rhs, problem)
+        plan = _plan(problem)
+        if plan.kind != "tiled":
+            return _weight_stationary(lhs, rhs, problem, plan)
         from ..kernels.gemm import default_config, mxfp4_gemm
 
         cfg = default_config(problem.m, problem.n, problem.k, problem.batch, a4w4=True)
@@ -190,6 +184,35 @@ def _decoded_bf16(w: MXFP4Array, platform: str) -> jax.Array:
     return flat.reshape(b, r, k)
 
 
+@dataclasses.dataclass(frozen=True)
+class _Plan:
+    """Which path of this backend a problem takes (the one place that decides it): ``kind``
+    "tiled" (a4w4, both sides large), "two-pass" (large-M w4a16 on a GPU), "mosaic" (the Mosaic GPU
+    kernel) or "triton" (the weight-stationary kernel); ``swap``: the lhs is the weight (the side
+    decoded in the K loop); ``rows``/``wrows``: activation / weight rows; ``mgpu_cfg`` for
+    "mosaic"; ``w_prepared``: the weight is a DecodePrepared (read as stored on "mosaic")."""
+
+    kind: str
+    swap: bool = False
+    rows: int = 0
+    wrows: int = 0
+    mgpu_cfg: object = None
+    w_prepared: bool = False
+
+
+def _plan(problem: GemmProblem) -> _Plan:
+    if not (problem.has_float_operand or min(problem.m, problem.n) <= A4W4_MAX_SMALL_SIDE):
+        return _Plan("tiled")
+    # w4a16: the float operand plays x; a4w4: the smaller side does (dequantized to bfloat16)
+    swap = problem.lhs_kind != "float" if problem.has_float_operand else problem.m > problem.n
+    rows, wrows = (problem.n, problem.m) if swap else (problem.m, problem.n)
+    w_prepared = bool(problem.lhs_decode_prepared if swap else problem.rhs_decode_prepared)
+    if problem.has_float_operand and rows >= W4A16_TWO_PASS_MIN_ROWS and problem.platform != "cpu":
+        return _Plan("two-pass", swap, rows, wrows, None, w_prepared)
+    mcfg = _mosaic_gpu_config(problem, rows, wrows)
+    return _Plan("mosaic" if mcfg is not None else "triton", swap, rows, wrows, mcfg, w_prepared)
+
+
 def _mosaic_gpu_config(problem: GemmProblem, rows: int, wrows: int):
     """The Mosaic GPU kernel's config where ``W4A16_MOSAIC_GPU`` routes this problem to it, else
     None: CUDA, device 0 of compute capability 9.0 (WGMMA), and a shape it takes. a4w4 problems
@@ -205,44 +228,37 @@ def _mosaic_gpu_config(problem: GemmProblem, rows: int, wrows: int):
     return wgemm_mgpu.default_mgpu_config(rows, wrows, problem.k)
 
 
-def _weight_stationary(lhs, rhs, problem: GemmProblem) -> jax.Array:
+def _weight_stationary(lhs, rhs, problem: GemmProblem, plan: _Plan | None = None) -> jax.Array:
     """w4a16, and a4w4 with one small side: the MXFP4 operand with more rows is the weight
     (decoded inside the kernel's K loop); the other side is bfloat16 (a4w4: its exact dequantized
     values, a small array by construction). Large-M w4a16 decodes the weight once instead and
-    runs XLA's bfloat16 GEMM (``W4A16_TWO_PASS_MIN_ROWS``)."""
+    runs XLA's bfloat16 GEMM (``W4A16_TWO_PASS_MIN_ROWS``). ``plan``: :func:`_plan` of the problem (computed if None)."""
     from ..kernels.wgemm import default_wconfig, weight_stationary_gemm
     from ..quantize import dequantize
 
-    if problem.has_float_operand:
-        swap = problem.lhs_kind != "float"  # the float operand plays x
-    else:
-        swap = problem.m > problem.n  # the smaller side plays x
-    x, w = (rhs, lhs) if swap else (lhs, rhs)
-    rows = problem.n if swap else problem.m
+    plan = plan or _plan(problem)
+    x, w = (rhs, lhs) if plan.swap else (lhs, rhs)
     x = _plain(x)
     if isinstance(x, MXFP4Array):
         x = dequantize(x, jnp.bfloat16)
     x = x.astype(jnp.bfloat16)
-    interpret = problem.platform == "cpu"
-    mcfg = _mosaic_gpu_config(problem, rows, problem.m if swap else problem.n)
-    if mcfg is None or (problem.has_float_operand and rows >= W4A16_TWO_PASS_MIN_ROWS and not interpret):
+    if plan.kind != "mosaic":
         w = _plain(w)  # only the Mosaic GPU route reads a DecodePrepared as stored
-    if problem.has_float_operand and rows >= W4A16_TWO_PASS_MIN_ROWS and not interpret:
+    if plan.kind == "two-pass":
         wf = _decoded_bf16(w, problem.platform)
         out = jax.lax.dot_general(x, wf, (((2,), (2,)), ((0,), (0,))),
                                   preferred_element_type=jnp.float32).astype(problem.out_dtype)
-    elif mcfg is not None:
+    elif plan.kind == "mosaic":
         from ..kernels.wgemm_mgpu import mgpu_w4a16
 
         if isinstance(w, DecodePrepared):  # data [B, N, K/2] and K-major scales [B, K/32, N] as stored
             sbytes, form = as_scale_bytes(w.scales), "kmajor"
         else:
             sbytes, form = as_scale_bytes(w.plain_scales()), "rows"
-        out = jnp.stack([mgpu_w4a16(x[i], w.data[i], sbytes[i], problem.out_dtype, mcfg, scales_form=form)
+        out = jnp.stack([mgpu_w4a16(x[i], w.data[i], sbytes[i], problem.out_dtype, plan.mgpu_cfg, scales_form=form)
                          for i in range(problem.batch)])
     else:
-        wrows = problem.m if swap else problem.n
-        cfg = default_wconfig(rows, wrows, problem.k, problem.batch, decode=decode_for(problem.platform))
-        out = weight_stationary_gemm(x, w.data, as_scale_bytes(w.plain_scales()),
-                                     out_dtype=problem.out_dtype, cfg=cfg, interpret=interpret)
-    return jnp.swapaxes(out, 1, 2) if swap else out
+        cfg = default_wconfig(plan.rows, plan.wrows, problem.k, problem.batch, decode=decode_for(problem.platform))
+        out = weight_stationary_gemm(x, w.data, as_scale_bytes(w.plain_scales()), out_dtype=problem.out_dtype,
+                                     cfg=cfg, interpret=problem.platform == "cpu")
+    return jnp.swapaxes(out, 1, 2) if plan.swap else out
