@@ -25,7 +25,9 @@ like a Flax kernel ([K, N] quantized along axis 0: its packed bytes are transpos
 :func:`jax_mxfp4.prepare_decode` (read as stored on the Mosaic GPU route). Timing: benchmarks/common.py (median of many samples after warm-up, rotating operand
 sets past the L2). Output: JSON, a markdown table and PNG figures in --out.
 
-Usage: python benchmarks/gemm.py [--quick] [--tune] [--only NAME,...] [--out DIR]
+Usage: python benchmarks/gemm.py [--quick] [--tune] [--profile] [--only NAME,...] [--out DIR]
+(--profile: each timed row is run once more under the profiler; its kernels and their device
+times per call are printed and stored under "profile".)
 (--only: a comma list of backend names, e.g. "fp8,fp8-prepared,xla-fp8,scaled_dot"; bf16 is
 always timed.)
 """
@@ -44,7 +46,8 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from jax import lax  # noqa: E402
 
-from benchmarks.common import save_figure, device_info, geomean, n_sets_for, out_dir, time_fn, write_json  # noqa: E402
+from benchmarks.common import (  # noqa: E402
+    device_info, geomean, kernel_time, n_sets_for, out_dir, save_figure, time_fn, write_json)
 from jax_mxfp4 import dispatch  # noqa: E402
 from jax_mxfp4.backends.base import GemmProblem  # noqa: E402
 from jax_mxfp4.quantize import quantize  # noqa: E402
@@ -167,6 +170,19 @@ def backend_fn(name, m, n, k, variant):
     return (lambda a, b: be.gemm(a, b, problem)), layout
 
 
+def _profile(fn, sets, top=8):
+    """Profiler kernel times of one program over the rotating sets (``common.kernel_time``):
+    printed, and returned as {"kernel_s", "calls", "top": [[name, seconds per call], ...]}."""
+    kt = kernel_time(fn, sets)
+    if "error" in kt:
+        print(f"    profile: {kt['error']}", flush=True)
+        return kt
+    ranked = sorted(kt["kernels"].items(), key=lambda kv: -kv[1])
+    print(f"    profile: kernels sum {kt['kernel_s'] * 1e6:.2f} us/call over {kt['calls']} calls; "
+          + "; ".join(f"{name[:60]} {t * 1e6:.2f}" for name, t in ranked[:top]), flush=True)
+    return {"kernel_s": kt["kernel_s"], "calls": kt["calls"], "top": [[n, t] for n, t in ranked[:top]]}
+
+
 def run(args):
     info = device_info()
     quick = args.quick
@@ -215,6 +231,8 @@ def run(args):
                                 jax.block_until_ready(sets)
                             r = time_fn(fn, sets, **timing)
                             r["status"] = "ok"
+                            if args.profile:
+                                r["profile"] = _profile(fn, sets)
                             measured[key] = r
                             del sets
                         except Exception as e:  # record, keep going
@@ -410,6 +428,8 @@ def main(argv=None):
     ap.add_argument("--fprop-only", action="store_true", help="only the decode and fprop GEMMs of each shape")
     ap.add_argument("--only", default="", help="comma list of backends to time besides bf16 (default: all)")
     ap.add_argument("--out", default=None, help="output folder (default benchmarks/results/gemm[-quick])")
+    ap.add_argument("--profile", action="store_true",
+                    help="also run each timed row once under the profiler and print its kernels (device times)")
     args = ap.parse_args(argv)
     check_args(ap, args)
     here = os.path.dirname(os.path.abspath(__file__))

@@ -200,31 +200,17 @@ class RunResult:
     eval_curve: list
 
 
-def train_one(name, recipe, cfg, steps, seed, train_b, eval_b, starts, eval_starts, eval_every, quiet=False,
-              head_recipe=None, mesh=None, via="layers"):
-    """Train one run; returns a :class:`RunResult` (losses in nats/byte). With ``mesh`` the
-    batch is sharded over "data" and the Dense layers over "model" (:func:`param_shardings`)."""
+def make_train_step(model, cfg: dict, steps: int, seed: int):
+    """(step, optimizer, loss_fn) of a run: ``step(params, opt_state, batch, i)`` jitted (AdamW with
+    warm-up and cosine decay, gradient clipping; a fresh stochastic-rounding key per step) -> (params,
+    opt_state, loss). Shared by :func:`train_one` and benchmarks/compile_time.py."""
     import jax
     import jax.numpy as jnp
     import optax
-    from tqdm.auto import tqdm
 
-    model = build_model(cfg, recipe, head_recipe, via=via)
-    tokens0 = jnp.asarray(windows(train_b, starts[0], cfg["seq_len"]))[:, :-1]
-    params = model.init(jax.random.key(seed), tokens0)
-    put_batch = jnp.asarray
-    if mesh is not None:
-        from jax.sharding import NamedSharding, PartitionSpec as P
-
-        params = jax.device_put(params, param_shardings(params, mesh))
-        batch_sharding = NamedSharding(mesh, P("data", None))
-
-        def put_batch(b):
-            return jax.device_put(b, batch_sharding)
     warmup = max(1, steps // 10)
     sched = optax.warmup_cosine_decay_schedule(0.0, cfg["lr"], warmup, max(steps, warmup + 1), cfg["lr"] * 0.1)
     opt = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(sched, b2=0.99, weight_decay=0.01))
-    opt_state = opt.init(params)
 
     def loss_fn(params, batch, rngs=None):
         logits = model.apply(params, batch[:, :-1], rngs=rngs)
@@ -241,6 +227,32 @@ def train_one(name, recipe, cfg, steps, seed, train_b, eval_b, starts, eval_star
         loss, grads = jax.value_and_grad(loss_fn)(params, batch, rngs)
         updates, opt_state = opt.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, loss
+
+    return step, opt, loss_fn
+
+
+def train_one(name, recipe, cfg, steps, seed, train_b, eval_b, starts, eval_starts, eval_every, quiet=False,
+              head_recipe=None, mesh=None, via="layers"):
+    """Train one run; returns a :class:`RunResult` (losses in nats/byte). With ``mesh`` the
+    batch is sharded over "data" and the Dense layers over "model" (:func:`param_shardings`)."""
+    import jax
+    import jax.numpy as jnp
+    from tqdm.auto import tqdm
+
+    model = build_model(cfg, recipe, head_recipe, via=via)
+    tokens0 = jnp.asarray(windows(train_b, starts[0], cfg["seq_len"]))[:, :-1]
+    params = model.init(jax.random.key(seed), tokens0)
+    put_batch = jnp.asarray
+    if mesh is not None:
+        from jax.sharding import NamedSharding, PartitionSpec as P
+
+        params = jax.device_put(params, param_shardings(params, mesh))
+        batch_sharding = NamedSharding(mesh, P("data", None))
+
+        def put_batch(b):
+            return jax.device_put(b, batch_sharding)
+    step, opt, loss_fn = make_train_step(model, cfg, steps, seed)
+    opt_state = opt.init(params)
 
     eval_loss_j = jax.jit(loss_fn)
     eval_batches = [put_batch(windows(eval_b, s, cfg["seq_len"])) for s in eval_starts]

@@ -1,0 +1,145 @@
+"""Compile time of the demo's training step (jax_mxfp4.demo), bf16 against MXFP4, per XLA flag set.
+
+Why: on the H200 (session 4) the MXFP4 step of ``python -m jax_mxfp4.demo --size large`` did not
+finish compiling within ~200 s while the bf16 step compiled in ~10 s; tracing and lowering take
+~9 s on a CPU. This script separates the phases: per (recipe, XLA_FLAGS) it runs a fresh process
+that builds the demo's model and jitted step (``demo.make_train_step``) and times
+``jit(...).trace`` + ``lower`` and ``compile`` separately, and the first and a later step.
+Each process is bounded by ``--timeout`` (a run cut there is reported as such).
+
+Usage: python benchmarks/compile_time.py [--size large] [--recipes bf16,mxfp4] [--flags default,autotune0]
+       [--timeout 240] [--out DIR]
+Flag sets: default (none); autotune0 ``--xla_gpu_autotune_level=0``; notriton
+``--xla_gpu_enable_triton_gemm=false``. Prints a table; writes compile_time.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+FLAG_SETS = {"default": "", "autotune0": "--xla_gpu_autotune_level=0",
+             "notriton": "--xla_gpu_enable_triton_gemm=false"}
+
+
+def child(size: str, recipe_name: str, layers: int | None) -> dict:
+    """Runs in the fresh process: phase times of one demo step compile (seconds)."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from jax_mxfp4 import demo
+    from jax_mxfp4.recipe import Recipe
+
+    cfg = dict(demo.SIZES[size])
+    if layers is not None:
+        cfg["n_layers"] = layers
+    recipe = Recipe(**demo.BF16_RECIPE_FIELDS) if recipe_name == "bf16" else Recipe()
+    model = demo.build_model(cfg, recipe)
+    rng = np.random.default_rng(0)
+    batch = jnp.asarray(rng.integers(0, 256, (cfg["batch"], cfg["seq_len"] + 1)), jnp.int32)
+    params = model.init(jax.random.key(0), batch[:, :-1])
+    step, opt, _ = demo.make_train_step(model, cfg, 10, 0)
+    opt_state = opt.init(params)
+    out = {}
+    t0 = time.perf_counter()
+    traced = step.trace(params, opt_state, batch, 0)
+    out["trace_s"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    lowered = traced.lower()
+    out["lower_s"] = time.perf_counter() - t0
+    txt = lowered.as_text()
+    out["hlo_while_loops"] = txt.count("stablehlo.while")
+    out["hlo_dot_generals"] = txt.count("stablehlo.dot_general")
+    out["hlo_custom_calls"] = txt.count("stablehlo.custom_call")
+    print(f"  traced {out['trace_s']:.1f} s, lowered {out['lower_s']:.1f} s ({out['hlo_dot_generals']} dot_general, "
+          f"{out['hlo_while_loops']} while, {out['hlo_custom_calls']} custom_call); compiling...", flush=True)
+    t0 = time.perf_counter()
+    compiled = lowered.compile()
+    out["compile_s"] = time.perf_counter() - t0
+    print(f"  compiled {out['compile_s']:.1f} s", flush=True)
+    t0 = time.perf_counter()
+    params, opt_state, loss = compiled(params, opt_state, batch, 0)
+    jax.block_until_ready(loss)
+    out["first_step_s"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    for i in range(5):
+        params, opt_state, loss = compiled(params, opt_state, batch, i + 1)
+    jax.block_until_ready(loss)
+    out["step_s"] = (time.perf_counter() - t0) / 5
+    out["loss"] = float(loss)
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--size", default="large")
+    ap.add_argument("--layers", type=int, default=None, help="override the model's layer count")
+    ap.add_argument("--recipes", default="bf16,mxfp4")
+    ap.add_argument("--flags", default="default,autotune0")
+    ap.add_argument("--timeout", type=float, default=240.0, help="seconds per process")
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.child:
+        print("RESULT " + json.dumps(child(args.size, args.child, args.layers)), flush=True)
+        return 0
+    from jax_mxfp4 import demo
+
+    if args.size not in demo.SIZES:
+        ap.error(f"--size must be one of {sorted(demo.SIZES)}")
+    recipes = [r for r in args.recipes.split(",") if r]
+    flags = [f for f in args.flags.split(",") if f]
+    for r in recipes:
+        if r not in ("bf16", "mxfp4"):
+            ap.error(f"--recipes: {r!r} is not bf16 or mxfp4")
+    for f in flags:
+        if f not in FLAG_SETS:
+            ap.error(f"--flags: {f!r} is not one of {sorted(FLAG_SETS)}")
+    rows = []
+    for f in flags:
+        for r in recipes:
+            env = dict(os.environ)
+            env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " " + FLAG_SETS[f]).strip()
+            cmd = [sys.executable, os.path.abspath(__file__), "--child", r, "--size", args.size]
+            if args.layers is not None:
+                cmd += ["--layers", str(args.layers)]
+            print(f"[{f} {r}] XLA_FLAGS={env['XLA_FLAGS']!r}", flush=True)
+            t0 = time.perf_counter()
+            row = {"flags": f, "recipe": r, "xla_flags": FLAG_SETS[f]}
+            try:
+                p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout)
+                res = [ln for ln in p.stdout.splitlines() if ln.startswith("RESULT ")]
+                sys.stdout.write("".join(ln + "\n" for ln in p.stdout.splitlines() if not ln.startswith("RESULT ")))
+                if res:
+                    row.update(json.loads(res[-1][len("RESULT "):]), status="ok")
+                else:
+                    row.update(status="error", reason=p.stderr[-1500:])
+            except subprocess.TimeoutExpired as e:
+                out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+                sys.stdout.write(out)
+                row.update(status="timeout", reason=f"cut after {args.timeout:.0f} s")
+            row["wall_s"] = time.perf_counter() - t0
+            print(f"  -> {row['status']} in {row['wall_s']:.1f} s", flush=True)
+            rows.append(row)
+            if args.out:
+                os.makedirs(args.out, exist_ok=True)
+                with open(os.path.join(args.out, "compile_time.json"), "w") as fh:
+                    json.dump(rows, fh, indent=1)
+    print("\n| flags | recipe | trace s | lower s | compile s | first step s | step ms | status |")
+    print("|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        g = lambda k, s=1.0: f"{r[k] * s:.1f}" if k in r else "-"  # noqa: E731
+        print(f"| {r['flags']} | {r['recipe']} | {g('trace_s')} | {g('lower_s')} | {g('compile_s')} | "
+              f"{g('first_step_s')} | {g('step_s', 1e3)} | {r['status']} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
