@@ -35,7 +35,8 @@ from jax import lax  # noqa: E402
 import jax_mxfp4 as mx  # noqa: E402
 from benchmarks.gpu_check import bound_check, rand  # noqa: E402
 from benchmarks.common import device_info, kernel_time, n_sets_for, out_dir, time_fn, write_json  # noqa: E402
-from jax_mxfp4.kernels.wgemm_mgpu import MgpuConfig, kernel_scales, mgpu_w4a16  # noqa: E402
+from jax_mxfp4.decode_prepared import pair_order_bytes  # noqa: E402
+from jax_mxfp4.kernels.wgemm_mgpu import MgpuConfig, mgpu_w4a16  # noqa: E402
 from jax_mxfp4.mx_format import as_e8m0, as_scale_bytes  # noqa: E402
 
 DIMS2 = (((1,), (1,)), ((), ()))
@@ -45,27 +46,35 @@ XLA_W4A16 = mx.Recipe(backend="xla", quantize_activations=False)
 
 
 VARIANTS = {  # name -> MgpuConfig, in order of priority (timing stops at --budget)
-    "k ptx bk256 s4 st4": MgpuConfig(bk=256, split_k=4, stages=4, decode="ptx", launcher="kernel"),  # default
-    "ws raw ptx bk256 s2 st4": MgpuConfig(bk=256, split_k=2, stages=4, decode="ptx", warp_specialized=True,
-                                          raw_scales=True),
+    # "pairs" decode (2026-12-01 default): one x operand; "P" = weight bytes in the "pairs" order
+    # (what prepare_decode stores; x read as it is), "N" = natural bytes (x permuted per call)
+    "k pairs bk256 s4 st4 P": MgpuConfig(bk=256, split_k=4, stages=4, decode="pairs", launcher="kernel"),  # default
+    "k pairs bk256 s4 st4 N": MgpuConfig(bk=256, split_k=4, stages=4, decode="pairs", launcher="kernel"),
+    "k ptx bk256 s4 st4": MgpuConfig(bk=256, split_k=4, stages=4, decode="ptx", launcher="kernel"),  # session 4's
+    "ws pairs bk256 s2 st4 P": MgpuConfig(bk=256, split_k=2, stages=4, decode="pairs", warp_specialized=True),
+    "k pairs bk256 s2 st4 P": MgpuConfig(bk=256, split_k=2, stages=4, decode="pairs", launcher="kernel"),
+    "k pairs bk512 s4 st3 P": MgpuConfig(bk=512, split_k=4, stages=3, decode="pairs", launcher="kernel"),
+    "k pairs bk128 s4 st8 P": MgpuConfig(bk=128, split_k=4, stages=8, decode="pairs", launcher="kernel"),
+    "k pairs bk256 s4 st2 P": MgpuConfig(bk=256, split_k=4, stages=2, decode="pairs", launcher="kernel"),
+    "k pairs bk256 s8 st4 P": MgpuConfig(bk=256, split_k=8, stages=4, decode="pairs", launcher="kernel"),
+    "ws pairs bk256 s4 st4 P": MgpuConfig(bk=256, split_k=4, stages=4, decode="pairs", warp_specialized=True),
     "ws raw ptx bk256 s4 st4": MgpuConfig(bk=256, split_k=4, stages=4, decode="ptx", warp_specialized=True,
                                           raw_scales=True),
-    "k ptx bk512 s4 st3": MgpuConfig(bk=512, split_k=4, stages=3, decode="ptx", launcher="kernel"),
-    "k ptx bk256 s8 st4": MgpuConfig(bk=256, split_k=8, stages=4, decode="ptx", launcher="kernel"),
-    "k ptx bk128 s4 st8": MgpuConfig(bk=128, split_k=4, stages=8, decode="ptx", launcher="kernel"),
-    "k ptx bk256 s4 st2": MgpuConfig(bk=256, split_k=4, stages=2, decode="ptx", launcher="kernel"),
-    "k ptx bk512 s2 st4": MgpuConfig(bk=512, split_k=2, stages=4, decode="ptx", launcher="kernel"),
-    "ws ptx bk256 s4 st4": MgpuConfig(bk=256, split_k=4, stages=4, decode="ptx", warp_specialized=True),
-    "ws raw ptx bk512 s2 st3": MgpuConfig(bk=512, split_k=2, stages=3, decode="ptx", warp_specialized=True,
-                                          raw_scales=True),
-    "ws ptx bk256 s2 st4": MgpuConfig(bk=256, split_k=2, stages=4, decode="ptx", warp_specialized=True),
-    "k mul bk256 s2 st4": MgpuConfig(bk=256, split_k=2, stages=4, launcher="kernel"),
 }
-# one per structure (launcher x warp specialization x scales x decode); "pc" = pallas_call (failed in
-# jax 0.11.2 with a bare AssertionError: no longer run), "k" = plgpu.kernel + emit_pipeline; "raw" =
-# E8M0 bytes read by the kernel (no per-call scale conversion; its slab barrier was mis-indexed
-# in the session-3 run)
-SMOKE = ["k ptx bk256 s4 st4", "ws raw ptx bk256 s2 st4", "ws ptx bk256 s2 st4", "k mul bk256 s2 st4"]
+# one per structure (launcher x warp specialization x scales x decode x byte order); "k" =
+# plgpu.kernel + emit_pipeline, "ws" = warp-specialized, "raw" = E8M0 bytes [N, K/32] read by the
+# kernel. Session 4's other "ptx" tilings and the "mul" decode: benchmarks/results/session4.
+SMOKE = ["k pairs bk256 s4 st4 P", "k pairs bk256 s4 st4 N", "k ptx bk256 s4 st4", "ws pairs bk256 s2 st4 P"]
+
+
+def w_order(name):
+    """The byte order a variant's weight is stored in (``mgpu_w4a16(w_order=...)``)."""
+    return "pairs" if name.endswith(" P") else "natural"
+
+
+def stored(data, name):
+    """The packed weight bytes as the variant ``name`` reads them."""
+    return pair_order_bytes(data) if w_order(name) == "pairs" else data
 
 
 def main(argv=None):
@@ -109,7 +118,8 @@ def main(argv=None):
             operands[(m, n, k)] = (rand(100 + m + k, (m, k)).astype(jnp.bfloat16),
                                    mx.quantize(rand(200 + m + k, (n, k)), 1))
         x, q = operands[(m, n, k)]
-        got = jax.jit(lambda a, d, s: mgpu_w4a16(a, d, s, odt, cfg))(x, q.data, as_scale_bytes(q.scales))
+        got = jax.jit(lambda a, d, s: mgpu_w4a16(a, d, s, odt, cfg, w_order=w_order(name)))(
+            x, stored(q.data, name), as_scale_bytes(q.scales))
         ref = mx.dot_general(x, q, DIMS2, recipe=XLA_W4A16, preferred_element_type=odt)
         r = bound_check(got, ref, jnp.abs(x.astype(jnp.float32)), jnp.abs(mx.dequantize(q)), k,
                         odt == jnp.bfloat16)
@@ -125,8 +135,8 @@ def main(argv=None):
         sb[17, 3] = 255
         x = jnp.asarray(rng.standard_normal((m, k)) * 2.0**-10, jnp.bfloat16)
         cfg = dataclasses.replace(cfg, bk=64, split_k=2, stages=2)
-        got = np.asarray(jax.jit(lambda a, d, s: mgpu_w4a16(a, d, s, jnp.float32, cfg))(
-            x, jnp.asarray(data), jnp.asarray(sb)), np.float64)
+        got = np.asarray(jax.jit(lambda a, d, s: mgpu_w4a16(a, d, s, jnp.float32, cfg, w_order=w_order(name)))(
+            x, stored(jnp.asarray(data), name), jnp.asarray(sb)), np.float64)
         codes = np.stack([data & 15, data >> 4], -1).reshape(n, k)
         e2m1 = np.array([0, .5, 1, 1.5, 2, 3, 4, 6, -0., -.5, -1, -1.5, -2, -3, -4, -6])
         sc = np.where(sb == 255, np.nan, 2.0 ** (sb.astype(np.float64) - 127))
@@ -169,7 +179,7 @@ def main(argv=None):
             passed[name] = bool(guarded("check", f"16x8192 {name}", lambda cfg=cfg, name=name: check(
                 16, 8192, 8192, cfg, jnp.bfloat16, name)))
     best = [nm for nm in VARIANTS if passed.get(nm)]
-    for name in best[:2]:
+    for name in best[:3]:
         guarded("check", f"1x8192 {name}", lambda name=name: check(1, 8192, 8192, VARIANTS[name], jnp.float32, name))
         guarded("check", f"40x1024x4096 {name}", lambda name=name: check(40, 1024, 4096, VARIANTS[name],
                                                                           jnp.float32, name))
@@ -218,7 +228,7 @@ def main(argv=None):
                     "kernel_ratio": kt.get("kernel_s", float("nan")) / base["k"],
                     "detail": {kk: v * 1e6 for kk, v in kt.get("kernels", {}).items()}})
 
-        names = best if m == 16 else best[:2]
+        names = best if m == 16 else best[:3]
         prepared = None
         for name in names:
             cfg = VARIANTS[name]
@@ -226,21 +236,13 @@ def main(argv=None):
                 guarded("time", f"mgpu {name} M={m}", lambda cfg=cfg, name=name: timed(
                     f"mgpu {name} (raw scale bytes)", lambda a, d, s: mgpu_w4a16(a, d, s, jnp.bfloat16, cfg), sets))
                 continue
-            if prepared is None:  # E8M0 bytes in the kernel's K-major layout (scale_layout "kmajor")
-                prepared = [(x, d, s.T) for x, d, s in sets]
+            if prepared is None:  # E8M0 bytes in the kernel's K-major layout, data in both byte orders
+                prepared = {o: [(x, pair_order_bytes(d) if o == "pairs" else d, s.T) for x, d, s in sets]
+                            for o in ("natural", "pairs")}
             guarded("time", f"mgpu {name} M={m}", lambda cfg=cfg, name=name: timed(
                 f"mgpu {name} (kmajor scale bytes)", lambda a, d, s: mgpu_w4a16(
-                    a, d, s, jnp.bfloat16, cfg, scales_form="kmajor"), prepared))
-            if name == next(iter(VARIANTS)):  # the default from plain scale bytes (one transpose per
-                # call, as dispatch runs a plain-layout weight) and with session 3's bfloat16 form
-                guarded("time", f"mgpu {name} rows M={m}", lambda cfg=cfg, name=name: timed(
-                    f"mgpu {name} (plain scale bytes, transposed per call)",
-                    lambda a, d, s: mgpu_w4a16(a, d, s, jnp.bfloat16, cfg), sets))
-                bf = [(x, d, kernel_scales(s)) for x, d, s in sets]
-                guarded("time", f"mgpu {name} bf16 M={m}", lambda cfg=cfg, name=name: timed(
-                    f"mgpu {name} (bfloat16 scales prepared, session 3's form)",
-                    lambda a, d, s: mgpu_w4a16(a, d, s, jnp.bfloat16, cfg, scales_form="bf16"), bf))
-                del bf
+                    a, d, s, jnp.bfloat16, cfg, scales_form="kmajor", w_order=w_order(name)),
+                prepared[w_order(name)]))
         wcfg = default_wconfig(m, n, k)
         if m == 16:
             guarded("time", f"triton M={m}", lambda: timed(

@@ -9,7 +9,10 @@ decode sizes (a few activation rows) those copies cost as much as the GEMM. :fun
 does them once:
 
   data:   uint8 [*rest, K/2]: the packed bytes with the quantized axis moved last (each byte's
-          two E2M1 codes unchanged: element 2i in bits 0-3, 2i+1 in bits 4-7);
+          two E2M1 codes unchanged: element 2i in bits 0-3, 2i+1 in bits 4-7), by default in the
+          "pairs" byte order (:func:`pair_order_bytes`: a 4x4 transpose of the bytes inside each
+          32-element block, so the kernel's register decode meets the activation in natural
+          order; ``byte_order="natural"`` keeps the bytes in place);
   scales: float8_e8m0fnu [*rest[:-1], K/32, rest[-1]]: the E8M0 bytes, K-major ("kmajor": the
           block index before the last non-quantized dim); [K/32] for a 1-D array.
 
@@ -37,6 +40,31 @@ from . import checks
 from .array import MXFP4Array, _packed_shapes
 from .prepared import PreparedWeight
 from .mx_format import BLOCK_SIZE
+
+
+BYTE_ORDERS = ("natural", "pairs")
+
+
+def pair_order_bytes(data, axis: int = -1):
+    """The "pairs" byte order of packed E2M1 bytes along ``axis`` (natural <-> pairs; an involution):
+    within every 16-byte group (one 32-element block) a 4x4 transpose, stored byte 4g + t = natural
+    byte g + 4t. Why: thread g of a Hopper warpgroup's 8-bit WGMMA register layout loads stored
+    bytes 4g..4g+3 of each block, and its bfloat16 A-operand slots t = 0..3 hold K columns
+    8t + 2g, 8t + 2g + 1; with the bytes in this order, decoding byte t into slot t gives the
+    weight in natural K order (jax_mxfp4/kernels/wgemm_mgpu.py, decode "pairs"). Nibbles stay in
+    their bytes. jnp or NumPy arrays; ``axis`` of a length that is a multiple of 16."""
+    axis = axis % data.ndim
+    n = data.shape[axis]
+    if n % (BLOCK_SIZE // 2):
+        raise ValueError(f"pair_order_bytes: axis {axis} has {n} bytes, not whole 16-byte (32-element) blocks")
+    grouped = data.reshape(data.shape[:axis] + (n // 16, 4, 4) + data.shape[axis + 1:])
+    swap = np.swapaxes if isinstance(data, np.ndarray) else jnp.swapaxes
+    return swap(grouped, axis + 1, axis + 2).reshape(data.shape)
+
+
+def order_of(x) -> str | bool:
+    """``x.byte_order`` for a :class:`DecodePrepared`, else False (GemmProblem's ``*_decode_prepared``)."""
+    return x.byte_order if isinstance(x, DecodePrepared) else False
 
 
 def _rest(shape, axis) -> tuple[int, ...]:
@@ -71,7 +99,9 @@ class DecodePrepared(PreparedWeight):
       scales: ``float8_e8m0fnu`` [*rest[:-1], K/32, rest[-1]] (K-major), or [K/32] for 1-D.
     Static: ``axis``, ``shape`` (logical), ``dtype``, ``scale_mode``, ``hadamard`` - those of the
     MXFP4Array it came from (``hadamard``: the ``(block, seed)`` rotation its values carry, as in
-    MXFP4Array; :func:`jax_mxfp4.dot_general` rotates a float operand facing it the same way).
+    MXFP4Array; :func:`jax_mxfp4.dot_general` rotates a float operand facing it the same way);
+    ``byte_order``: "pairs" (default; :func:`pair_order_bytes` applied along the last axis, what
+    :func:`prepare_decode` makes) or "natural" (byte j of a row = elements 2j, 2j+1).
 
     Memory: the same 17/32 bytes per element as an MXFP4Array in the plain layout.
     A pytree: ``jit``, ``device_put``/sharding and orbax handle it like a pair of arrays. It
@@ -93,15 +123,16 @@ class DecodePrepared(PreparedWeight):
     dtype: Any
     scale_mode: str = "even"
     hadamard: tuple[int, int] | None = None
+    byte_order: str = "pairs"
 
     def tree_flatten(self):
-        aux = (self.axis, self.shape, jnp.dtype(self.dtype), self.scale_mode, self.hadamard)
+        aux = (self.axis, self.shape, jnp.dtype(self.dtype), self.scale_mode, self.hadamard, self.byte_order)
         return (self.data, self.scales), aux
 
     @classmethod
     def tree_unflatten(cls, aux, children):
         obj = object.__new__(cls)
-        names = ("data", "scales", "axis", "shape", "dtype", "scale_mode", "hadamard")
+        names = ("data", "scales", "axis", "shape", "dtype", "scale_mode", "hadamard", "byte_order")
         for name, value in zip(names, (*children, *aux)):
             object.__setattr__(obj, name, value)
         return obj
@@ -114,6 +145,8 @@ class DecodePrepared(PreparedWeight):
         object.__setattr__(self, "shape", tuple(int(d) for d in self.shape))
         object.__setattr__(self, "dtype", jnp.dtype(self.dtype))
         checks.check_scale_mode(self.scale_mode, "DecodePrepared scale_mode")
+        if self.byte_order not in BYTE_ORDERS:
+            raise ValueError(f"DecodePrepared byte_order must be one of {BYTE_ORDERS}, got {self.byte_order!r}")
         shape, axis = self.shape, self.axis
         if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)) or not 0 <= axis < len(shape):
             raise ValueError(f"DecodePrepared axis must be an int in [0, {len(shape)}), got {axis!r}")
@@ -146,7 +179,8 @@ class DecodePrepared(PreparedWeight):
     def __repr__(self) -> str:
         return (f"DecodePrepared(shape={self.shape}, dtype={self.dtype.name}, axis={self.axis}, "
                 f"scale_mode={self.scale_mode!r}"
-                + (f", hadamard={self.hadamard}" if self.hadamard is not None else "") + ")")
+                + (f", hadamard={self.hadamard}" if self.hadamard is not None else "")
+                + (f", byte_order={self.byte_order!r}" if self.byte_order != "pairs" else "") + ")")
 
     def _check_children(self):
         """ValueError if the children no longer match the static shape (e.g. the output of
@@ -191,17 +225,21 @@ class DecodePrepared(PreparedWeight):
         """The MXFP4Array this was prepared from, bit for bit (plain scale layout)."""
         self._check_children()
         plain = plain_from_kmajor(self.scales)
-        return MXFP4Array(jnp.moveaxis(self.data, -1, self.axis), jnp.moveaxis(plain, -1, self.axis),
+        data = pair_order_bytes(self.data) if self.byte_order == "pairs" else self.data
+        return MXFP4Array(jnp.moveaxis(data, -1, self.axis), jnp.moveaxis(plain, -1, self.axis),
                           self.axis, self.shape, self.dtype, self.scale_mode, "plain", self.hadamard)
 
 
-def prepare_decode(w: MXFP4Array) -> DecodePrepared:
+def prepare_decode(w: MXFP4Array, byte_order: str = "pairs") -> DecodePrepared:
     """Arrange an MXFP4Array once for decode-size GEMMs (a weight used by many calls).
 
     Args:
       w: an :class:`jax_mxfp4.MXFP4Array` of any rank, quantized along any axis, either scale
         layout (e.g. a Flax kernel [K, N] quantized along axis 0, as
         :func:`jax_mxfp4.flax.quantize_params` makes it).
+      byte_order: "pairs" (default: the packed bytes of each 32-element block in the order the
+        Mosaic GPU kernel decodes with the activation unpermuted, :func:`pair_order_bytes`) or
+        "natural" (the bytes as in ``w``; that kernel then permutes the activation per call).
     Returns:
       :class:`DecodePrepared`: data uint8 [*rest, K/2] (quantized axis moved last) and scales
       float8_e8m0fnu [*rest[:-1], K/32, rest[-1]] (K-major; [K/32, N] for a 2-D weight), the
@@ -212,13 +250,18 @@ def prepare_decode(w: MXFP4Array) -> DecodePrepared:
     Raises:
       TypeError: ``w`` is not an MXFP4Array (a :class:`jax_mxfp4.FP8Prepared` or
         DecodePrepared: call ``to_mxfp4()`` first; a float array: quantize it first).
+      ValueError: an unknown ``byte_order``.
     """
     if not isinstance(w, MXFP4Array):
         hint = " (call .to_mxfp4() first)" if hasattr(w, "to_mxfp4") else " (quantize it with jax_mxfp4.quantize first)"
         raise TypeError(f"prepare_decode takes an MXFP4Array, got {type(w).__name__}{hint}")
+    if byte_order not in BYTE_ORDERS:
+        raise ValueError(f"prepare_decode: byte_order must be one of {BYTE_ORDERS}, got {byte_order!r}")
     data = jnp.moveaxis(w.data, w.axis, -1)
+    if byte_order == "pairs":
+        data = pair_order_bytes(data)
     scales = kmajor_from_plain(jnp.moveaxis(w.plain_scales(), w.axis, -1))
-    return DecodePrepared(data, scales, w.axis, w.shape, w.dtype, w.scale_mode, w.hadamard)
+    return DecodePrepared(data, scales, w.axis, w.shape, w.dtype, w.scale_mode, w.hadamard, byte_order)
 
 
 def canonical(x: DecodePrepared, contracting, batch) -> DecodePrepared:
@@ -260,4 +303,4 @@ def canonical(x: DecodePrepared, contracting, batch) -> DecodePrepared:
         plain = plain_from_kmajor(x.scales) if nd > 1 else x.scales
         plain = jnp.transpose(plain, perm + (nd - 1,)).reshape(bsz, fsz, nb)
         scales = jnp.swapaxes(plain, 1, 2)
-    return DecodePrepared(data, scales, 2, (bsz, fsz, k), x.dtype, x.scale_mode, x.hadamard)
+    return DecodePrepared(data, scales, 2, (bsz, fsz, k), x.dtype, x.scale_mode, x.hadamard, x.byte_order)

@@ -22,6 +22,7 @@ from .hadamard import random_hadamard_transform
 from .backends.base import GemmProblem
 from .decode_prepared import DecodePrepared
 from .decode_prepared import canonical as decode_canonical
+from .decode_prepared import order_of
 from .fp8 import FP8Prepared
 from .fp8 import canonical as fp8_canonical
 from .partitioning import partitioned_gemm
@@ -153,7 +154,7 @@ def _plan(lhs, rhs, dimension_numbers, preferred_element_type, recipe, precision
         batch=batch, m=m, n=n, k=k, out_dtype=out_dtype, scale_layout=recipe.scale_layout,
         platform=dispatch.current_platform(), lhs_kind=lk, rhs_kind=rk,
         lhs_dtype=jnp.dtype(lhs.dtype), rhs_dtype=jnp.dtype(rhs.dtype), precision=precision,
-        lhs_decode_prepared=isinstance(lhs, DecodePrepared), rhs_decode_prepared=isinstance(rhs, DecodePrepared),
+        lhs_decode_prepared=order_of(lhs), rhs_decode_prepared=order_of(rhs),
     )
     return recipe, (lc, rc, lb, rb), problem, out_shape
 
@@ -166,8 +167,7 @@ def _run(a, b, backend_name: str, problem: GemmProblem, platforms=None):
     # backend's Mosaic GPU route); elsewhere the exact MXFP4Array round trip (a scales transpose)
     keep = backend.takes_decode_prepared(problem)
     a, b = (v.to_mxfp4() if isinstance(v, DecodePrepared) and not k else v for v, k in zip((a, b), keep))
-    problem = dataclasses.replace(problem, lhs_decode_prepared=isinstance(a, DecodePrepared),
-                                  rhs_decode_prepared=isinstance(b, DecodePrepared))
+    problem = dataclasses.replace(problem, lhs_decode_prepared=order_of(a), rhs_decode_prepared=order_of(b))
     if backend.opaque:
         return partitioned_gemm(a, b, backend_name, problem, platforms)
     return backend.gemm(a, b, problem)

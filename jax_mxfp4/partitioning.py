@@ -49,8 +49,8 @@ def _unflatten(arrays, kind, dtype, decode_prepared=False):
         return arrays[0]
     data, scales = arrays
     b, f, kh = data.shape
-    if decode_prepared:
-        return DecodePrepared(data, scales, 2, (b, f, 2 * kh), dtype, "even")
+    if decode_prepared:  # the operand's byte order (GemmProblem.*_decode_prepared)
+        return DecodePrepared(data, scales, 2, (b, f, 2 * kh), dtype, "even", None, decode_prepared)
     return MXFP4Array(data, scales, 2, (b, f, 2 * kh), dtype, "even", "plain")
 
 

@@ -48,14 +48,19 @@ def u8(a):
 @pytest.mark.parametrize("shape,axis", [((96, 40), 0), ((40, 96), 1), ((64, 5, 7), 0), ((3, 64, 7), 1),
                                         ((3, 5, 64), 2), ((256,), 0)])
 @pytest.mark.parametrize("layout", ["plain", "swizzled"])
-def test_layout_and_round_trip_bit_exact_every_e8m0_byte(shape, axis, layout):
+@pytest.mark.parametrize("byte_order", ["pairs", "natural"])
+def test_layout_and_round_trip_bit_exact_every_e8m0_byte(shape, axis, layout, byte_order):
     rng = np.random.default_rng()
     q, codes, sb = mk(rng, shape, axis, every_byte=True)
     q = q.with_scale_layout(layout)
-    p = prepare_decode(q)
+    p = prepare_decode(q, byte_order=byte_order) if byte_order != "pairs" else prepare_decode(q)  # "pairs": the default
     assert isinstance(p, DecodePrepared) and (p.shape, p.axis, p.dtype) == (q.shape, q.axis, q.dtype)
+    assert p.byte_order == byte_order
     # layout (module docstring), from NumPy moves of the bytes
     want_data = np.moveaxis(pack_ref(codes, axis), axis, -1)
+    if byte_order == "pairs":  # stored byte 16b + 4g + t = natural byte 16b + g + 4t
+        pos = np.arange(want_data.shape[-1])
+        want_data = want_data[..., 16 * (pos // 16) + (pos % 16) // 4 + 4 * (pos % 4)]
     want_scales = np.moveaxis(sb, axis, -1)
     if want_scales.ndim >= 2:
         want_scales = np.swapaxes(want_scales, -1, -2)

@@ -123,11 +123,18 @@ def _mgpu_available():
     (1, 1024, 1024, wm.MgpuConfig(bk=64, split_k=2, decode="ptx", warp_specialized=True, raw_scales=True)),
     (16, 8192, 8192, wm.MgpuConfig(decode="ptx", launcher="kernel")),
     (128, 1024, 2048, wm.MgpuConfig(bk=128, decode="mul", launcher="kernel")),
+    (16, 8192, 8192, wm.MgpuConfig(split_k=4, decode="pairs", launcher="kernel")),
+    (1, 1024, 2048, wm.MgpuConfig(bk=512, stages=3, decode="pairs", launcher="kernel")),
+    (40, 1024, 4096, wm.MgpuConfig(bk=64, split_k=1, decode="pairs", launcher="kernel")),
+    (16, 8192, 8192, wm.MgpuConfig(decode="pairs", warp_specialized=True)),
+    (16, 8192, 8192, wm.MgpuConfig(decode="pairs", warp_specialized=True, raw_scales=True)),
+    (16, 8192, 8192, wm.MgpuConfig(decode="pairs")),
 ])
 def test_lowers_for_cuda(m, n, k, cfg):
     forms = ("rows",) if cfg.raw_scales else wm.SCALE_FORMS
-    for form in forms:
-        f = jax.jit(lambda x, d, s: wm.mgpu_w4a16(x, d, s, jnp.bfloat16, cfg, scales_form=form))
+    orders = ("natural", "pairs") if cfg.decode == "pairs" else ("natural",)
+    for form, order in ((f, o) for f in forms for o in orders):
+        f = jax.jit(lambda x, d, s: wm.mgpu_w4a16(x, d, s, jnp.bfloat16, cfg, scales_form=form, w_order=order))
         sshape, sdt = ((n, k // 32), jnp.uint8) if form == "rows" else ((k // 32, n), jnp.uint8)
         if form == "bf16":
             sdt = jnp.bfloat16
@@ -168,6 +175,14 @@ def test_bad_input_refused(shapes, msg):
         wm.mgpu_w4a16(jnp.zeros(xs, xd), jnp.zeros(ds, jnp.uint8), jnp.zeros(ss, jnp.uint8))
 
 
+def test_byte_order_refused_where_the_decode_cannot_read_it():
+    args = (jnp.zeros((16, 256), jnp.bfloat16), jnp.zeros((64, 128), jnp.uint8), jnp.zeros((64, 8), jnp.uint8))
+    with pytest.raises(ValueError, match="w_order must be one of"):
+        wm.mgpu_w4a16(*args, w_order="interleaved")
+    with pytest.raises(ValueError, match='w_order="pairs" bytes need'):
+        wm.mgpu_w4a16(*args, cfg=wm.MgpuConfig(bk=64, decode="ptx"), w_order="pairs")
+
+
 @pytest.mark.skipif(not _mgpu_available(), reason="Mosaic GPU lowering unavailable in this jaxlib")
 def test_warp_specialized_refuses_what_does_not_fit():
     cfg = wm.MgpuConfig(bk=512, decode="ptx", warp_specialized=True)
@@ -188,6 +203,48 @@ def test_config_validation():
         wm.MgpuConfig(decode="asm")
     with pytest.raises(ValueError, match="bk"):
         wm.MgpuConfig(bk=48)
+
+
+def _pairs_fragment(stored, e2m1_values):
+    """NumPy model of the "pairs" decode's data flow: thread g of a row holds stored bytes
+    16b + 4g .. 16b + 4g + 3 of block b (WGMMA_LAYOUT_8BIT) and writes byte t's two elements to
+    its bfloat16 WGMMA A slots, K columns 32b + 8t + 2g (low nibble) and +1 (high nibble)."""
+    rows, kh = stored.shape
+    frag = np.empty((rows, 2 * kh))
+    for b in range(kh // 16):
+        for g in range(4):
+            for t in range(4):
+                byte = stored[:, 16 * b + 4 * g + t]
+                col = 32 * b + 8 * t + 2 * g
+                frag[:, col], frag[:, col + 1] = e2m1_values[byte & 15], e2m1_values[byte >> 4]
+    return frag
+
+
+@pytest.mark.parametrize("byte_order", ["pairs", "natural"])
+def test_pairs_decode_meets_x_in_the_right_order(byte_order):
+    """"pairs" bytes (pair_order_bytes) against x as it is, natural bytes against
+    permute_x_pairs(x): both give the natural product exactly (small integers, float64)."""
+    from jax_mxfp4.decode_prepared import pair_order_bytes
+
+    rng = np.random.default_rng()
+    n, k = 5, 96
+    codes = rng.integers(0, 16, (n, k)).astype(np.uint8)
+    natural = codes[:, 0::2] | (codes[:, 1::2] << 4)
+    x = rng.integers(-8, 9, (3, k)).astype(np.float32)
+    stored = pair_order_bytes(natural) if byte_order == "pairs" else natural
+    xk = x if byte_order == "pairs" else np.asarray(wm.permute_x_pairs(jnp.asarray(x, jnp.bfloat16)), np.float64)
+    got = xk @ _pairs_fragment(stored, E2M1_VALUES).T
+    np.testing.assert_array_equal(got, x.astype(np.float64) @ E2M1_VALUES[codes].T)
+    if byte_order == "pairs":  # a 4x4 transpose per block: an involution, and only a permutation
+        np.testing.assert_array_equal(pair_order_bytes(stored), natural)
+        np.testing.assert_array_equal(np.sort(stored, axis=1), np.sort(natural, axis=1))
+
+
+def test_pairs_order_refuses_a_partial_block():
+    from jax_mxfp4.decode_prepared import pair_order_bytes
+
+    with pytest.raises(ValueError, match="16-byte"):
+        pair_order_bytes(np.zeros((2, 24), np.uint8))
 
 
 def test_ptx_fragment_order_is_a_permutation_matching_the_layouts():

@@ -251,12 +251,13 @@ def _weight_stationary(lhs, rhs, problem: GemmProblem, plan: _Plan | None = None
     elif plan.kind == "mosaic":
         from ..kernels.wgemm_mgpu import mgpu_w4a16
 
+        order = "natural"
         if isinstance(w, DecodePrepared):  # data [B, N, K/2] and K-major scales [B, K/32, N] as stored
-            sbytes, form = as_scale_bytes(w.scales), "kmajor"
+            sbytes, form, order = as_scale_bytes(w.scales), "kmajor", w.byte_order
         else:
             sbytes, form = as_scale_bytes(w.plain_scales()), "rows"
-        out = jnp.stack([mgpu_w4a16(x[i], w.data[i], sbytes[i], problem.out_dtype, plan.mgpu_cfg, scales_form=form)
-                         for i in range(problem.batch)])
+        out = jnp.stack([mgpu_w4a16(x[i], w.data[i], sbytes[i], problem.out_dtype, plan.mgpu_cfg, scales_form=form,
+                                    w_order=order) for i in range(problem.batch)])
     else:
         cfg = default_wconfig(plan.rows, plan.wrows, problem.k, problem.batch, decode=decode_for(problem.platform))
         out = weight_stationary_gemm(x, w.data, as_scale_bytes(w.plain_scales()), out_dtype=problem.out_dtype,

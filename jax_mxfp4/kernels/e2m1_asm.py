@@ -60,6 +60,21 @@ _DECODE_PTX = (
 # $4: the 4 packed bytes; $5,$6: the scales of bytes 0,1 | 2,3. Every output element depends on
 # its own byte and scale only: Triton may pack any 4 of a thread's elements into one instance.
 
+# Pair decode (the Mosaic GPU kernel's "pairs" decode): each byte -> one bfloat16x2 register
+# holding its two elements in order (low nibble = element 2j in the low lane, high nibble = element
+# 2j+1 in the high lane), the layout a bfloat16 WGMMA A fragment wants for two consecutive K
+# columns. Per byte k: one prmt puts byte k of q into the low lane and byte k of q >> 4 (whose low
+# nibble is byte k's high nibble) into the high lane; then the low-nibble lane formula above.
+# $0..$3: bytes 0..3 of $4; $5: the block scale in both lanes (all four bytes share one block).
+_PAIR_SELECTORS = (0x4400, 0x5511, 0x6622, 0x7733)  # byte k of {q (0-3), q >> 4 (4-7)} per lane
+_DECODE_PAIRS_PTX = (
+    "{\n.reg .b32 q4, t, a, b, k;\nmov.b32 k, 0x7E807E80;\nshr.u32 q4, $4, 4;\n"
+    + "".join(f"prmt.b32 t, $4, q4, {sel:#06x};\n" + _lanes(f"${i}", "t", 12, 6, "$5")
+              for i, sel in enumerate(_PAIR_SELECTORS))
+    + "}"
+)
+DECODE_PAIRS_CONSTRAINTS = "=r,=r,=r,=r,r,r"
+
 _asm_p = jax_core.Primitive("jax_mxfp4_inline_asm")
 _asm_p.multiple_results = True
 

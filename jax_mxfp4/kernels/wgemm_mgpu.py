@@ -15,6 +15,13 @@ x arrive by TMA; the bytes are loaded into registers and decoded there:
   :mod:`jax_mxfp4.kernels.e2m1_asm` (Marlin-style lanes; the Triton kernel runs the same
   instructions) turns each 32-bit register into the four bfloat16x2 registers of the thread's A
   fragment slots, block scale applied last; x's columns follow :func:`_ptx_fragment_order`;
+- ``decode="pairs"`` (since 2026-12-01): the same byte loads and scale, but each byte becomes one
+  bfloat16x2 register holding its two elements in order (``e2m1_asm._DECODE_PAIRS_PTX``), so the
+  decoded tile is ONE [64, bk] fragment whose K columns are x's natural columns when the weight
+  bytes are stored in the "pairs" order (:func:`pair_order_bytes`: a 4x4 byte transpose inside
+  every 16-byte block, done once by :func:`jax_mxfp4.prepare_decode`); one x tile and one WGMMA
+  per step, no per-call work on x. Natural-order bytes work too, with x permuted per call
+  (:func:`permute_x_pairs`);
 - ``decode="mul"`` / ``"select"`` (portable Pallas operations, one 32-element block at a time):
   E2M1 code c -> bfloat16 bits ``sign << 15 | (c & 7) << 6`` = value x 2^-126, times 2^126
   (``"mul"``; the E2M1 0.5 passes through a bfloat16 subnormal), or ``(c & 7) << 6 + 0x3F00``
@@ -52,10 +59,13 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from ..checks import check_output_dtype
+from ..decode_prepared import pair_order_bytes
 from ..mx_format import BLOCK_SIZE, as_scale_bytes, e8m0_to_bf16_bits
 from . import e2m1_asm
 
-DECODES = ("mul", "select", "ptx")
+DECODES = ("mul", "select", "ptx", "pairs")
+_PTX_DECODES = ("ptx", "pairs")  # the decodes that load bytes in WGMMA_LAYOUT_8BIT and run inline PTX
+W_ORDERS = ("natural", "pairs")  # byte order of the packed weight (pair_order_bytes)
 _WG_ROWS = 64  # rows of one warpgroup's WGMMA tile (M side)
 _BF16_2P126 = 0x7E80  # bfloat16 bits of 2^126
 _SMEM_BUDGET = 200 * 1024  # bytes of shared memory the pipeline may take (sm_90: 227 KiB)
@@ -85,10 +95,10 @@ class MgpuConfig:
 
     bk: K elements per pipeline step (multiple of 32, divides K / split_k); split_k: K ranges
     summed afterwards; stages: pipeline depth (``max_concurrent_steps``; lowered where shared
-    memory would not fit); decode: ``"ptx"``, ``"mul"`` or ``"select"`` (module doc); x_swizzle: shared-memory swizzle of x's tiles in bytes (32: each
+    memory would not fit); decode: ``"pairs"``, ``"ptx"``, ``"mul"`` or ``"select"`` (module doc); x_swizzle: shared-memory swizzle of x's tiles in bytes (32: each
     16-element block is one tile); warp_specialized: ``plgpu.kernel`` with two compute warpgroups
     (128 weight rows per CTA) fed by a TMA warpgroup (``emit_pipeline_warp_specialized``) instead
-    of the one-warpgroup ``pallas_call`` pipeline ("ptx" decode only); raw_scales (warp_specialized
+    of the one-warpgroup ``pallas_call`` pipeline ("ptx"/"pairs" decodes only); raw_scales (warp_specialized
     only): the kernel reads the E8M0 bytes [N, K/32] as stored (each CTA copies its [128, K/32 /
     split_k] slab into shared memory once) and converts them in registers, instead of taking the
     bfloat16 [K/32, N] form that :func:`kernel_scales` builds outside; launcher (without
@@ -116,8 +126,8 @@ class MgpuConfig:
             raise ValueError(f"MgpuConfig.launcher must be 'pallas_call' or 'kernel', got {self.launcher!r}")
         if self.raw_scales and not self.warp_specialized:
             raise ValueError("MgpuConfig.raw_scales needs warp_specialized=True")
-        if self.warp_specialized and self.decode != "ptx":
-            raise ValueError('MgpuConfig.warp_specialized needs decode="ptx"')
+        if self.warp_specialized and self.decode not in _PTX_DECODES:
+            raise ValueError('MgpuConfig.warp_specialized needs decode="ptx" or "pairs"')
         if self.x_swizzle != 32:
             raise ValueError(f"MgpuConfig.x_swizzle must be 32, got {self.x_swizzle}")
 
@@ -178,16 +188,28 @@ def split_x(x, decode: str):
     return xb[..., 0].reshape(m, k // 2), xb[..., 1].reshape(m, k // 2)
 
 
-def _decode_ptx(byt, s_ref, hb: int, raw: bool = False):
+def permute_x_pairs(x):
+    """bfloat16 x [M, K] -> the contraction order that meets natural-order weight bytes under the
+    ``"pairs"`` decode: within each 32-element block, x'[8t + 2g + e] = x[8g + 2t + e] (the
+    element-pair form of :func:`pair_order_bytes`; a permutation applied to both operands)."""
+    m, k = x.shape
+    return pair_order_bytes(x.reshape(m, k // 2, 2), axis=1).reshape(m, k)  # element pairs as "bytes"
+
+
+def _decode_ptx(byt, s_ref, hb: int, raw: bool = False, pairs: bool = False):
     """Packed bytes uint8 [64, hb] (WGMMA_LAYOUT_8BIT) and the scale block bfloat16 [hb/16, 64]
     (shared memory) -> bfloat16 (lo, hi) [64, hb] in the WGMMA layout, by the inline PTX of
     :mod:`jax_mxfp4.kernels.e2m1_asm` (the same instructions the Triton kernel runs): one 32-bit
-    register of 4 bytes -> 4 bfloat16x2 registers (low / high nibbles of bytes 0,1 and 2,3)."""
+    register of 4 bytes -> 4 bfloat16x2 registers (low / high nibbles of bytes 0,1 and 2,3).
+    ``pairs``: one bfloat16 [64, 2 hb] fragment instead, each byte -> one bfloat16x2 register
+    (its two elements in order; ``e2m1_asm._DECODE_PAIRS_PTX``): byte t of a thread's register for
+    block b fills fragment column group 4b + t (columns 32b + 8t + 2g, +1)."""
     plgpu = _plgpu()
     nb = hb // (BLOCK_SIZE // 2)
     ret = plgpu.ShapeDtypeStruct((_WG_ROWS, hb), jnp.bfloat16, layout=plgpu.Layout.WGMMA)
+    rets = (plgpu.ShapeDtypeStruct((_WG_ROWS, 2 * hb), jnp.bfloat16, layout=plgpu.Layout.WGMMA),) if pairs else (ret, ret)
 
-    @plgpu.inline_mgpu(arg_types=(plgpu.Layout.WGMMA_8BIT, plgpu.RefType()), return_type=(ret, ret))
+    @plgpu.inline_mgpu(arg_types=(plgpu.Layout.WGMMA_8BIT, plgpu.RefType()), return_type=rets)
     def decode(ctx, fa, sref):
         # sref: bfloat16 [nb, 64] (kernel_scales form) or uint8 [64, nb] (E8M0 bytes as stored)
         del ctx
@@ -210,7 +232,7 @@ def _decode_ptx(byt, s_ref, hb: int, raw: bool = False):
         bf2 = ir.VectorType.get((2,), ir.BF16Type.get())
         regs = fa.registers
         assert regs.shape == (1, nb, 1, 1, 2, 1, 1, 1, 1), regs.shape
-        out_shape = (1, 2 * nb, 1, 1, 2, 1, 1, 1, 1)
+        out_shape = (1, (4 if pairs else 2) * nb, 1, 1, 2, 1, 1, 1, 1)
         lo = np.empty(out_shape, dtype=object)
         hi = np.empty(out_shape, dtype=object)
         struct = llvm.StructType.get_literal([i32] * 4)
@@ -225,29 +247,48 @@ def _decode_ptx(byt, s_ref, hb: int, raw: bool = False):
                 s32 = arith.extui(i32, arith.bitcast(i16, sc))
             s2 = arith.ori(s32, arith.shli(s32, arith.constant(i32, 16)))
             q = mgpu.utils.bitcast(regs[ridx], i32)
+            if pairs:
+                res = llvm.inline_asm(struct, [q, s2], e2m1_asm._DECODE_PAIRS_PTX, e2m1_asm.DECODE_PAIRS_CONSTRAINTS)
+                for t in range(4):
+                    lo[0, 4 * b + t, 0, 0, rh, 0, 0, 0, 0] = mgpu.utils.bitcast(llvm.extractvalue(i32, res, [t]), bf2)
+                continue
             res = llvm.inline_asm(struct, [q, s2, s2], e2m1_asm._DECODE_PTX, "=r,=r,=r,=r,r,r,r")
             outs = [mgpu.utils.bitcast(llvm.extractvalue(i32, res, [t]), bf2) for t in range(4)]
             for ct in range(2):
                 lo[0, 2 * b + ct, 0, 0, rh, 0, 0, 0, 0] = outs[ct]
                 hi[0, 2 * b + ct, 0, 0, rh, 0, 0, 0, 0] = outs[2 + ct]
         mk = lambda r: mgpu.FragmentedArray(_registers=r, _layout=mgpu.WGMMA_LAYOUT, _is_signed=None)
-        return mk(lo), mk(hi)
+        return (mk(lo),) if pairs else (mk(lo), mk(hi))
 
-    return decode(byt, s_ref)
+    out = decode(byt, s_ref)
+    return out[0] if pairs else out
 
 
-def _step(xe_ref, xo_ref, w_ref, s_ref, acc_ref, cfg: MgpuConfig):
+def _wgmma_step(x_refs, byt, s_ref, acc_ref, hb: int, decode: str, raw: bool = False):
+    """Decode one [64, hb] byte tile in registers and issue its WGMMAs ("ptx": ``lo @ x_lo^T +
+    hi @ x_hi^T`` over the two halves of x; "pairs": ``w @ x^T`` over x's [mp, 2 hb] tile)."""
+    plgpu = _plgpu()
+    if decode == "pairs":
+        (x_ref,) = x_refs
+        plgpu.wgmma(acc_ref, _decode_ptx(byt, s_ref, hb, raw, pairs=True), plgpu.transpose_ref(x_ref, (1, 0)))
+        return
+    xe_ref, xo_ref = x_refs
+    lo, hi = _decode_ptx(byt, s_ref, hb, raw)
+    plgpu.wgmma(acc_ref, lo, plgpu.transpose_ref(xe_ref, (1, 0)))
+    plgpu.wgmma(acc_ref, hi, plgpu.transpose_ref(xo_ref, (1, 0)))
+
+
+def _step(x_refs, w_ref, s_ref, acc_ref, cfg: MgpuConfig):
     """One K step of one warpgroup: decode the [64, bk/2] byte tile with its scales and
-    accumulate ``lo @ x_lo^T + hi @ x_hi^T`` into the WGMMA accumulator (waited for)."""
+    accumulate into the WGMMA accumulator (waited for). ``x_refs``: (x,) for "pairs", else the
+    two halves (x_lo, x_hi) of :func:`split_x`."""
     plgpu = _plgpu()
     half = BLOCK_SIZE // 2  # bytes per row of one block; also the WGMMA K of one half-fragment
-    if cfg.decode == "ptx":
-        byt = _load(w_ref, plgpu.Layout.WGMMA_8BIT)
-        lo, hi = _decode_ptx(byt, s_ref, cfg.bk // 2)
-        plgpu.wgmma(acc_ref, lo, plgpu.transpose_ref(xe_ref, (1, 0)))
-        plgpu.wgmma(acc_ref, hi, plgpu.transpose_ref(xo_ref, (1, 0)))
+    if cfg.decode in _PTX_DECODES:
+        _wgmma_step(x_refs, _load(w_ref, plgpu.Layout.WGMMA_8BIT), s_ref, acc_ref, cfg.bk // 2, cfg.decode)
         plgpu.wgmma_wait(0)
         return
+    xe_ref, xo_ref = x_refs
     for b in range(cfg.bk // BLOCK_SIZE):
         byt = _load(w_ref.at[:, pl.ds(b * half, half)], plgpu.Layout.WGMMA, optimized=False)
         sc = _load(s_ref.at[b], plgpu.Layout.WGMMA.reduce(1), optimized=False)
@@ -262,8 +303,10 @@ def _step(xe_ref, xo_ref, w_ref, s_ref, acc_ref, cfg: MgpuConfig):
     plgpu.wgmma_wait(0)
 
 
-def _kernel(xe_ref, xo_ref, w_ref, s_ref, o_ref, acc_ref, *, cfg: MgpuConfig, steps: int):
-    _step(xe_ref, xo_ref, w_ref, s_ref, acc_ref, cfg)
+def _kernel(*refs, cfg: MgpuConfig, steps: int, nx: int):
+    *x_refs, w_ref, s_ref, o_ref, acc_ref = refs
+    assert len(x_refs) == nx
+    _step(tuple(x_refs), w_ref, s_ref, acc_ref, cfg)
 
     @pl.when(pl.program_id(2) == steps - 1)
     def _():
@@ -286,26 +329,31 @@ def _check_eager_device(x):
         )
 
 
-def _kernel_call(xe, xo, w_data, scales, *, cfg: MgpuConfig, n: int, mp: int, stages: int, specs):
+def _kernel_call(xs, w_data, scales, *, cfg: MgpuConfig, n: int, mp: int, stages: int, specs):
     """``plgpu.kernel`` launcher: one warpgroup per CTA, one CTA per (64-row tile, K split), the K
-    steps through ``plgpu.emit_pipeline`` (TMA issued by the same warpgroup)."""
+    steps through ``plgpu.emit_pipeline`` (TMA issued by the same warpgroup). ``xs``: the x
+    operands of :func:`_step` (one for "pairs", two halves otherwise)."""
     plgpu = _plgpu()
     nt = n // _WG_ROWS
+    nx = len(xs)
     kh_split = w_data.shape[1] // cfg.split_k
+    kx_split = xs[0].shape[1] // cfg.split_k  # x columns per K split (K or K/2 per operand)
     nbs = kh_split // (BLOCK_SIZE // 2)
     steps = kh_split // (cfg.bk // 2)
 
-    def body(xe_g, xo_g, w_g, s_g, out_g, out_smem):
+    def body(*refs, out_smem):
+        x_g, (w_g, s_g, out_g) = refs[:nx], refs[nx:]
         cta = lax.axis_index("cta")
         tile, sp = lax.rem(cta, nt), lax.div(cta, nt)
 
         def scope(acc_ref):
-            def step(_, xe_s, xo_s, w_s, s_s):
-                _step(xe_s, xo_s, w_s, s_s, acc_ref, cfg)
+            def step(_, *srefs):
+                _step(srefs[:nx], srefs[nx], srefs[nx + 1], acc_ref, cfg)
 
             ks = pl.ds(sp * kh_split, kh_split)
+            xk = pl.ds(sp * kx_split, kx_split)
             plgpu.emit_pipeline(step, grid=(steps,), in_specs=specs, max_concurrent_steps=stages)(
-                xe_g.at[:, ks], xo_g.at[:, ks], w_g.at[pl.ds(tile * _WG_ROWS, _WG_ROWS), ks],
+                *[xg.at[:, xk] for xg in x_g], w_g.at[pl.ds(tile * _WG_ROWS, _WG_ROWS), ks],
                 s_g.at[pl.ds(sp * nbs, nbs), pl.ds(tile * _WG_ROWS, _WG_ROWS)])
             out_smem[...] = acc_ref[...]
             plgpu.commit_smem()
@@ -314,7 +362,7 @@ def _kernel_call(xe, xo, w_data, scales, *, cfg: MgpuConfig, n: int, mp: int, st
 
         pl.run_scoped(scope, plgpu.ACC((_WG_ROWS, mp), jnp.float32))
 
-    _check_eager_device(xe)
+    _check_eager_device(xs[0])
     f = plgpu.kernel(
         body,
         out_type=jax.ShapeDtypeStruct((cfg.split_k * n, mp), jnp.float32),
@@ -322,10 +370,10 @@ def _kernel_call(xe, xo, w_data, scales, *, cfg: MgpuConfig, n: int, mp: int, st
         compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Lane),
         scratch_types=dict(out_smem=plgpu.SMEM((_WG_ROWS, mp), jnp.float32)),
     )
-    return f(xe, xo, w_data, scales)
+    return f(*xs, w_data, scales)
 
 
-def _warp_specialized_call(xe, xo, w_data, scales, *, cfg: MgpuConfig, n: int, mp: int):
+def _warp_specialized_call(xs, w_data, scales, *, cfg: MgpuConfig, n: int, mp: int):
     """Two compute warpgroups (64 weight rows each) and one TMA warpgroup per CTA; one CTA per
     (128-row tile, K split). Returns float32 partial sums [split_k * N, mp]."""
     plgpu = _plgpu()
@@ -337,7 +385,10 @@ def _warp_specialized_call(xe, xo, w_data, scales, *, cfg: MgpuConfig, n: int, m
     kh_split = k_half // cfg.split_k
     steps = kh_split // hb
     nt = n // rows
-    xsw, wsw = _swizzle(hb * 2), _swizzle(hb)
+    nx = len(xs)
+    xcols = cfg.bk // nx  # x columns per step and operand
+    kx_split = xs[0].shape[1] // cfg.split_k
+    xsw, wsw = _swizzle(xcols * 2), _swizzle(hb)
     x_tr = (plgpu.TilingTransform((8, xsw // 2)), plgpu.SwizzleTransform(xsw))
     w_tr = (plgpu.TilingTransform((8, wsw)), plgpu.SwizzleTransform(wsw))
     raw = cfg.raw_scales
@@ -351,7 +402,8 @@ def _warp_specialized_call(xe, xo, w_data, scales, *, cfg: MgpuConfig, n: int, m
         raise ValueError(f"mgpu_w4a16: warp_specialized with bk={cfg.bk} and {mp} padded rows needs "
                          f"two pipeline stages of {per_stage} bytes: too much shared memory (lower bk)")
 
-    def body(xe_g, xo_g, w_g, s_g, out_g, out_smem, slab, slab_bar):
+    def body(*refs, out_smem, slab, slab_bar):
+        x_g, (w_g, s_g, out_g) = refs[:nx], refs[nx:]
         cta = lax.axis_index("cta")
         tile, sp = lax.rem(cta, nt), lax.div(cta, nt)
         wg = lax.axis_index("wg")
@@ -367,17 +419,15 @@ def _warp_specialized_call(xe, xo, w_data, scales, *, cfg: MgpuConfig, n: int, m
                 plgpu.barrier_wait(slab_bar)
 
         def mma_body(idx, *refs):
+            x_s, w_s, rest = refs[:nx], refs[nx], refs[nx + 1:]
             if raw:
-                xe_s, xo_s, w_s, acc_ref = refs
+                (acc_ref,) = rest
                 (t,) = idx
                 sref = slab.at[wrows, pl.ds(t * nb, nb)]
             else:
-                xe_s, xo_s, w_s, s_s, acc_ref = refs
+                s_s, acc_ref = rest
                 sref = s_s.at[:, wrows]
-            byt = _load(w_s.at[wrows], plgpu.Layout.WGMMA_8BIT)
-            lo, hi = _decode_ptx(byt, sref, hb, raw)
-            plgpu.wgmma(acc_ref, lo, plgpu.transpose_ref(xe_s, (1, 0)))
-            plgpu.wgmma(acc_ref, hi, plgpu.transpose_ref(xo_s, (1, 0)))
+            _wgmma_step(x_s, _load(w_s.at[wrows], plgpu.Layout.WGMMA_8BIT), sref, acc_ref, hb, cfg.decode, raw)
             plgpu.wgmma_wait(0)
             return acc_ref
 
@@ -394,18 +444,17 @@ def _warp_specialized_call(xe, xo, w_data, scales, *, cfg: MgpuConfig, n: int, m
         pipeline = plgpu.emit_pipeline_warp_specialized(
             mma_body, grid=(steps,), memory_registers=40, wg_axis="wg", num_compute_wgs=2,
             max_concurrent_steps=stages, compute_context=compute_context,
-            in_specs=[
-                plgpu.BlockSpec((mp, hb), lambda t: (0, t), transforms=x_tr),
-                plgpu.BlockSpec((mp, hb), lambda t: (0, t), transforms=x_tr),
+            in_specs=[plgpu.BlockSpec((mp, xcols), lambda t: (0, t), transforms=x_tr)] * nx + [
                 plgpu.BlockSpec((rows, hb), lambda t: (0, t), transforms=w_tr),
             ] + ([] if raw else [plgpu.BlockSpec((nb, rows), lambda t: (t, 0))]))
         ks = pl.ds(sp * kh_split, kh_split)
-        operands = [xe_g.at[:, ks], xo_g.at[:, ks], w_g.at[pl.ds(tile * rows, rows), ks]]
+        xk = pl.ds(sp * kx_split, kx_split)
+        operands = [xg.at[:, xk] for xg in x_g] + [w_g.at[pl.ds(tile * rows, rows), ks]]
         if not raw:
             operands.append(s_g.at[pl.ds(sp * nbs, nbs), pl.ds(tile * rows, rows)])
         pipeline(*operands)
 
-    _check_eager_device(xe)
+    _check_eager_device(xs[0])
     f = plgpu.kernel(
         body,
         out_type=jax.ShapeDtypeStruct((cfg.split_k * n, mp), jnp.float32),
@@ -416,14 +465,14 @@ def _warp_specialized_call(xe, xo, w_data, scales, *, cfg: MgpuConfig, n: int, m
                             slab=plgpu.SMEM((rows, nbs) if raw else (8, 16), jnp.uint8),
                             slab_bar=plgpu.Barrier(num_arrivals=1)),
     )
-    return f(xe, xo, w_data, scales)
+    return f(*xs, w_data, scales)
 
 
 SCALE_FORMS = ("rows", "kmajor", "bf16")
 
 
 def mgpu_w4a16(x, w_data, w_scales, out_dtype=jnp.bfloat16, cfg: MgpuConfig | None = None,
-               *, scales_form: str = "rows"):
+               *, scales_form: str = "rows", w_order: str = "natural"):
     """``x · Wᵀ`` for bfloat16 x [M, K] and MXFP4 W -> [M, N] of ``out_dtype`` (float32 accumulation).
 
     Args:
@@ -436,13 +485,18 @@ def mgpu_w4a16(x, w_data, w_scales, out_dtype=jnp.bfloat16, cfg: MgpuConfig | No
         :func:`kernel_scales` (measurement only). "rows" and "kmajor" also take the same bytes as
         ``float8_e8m0fnu`` (e.g. ``DecodePrepared.scales``; a bitcast). ``cfg.raw_scales`` takes "rows".
       out_dtype: float32, bfloat16 or float16. cfg: :class:`MgpuConfig` (default MgpuConfig()).
+      w_order: byte order of ``w_data``: "natural" (byte j = elements 2j, 2j+1) or "pairs"
+        (:func:`pair_order_bytes`, what :func:`jax_mxfp4.prepare_decode` stores): the "pairs"
+        decode then reads x as it is; with "natural" bytes it reads x permuted per call
+        (:func:`permute_x_pairs`, one small XLA pass). The other decodes take "natural" only.
     Runs only on an NVIDIA Hopper GPU (sm_90a) through Mosaic GPU.
     Raises:
       TypeError: ``cfg`` not an MgpuConfig; ``x``, ``w_data`` or ``w_scales`` not arrays.
       RuntimeError: called eagerly with ``x`` on a device other than a GPU (traced calls are
         checked when lowered: Pallas refuses other platforms).
-      ValueError: ranks, shapes, dtypes (``out_dtype`` included), K = 0, or a K that is not a
-        multiple of ``cfg.bk * cfg.split_k``.
+      ValueError: ranks, shapes, dtypes (``out_dtype`` included), K = 0, a K that is not a
+        multiple of ``cfg.bk * cfg.split_k``, an unknown ``w_order`` or "pairs" bytes with a
+        decode other than "pairs".
     """
     cfg = MgpuConfig() if cfg is None else cfg
     if not isinstance(cfg, MgpuConfig):
@@ -463,6 +517,10 @@ def mgpu_w4a16(x, w_data, w_scales, out_dtype=jnp.bfloat16, cfg: MgpuConfig | No
                          f"{w_data.dtype} {w_data.shape}")
     if k == 0:
         raise ValueError("mgpu_w4a16: K must be > 0 (an empty contraction is an exact zero: no kernel to run)")
+    if w_order not in W_ORDERS:
+        raise ValueError(f"mgpu_w4a16: w_order must be one of {W_ORDERS}, got {w_order!r}")
+    if w_order == "pairs" and cfg.decode != "pairs":
+        raise ValueError(f'mgpu_w4a16: w_order="pairs" bytes need MgpuConfig(decode="pairs"), got {cfg.decode!r}')
     if scales_form not in SCALE_FORMS:
         raise ValueError(f"mgpu_w4a16: scales_form must be one of {SCALE_FORMS}, got {scales_form!r}")
     if scales_form != "bf16" and w_scales.dtype == jnp.float8_e8m0fnu:
@@ -483,22 +541,26 @@ def mgpu_w4a16(x, w_data, w_scales, out_dtype=jnp.bfloat16, cfg: MgpuConfig | No
                          f"got {scales_form!r}")
     plgpu = _plgpu()
     scales = w_scales.T if scales_form == "rows" and not cfg.raw_scales else w_scales
-    if cfg.decode != "ptx" and scales.dtype == jnp.uint8:  # the "mul"/"select" decodes load bfloat16 scales
+    if cfg.decode not in _PTX_DECODES and scales.dtype == jnp.uint8:  # the "mul"/"select" decodes load bfloat16 scales
         scales = lax.bitcast_convert_type(e8m0_to_bf16_bits(scales), jnp.bfloat16)
     sbytes = jnp.dtype(scales.dtype).itemsize
     mp = -(-m // 16) * 16
     xp = jnp.pad(x, ((0, mp - m), (0, 0))) if mp != m else x
-    xe, xo = split_x(xp, cfg.decode)
+    if cfg.decode == "pairs":  # one x operand, natural order for "pairs" bytes
+        xs = (xp if w_order == "pairs" else permute_x_pairs(xp),)
+    else:
+        xs = split_x(xp, cfg.decode)
     steps = k // (cfg.bk * cfg.split_k)
     nt = n // _WG_ROWS
     hb = cfg.bk // 2
-    sw = cfg.x_swizzle if cfg.decode != "ptx" else _swizzle(hb * 2)
+    xcols = cfg.bk // len(xs)  # x columns per step and operand
+    sw = cfg.x_swizzle if cfg.decode not in _PTX_DECODES else _swizzle(xcols * 2)
     x_tr = (plgpu.TilingTransform((8, sw // 2)), plgpu.SwizzleTransform(sw))
     wsw = _swizzle(hb)
-    w_tr = (plgpu.TilingTransform((8, wsw)), plgpu.SwizzleTransform(wsw)) if cfg.decode == "ptx" else ()
-    x_spec = plgpu.BlockSpec((mp, hb), lambda i, s, t: (0, s * steps + t), transforms=x_tr)
+    w_tr = (plgpu.TilingTransform((8, wsw)), plgpu.SwizzleTransform(wsw)) if cfg.decode in _PTX_DECODES else ()
+    x_spec = plgpu.BlockSpec((mp, xcols), lambda i, s, t: (0, s * steps + t), transforms=x_tr)
     if cfg.warp_specialized:
-        out = _warp_specialized_call(xe, xo, w_data, scales, cfg=cfg, n=n, mp=mp)
+        out = _warp_specialized_call(xs, w_data, scales, cfg=cfg, n=n, mp=mp)
         out = out.reshape(cfg.split_k, n, mp).sum(axis=0)
         return out[:, :m].T.astype(out_dtype)
     # shared memory: x halves, weight bytes and scales per stage, the output block (x2) below the
@@ -507,19 +569,17 @@ def mgpu_w4a16(x, w_data, w_scales, out_dtype=jnp.bfloat16, cfg: MgpuConfig | No
     fit = max(1, (_SMEM_BUDGET - 2 * _WG_ROWS * mp * 4) // per_stage)
     stages = max(1, min(cfg.stages, steps, fit))
     if cfg.launcher == "kernel":
-        specs = [plgpu.BlockSpec((mp, hb), lambda t: (0, t), transforms=x_tr),
-                 plgpu.BlockSpec((mp, hb), lambda t: (0, t), transforms=x_tr),
+        specs = [plgpu.BlockSpec((mp, xcols), lambda t: (0, t), transforms=x_tr)] * len(xs) + [
                  plgpu.BlockSpec((_WG_ROWS, hb), lambda t: (0, t), transforms=w_tr),
                  plgpu.BlockSpec((cfg.bk // BLOCK_SIZE, _WG_ROWS), lambda t: (t, 0))]
-        out = _kernel_call(xe, xo, w_data, scales, cfg=cfg, n=n, mp=mp, stages=stages, specs=specs)
+        out = _kernel_call(xs, w_data, scales, cfg=cfg, n=n, mp=mp, stages=stages, specs=specs)
     else:
-        _check_eager_device(xe)
+        _check_eager_device(xs[0])
         out = pl.pallas_call(
-            functools.partial(_kernel, cfg=cfg, steps=steps),
+            functools.partial(_kernel, cfg=cfg, steps=steps, nx=len(xs)),
             out_shape=jax.ShapeDtypeStruct((cfg.split_k * n, mp), jnp.float32),
             grid=(nt, cfg.split_k, steps),
-            in_specs=[
-                x_spec, x_spec,
+            in_specs=[x_spec] * len(xs) + [
                 plgpu.BlockSpec((_WG_ROWS, hb), lambda i, s, t: (i, s * steps + t), transforms=w_tr),
                 plgpu.BlockSpec((cfg.bk // BLOCK_SIZE, _WG_ROWS), lambda i, s, t: (s * steps + t, i)),
             ],
@@ -531,7 +591,7 @@ def mgpu_w4a16(x, w_data, w_scales, out_dtype=jnp.bfloat16, cfg: MgpuConfig | No
                 lowering_semantics=plgpu.LoweringSemantics.Lane,
             ),
             name="mxfp4_w4a16_mgpu",
-        )(xe, xo, w_data, scales)
+        )(*xs, w_data, scales)
     out = out.reshape(cfg.split_k, n, mp).sum(axis=0)
     return out[:, :m].T.astype(out_dtype)
 
@@ -548,7 +608,7 @@ def default_mgpu_config(m: int, n: int, k: int) -> MgpuConfig:
             split //= 2
         else:
             bk //= 2
-    return MgpuConfig(bk=bk, split_k=split, stages=4, decode="ptx", launcher="kernel")
+    return MgpuConfig(bk=bk, split_k=split, stages=4, decode="pairs", launcher="kernel")
 
 
 def unsupported_reason(m: int, n: int, k: int) -> str | None:
