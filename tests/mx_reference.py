@@ -78,6 +78,23 @@ def unpack_ref(data: np.ndarray, axis: int) -> np.ndarray:
     return np.moveaxis(out, -1, axis)
 
 
+def pairs_source_index(kh: int) -> np.ndarray:
+    """DecodePrepared's "pairs" byte order, written as index arithmetic (independent of the
+    package's reshape/transpose): stored byte p of a row holds natural byte
+    16 (p // 16) + (p % 16) // 4 + 4 (p % 4) (a 4x4 transpose inside every 16-byte block)."""
+    p = np.arange(kh)
+    return 16 * (p // 16) + (p % 16) // 4 + 4 * (p % 4)
+
+
+def natural_from_stored(data: np.ndarray, byte_order: str) -> np.ndarray:
+    """Packed bytes [..., K/2] of a DecodePrepared back in natural order (byte j = elements 2j, 2j+1)."""
+    if byte_order == "natural":
+        return np.asarray(data)
+    out = np.empty_like(np.asarray(data))
+    out[..., pairs_source_index(data.shape[-1])] = data
+    return out
+
+
 def e2m1_values(codes: np.ndarray) -> np.ndarray:
     return np.asarray(codes, np.uint8).view(ml_dtypes.float4_e2m1fn).astype(np.float64)
 

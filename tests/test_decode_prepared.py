@@ -20,7 +20,7 @@ import pytest
 import jax_mxfp4 as mx
 from jax_mxfp4 import checkpoint
 from jax_mxfp4.decode_prepared import DecodePrepared, canonical, prepare_decode
-from mx_reference import dequantize_ref, pack_ref, qdq
+from mx_reference import dequantize_ref, pack_ref, pairs_source_index, qdq
 
 XLA = mx.Recipe(backend="xla")
 W4A16_PALLAS = mx.Recipe(backend="pallas", quantize_activations=False)
@@ -59,8 +59,7 @@ def test_layout_and_round_trip_bit_exact_every_e8m0_byte(shape, axis, layout, by
     # layout (module docstring), from NumPy moves of the bytes
     want_data = np.moveaxis(pack_ref(codes, axis), axis, -1)
     if byte_order == "pairs":  # stored byte 16b + 4g + t = natural byte 16b + g + 4t
-        pos = np.arange(want_data.shape[-1])
-        want_data = want_data[..., 16 * (pos // 16) + (pos % 16) // 4 + 4 * (pos % 4)]
+        want_data = want_data[..., pairs_source_index(want_data.shape[-1])]
     want_scales = np.moveaxis(sb, axis, -1)
     if want_scales.ndim >= 2:
         want_scales = np.swapaxes(want_scales, -1, -2)

@@ -17,7 +17,7 @@ from flax import nnx  # noqa: E402
 
 import jax_mxfp4 as mx  # noqa: E402
 import jax_mxfp4.flax as mxf  # noqa: E402
-from mx_reference import dequantize_ref, qdq, unpack_ref  # noqa: E402
+from mx_reference import dequantize_ref, natural_from_stored, qdq, unpack_ref  # noqa: E402
 
 XLA = mx.Recipe(backend="xla", grad_rounding="nearest")
 IS_Q = lambda x: isinstance(x, (mx.MXFP4Array, mx.DecodePrepared, mx.FP8Prepared))  # noqa: E731
@@ -166,7 +166,7 @@ def test_prepared_kernel_matches_float64_reference_decoded_from_its_bytes():
     qd = mxf.quantize_params(v, prepare="decode")  # default_select: the 2-D kernel along axis 0
     kd = qd["params"]["kernel"]
     assert isinstance(kd, mx.DecodePrepared) and kd.shape == (64, n)
-    codes = unpack_ref(np.asarray(kd.data), 1)  # [N, K]
+    codes = unpack_ref(natural_from_stored(np.asarray(kd.data), kd.byte_order), 1)  # [N, K]
     scale_bytes = np.asarray(kd.scales).view(np.uint8).T  # K-major [K/32, N] -> [N, K/32]
     w_ref = dequantize_ref(codes, scale_bytes, 1).T  # [K, N] float64
     kernel = np.pad(np.asarray(v["params"]["kernel"], np.float32), ((0, 64 - k_in), (0, 0)))

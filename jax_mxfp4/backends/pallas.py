@@ -206,18 +206,20 @@ def _plan(problem: GemmProblem) -> _Plan:
     # w4a16: the float operand plays x; a4w4: the smaller side does (dequantized to bfloat16)
     swap = problem.lhs_kind != "float" if problem.has_float_operand else problem.m > problem.n
     rows, wrows = (problem.n, problem.m) if swap else (problem.m, problem.n)
-    w_prepared = bool(problem.lhs_decode_prepared if swap else problem.rhs_decode_prepared)
+    w_order = problem.lhs_decode_prepared if swap else problem.rhs_decode_prepared  # False, or the byte order
+    w_prepared = bool(w_order)
     if problem.has_float_operand and rows >= W4A16_TWO_PASS_MIN_ROWS and problem.platform != "cpu":
         return _Plan("two-pass", swap, rows, wrows, None, w_prepared)
-    mcfg = _mosaic_gpu_config(problem, rows, wrows)
+    mcfg = _mosaic_gpu_config(problem, rows, wrows, w_order or "natural")
     return _Plan("mosaic" if mcfg is not None else "triton", swap, rows, wrows, mcfg, w_prepared)
 
 
-def _mosaic_gpu_config(problem: GemmProblem, rows: int, wrows: int):
+def _mosaic_gpu_config(problem: GemmProblem, rows: int, wrows: int, w_order: str):
     """The Mosaic GPU kernel's config where ``W4A16_MOSAIC_GPU`` routes this problem to it, else
     None: CUDA, device 0 of compute capability 9.0 (WGMMA), and a shape it takes. a4w4 problems
     come here with their small side already dequantized exactly to bfloat16 (the same input the
-    Triton weight-stationary kernel gets), so the kernel serves both."""
+    Triton weight-stationary kernel gets), so the kernel serves both. ``w_order``: the weight's
+    byte order ("pairs" for a DecodePrepared from prepare_decode), which picks the decode."""
     if problem.platform != "cuda" or not mosaic_w4a16_enabled():
         return None
     from ..kernels import wgemm_mgpu
@@ -225,7 +227,7 @@ def _mosaic_gpu_config(problem: GemmProblem, rows: int, wrows: int):
 
     if _compute_capability() != (9, 0) or wgemm_mgpu.unsupported_reason(rows, wrows, problem.k):
         return None
-    return wgemm_mgpu.default_mgpu_config(rows, wrows, problem.k)
+    return wgemm_mgpu.default_mgpu_config(rows, wrows, problem.k, w_order)
 
 
 def _weight_stationary(lhs, rhs, problem: GemmProblem, plan: _Plan | None = None) -> jax.Array:

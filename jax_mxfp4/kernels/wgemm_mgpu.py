@@ -596,19 +596,23 @@ def mgpu_w4a16(x, w_data, w_scales, out_dtype=jnp.bfloat16, cfg: MgpuConfig | No
     return out[:, :m].T.astype(out_dtype)
 
 
-def default_mgpu_config(m: int, n: int, k: int) -> MgpuConfig:
-    """Tiling by shape, from the H200 run of benchmarks/wgemm_mgpu_check.py (2026-11-30, jax
-    0.11.2, fair timing, 16x8192x8192): one-warpgroup ``plgpu.kernel``, ptx decode, bk 256,
-    split-K 4: 32.8 us = 0.75x of bf16 (kernel 22.1 us = 0.59x); warp-specialized split-K 2 0.77x
-    (at M = 1: 0.90x, kernel 0.64x). Only launchers that passed there (not ``pallas_call``, not
-    ``raw_scales``)."""
+def default_mgpu_config(m: int, n: int, k: int, w_order: str = "natural") -> MgpuConfig:
+    """Tiling by shape and the weight's byte order, from H200 runs of benchmarks/wgemm_mgpu_check.py
+    (jax 0.11.2, fair timing, 16x8192x8192): one-warpgroup ``plgpu.kernel``, bk 256, split-K 4
+    (2026-11-30: within 5% of the best of 11 tilings; warp-specialized and ``raw_scales`` slower).
+    Decode by byte order (2026-12-01, same run): "pairs" bytes (prepare_decode) take the "pairs"
+    decode, x read as it is: 34.0 us = 0.73x of bf16 against 36.6 us = 0.78x for "ptx" (kernel
+    sums 23.7 vs 23.2 us: the gain is the x split's kernel and its launch); natural bytes keep the
+    "ptx" decode: its x split (one XLA fusion, ~1.9 us through dispatch) is cheaper than the
+    "pairs" x permutation (~3.4 us)."""
     bk, split = 256, 4
     while k % (bk * split):
         if split > 1:
             split //= 2
         else:
             bk //= 2
-    return MgpuConfig(bk=bk, split_k=split, stages=4, decode="pairs", launcher="kernel")
+    decode = "pairs" if w_order == "pairs" else "ptx"
+    return MgpuConfig(bk=bk, split_k=split, stages=4, decode=decode, launcher="kernel")
 
 
 def unsupported_reason(m: int, n: int, k: int) -> str | None:
