@@ -325,13 +325,17 @@ def test_training_other_backends_unfused(monkeypatch):
 
 
 @pytest.mark.parametrize("transposed", [False, True])
-def test_kernel_lowers_for_cuda(transposed):
+@pytest.mark.parametrize("uniforms", ["kernel", "input"])
+def test_kernel_lowers_for_cuda(transposed, uniforms):
     """Triton lowering (no GPU needed), ragged rows and a block count that is not a power of two
-    (masked loads and stores), stochastic rounding (in-kernel Threefry)."""
+    (masked loads and stores), stochastic rounding (in-kernel Threefry, or uniforms read)."""
     import functools
 
     shape = (33, 96)  # rows x quantized length
     x = jax.ShapeDtypeStruct(shape[::-1] if transposed else shape, jnp.bfloat16)
     f = functools.partial(fq.quantize_fp8_2d, transposed=transposed)
-    lowered = jax.jit(f).trace(x, jax.ShapeDtypeStruct((2,), jnp.uint32)).lower(lowering_platforms=("cuda",))
-    assert "triton" in lowered.as_text()
+    if uniforms == "kernel":
+        traced = jax.jit(f).trace(x, jax.ShapeDtypeStruct((2,), jnp.uint32))
+    else:
+        traced = jax.jit(lambda x, u: f(x, uniform=u)).trace(x, jax.ShapeDtypeStruct((33, 3, 32), jnp.float32))
+    assert "triton" in traced.lower(lowering_platforms=("cuda",)).as_text()
