@@ -123,6 +123,24 @@ def test_kernel_reads_the_reference_uniforms(transposed, impl, dtype):
                                           np.asarray(b).view(np.uint8) if b.dtype.itemsize == 1 else b)
 
 
+def test_sr_uniforms_chooses_the_source_and_draws_the_reference_values():
+    """kernels.quantize.sr_uniforms: key data for threefry keys (typed or legacy raw), the
+    reference's draw jax.random.uniform(key, shape) for rbg keys or uniforms="input"."""
+    shape = (3, 2, 32)
+    key = jax.random.key(7)
+    u, kd = kquant.sr_uniforms(key, shape)
+    assert u is None and np.array_equal(np.asarray(kd), np.asarray(jax.random.key_data(key)))
+    raw = jax.random.PRNGKey(7)  # legacy uint32[2] under the default threefry implementation
+    u, kd = kquant.sr_uniforms(raw, shape)
+    assert u is None and kd is raw
+    for k in (jax.random.key(7, impl="rbg"), jax.random.key(7, impl="unsafe_rbg"), key):
+        u, kd = kquant.sr_uniforms(k, shape, "input" if k is key else None)
+        assert kd is None and u.dtype == jnp.float32 and u.shape == shape
+        np.testing.assert_array_equal(np.asarray(u), np.asarray(jax.random.uniform(k, shape, jnp.float32)))
+    with pytest.raises(ValueError, match="uniforms must be 'input' or 'kernel'"):
+        kquant.sr_uniforms(key, shape, "xla")
+
+
 def _sr_model(x, u, scale_mode):
     """NumPy float64 model of stochastic rounding with uniforms u (tests/mx_reference.py rules):
     x, u [R, Kq] (quantized axis last) -> (scale bytes [R, Kq/32], values [R, Kq]) for blocks
