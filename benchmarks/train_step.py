@@ -146,7 +146,7 @@ CHECK_KEYS = (None, "rbg")
 fused kernel) and an explicit rbg key (the reference's uniforms drawn by XLA, read by the kernel)."""
 
 
-def check_fused(config, s, sets):
+def check_fused(config, s, sets, report=lambda c: None):
     """The fused and unfused training passes on the device: step outputs (Y, dX, dW) compared
     bit for bit (expected identical: same quantized operands, same GEMMs), for both fused modes
     (rows, the default: strided operands transposed by XLA first; all: the kernel's transposed
@@ -154,7 +154,8 @@ def check_fused(config, s, sets):
     wgrad). Off CUDA the fused kernels run in the Pallas interpreter on backend "fp8" ("auto"
     would route the GEMMs to "xla", where no fused kernel runs and the comparison would hold
     trivially). ``fused_kernels``: pallas_calls in the fused step; ``fp8_quantize_kernels``: the
-    fused quantize-to-FP8 kernels among them (6 when every operand of the three GEMMs is fused)."""
+    fused quantize-to-FP8 kernels among them (6 when every operand of the three GEMMs is fused).
+    ``report`` is called with each result as it comes (a run cut by a timeout keeps its lines)."""
     import re
 
     from jax_mxfp4.dispatch import current_platform
@@ -163,18 +164,29 @@ def check_fused(config, s, sets):
     modes, recipe = (("rows", "1"), mx.Recipe()) if cuda else (("interpret-rows", "interpret"), mx.Recipe(backend="fp8"))
     out = []
     for key_impl in CHECK_KEYS:
-        with _env(FUSED_ENV, "0"):
-            want = jax.jit(make_step(layer_fns(config, recipe, key_impl)))(*sets[0])
+        key_name = key_impl or "data-derived (threefry)"
+        try:
+            with _env(FUSED_ENV, "0"):
+                want = jax.jit(make_step(layer_fns(config, recipe, key_impl)))(*sets[0])
+        except Exception as e:  # record, keep going
+            out.append({"config": config, "key": key_name, "error": f"unfused step: {type(e).__name__}: {str(e)[:300]}"})
+            report(out[-1])
+            continue
         for mode in modes:
-            with _env(FUSED_ENV, mode):
-                step = make_step(layer_fns(config, recipe, key_impl))
-                jaxpr = str(jax.make_jaxpr(step)(*sets[0]))
-                got = jax.jit(step)(*sets[0])
-            same = [bool(jnp.array_equal(a, b)) for a, b in zip(got, want)]
-            diff = [float(jnp.max(jnp.abs(a.astype(jnp.float32) - b.astype(jnp.float32)))) for a, b in zip(got, want)]
-            out.append({"config": config, "key": key_impl or "data-derived (threefry)", "bit_identical": same,
-                        "max_abs_diff": diff, "fused_mode": mode, "fused_kernels": jaxpr.count("pallas_call"),
-                        "fp8_quantize_kernels": len(re.findall(r"name=mxfp4_quantize_fp8", jaxpr))})
+            try:
+                with _env(FUSED_ENV, mode):
+                    step = make_step(layer_fns(config, recipe, key_impl))
+                    jaxpr = str(jax.make_jaxpr(step)(*sets[0]))
+                    got = jax.jit(step)(*sets[0])
+                same = [bool(jnp.array_equal(a, b)) for a, b in zip(got, want)]
+                diff = [float(jnp.max(jnp.abs(a.astype(jnp.float32) - b.astype(jnp.float32)))) for a, b in zip(got, want)]
+                out.append({"config": config, "key": key_name, "bit_identical": same, "max_abs_diff": diff,
+                            "fused_mode": mode, "fused_kernels": jaxpr.count("pallas_call"),
+                            "fp8_quantize_kernels": len(re.findall(r"name=mxfp4_quantize_fp8", jaxpr))})
+            except Exception as e:  # record, keep going
+                out.append({"config": config, "key": key_name, "fused_mode": mode,
+                            "error": f"{type(e).__name__}: {str(e)[:300]}"})
+            report(out[-1])
         del want
     return out
 
@@ -211,13 +223,14 @@ def run(args):
         sets = [make_set(config, s, seed=1)]
         jax.block_until_ready(sets)
         if args.check_fused and config == "linear":
-            try:
-                new = check_fused(config, s, sets)
-            except Exception as e:  # record, keep going
-                new = [{"config": config, "error": f"{type(e).__name__}: {str(e)[:300]}"}]
-            checks += new
-            for c in new:
+            def report(c):
                 print(f"[{time.time() - t0:6.1f}s] fused vs unfused step outputs (Y, dX, dW): {c}", flush=True)
+
+            try:
+                checks += check_fused(config, s, sets, report)
+            except Exception as e:  # record, keep going
+                checks.append({"config": config, "error": f"{type(e).__name__}: {str(e)[:300]}"})
+                report(checks[-1])
         base = None
         for variant, recipe in VARIANTS.items():
             if args.variants and variant not in args.variants and variant != "bf16":
