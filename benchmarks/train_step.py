@@ -14,16 +14,20 @@ of the linear config from both the bf16 and the MXFP4 step). Variants:
                  DEFAULT (on an H200: the FP8 path for these shapes);
   mxfp4-nearest  the same with ``grad_rounding="nearest"`` (every quantization on the fused kernel);
   mxfp4-highest  ``Recipe(precision="highest")``: the exact float32-accumulation backends;
-  The plain names run the library default ``JAX_MXFP4_FUSED_TRAINING=rows``: operands that the
-                 FP8 path reads along their contiguous axis are quantized straight to the FP8
-                 operand by one kernel each (jax_mxfp4/kernels/fp8_quantize.py), the others are
-                 quantized to an MXFP4Array and encoded to FP8 in a second pass;
+  The plain names run the library default ``JAX_MXFP4_FUSED_TRAINING=rows``: every operand is
+                 quantized straight to the FP8 operand by one kernel reading rows
+                 (jax_mxfp4/kernels/fp8_quantize.py); those quantized along a strided axis (W in
+                 fprop, X and dY in wgrad) are transposed by XLA first;
   *-unfused      ``JAX_MXFP4_FUSED_TRAINING=0``: every operand in two passes;
-  *-fused        ``JAX_MXFP4_FUSED_TRAINING=1``: every operand through the fused kernel;
-  mxfp4-rbg-key[-unfused|-fused]  with an explicit "rbg" key (see KEY_IMPL).
+  *-fused        ``JAX_MXFP4_FUSED_TRAINING=1``: every operand through the fused kernel, which
+                 reads the strided operands in its transposed layout (no XLA transpose);
+  mxfp4-rbg-key[-unfused|-fused]  with an explicit "rbg" key (see KEY_IMPL): the fused kernels
+                 read the uniforms XLA draws (the reference's draw), threefry keys have them
+                 generated in the kernel.
 With ``--kernel``: the fused quantize-to-FP8 kernel alone on a bf16 [T, K] array (both layouts,
-both roundings, a few tiles) against a bf16 copy (x + 1) and the unfused passes (the quantizer
-kernel, then the MXFP4 -> FP8 encode: ``encode_rows_on``, its Pallas kernel on CUDA).
+XLA transpose + rows, nearest and stochastic rounding with a threefry and an rbg key, a few
+tiles) against a bf16 copy (x + 1) and the unfused passes (the quantizer kernel, then the MXFP4
+-> FP8 encode: ``encode_rows_on``, its Pallas kernel on CUDA), each checked bit for bit.
 Timing: benchmarks/common.time_fn (fair timing). Reports ms/step, time relative to bf16 and
 tokens/s, and the backend "auto" chose for each of the linear layer's GEMMs.
 
@@ -59,7 +63,7 @@ VARIANTS = {
     "mxfp4-nearest-fused": mx.Recipe(grad_rounding="nearest"),
     "mxfp4-rbg-key": mx.Recipe(),  # an explicit "rbg" key: SR uniforms from XLA's RngBitGenerator
     "mxfp4-rbg-key-unfused": mx.Recipe(),
-    "mxfp4-rbg-key-fused": mx.Recipe(),  # rbg key + every pass fused (the rbg SR passes stay unfused)
+    "mxfp4-rbg-key-fused": mx.Recipe(),  # rbg key + every pass fused (SR: the kernel reads the drawn uniforms)
 }
 FUSED_MODE = {v: "0" for v in VARIANTS if v.endswith("-unfused")} | {v: "1" for v in VARIANTS if v.endswith("-fused")}
 """$JAX_MXFP4_FUSED_TRAINING per variant ("0" unfused, "1" every pass fused); the others run the
@@ -137,26 +141,54 @@ def routing(s):
     return out
 
 
-def check_fused(config, s, sets):
-    """The fused and unfused training passes on the device: loss-free step outputs (dX, dW)
-    compared bit for bit (expected identical: same quantized operands, same GEMMs). Off CUDA the
-    fused kernels run in the Pallas interpreter on backend "fp8" ("auto" would route the GEMMs to
-    "xla", where no fused kernel runs and the comparison would hold trivially); ``fused_kernels``
-    counts the kernels in the fused step."""
+CHECK_KEYS = (None, "rbg")
+"""Rounding keys of ``--check-fused``: the data-derived threefry key (uniforms generated in the
+fused kernel) and an explicit rbg key (the reference's uniforms drawn by XLA, read by the kernel)."""
+
+
+def check_fused(config, s, sets, report=lambda c: None):
+    """The fused and unfused training passes on the device: step outputs (Y, dX, dW) compared
+    bit for bit (expected identical: same quantized operands, same GEMMs), for both fused modes
+    (rows, the default: strided operands transposed by XLA first; all: the kernel's transposed
+    layout) and both rounding keys of :data:`CHECK_KEYS` (stochastic rounding of dY in dgrad and
+    wgrad). Off CUDA the fused kernels run in the Pallas interpreter on backend "fp8" ("auto"
+    would route the GEMMs to "xla", where no fused kernel runs and the comparison would hold
+    trivially). ``fused_kernels``: pallas_calls in the fused step; ``fp8_quantize_kernels``: the
+    fused quantize-to-FP8 kernels among them (6 when every operand of the three GEMMs is fused).
+    ``report`` is called with each result as it comes (a run cut by a timeout keeps its lines)."""
+    import re
+
     from jax_mxfp4.dispatch import current_platform
 
     cuda = current_platform() == "cuda"
-    fused, recipe = ("1", mx.Recipe()) if cuda else ("interpret", mx.Recipe(backend="fp8"))
-    outs, kernels = {}, 0
-    for mode in (fused, "0"):
-        with _env(FUSED_ENV, mode):
-            step = make_step(layer_fns(config, recipe))
-            if mode == fused:
-                kernels = str(jax.make_jaxpr(step)(*sets[0])).count("pallas_call")
-            outs[mode] = jax.jit(step)(*sets[0])
-    same = [bool(jnp.array_equal(a, b)) for a, b in zip(outs[fused], outs["0"])]
-    diff = [float(jnp.max(jnp.abs(a.astype(jnp.float32) - b.astype(jnp.float32)))) for a, b in zip(outs[fused], outs["0"])]
-    return {"config": config, "bit_identical": same, "max_abs_diff": diff, "fused_mode": fused, "fused_kernels": kernels}
+    modes, recipe = (("rows", "1"), mx.Recipe()) if cuda else (("interpret-rows", "interpret"), mx.Recipe(backend="fp8"))
+    out = []
+    for key_impl in CHECK_KEYS:
+        key_name = key_impl or "data-derived (threefry)"
+        try:
+            with _env(FUSED_ENV, "0"):
+                want = jax.jit(make_step(layer_fns(config, recipe, key_impl)))(*sets[0])
+        except Exception as e:  # record, keep going
+            out.append({"config": config, "key": key_name, "error": f"unfused step: {type(e).__name__}: {str(e)[:300]}"})
+            report(out[-1])
+            continue
+        for mode in modes:
+            try:
+                with _env(FUSED_ENV, mode):
+                    step = make_step(layer_fns(config, recipe, key_impl))
+                    jaxpr = str(jax.make_jaxpr(step)(*sets[0]))
+                    got = jax.jit(step)(*sets[0])
+                same = [bool(jnp.array_equal(a, b)) for a, b in zip(got, want)]
+                diff = [float(jnp.max(jnp.abs(a.astype(jnp.float32) - b.astype(jnp.float32)))) for a, b in zip(got, want)]
+                out.append({"config": config, "key": key_name, "bit_identical": same, "max_abs_diff": diff,
+                            "fused_mode": mode, "fused_kernels": jaxpr.count("pallas_call"),
+                            "fp8_quantize_kernels": len(re.findall(r"name=mxfp4_quantize_fp8", jaxpr))})
+            except Exception as e:  # record, keep going
+                out.append({"config": config, "key": key_name, "fused_mode": mode,
+                            "error": f"{type(e).__name__}: {str(e)[:300]}"})
+            report(out[-1])
+        del want
+    return out
 
 
 def profile_step(config, variant, recipe, sets, top=25, hlo_dir=None):
@@ -191,11 +223,14 @@ def run(args):
         sets = [make_set(config, s, seed=1)]
         jax.block_until_ready(sets)
         if args.check_fused and config == "linear":
+            def report(c):
+                print(f"[{time.time() - t0:6.1f}s] fused vs unfused step outputs (Y, dX, dW): {c}", flush=True)
+
             try:
-                checks.append(check_fused(config, s, sets))
+                checks += check_fused(config, s, sets, report)
             except Exception as e:  # record, keep going
                 checks.append({"config": config, "error": f"{type(e).__name__}: {str(e)[:300]}"})
-            print(f"[{time.time() - t0:6.1f}s] fused vs unfused gradients: {checks[-1]}", flush=True)
+                report(checks[-1])
         base = None
         for variant, recipe in VARIANTS.items():
             if args.variants and variant not in args.variants and variant != "bf16":
@@ -227,10 +262,17 @@ KERNEL_CONFIGS = {False: [(1, 16), (1, 8), (2, 16)], True: [(1, 16), (2, 16), (4
 is the default at 8192 (jax_mxfp4.kernels.fp8_quantize.default_config), also timed with SR."""
 
 
+SR_KINDS = (None, "threefry", "rbg")
+"""Roundings timed by ``--kernel``: nearest; stochastic with a threefry key (uniforms generated in
+the fused kernel); stochastic with an rbg key (the reference's uniforms drawn by XLA's
+RngBitGenerator inside the timed function, then read by the fused kernel)."""
+
+
 def run_kernel(args):
     """The fused quantize-to-FP8 kernel alone against a bf16 copy and the unfused passes."""
     from jax_mxfp4.fp8 import encode_rows_on
     from jax_mxfp4.kernels import fp8_quantize as fq
+    from jax_mxfp4.kernels.quantize import sr_uniforms
     from jax_mxfp4.mx_format import as_scale_bytes
 
     t, k = (256, 256) if args.quick else (8192, 8192)
@@ -241,6 +283,7 @@ def run_kernel(args):
     interpret = platform not in ("cuda", "rocm")
     x = jax.random.normal(jax.random.key(3), (t, k), jnp.bfloat16)
     kd = jax.random.key_data(jax.random.key(4))
+    rbg = jax.random.key(5, impl="rbg")
     sets = [(x + i, kd) for i in range(4)]  # 4 x 128 MiB at 8192^2: > 3x the H200's L2
     jax.block_until_ready(sets)
     moved = t * k * (2 + 1 + 1 / 32)  # bytes read + written by the fused kernel
@@ -253,38 +296,58 @@ def run_kernel(args):
         except Exception as e:  # record, keep going
             r = {"status": "error", "reason": f"{type(e).__name__}: {str(e)[:300]}"}
         rows.append({"case": name, "t": t, "k": k, **r})
-        print(f"[{time.time() - t0:6.1f}s] {name:44s} {r.get('median_s', float('nan')) * 1e3:8.3f} ms "
+        print(f"[{time.time() - t0:6.1f}s] {name:52s} {r.get('median_s', float('nan')) * 1e3:8.3f} ms "
               f"{r.get('gb_per_s', float('nan')):7.0f} GB/s {r['status']}", flush=True)
+
+    def key_of(sr, kd):
+        return None if sr is None else jax.random.wrap_key_data(kd) if sr == "threefry" else rbg
+
+    def fused(x, kd, tr, sr, cfg=None, via_transpose=False):
+        """What training's _fp8_fused runs: the same uniforms as quantize(x, axis, key) (rbg: the
+        reference's draw [rows, kq/32, 32], the quantized axis last, read by the kernel)."""
+        n_out, kq = (x.shape[1], x.shape[0]) if tr else x.shape
+        uniform, key_data = (None, None) if sr is None else sr_uniforms(key_of(sr, kd), (n_out, kq // 32, 32))
+        if via_transpose and tr:  # rows mode: XLA's transpose, then the rows kernel
+            x, tr = x.T, False
+        return fq.quantize_fp8_2d(x, key_data, uniform, transposed=tr, cfg=cfg, interpret=interpret)
+
+    def sr_name(sr):
+        return "RN" if sr is None else f"SR {sr}"
 
     add("copy bf16 (x + 1)", lambda x, kd: x + jnp.bfloat16(1), 4 * t * k)
     for transposed in (False, True):
         lay = "T" if transposed else "rows"
         for i, (rows_, warps) in enumerate(KERNEL_CONFIGS[transposed][:2 if args.quick else None]):
             cfg = fq.Fp8QuantizeConfig(rows=rows_, num_warps=warps)
-            for sr in ((False, True) if i == 0 else (False,)):
-                fn = (lambda x, kd, tr=transposed, sr=sr, cfg=cfg: fq.quantize_fp8_2d(
-                    x, kd if sr else None, transposed=tr, cfg=cfg, interpret=interpret))
-                add(f"fused {lay} {'SR' if sr else 'RN'} rows={rows_} warps={warps}", fn, moved)
+            for sr in (SR_KINDS if i == 0 else (None,)):
+                add(f"fused {lay} {sr_name(sr)} rows={rows_} warps={warps}",
+                    lambda x, kd, tr=transposed, sr=sr, cfg=cfg: fused(x, kd, tr, sr, cfg), moved)
+        if transposed:  # training's default (rows mode) for operands quantized along a strided axis
+            for sr in SR_KINDS:
+                add(f"XLA transpose + fused rows {sr_name(sr)}",
+                    lambda x, kd, sr=sr: fused(x, kd, True, sr, via_transpose=True), moved)
         axis = 0 if transposed else 1
-        for sr in (False, True):
+        for sr in SR_KINDS:
             def unfused(x, kd, axis=axis, sr=sr):
-                q = mx.quantize(x, axis, rounding="stochastic" if sr else "nearest",
-                                key=jax.random.wrap_key_data(kd) if sr else None)
-                data, scales = jnp.moveaxis(q.data, axis, -1), jnp.moveaxis(q.plain_scales(), axis, -1)
-                return encode_rows_on(data, as_scale_bytes(scales), platform)
+                q = mx.quantize(x, axis, rounding="nearest" if sr is None else "stochastic", key=key_of(sr, kd))
+                data, scales = jnp.moveaxis(q.data, axis, -1), jnp.moveaxis(as_scale_bytes(q.plain_scales()), axis, -1)
+                return (*encode_rows_on(data, scales, platform), scales)
 
-            add(f"unfused {lay} {'SR' if sr else 'RN'} (quantize + encode_rows_on)", unfused, moved)
-            try:  # on the device: the fused kernel (default tile) bit for bit against the unfused passes
-                got = jax.jit(lambda x, kd, tr=transposed, sr=sr: fq.quantize_fp8_2d(
-                    x, kd if sr else None, transposed=tr, interpret=interpret))(x, kd)
-                want = jax.jit(unfused)(x, kd)
-                u8 = lambda v: lax.bitcast_convert_type(v, jnp.uint8) if v.dtype == jnp.float8_e4m3fn else v  # noqa: E731
-                same = [bool(jnp.array_equal(u8(g), u8(w))) for g, w in ((got[0], want[0]), (got[2], want[1]), (got[3], want[2]))]
-                rows[-1]["fused_bit_identical"] = all(same)
-                print(f"    fused == unfused (codes, row_exp, row_flag): {same}", flush=True)
-            except Exception as e:
-                rows[-1]["fused_bit_identical"] = f"error {type(e).__name__}: {str(e)[:200]}"
-                print("    check failed:", rows[-1]["fused_bit_identical"], flush=True)
+            add(f"unfused {lay} {sr_name(sr)} (quantize + encode_rows_on)", unfused, moved)
+            u8 = lambda v: lax.bitcast_convert_type(v, jnp.uint8) if v.dtype.itemsize == 1 else v  # noqa: E731
+            for via in ((False, True) if transposed else (False,)):
+                try:  # on the device: the fused kernel (default tile) bit for bit against the unfused passes
+                    got = jax.jit(lambda x, kd, tr=transposed, sr=sr, via=via: fused(x, kd, tr, sr, via_transpose=via))(x, kd)
+                    want = jax.jit(unfused)(x, kd)
+                    same = [bool(jnp.array_equal(u8(g), u8(w))) for g, w in
+                            ((got[0], want[0]), (got[1], want[3]), (got[2], want[1]), (got[3], want[2]))]
+                    ok = all(same)
+                    print(f"    fused{' (XLA transpose + rows)' if via else ''} == unfused "
+                          f"(codes, scales, row_exp, row_flag): {same}", flush=True)
+                except Exception as e:
+                    ok = f"error {type(e).__name__}: {str(e)[:200]}"
+                    print("    check failed:", ok, flush=True)
+                rows[-1]["fused_via_transpose_bit_identical" if via else "fused_bit_identical"] = ok
     return {"info": device_info(), "quick": args.quick, "rows": rows}
 
 
@@ -297,7 +360,9 @@ def markdown_kernel(result):
         if r["status"] != "ok":
             lines.append(f"| {r['case']} | {r['t']}x{r['k']} | {r['status']}: {r.get('reason', '')[:80]} | |")
             continue
-        same = f" (fused bit-identical: {r['fused_bit_identical']})" if "fused_bit_identical" in r else ""
+        same = "".join(f" ({what}: {r[name]})" for name, what in (
+            ("fused_bit_identical", "fused bit-identical"),
+            ("fused_via_transpose_bit_identical", "XLA transpose + fused rows bit-identical")) if name in r)
         lines.append(f"| {r['case']}{same} | {r['t']}x{r['k']} | {r['median_s'] * 1e3:.3f} | {r['gb_per_s']:.0f} |")
     return "\n".join(lines) + "\n"
 
@@ -319,9 +384,10 @@ def markdown(result):
     for name, d in result["routing_linear"].items():
         lines.append(f"- {name} {d['mnk'][0]}x{d['mnk'][1]}x{d['mnk'][2]}: {d['backend']} ({d['contract']})")
     for c in result.get("fused_checks", []):
-        lines.append(f"- fused vs unfused passes, {c['config']} (dX, dW): {c.get('bit_identical', c.get('error'))}"
+        lines.append(f"- fused vs unfused passes, {c['config']} (Y, dX, dW): {c.get('bit_identical', c.get('error'))}"
                      + ("" if "error" in c else f", max |diff| {c['max_abs_diff']} ({c['fused_kernels']} fused "
-                        f"kernels, ${FUSED_ENV}={c['fused_mode']})"))
+                        f"kernels, {c['fp8_quantize_kernels']} of them quantize-to-FP8, ${FUSED_ENV}={c['fused_mode']}, "
+                        f"key {c['key']})"))
     return "\n".join(lines) + "\n"
 
 

@@ -83,7 +83,7 @@ _CANON = (((2,), (2,)), ((0,), (0,)))
 FUSED_ENV = "JAX_MXFP4_FUSED_TRAINING"
 """Fused FP8 quantization of the training passes (:func:`fused_mode`) on CUDA: "rows" (default)
 the fused kernel reads rows only (an operand quantized along a strided axis is transposed by XLA
-first; with stochastic rounding such an operand keeps the unfused passes), "1"/"all" the kernel
+first, stochastically rounded ones included), "1"/"all" the kernel
 also reads transposed layouts directly, "0"
 off (the unfused passes: the quantizer kernel, then the fp8 backend's encode kernel);
 "interpret" / "interpret-rows" the same off the GPU through the Pallas interpreter (tests).
@@ -230,25 +230,32 @@ def _fp8_fused(x, axis, scale_mode, interpret, rounding="nearest", key=None, swa
     """``prepare_fp8(quantize(x, axis, ...))`` for a canonical float operand x [B, ., .] (axis 1
     or 2) in one fused kernel (:mod:`jax_mxfp4.kernels.fp8_quantize`), or None where the kernel
     cannot take it (then the caller keeps the unfused passes for this operand). ``rows_only``:
-    an operand quantized along a strided axis is transposed by XLA first and the kernel reads rows
-    (round to nearest; with stochastic rounding such an operand keeps the unfused passes).
+    an operand quantized along a strided axis is transposed by XLA first and the kernel reads rows.
+
+    Stochastic rounding (``key``) uses exactly the reference's uniforms, those of
+    ``quantize(x, axis, rounding="stochastic", key=key)``: generated in the kernel for threefry
+    keys (:func:`jax_mxfp4.kernels.quantize.kernel_rng_supported`), else (rbg / unsafe_rbg keys)
+    drawn by ``jax.random.uniform`` with the reference's shape and read by the kernel
+    (:func:`jax_mxfp4.kernels.quantize.sr_uniforms`); both layouts, both modes.
 
     ``swap``: run the kernel on ``swapaxes(x, 1, 2)`` with the other layout: for an operand that
     is itself a transpose (the weight: canonical ``b`` = kernel [K, N] transposed) XLA cancels
     the two transposes and the kernel reads the stored array, instead of a transposed copy.
     """
     from .kernels import fp8_quantize as fq
-    from .kernels.quantize import kernel_rng_supported
+    from .kernels.quantize import sr_uniforms
 
     bsz, kq = x.shape[0], x.shape[axis]
     last = axis == 2
     if kq > fq.MAX_ROW or kq % BLOCK_SIZE or x.size >= 2**31 or ((swap or not last) and bsz != 1):
         return None
-    key_data = None
+    rest = tuple(d for i, d in enumerate(x.shape) if i != axis)  # the output rows, in order
+    uniform = key_data = None
     if rounding == "stochastic":
-        if not kernel_rng_supported(key, x.size):
-            return None
-        key_data = jax.random.key_data(key) if jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key) else key
+        # quantize(x, axis)'s draw: uniform(key, rest + (kq / 32, 32)), the quantized axis last:
+        # element-aligned with the kernel's output rows in every layout below (threefry keys:
+        # generated in the kernel from that flat index; rbg keys: the drawn array, read in)
+        uniform, key_data = sr_uniforms(key, rest + (kq // BLOCK_SIZE, BLOCK_SIZE))
     if swap:  # quantized axis 0 of [K, M] (last) or axis 1 of [N, M]
         x2, transposed = jnp.swapaxes(x, 1, 2)[0], last
     else:
@@ -256,14 +263,11 @@ def _fp8_fused(x, axis, scale_mode, interpret, rounding="nearest", key=None, swa
     if transposed and rows_only:
         # XLA's transpose pass, then the kernel along rows: on the H200 the kernel's strided
         # transposed reads took 1.1-1.6 ms for 8192x8192 bf16, a transpose takes ~0.07 ms and the
-        # rows kernel ~0.15 ms. Same bits for round-to-nearest; stochastic rounding draws each
-        # element's uniform by its position in the transposed layout, so it keeps the unfused passes.
-        if key_data is not None:
-            return None
+        # rows kernel ~0.15 ms. Same bits for both roundings: the rows of x2.T are the output rows,
+        # so each element keeps its uniform (its flat index in the reference's draw is unchanged).
         x2, transposed = x2.T, False
     codes, scales, row_exp, row_flag = fq.quantize_fp8_2d(
-        x2, key_data, scale_mode=scale_mode, transposed=transposed, interpret=interpret)
-    rest = tuple(d for i, d in enumerate(x.shape) if i != axis)
+        x2, key_data, uniform, scale_mode=scale_mode, transposed=transposed, interpret=interpret)
     return FP8Prepared(codes.reshape(rest + (kq,)), scales.reshape(rest + (kq // BLOCK_SIZE,)),
                        row_exp.reshape(rest), row_flag.reshape(rest), axis, x.shape, x.dtype, scale_mode)
 

@@ -64,6 +64,15 @@ def quantize_ref(x: np.ndarray, axis: int, mode: str):
     return codes, np.moveaxis(byte, -1, axis)
 
 
+def stochastic_magnitude_ref(a: np.ndarray, u: np.ndarray) -> np.ndarray:
+    """float64 E2M1 magnitude of a = |x| / 2^s (a >= 0) rounded stochastically with uniforms u:
+    the grid neighbour above where u < (a - lo) / step, else the one below (lo); at most 6."""
+    a = np.asarray(a, np.float64)
+    step = np.where(a < 2, 0.5, np.where(a < 4, 1.0, 2.0))
+    lo = np.floor(a / step) * step
+    return np.minimum(np.where(np.asarray(u, np.float64) < (a - lo) / step, lo + step, lo), 6.0)
+
+
 def pack_ref(codes: np.ndarray, axis: int) -> np.ndarray:
     c = np.moveaxis(codes, axis, -1)
     packed = (c[..., 0::2] | (c[..., 1::2] << 4)).astype(np.uint8)

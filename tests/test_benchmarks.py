@@ -119,10 +119,15 @@ def test_gemm_refuses_what_it_would_skip(tmp_path, capsys):
 def test_train_step_check_fused_runs_the_fused_kernels_off_cuda(tmp_path):
     """--check-fused compared "1" with "0" on the platform's default route: off CUDA neither ran a
     fused kernel and "bit-identical" held trivially. Now it runs them in the Pallas interpreter
-    (backend fp8) and says how many kernels the fused step has."""
+    (backend fp8) and says how many kernels the fused step has: both fused modes (rows, all) with
+    the data-derived threefry key and an rbg key, every one of the six operands fused."""
     assert train_step.main(["--quick", "--out", str(tmp_path), "--check-fused", "--configs", "linear",
                             "--variants", "mxfp4-nearest"]) == 0
-    (c,) = json.loads((tmp_path / "train_step.json").read_text())["fused_checks"]
-    assert c["fused_mode"] == "interpret" and c["fused_kernels"] > 0
-    assert c["bit_identical"] == [True, True, True] and c["max_abs_diff"] == [0.0, 0.0, 0.0]
-    assert "fused kernels, $JAX_MXFP4_FUSED_TRAINING=interpret" in (tmp_path / "train_step.md").read_text()
+    checks = json.loads((tmp_path / "train_step.json").read_text())["fused_checks"]
+    assert {(c["fused_mode"], c["key"]) for c in checks} == {
+        (m, k) for m in ("interpret-rows", "interpret") for k in ("data-derived (threefry)", "rbg")}
+    for c in checks:
+        assert c["fused_kernels"] >= 6 and c["fp8_quantize_kernels"] == 6, c
+        assert c["bit_identical"] == [True, True, True] and c["max_abs_diff"] == [0.0, 0.0, 0.0], c
+    md = (tmp_path / "train_step.md").read_text()
+    assert "quantize-to-FP8, $JAX_MXFP4_FUSED_TRAINING=interpret-rows, key rbg" in md

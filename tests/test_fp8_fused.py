@@ -1,19 +1,25 @@
 """The fused quantize-to-FP8 kernel (jax_mxfp4/kernels/fp8_quantize.py) in the Pallas
 interpreter against the reference: encode_rows(quantize(x)) with jax_mxfp4.quantize's jnp
-path, both layouts, both roundings; and the fused training passes against the unfused ones."""
+path, both layouts, both roundings (stochastic: uniforms generated in the kernel for threefry
+keys, or read as an input array for any key, rbg included), and the NumPy float64 model of
+tests/mx_reference.py; and the fused training passes against the unfused ones."""
 
 import re
 
 import jax
 import jax.numpy as jnp
+import mx_reference as ref
 import numpy as np
 import pytest
 
 import jax_mxfp4 as mx
 from jax_mxfp4 import training
-from jax_mxfp4.fp8 import FLAG_EXACT, FLAG_NAN, encode_rows
+from jax_mxfp4.fp8 import FLAG_EXACT, FLAG_NAN, encode_rows, prepare_fp8
 from jax_mxfp4.kernels import fp8_quantize as fq
+from jax_mxfp4.kernels import quantize as kquant
 from jax_mxfp4.quantize import _quantize_impl
+
+SCALE_MODES = ("floor", "ceil", "even", "rceil")
 
 
 def _hard_rows(rng, rows, kq, dtype):
@@ -89,6 +95,159 @@ def test_kernel_rejects_bad_shapes():
         fq.quantize_fp8_2d(jax.ShapeDtypeStruct((2, 2 * fq.MAX_ROW), jnp.float32), interpret=True)
 
 
+def _key(impl, rng):
+    return jax.random.key(int(rng.integers(2**31)), impl=impl)
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+@pytest.mark.parametrize("impl", ["threefry2x32", "rbg", "unsafe_rbg"])
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_kernel_reads_the_reference_uniforms(transposed, impl, dtype):
+    """uniform= (the reference's draw, read by the kernel): bit-identical to quantize(x, axis,
+    "stochastic", key) then encode_rows, for any key implementation; for threefry also equal to
+    the in-kernel generation (key_data=)."""
+    rng = np.random.default_rng()
+    rows, kq = 10, 96
+    xr = _hard_rows(rng, rows, kq, dtype)
+    x, axis = (xr.T, 0) if transposed else (xr, 1)
+    key = _key(impl, rng)
+    uniform, key_data = kquant.sr_uniforms(key, (rows, kq // 32, 32), "input")
+    assert key_data is None and uniform.shape == (rows, kq // 32, 32)
+    cfg = fq.Fp8QuantizeConfig(rows=4, num_warps=4)
+    got = fq.quantize_fp8_2d(x, uniform=uniform, transposed=transposed, cfg=cfg, interpret=True)
+    _assert_same(got, _reference(x, axis, "stochastic", key))
+    if impl == "threefry2x32":
+        in_kernel = fq.quantize_fp8_2d(x, jax.random.key_data(key), transposed=transposed, cfg=cfg, interpret=True)
+        for a, b in zip(got, in_kernel):
+            np.testing.assert_array_equal(np.asarray(a).view(np.uint8) if a.dtype.itemsize == 1 else a,
+                                          np.asarray(b).view(np.uint8) if b.dtype.itemsize == 1 else b)
+
+
+def test_sr_uniforms_chooses_the_source_and_draws_the_reference_values():
+    """kernels.quantize.sr_uniforms: key data for threefry keys (typed or legacy raw), the
+    reference's draw jax.random.uniform(key, shape) for rbg keys or uniforms="input"."""
+    shape = (3, 2, 32)
+    key = jax.random.key(7)
+    u, kd = kquant.sr_uniforms(key, shape)
+    assert u is None and np.array_equal(np.asarray(kd), np.asarray(jax.random.key_data(key)))
+    raw = jax.random.PRNGKey(7)  # legacy uint32[2] under the default threefry implementation
+    u, kd = kquant.sr_uniforms(raw, shape)
+    assert u is None and kd is raw
+    for k in (jax.random.key(7, impl="rbg"), jax.random.key(7, impl="unsafe_rbg"), key):
+        u, kd = kquant.sr_uniforms(k, shape, "input" if k is key else None)
+        assert kd is None and u.dtype == jnp.float32 and u.shape == shape
+        np.testing.assert_array_equal(np.asarray(u), np.asarray(jax.random.uniform(k, shape, jnp.float32)))
+    with pytest.raises(ValueError, match="uniforms must be 'input' or 'kernel'"):
+        kquant.sr_uniforms(key, shape, "xla")
+
+
+def _sr_model(x, u, scale_mode):
+    """NumPy float64 model of stochastic rounding with uniforms u (tests/mx_reference.py rules):
+    x, u [R, Kq] (quantized axis last) -> (scale bytes [R, Kq/32], values [R, Kq]) for blocks
+    without NaN/Inf."""
+    x = np.asarray(jnp.asarray(x, jnp.float32))
+    x = np.where(np.abs(x) < ref.F32_TINY, np.copysign(0.0, x), x)
+    r, kq = x.shape
+    blocks = x.reshape(r, kq // 32, 32).astype(np.float64)
+    amax = np.where(np.isfinite(blocks), np.abs(blocks), 0.0).max(-1)
+    s = np.clip(ref.scale_exponent(amax, scale_mode), -127, 127)
+    with np.errstate(all="ignore"):  # NaN/Inf blocks: values not used (flagged rows)
+        y = blocks / np.ldexp(1.0, s)[..., None]
+        mag = ref.stochastic_magnitude_ref(np.abs(y), np.asarray(u, np.float64).reshape(y.shape))
+    return (s + 127).astype(np.uint8), (np.copysign(mag, y) * np.ldexp(1.0, s)[..., None]).reshape(r, kq)
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+@pytest.mark.parametrize("scale_mode", SCALE_MODES)
+def test_kernel_given_uniforms_at_the_rounding_edges(transposed, scale_mode):
+    """Chosen uniforms: 0, 0.5, the largest float32 below 1, random, and u equal to each
+    element's fraction (the rule is u < frac: rounds down) on rows with E2M1 grid values and
+    ties. Against the MXFP4 quantizer fed the same uniforms then encode_rows (every row, bit for
+    bit) and the NumPy float64 model (rows on the FP8 fast path: codes x 2^row_exp)."""
+    rng = np.random.default_rng()
+    rows, kq = 16, 64
+    xr = np.asarray(_hard_rows(rng, 10, kq, jnp.float32))
+    xr = np.concatenate([xr, xr[[0, 0, 1, 8, 9, 8]]])  # ties and signed zeros under other uniforms
+    xr[13] *= np.float32(2.0**-118)  # tiny values (scales near the bottom of E8M0, some flushed)
+    x32 = jnp.asarray(xr)
+    _, vals_lo = _sr_model(x32, np.zeros((rows, kq)), scale_mode)  # u = 0 keeps no fraction: lo
+    s = np.clip(ref.scale_exponent(np.where(np.isfinite(xr), np.abs(np.where(np.abs(xr) < ref.F32_TINY, 0, xr)), 0)
+                                   .reshape(rows, -1, 32).max(-1), scale_mode), -127, 127)
+    with np.errstate(all="ignore"):  # NaN/Inf/overflowing rows: any uniform (flagged, compared bitwise only)
+        a = np.abs(xr.astype(np.float64).reshape(rows, -1, 32) / np.ldexp(1.0, s)[..., None]).reshape(rows, kq)
+        step = np.where(a < 2, 0.5, np.where(a < 4, 1.0, 2.0))
+        frac = np.nan_to_num((a - np.floor(a / step) * step) / step).astype(np.float32)
+    pick = rng.integers(0, 5, (rows, 1))
+    u = np.select([pick == 0, pick == 1, pick == 2, pick == 3],
+                  [np.zeros_like(frac), np.full_like(frac, 0.5), np.full_like(frac, np.nextafter(np.float32(1), 0)),
+                   rng.uniform(0, 1, frac.shape).astype(np.float32)], frac).astype(np.float32)
+    u[:2] = frac[:2]  # the ties rows with u == frac exactly
+    u = jnp.asarray(u)
+    x = x32.T if transposed else x32
+    got = fq.quantize_fp8_2d(x, uniform=u, scale_mode=scale_mode, transposed=transposed,
+                             cfg=fq.Fp8QuantizeConfig(rows=4, num_warps=4), interpret=True)
+    data, sbytes = kquant.quantize_2d(x32, u, scale_mode=scale_mode, cfg=kquant.QuantizeConfig(4, 64), interpret=True)
+    _assert_same(got, (*encode_rows(data, sbytes), sbytes))
+    codes, scales, row_exp, row_flag = (np.asarray(v) for v in got)
+    want_bytes, want_vals = _sr_model(x32, u, scale_mode)
+    fast = np.asarray(row_flag) == 0
+    assert fast.sum() >= 8 and not fast[[2, 3, 4, 5, 7]].any()  # the flagged edge rows of _hard_rows
+    np.testing.assert_array_equal(scales.view(np.uint8)[fast], want_bytes[fast])
+    vals = codes.astype(np.float64) * np.ldexp(1.0, row_exp)[:, None]
+    np.testing.assert_array_equal(vals[fast], want_vals[fast])
+    assert np.any(want_vals[fast] != vals_lo[fast])  # some elements rounded up (u < frac)
+
+
+def test_kernel_uniform_errors_name_the_argument():
+    x = jnp.zeros((4, 64), jnp.float32)
+    u = jnp.zeros((4, 64), jnp.float32)
+    kd = jax.random.key_data(jax.random.key(0))
+    with pytest.raises(ValueError, match="key_data.*uniform.*not both"):
+        fq.quantize_fp8_2d(x, kd, u, interpret=True)
+    with pytest.raises(TypeError, match="uniform must be float32.*bfloat16"):
+        fq.quantize_fp8_2d(x, uniform=u.astype(jnp.bfloat16), interpret=True)
+    with pytest.raises(TypeError, match="uniform must be float32"):
+        fq.quantize_fp8_2d(x, uniform=jnp.zeros((4, 64), jnp.uint32), interpret=True)
+    with pytest.raises(ValueError, match=r"uniform must have shape \[\*lead, 64\].*\[64, 4\]"):
+        fq.quantize_fp8_2d(x, uniform=u.T, interpret=True)  # the input's layout, not the output rows'
+    with pytest.raises(ValueError, match="uniform must have shape"):
+        fq.quantize_fp8_2d(x, uniform=jnp.zeros((4, 2, 16, 2), jnp.float32), interpret=True)
+    with pytest.raises(ValueError, match="uniform must have shape"):
+        fq.quantize_fp8_2d(x.T, uniform=u.T, transposed=True, interpret=True)  # transposed: output rows [4, 64]
+    # accepted: [R, Kq], [R, Kq/32, 32] and leading dims whose product is R
+    for shape in ((4, 64), (4, 2, 32), (2, 2, 2, 32), (2, 2, 64)):
+        fq.quantize_fp8_2d(x, uniform=jnp.zeros(shape, jnp.float32), interpret=True)
+
+
+@pytest.mark.parametrize("layout", ["rows", "transposed-rows-only", "transposed-kernel"])
+@pytest.mark.parametrize("impl", ["threefry2x32", "threefry2x32-input", "rbg", "unsafe_rbg"])
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_fused_sr_operand_equals_unfused(monkeypatch, layout, impl, dtype):
+    """training._fp8_fused with stochastic rounding, the operand of dgrad (dY along N: rows) and
+    of wgrad (dY along the token axis M: transposed, either by XLA then rows, or by the kernel):
+    codes, scales, row_exp and row_flag equal prepare_fp8(quantize(x, axis, "stochastic", key)).
+    "-input": a threefry key with the uniforms read (kernels.quantize.SR_UNIFORMS = "input")."""
+    if impl.endswith("-input"):
+        monkeypatch.setattr(kquant, "SR_UNIFORMS", "input")
+        impl = impl[:-len("-input")]
+    rng = np.random.default_rng()
+    scale_mode = SCALE_MODES[rng.integers(4)]  # one per case, drawn (the kernel tests cover each)
+    hard = _hard_rows(rng, 10, 96, dtype)  # rows x quantized length
+    if layout == "rows":
+        x3, axis, rows_only = hard[None], 2, True
+    else:
+        x3, axis, rows_only = hard.T[None], 1, layout == "transposed-rows-only"
+    key = _key(impl, rng)
+    got = training._fp8_fused(x3, axis, scale_mode, True, "stochastic", key, rows_only=rows_only)
+    assert got is not None, "the fused kernel must take stochastic rounding in every layout"
+    want = prepare_fp8(mx.quantize(x3, axis, scale_mode=scale_mode, rounding="stochastic", key=key))
+    for name in ("codes", "scales", "row_exp", "row_flag"):
+        a, b = (np.asarray(getattr(v, name)) for v in (got, want))
+        assert a.shape == b.shape, name
+        np.testing.assert_array_equal(a.view(np.uint8) if a.dtype.itemsize == 1 else a,
+                                      b.view(np.uint8) if b.dtype.itemsize == 1 else b, err_msg=f"{name} ({scale_mode})")
+
+
 def _grads(monkeypatch, mode, x, w, recipe, key):
     monkeypatch.setenv(training.FUSED_ENV, mode)
     f = lambda x, w: jnp.sum(mx.dense(x, w, recipe=recipe, key=key) * jnp.cos(jnp.arange(w.shape[1])))  # noqa: E731
@@ -97,25 +256,29 @@ def _grads(monkeypatch, mode, x, w, recipe, key):
     return out, len(re.findall(r"let mxfp4_quantize_fp8\w* =", jaxpr))  # one per kernel body
 
 
-@pytest.mark.parametrize("rounding,with_key,dtype", [("stochastic", True, jnp.float32), ("stochastic", False, jnp.bfloat16),
-                                                     ("nearest", False, jnp.float32)])
-def test_training_fused_equals_unfused(monkeypatch, rounding, with_key, dtype):
+@pytest.mark.parametrize("rounding,key_impl,dtype", [("stochastic", "threefry2x32", jnp.float32),
+                                                     ("stochastic", None, jnp.bfloat16),
+                                                     ("stochastic", "rbg", jnp.bfloat16),
+                                                     ("nearest", None, jnp.float32)])
+def test_training_fused_equals_unfused(monkeypatch, rounding, key_impl, dtype):
     """Recipe(backend="fp8") on CPU: the fused passes (interpreter) give bit-identical loss and
-    gradients to today's quantize-then-convert passes, flagged rows included."""
+    gradients to today's quantize-then-convert passes, flagged rows included. Stochastic rounding
+    with a caller's threefry or rbg key (rbg: the kernels read the reference's drawn uniforms)
+    or the data-derived key (None)."""
     rng = np.random.default_rng()
     t, k, n = 40, 64, 96  # T not a multiple of 32: wgrad pads the token axis
     x = _hard_rows(rng, t, k, jnp.float32)
     x = jnp.where(jnp.isfinite(x), x, 1.0).astype(dtype)  # finite training data (NaN rows: kernel tests above)
     w = jnp.asarray(rng.standard_normal((k, n)) * 0.1, jnp.float32).at[:32, 0].mul(2.0**30).astype(dtype)  # flagged col
     recipe = mx.Recipe(backend="fp8", grad_rounding=rounding)
-    key = jax.random.key(int(rng.integers(2**31))) if with_key else None
+    key = jax.random.key(int(rng.integers(2**31)), impl=key_impl) if key_impl else None
     (l0, g0), n0 = _grads(monkeypatch, "0", x, w, recipe, key)
     (l1, g1), n1 = _grads(monkeypatch, "interpret", x, w, recipe, key)
     (l2, g2), n2 = _grads(monkeypatch, "interpret-rows", x, w, recipe, key)
     assert n0 == 0 and n1 == 6  # fprop x, w; dgrad dY, w; wgrad dY, x
-    # rows only: every operand through the rows kernel (x and W transposed by XLA first where they
-    # are quantized along a strided axis) except wgrad's stochastically rounded dY (unfused)
-    assert n2 == (5 if rounding == "stochastic" else 6)
+    # rows only: every operand through the rows kernel (x, W and wgrad's dY transposed by XLA
+    # first where they are quantized along a strided axis), stochastically rounded dY included
+    assert n2 == 6
     for l_, g_ in ((l1, g1), (l2, g2)):
         np.testing.assert_array_equal(np.asarray(l0), np.asarray(l_))
         for a, b in zip(g0, g_):
@@ -180,13 +343,17 @@ def test_training_other_backends_unfused(monkeypatch):
 
 
 @pytest.mark.parametrize("transposed", [False, True])
-def test_kernel_lowers_for_cuda(transposed):
+@pytest.mark.parametrize("uniforms", ["kernel", "input"])
+def test_kernel_lowers_for_cuda(transposed, uniforms):
     """Triton lowering (no GPU needed), ragged rows and a block count that is not a power of two
-    (masked loads and stores), stochastic rounding (in-kernel Threefry)."""
+    (masked loads and stores), stochastic rounding (in-kernel Threefry, or uniforms read)."""
     import functools
 
     shape = (33, 96)  # rows x quantized length
     x = jax.ShapeDtypeStruct(shape[::-1] if transposed else shape, jnp.bfloat16)
     f = functools.partial(fq.quantize_fp8_2d, transposed=transposed)
-    lowered = jax.jit(f).trace(x, jax.ShapeDtypeStruct((2,), jnp.uint32)).lower(lowering_platforms=("cuda",))
-    assert "triton" in lowered.as_text()
+    if uniforms == "kernel":
+        traced = jax.jit(f).trace(x, jax.ShapeDtypeStruct((2,), jnp.uint32))
+    else:
+        traced = jax.jit(lambda x, u: f(x, uniform=u)).trace(x, jax.ShapeDtypeStruct((33, 3, 32), jnp.float32))
+    assert "triton" in traced.lower(lowering_platforms=("cuda",)).as_text()

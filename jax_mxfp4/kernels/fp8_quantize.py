@@ -24,9 +24,10 @@ training's default (``JAX_MXFP4_FUSED_TRAINING=rows``) transposes such operands 
 and uses the rows layout (:mod:`jax_mxfp4.training`).
 
 Every rule is shared code: the block scale and the E2M1 rounding (nearest, or stochastic with
-the reference's Threefry uniforms generated in the kernel) come from
+the reference's uniforms, generated in the kernel for Threefry keys or read as an input array
+drawn by ``jax.random.uniform``, as the MXFP4 quantizer does) come from
 :mod:`jax_mxfp4.kernels.quantize` (:func:`block_scale_bits`, :func:`magnitude_code_bits`,
-:func:`threefry_uniform`), the row encoding from :func:`jax_mxfp4.fp8.encode_blocks`, the E2M1
+:func:`threefry_uniform`, :func:`sr_uniforms`), the row encoding from :func:`jax_mxfp4.fp8.encode_blocks`, the E2M1
 decoding from :func:`jax_mxfp4.mx_format.decode_e2m1`. Bit-identical to the reference in the
 Pallas interpreter (tests/test_fp8_fused.py).
 """
@@ -35,6 +36,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -110,14 +112,28 @@ def encode_tile(bits, u, scale_mode):
     return vals, byte, row_exp, row_flag
 
 
-def _kernel(*refs, n_rows, n_blocks, nbp, br, scale_mode, kernel_rng, transposed):
+def _load_rows(ref, r0, br, nbp, mask):
+    """Rows r0 .. r0 + br of a [rows, blocks, 32] array (blocks padded to ``nbp``), masked loads
+    (0 outside) where ``mask`` is given."""
+    view = ref.at[pl.ds(r0, br), pl.ds(0, nbp), :]
+    return plgpu.load(view) if mask is None else plgpu.load(view, mask=mask, other=0)
+
+
+def _kernel(*refs, n_rows, n_blocks, nbp, br, scale_mode, kernel_rng, uniform_input, transposed):
     if kernel_rng:
         x_ref, key_ref, codes_ref, scale_ref, exp_ref, flag_ref = refs
+    elif uniform_input:
+        x_ref, u_ref, codes_ref, scale_ref, exp_ref, flag_ref = refs
     else:
         x_ref, codes_ref, scale_ref, exp_ref, flag_ref = refs
     r0 = pl.program_id(0) * br
     rows_over = n_rows % br != 0
     blocks_over = nbp != n_blocks
+    oshape = (br, nbp, BLOCK_SIZE)  # the output rows' layout (quantized axis last)
+    omask = None  # masks only where the tile overhangs the array (static): unmasked accesses vectorize
+    if rows_over or blocks_over:
+        omask = ((r0 + lax.broadcasted_iota(jnp.int32, oshape, 0) < n_rows)
+                 & (lax.broadcasted_iota(jnp.int32, oshape, 1) < n_blocks))
     if transposed:  # x viewed as [n_blocks, 32, n_rows]: output rows are columns of x
         shape = (nbp, BLOCK_SIZE, br)
         view = x_ref.at[pl.ds(0, nbp), :, pl.ds(r0, br)]
@@ -128,34 +144,27 @@ def _kernel(*refs, n_rows, n_blocks, nbp, br, scale_mode, kernel_rng, transposed
         x = plgpu.load(view) if mask is None else plgpu.load(view, mask=mask, other=0)
         x = jnp.transpose(x, (2, 0, 1))
     else:
-        shape = (br, nbp, BLOCK_SIZE)
-        view = x_ref.at[pl.ds(r0, br), pl.ds(0, nbp), :]
-        mask = None
-        if rows_over or blocks_over:
-            mask = ((r0 + lax.broadcasted_iota(jnp.int32, shape, 0) < n_rows)
-                    & (lax.broadcasted_iota(jnp.int32, shape, 1) < n_blocks))
-        x = plgpu.load(view) if mask is None else plgpu.load(view, mask=mask, other=0)
+        x = _load_rows(x_ref, r0, br, nbp, omask)
     bits = lax.bitcast_convert_type(x.astype(jnp.float32), jnp.int32)  # exact widening
-    oshape = (br, nbp, BLOCK_SIZE)
     u = None
     if kernel_rng:  # the reference's uniforms: element (row, col) of jax.random.uniform(key, [R, Kq])
         row = (r0 + lax.broadcasted_iota(jnp.int32, oshape, 0)).astype(jnp.uint32)
         col = (BLOCK_SIZE * lax.broadcasted_iota(jnp.int32, oshape, 1)
                + lax.broadcasted_iota(jnp.int32, oshape, 2)).astype(jnp.uint32)
         u = threefry_uniform(key_ref[0], key_ref[1], row * jnp.uint32(n_blocks * BLOCK_SIZE) + col)
+    elif uniform_input:  # the reference's draw read in, element-aligned with the output rows
+        u = _load_rows(u_ref, r0, br, nbp, omask)
     vals, byte, row_exp, row_flag = encode_tile(bits, u, scale_mode)
     cview = codes_ref.at[pl.ds(r0, br), pl.ds(0, nbp), :]
     sview = scale_ref.at[pl.ds(r0, br), pl.ds(0, nbp)]
     eview, fview = exp_ref.at[pl.ds(r0, br)], flag_ref.at[pl.ds(r0, br)]
     codes = vals.astype(jnp.float8_e4m3fn)
-    if not (rows_over or blocks_over):
+    if omask is None:
         plgpu.store(cview, codes)
         plgpu.store(sview, byte)
         plgpu.store(eview, row_exp)
         plgpu.store(fview, row_flag)
         return
-    omask = ((r0 + lax.broadcasted_iota(jnp.int32, oshape, 0) < n_rows)
-             & (lax.broadcasted_iota(jnp.int32, oshape, 1) < n_blocks))
     plgpu.store(cview, codes, mask=omask)
     smask = ((r0 + lax.broadcasted_iota(jnp.int32, oshape[:2], 0) < n_rows)
              & (lax.broadcasted_iota(jnp.int32, oshape[:2], 1) < n_blocks))
@@ -166,7 +175,7 @@ def _kernel(*refs, n_rows, n_blocks, nbp, br, scale_mode, kernel_rng, transposed
 
 
 @functools.partial(jax.jit, static_argnames=("scale_mode", "transposed", "cfg", "interpret"))
-def quantize_fp8_2d(x, key_data=None, *, scale_mode="even", transposed=False,
+def quantize_fp8_2d(x, key_data=None, uniform=None, *, scale_mode="even", transposed=False,
                     cfg: Fp8QuantizeConfig | None = None, interpret=False):
     """Quantize a 2-D float array to MXFP4 and encode it as FP8 rows, in one pass.
 
@@ -177,6 +186,13 @@ def quantize_fp8_2d(x, key_data=None, *, scale_mode="even", transposed=False,
       key_data: None (round to nearest even) or uint32[2], the data of a threefry2x32 key:
         stochastic rounding with the uniforms of the reference, ``jax.random.uniform(key,
         [R, Kq / 32, 32])`` (the quantized axis moved last), generated in the kernel.
+      uniform: None, or float32 uniforms in [0, 1) for stochastic rounding read by the kernel
+        (``jax_mxfp4.kernels.quantize.quantize_2d``'s convention): element-aligned with the
+        OUTPUT rows, i.e. of shape [*lead, Kq] or [*lead, Kq / 32, 32] with prod(lead) = R in
+        the row-major order of [R, Kq] (the quantized axis last in both layouts): the
+        reference's draw ``jax.random.uniform(key, (*lead, Kq / 32, 32))``
+        (:func:`jax_mxfp4.kernels.quantize.sr_uniforms`), for keys whose uniforms the kernel
+        cannot generate (rbg). Exclusive with ``key_data``.
       scale_mode: the scale rule (as :func:`jax_mxfp4.quantize`).
       cfg: :class:`Fp8QuantizeConfig`; default :func:`default_config`.
       interpret: run the Pallas interpreter (CPU tests).
@@ -185,8 +201,11 @@ def quantize_fp8_2d(x, key_data=None, *, scale_mode="even", transposed=False,
       row_flag uint8 [R]) = ``encode_rows`` of ``quantize(x, axis)`` with the quantized axis
       last (:mod:`jax_mxfp4.fp8`), bit for bit.
     Raises:
-      TypeError: x not a float array; key_data not uint32[2]; cfg of another type.
-      ValueError: x not 2-D or empty, Kq not a multiple of 32 or above :data:`MAX_ROW`.
+      TypeError: x not a float array; key_data not uint32[2]; uniform not float32; cfg of
+        another type.
+      ValueError: x not 2-D or empty, Kq not a multiple of 32 or above :data:`MAX_ROW`; both
+        key_data and uniform given; uniform's shape not [*lead, Kq] or [*lead, Kq / 32, 32]
+        with prod(lead) = R.
     """
     from .. import checks
 
@@ -205,6 +224,11 @@ def quantize_fp8_2d(x, key_data=None, *, scale_mode="even", transposed=False,
     kq, n_rows = (x.shape[0], x.shape[1]) if transposed else (x.shape[1], x.shape[0])
     if kq % BLOCK_SIZE:
         raise ValueError(f"quantized axis length {kq} is not a multiple of {BLOCK_SIZE}")
+    if uniform is not None:
+        if key_data is not None:
+            raise ValueError("quantize_fp8_2d: give key_data (uniforms generated in the kernel) or uniform "
+                             "(uniforms read), not both")
+        _check_uniform(uniform, n_rows, kq)
     if kq > MAX_ROW:
         raise ValueError(f"quantize_fp8_2d: quantized axis length {kq} > MAX_ROW = {MAX_ROW}")
     if cfg is None:
@@ -217,8 +241,11 @@ def quantize_fp8_2d(x, key_data=None, *, scale_mode="even", transposed=False,
     kernel_rng = key_data is not None
     if kernel_rng:
         args.append(jnp.asarray(key_data, jnp.uint32).reshape(2))
+    elif uniform is not None:  # a free reshape: the row-major order of the output rows
+        args.append(uniform.reshape(n_rows, n_blocks, BLOCK_SIZE))
     kernel = functools.partial(_kernel, n_rows=n_rows, n_blocks=n_blocks, nbp=nbp, br=br,
-                               scale_mode=scale_mode, kernel_rng=kernel_rng, transposed=transposed)
+                               scale_mode=scale_mode, kernel_rng=kernel_rng,
+                               uniform_input=uniform is not None, transposed=transposed)
     codes, byte, row_exp, row_flag = pl.pallas_call(
         kernel,
         out_shape=(
@@ -233,3 +260,20 @@ def quantize_fp8_2d(x, key_data=None, *, scale_mode="even", transposed=False,
         name="mxfp4_quantize_fp8" + ("_t" if transposed else ""),
     )(*args)
     return codes.reshape(n_rows, kq), as_e8m0(byte), row_exp, row_flag
+
+
+def _check_uniform(uniform, n_rows, kq):
+    """``uniform`` must be float32 [*lead, Kq] or [*lead, Kq / 32, 32] with prod(lead) = R
+    (element-aligned with the [R, Kq] output rows; see :func:`quantize_fp8_2d`)."""
+    dtype = getattr(uniform, "dtype", None)
+    if dtype is None or jnp.dtype(dtype) != jnp.float32:
+        raise TypeError("uniform must be float32 (the reference's draw jax.random.uniform(key, shape, "
+                        f"jnp.float32)), got {dtype if dtype is not None else type(uniform).__name__}")
+    shape = tuple(uniform.shape)
+    nb = kq // BLOCK_SIZE
+    ok = ((len(shape) >= 1 and shape[-1] == kq and math.prod(shape[:-1]) == n_rows)
+          or (len(shape) >= 2 and shape[-2:] == (nb, BLOCK_SIZE) and math.prod(shape[:-2]) == n_rows))
+    if not ok:
+        raise ValueError(f"uniform must have shape [*lead, {kq}] or [*lead, {nb}, {BLOCK_SIZE}] with "
+                         f"prod(lead) = {n_rows}: one uniform per element of the [{n_rows}, {kq}] output rows "
+                         f"(the quantized axis last), got {list(shape)}")

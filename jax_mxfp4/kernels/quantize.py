@@ -403,6 +403,35 @@ values generated in the kernel by :func:`threefry_uniform` where :func:`kernel_r
 for "input", both bit-identical to the reference on the device."""
 
 
+def sr_uniforms(key, blocks_shape, uniforms: str | None = None):
+    """Stochastic rounding's uniforms for a fused kernel, equal to the reference's draw.
+
+    The reference (``jax_mxfp4.quantize._quantize_impl``) rounds the element at position i of
+    ``blocks_shape`` = ``(*lead, K / 32, 32)`` (x with the quantized axis moved last, split into
+    blocks) with ``jax.random.uniform(key, blocks_shape, float32)`` at i. A kernel consumes the
+    same values either generated in the kernel from the key data and each element's flat index
+    (:func:`threefry_uniform`; where :func:`kernel_rng_supported`) or read from that draw.
+
+    Args:
+      key: the PRNG key of the reference call (typed, or a legacy raw key).
+      blocks_shape: the reference's draw shape ``(*lead, K / 32, 32)``.
+      uniforms: "kernel" or "input"; None: :data:`SR_UNIFORMS`. "kernel" falls back to "input"
+        where :func:`kernel_rng_supported` is false (rbg / unsafe_rbg keys, non-partitionable
+        threefry, 2^32 elements or more).
+    Returns:
+      ``(uniform, key_data)``, exactly one not None: ``uniform`` float32 of ``blocks_shape``
+      (``jax.random.uniform(key, blocks_shape)``), or ``key_data`` uint32[2].
+    Raises:
+      ValueError: ``uniforms`` not "kernel", "input" or None.
+    """
+    if uniforms not in (None, "input", "kernel"):
+        raise ValueError(f"uniforms must be 'input' or 'kernel', got {uniforms!r}")
+    if (uniforms or SR_UNIFORMS) == "kernel" and kernel_rng_supported(key, math.prod(blocks_shape)):
+        typed = jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key)
+        return None, (jax.random.key_data(key) if typed else key)
+    return jax.random.uniform(key, blocks_shape, jnp.float32), None
+
+
 @functools.partial(
     jax.jit, static_argnames=("axis", "scale_mode", "rounding", "interpret", "cfg", "uniforms", "hadamard")
 )
@@ -428,13 +457,7 @@ def quantize_impl(x, key, *, axis, scale_mode, rounding, interpret=False,
         cfg = default_config(x.dtype)
     uniform = key_data = None
     if rounding == "stochastic":  # the reference's draw: same key, same [..., K/32, 32] shape
-        blocks = (*lead, xm.shape[-1] // BLOCK_SIZE, BLOCK_SIZE)
-        if uniforms not in (None, "input", "kernel"):
-            raise ValueError(f"uniforms must be 'input' or 'kernel', got {uniforms!r}")
-        if (uniforms or SR_UNIFORMS) == "kernel" and kernel_rng_supported(key, x.size):
-            key_data = jax.random.key_data(key) if jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key) else key
-        else:
-            uniform = jax.random.uniform(key, blocks, jnp.float32)
+        uniform, key_data = sr_uniforms(key, (*lead, xm.shape[-1] // BLOCK_SIZE, BLOCK_SIZE), uniforms)
     if hadamard is not None:
         hadamard = (int(hadamard[0]), int(hadamard[1]))
     data, byte = quantize_2d(x2, uniform, key_data=key_data, scale_mode=scale_mode, cfg=cfg, interpret=interpret,
