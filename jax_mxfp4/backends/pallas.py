@@ -48,7 +48,8 @@ W4A16_TWO_PASS_MIN_ROWS = 256
 # Mosaic GPU kernel (jax_mxfp4/kernels/wgemm_mgpu.py: WGMMA with the decoded weight as the
 # register operand) instead of the Triton weight-stationary kernel: on the H200 (jax 0.11.2)
 # correct at 1/16/40 rows and 0.75x of bf16 at 16x8192x8192 against the Triton kernel's 1.14x
-# (benchmarks/wgemm_mgpu_check.py). Decode-size a4w4 takes it too, after the exact bfloat16
+# (benchmarks/wgemm_mgpu_check.py); through dot_general with a prepare_decode'd weight 0.78x
+# (2026-12-01, benchmarks/results/session5). Decode-size a4w4 takes it too, after the exact bfloat16
 # dequantization of its small side (as for the Triton kernel). JAX_MXFP4_MOSAIC_W4A16=0 turns it off.
 W4A16_MOSAIC_GPU: bool | None = None
 """None (default): ``$JAX_MXFP4_MOSAIC_W4A16`` decides at each routing decision (on unless
@@ -119,7 +120,9 @@ class PallasBackend(Backend):
                     f"to bfloat16 once ({decode} decode), then XLA's bfloat16 GEMM" + _converted_note(problem))
         what = "w4a16" if problem.has_float_operand else "a4w4 with the small side dequantized to bfloat16"
         if plan.kind == "mosaic":
-            scales = ("weight from prepare_decode read as stored, no per-call conversion" if plan.w_prepared else
+            scales = ("weight from prepare_decode read as stored, no per-call conversion"
+                      + (" (its \"pairs\" byte order: x read as it is)" if plan.mgpu_cfg.decode == "pairs" else "")
+                      if plan.w_prepared else
                       "E8M0 scales transposed to K-major per call, and the packed data too unless the weight is stored "
                       "K-last (prepare_decode does both once)")
             return f"Mosaic GPU kernel (WGMMA, decoded weight in registers), {what}, {scales}, {plan.mgpu_cfg}"

@@ -21,6 +21,10 @@ instructions per value for the float16-bits decode of :mod:`jax_mxfp4.kernels.ge
 output element depends on its own byte and scale only (Triton may pack any 4 of a thread's
 elements into one asm instance).
 
+``_DECODE_PAIRS_PTX`` (the Mosaic GPU kernel's "pairs" decode) keeps each byte's two values
+together instead: byte k of the register -> one bfloat16x2 register (low nibble in the low lane),
+one ``prmt`` per byte against the register shifted right by 4, then the same lane formula.
+
 The inline assembly is PTX: NVIDIA only. ROCm and the Pallas interpreter take the portable
 decode (``jax_mxfp4.kernels.gemm._dequant_halves``), which gives the same values.
 
