@@ -8,7 +8,8 @@ that builds the demo's model and jitted step (``demo.make_train_step``) and time
 Each process is bounded by ``--timeout`` (a run cut there is reported as such).
 
 Usage: python benchmarks/compile_time.py [--size large] [--recipes bf16,mxfp4] [--flags default,autotune0]
-       [--timeout 240] [--out DIR]
+       [--timeout 240] [--profile] [--out DIR]
+(--profile: after the timed steps, 3 steps under the profiler; prints the top kernels per step.)
 Flag sets: default (none); autotune0 ``--xla_gpu_autotune_level=0``; notriton
 ``--xla_gpu_enable_triton_gemm=false``. Prints a table; writes compile_time.json.
 """
@@ -28,7 +29,41 @@ FLAG_SETS = {"default": "", "autotune0": "--xla_gpu_autotune_level=0",
              "notriton": "--xla_gpu_enable_triton_gemm=false"}
 
 
-def child(size: str, recipe_name: str, layers: int | None) -> dict:
+def _profile_steps(compiled, params, opt_state, batch, steps: int = 3, top: int = 25) -> dict:
+    """Device kernel time per step from the JAX profiler over ``steps`` steps: the sum and the
+    ``top`` kernels (the method of benchmarks.common.kernel_time, applied to a training step)."""
+    import glob
+    import tempfile
+
+    import jax
+
+    d = tempfile.mkdtemp(prefix="jax_mxfp4_step_prof_")
+    jax.profiler.start_trace(d)
+    for i in range(steps):
+        params, opt_state, loss = compiled(params, opt_state, batch, 100 + i)
+    jax.block_until_ready(loss)
+    jax.profiler.stop_trace()
+    files = glob.glob(os.path.join(d, "**", "*.xplane.pb"), recursive=True)
+    if not files:
+        return {"error": "no profile written"}
+    per: dict = {}
+    for plane in jax.profiler.ProfileData.from_file(files[0]).planes:
+        if not plane.name.startswith("/device:GPU"):
+            continue
+        for line in plane.lines:
+            if "stream" not in line.name.lower():
+                continue
+            for ev in line.events:
+                per[ev.name] = per.get(ev.name, 0.0) + ev.duration_ns * 1e-6 / steps
+    if not per:
+        return {"error": "no GPU kernel events in the profile (not a GPU?)"}
+    ranked = sorted(per.items(), key=lambda kv: -kv[1])
+    for name, ms in ranked[:top]:
+        print(f"    {ms:8.3f} ms  {name[:90]}", flush=True)
+    return {"kernel_ms_per_step": sum(per.values()), "kernels": len(per), "top": ranked[:top]}
+
+
+def child(size: str, recipe_name: str, layers: int | None, profile: bool = False) -> dict:
     """Runs in the fresh process: phase times of one demo step compile (seconds)."""
     import jax
     import jax.numpy as jnp
@@ -74,6 +109,10 @@ def child(size: str, recipe_name: str, layers: int | None) -> dict:
     jax.block_until_ready(loss)
     out["step_s"] = (time.perf_counter() - t0) / 5
     out["loss"] = float(loss)
+    if profile:
+        out["profile"] = _profile_steps(compiled, params, opt_state, batch)
+        print(f"  profile: {out['profile'].get('kernel_ms_per_step', float('nan')):.2f} ms of kernels per step "
+              f"(step {out['step_s'] * 1e3:.2f} ms)", flush=True)
     return out
 
 
@@ -85,10 +124,11 @@ def main(argv=None) -> int:
     ap.add_argument("--flags", default="default,autotune0")
     ap.add_argument("--timeout", type=float, default=240.0, help="seconds per process")
     ap.add_argument("--out", default=None)
+    ap.add_argument("--profile", action="store_true", help="also profile 3 steps and print the top kernels")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
-        print("RESULT " + json.dumps(child(args.size, args.child, args.layers)), flush=True)
+        print("RESULT " + json.dumps(child(args.size, args.child, args.layers, args.profile)), flush=True)
         return 0
     from jax_mxfp4 import demo
 
@@ -110,6 +150,8 @@ def main(argv=None) -> int:
             cmd = [sys.executable, os.path.abspath(__file__), "--child", r, "--size", args.size]
             if args.layers is not None:
                 cmd += ["--layers", str(args.layers)]
+            if args.profile:
+                cmd += ["--profile"]
             print(f"[{f} {r}] XLA_FLAGS={env['XLA_FLAGS']!r}", flush=True)
             t0 = time.perf_counter()
             row = {"flags": f, "recipe": r, "xla_flags": FLAG_SETS[f]}
