@@ -106,37 +106,42 @@ def time_fn(fn, sets, *, reps: int = 5, min_program_s: float = 0.02, max_calls: 
             "program_s": med, "reps": len(samples), "method": "fair"}
 
 
+def device_kernel_times(run, per: float = 1.0) -> dict | None:
+    """Run ``run()`` under the JAX profiler and return {kernel name: total device seconds / per}
+    from the GPU planes' stream lines (kernel launches; summary lines of XLA ops/modules are
+    skipped), or None where the profile has no GPU kernel events (e.g. on CPU)."""
+    import glob
+    import tempfile
+
+    d = tempfile.mkdtemp(prefix="jax_mxfp4_prof_")
+    jax.profiler.start_trace(d)
+    run()
+    jax.profiler.stop_trace()
+    files = glob.glob(os.path.join(d, "**", "*.xplane.pb"), recursive=True)
+    per_kernel: dict = {}
+    for f in files[:1]:
+        for plane in jax.profiler.ProfileData.from_file(f).planes:
+            if not plane.name.startswith("/device:GPU"):
+                continue
+            for line in plane.lines:
+                if "stream" not in line.name.lower():
+                    continue
+                for ev in line.events:
+                    per_kernel[ev.name] = per_kernel.get(ev.name, 0.0) + ev.duration_ns * 1e-9 / per
+    return per_kernel or None
+
+
 def kernel_time(fn, sets, *, calls: int | None = None) -> dict:
     """Device kernel time per call from the JAX profiler (one program over ``calls`` distinct
     operand sets, as in ``time_fn``): the sum of the durations of every kernel on the GPU planes
     divided by ``calls``. Returns {"kernel_s", "kernels": {name: seconds per call}} or
     {"error": ...} where the profiler gives no device plane (e.g. on CPU)."""
-    import glob
-    import tempfile
-
     fn = jax.jit(fn)
     calls = calls or len(sets)
     sets = _with_distinct_calls(sets, calls)
     prog = _program(fn, calls)
     jax.block_until_ready(prog(sets))
-    d = tempfile.mkdtemp(prefix="jax_mxfp4_prof_")
-    jax.profiler.start_trace(d)
-    jax.block_until_ready(prog(sets))
-    jax.profiler.stop_trace()
-    files = glob.glob(os.path.join(d, "**", "*.xplane.pb"), recursive=True)
-    if not files:
-        return {"error": "no profile written"}
-    data = jax.profiler.ProfileData.from_file(files[0])
-    per_kernel: dict = {}
-    for plane in data.planes:
-        if not plane.name.startswith("/device:GPU"):
-            continue
-        for line in plane.lines:
-            # kernel launches sit on the stream lines; skip summary lines (XLA ops/modules)
-            if "stream" not in line.name.lower():
-                continue
-            for ev in line.events:
-                per_kernel[ev.name] = per_kernel.get(ev.name, 0.0) + ev.duration_ns * 1e-9 / calls
+    per_kernel = device_kernel_times(lambda: jax.block_until_ready(prog(sets)), per=calls)
     if not per_kernel:
         return {"error": "no GPU kernel events in the profile"}
     return {"kernel_s": sum(per_kernel.values()), "kernels": per_kernel, "calls": calls}

@@ -31,36 +31,24 @@ FLAG_SETS = {"default": "", "autotune0": "--xla_gpu_autotune_level=0",
 
 def _profile_steps(compiled, params, opt_state, batch, steps: int = 3, top: int = 25) -> dict:
     """Device kernel time per step from the JAX profiler over ``steps`` steps: the sum and the
-    ``top`` kernels (the method of benchmarks.common.kernel_time, applied to a training step)."""
-    import glob
-    import tempfile
-
+    ``top`` kernels (``benchmarks.common.device_kernel_times``)."""
     import jax
 
-    d = tempfile.mkdtemp(prefix="jax_mxfp4_step_prof_")
-    jax.profiler.start_trace(d)
-    for i in range(steps):
-        params, opt_state, loss = compiled(params, opt_state, batch, 100 + i)
-    jax.block_until_ready(loss)
-    jax.profiler.stop_trace()
-    files = glob.glob(os.path.join(d, "**", "*.xplane.pb"), recursive=True)
-    if not files:
-        return {"error": "no profile written"}
-    per: dict = {}
-    for plane in jax.profiler.ProfileData.from_file(files[0]).planes:
-        if not plane.name.startswith("/device:GPU"):
-            continue
-        for line in plane.lines:
-            if "stream" not in line.name.lower():
-                continue
-            for ev in line.events:
-                per[ev.name] = per.get(ev.name, 0.0) + ev.duration_ns * 1e-6 / steps
+    from benchmarks.common import device_kernel_times
+
+    def run():
+        p, o = params, opt_state
+        for i in range(steps):
+            p, o, loss = compiled(p, o, batch, 100 + i)
+        jax.block_until_ready(loss)
+
+    per = device_kernel_times(run, per=steps)
     if not per:
         return {"error": "no GPU kernel events in the profile (not a GPU?)"}
-    ranked = sorted(per.items(), key=lambda kv: -kv[1])
+    ranked = sorted(((name, t * 1e3) for name, t in per.items()), key=lambda kv: -kv[1])
     for name, ms in ranked[:top]:
         print(f"    {ms:8.3f} ms  {name[:90]}", flush=True)
-    return {"kernel_ms_per_step": sum(per.values()), "kernels": len(per), "top": ranked[:top]}
+    return {"kernel_ms_per_step": sum(ms for _, ms in ranked), "kernels": len(per), "top": ranked[:top]}
 
 
 def child(size: str, recipe_name: str, layers: int | None, profile: bool = False) -> dict:
