@@ -38,6 +38,11 @@ warpgroup; optionally reading the E8M0 bytes as stored). Split-K over the grid f
 N/64 tiles are few; float32 partial sums are added afterwards in a fixed order. Otherwise the
 scales arrive as E8M0 bytes in a K-major [K/32, N] layout by TMA and are converted to bfloat16
 in registers (``scales_form``; :func:`jax_mxfp4.prepare_decode` stores weights that way).
+``k_split_wgs`` (2026-12-01, not yet run on a GPU): ONE kernel per call instead of the kernel
+plus XLA's split-K sum/transpose/cast (each extra kernel costs ~4-5 us of launch gap at decode
+sizes): the warp-specialized CTA's compute warpgroups share one 64-row tile and split each K
+step between them, warpgroup 0 adds their partial sums in a fixed order and stores the final
+``[mp, N]`` tile of ``out_dtype`` transposed, by TMA (:func:`_k_split_call`).
 
 Status: every variant lowers for CUDA on a CPU machine (tests/test_wgemm_mgpu.py). On the H200
 (jax 0.11.2) the ``plgpu.kernel`` launchers are correct, ``raw_scales`` too since session 4
@@ -493,6 +498,17 @@ def _warp_specialized_call(xs, w_data, scales, *, cfg: MgpuConfig, n: int, mp: i
     return f(*xs, w_data, scales)
 
 
+def _wg_k_slice(wg, bk: int, kw: int, nx: int):
+    """Compute warpgroup ``wg``'s share of one pipeline step under ``k_split_wgs = kw``: the
+    (start, size) of its weight bytes per row, of its scale blocks and of its columns of each x
+    operand (``nx`` = 1: x's natural K columns, the "pairs" decode; 2: the columns of each half
+    of :func:`split_x`, the "ptx" decode), as offsets inside the step's tiles. Whole 32-element
+    blocks, so the bytes, their scales and the x columns they meet are the same blocks in every
+    byte order and x split (both permute only inside a block). ``wg`` may be traced."""
+    hbw, nbw, xw = bk // 2 // kw, bk // BLOCK_SIZE // kw, bk // nx // kw
+    return (wg * hbw, hbw), (wg * nbw, nbw), (wg * xw, xw)
+
+
 def _k_split_call(xs, w_data, scales, *, cfg: MgpuConfig, n: int, mp: int, out_dtype):
     """One kernel, final output: ``cfg.k_split_wgs`` (kw) compute warpgroups and one TMA warpgroup
     per CTA, one CTA per 64-row weight tile (grid N/64, no split-K across CTAs). Every pipeline
@@ -511,12 +527,11 @@ def _k_split_call(xs, w_data, scales, *, cfg: MgpuConfig, n: int, mp: int, out_d
     kw = cfg.k_split_wgs
     k_half = w_data.shape[1]
     hb, nb = cfg.bk // 2, cfg.bk // BLOCK_SIZE
-    hbw, nbw = hb // kw, nb // kw  # one warpgroup's weight bytes per row / scale blocks, per step
     steps = k_half // hb
     nt = n // _WG_ROWS
     nx = len(xs)
     xcols = cfg.bk // nx  # x columns per step and operand
-    xw = xcols // kw  # ... and per warpgroup
+    (_, hbw), _, (_, xw) = _wg_k_slice(0, cfg.bk, kw, nx)  # one warpgroup's bytes per row, x columns
     xsw, wsw = _swizzle(xw * 2), _swizzle(hbw)  # swizzle tiles no wider than one warpgroup's slice
     x_tr = (plgpu.TilingTransform((8, xsw // 2)), plgpu.SwizzleTransform(xsw))
     w_tr = (plgpu.TilingTransform((8, wsw)), plgpu.SwizzleTransform(wsw))
@@ -540,9 +555,10 @@ def _k_split_call(xs, w_data, scales, *, cfg: MgpuConfig, n: int, mp: int, out_d
 
         def mma_body(_, *refs):
             x_s, w_s, s_s, acc_ref = refs[:nx], refs[nx], refs[nx + 1], refs[nx + 2]
-            x_w = tuple(r.at[:, pl.ds(wg * xw, xw)] for r in x_s)
-            byt = _load(w_s.at[:, pl.ds(wg * hbw, hbw)], plgpu.Layout.WGMMA_8BIT)
-            _wgmma_step(x_w, byt, s_s.at[pl.ds(wg * nbw, nbw)], acc_ref, hbw, cfg.decode)
+            (b0, bn), (s0, sn), (x0, xn) = _wg_k_slice(wg, cfg.bk, kw, nx)
+            x_w = tuple(r.at[:, pl.ds(x0, xn)] for r in x_s)
+            byt = _load(w_s.at[:, pl.ds(b0, bn)], plgpu.Layout.WGMMA_8BIT)
+            _wgmma_step(x_w, byt, s_s.at[pl.ds(s0, sn)], acc_ref, bn, cfg.decode)
             plgpu.wgmma_wait(0)
             return acc_ref
 
@@ -620,7 +636,13 @@ def mgpu_w4a16(x, w_data, w_scales, out_dtype=jnp.bfloat16, cfg: MgpuConfig | No
         checked when lowered: Pallas refuses other platforms).
       ValueError: ranks, shapes, dtypes (``out_dtype`` included), K = 0, a K that is not a
         multiple of ``cfg.bk * cfg.split_k``, an unknown ``w_order`` or "pairs" bytes with a
-        decode other than "pairs".
+        decode other than "pairs"; ``cfg.k_split_wgs`` > 1 with fewer than two K steps or
+        without shared memory for two pipeline stages.
+    With ``cfg.k_split_wgs`` > 1 the kernel writes the result itself (``[M, N]`` of
+    ``out_dtype``; sliced to M rows afterwards when M is not a multiple of 16): one kernel per
+    call for "kmajor" scales, x rows a multiple of 16, "pairs" bytes and decode (other forms add
+    their per-call XLA work on x or the scales: the "ptx" x split, the "pairs" x permutation for
+    natural bytes, the "rows" scale transpose).
     """
     cfg = MgpuConfig() if cfg is None else cfg
     if not isinstance(cfg, MgpuConfig):
