@@ -545,3 +545,23 @@ def test_k_split_index_model_gives_the_product(decode, kw, bk):
             _, _, (x0, xn) = wm._wg_k_slice(w, bk, kw, nx_)
             cover[x0:x0 + xn] += 1
         assert (cover == 1).all()
+
+
+@pytest.mark.skipif(not _mgpu_available(), reason="Mosaic GPU lowering unavailable in this jaxlib")
+def test_benchmark_k_split_variants_lower_at_their_check_shapes():
+    """benchmarks/wgemm_mgpu_check.py's k_split_wgs variants (the lead's GPU run) lower at the
+    shapes it checks them at: smoke and edge 16x256x1024 (float32 out), 16x8192x8192 (bfloat16),
+    1x8192x8192 and 40x1024x4096 (float32), with the byte order each variant's name says."""
+    import os
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+    from benchmarks import wgemm_mgpu_check as bench
+
+    ks = {nm: c for nm, c in bench.VARIANTS.items() if c.k_split_wgs > 1}
+    assert ks and all(nm in bench.SMOKE for nm in ks if "bk512" in nm)
+    for name, cfg in ks.items():
+        for m, n, k, odt, c in ((16, 256, 1024, jnp.float32, bench.edge_config(cfg)),
+                                (16, 8192, 8192, jnp.bfloat16, cfg), (1, 8192, 8192, jnp.float32, cfg),
+                                (40, 1024, 4096, jnp.float32, cfg)):
+            assert "mosaic_gpu" in _lowered_text(m, n, k, c, odt, bench.w_order(name), "rows"), (name, m)
