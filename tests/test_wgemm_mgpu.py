@@ -396,7 +396,7 @@ def _lowered_text(m, n, k, cfg, out_dtype, order, form="kmajor"):
     f = jax.jit(lambda x, d, s: wm.mgpu_w4a16(x, d, s, out_dtype, cfg, scales_form=form, w_order=order))
     sshape = (n, k // 32) if form == "rows" else (k // 32, n)
     args = (jax.ShapeDtypeStruct((m, k), jnp.bfloat16), jax.ShapeDtypeStruct((n, k // 2), jnp.uint8),
-            jax.ShapeDtypeStruct(sshape, jnp.uint8))
+            jax.ShapeDtypeStruct(sshape, jnp.bfloat16 if form == "bf16" else jnp.uint8))
     out = jax.eval_shape(f, *args)
     assert out.shape == (m, n) and out.dtype == out_dtype
     return f.trace(*args).lower(lowering_platforms=("cuda",)).as_text()
@@ -434,6 +434,7 @@ def test_k_split_wgs_lowers_for_cuda(m, n, k, name):
     (1, 8192, 8192, "ks4 pairs bk256", jnp.float32, "kmajor"),
     (16, 1024, 2048, "ks2 pairs bk512", jnp.float16, "rows"),
     (128, 1024, 2048, "ks2 ptx bk256", jnp.bfloat16, "kmajor"),
+    (16, 8192, 8192, "ks2 pairs bk512", jnp.bfloat16, "bf16"),
 ])
 def test_k_split_wgs_other_tilings_lower(m, n, k, name, odt, form):
     cfg = KS_CFGS[name]
