@@ -106,6 +106,33 @@ def stored(data, name):
     return pair_order_bytes(data) if w_order(name) == "pairs" else data
 
 
+def k_split_diagnosis(got, x, q, cfg, odt):
+    """Where a failing k_split_wgs result goes wrong: rel_fro (Frobenius relative error) against
+    the product of warpgroup 0's K slices only (~0: the other warpgroups' partial sums were not
+    added, i.e. the barrier or shared-memory exchange), and per 64-column tile against the
+    reference's values sorted (~0 while the plain comparison fails: right values, wrong places,
+    i.e. the transposed store)."""
+    from jax_mxfp4.kernels.wgemm_mgpu import _wg_k_slice
+
+    k = x.shape[1]
+    nb = cfg.bk // 32
+    keep = np.zeros(k // 32, bool)
+    _, (s0, sn), _ = _wg_k_slice(0, cfg.bk, cfg.k_split_wgs, 1)
+    for t in range(k // cfg.bk):
+        keep[t * nb + s0: t * nb + s0 + sn] = True
+    x0 = x * jnp.asarray(np.repeat(keep, 32), x.dtype)
+    rel = lambda a, b: float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
+    g = np.asarray(jnp.asarray(got, jnp.float32), np.float64)
+    ref = np.asarray(mx.dot_general(x, q, DIMS2, recipe=XLA_W4A16, preferred_element_type=odt).astype(jnp.float32),
+                     np.float64)
+    ref0 = np.asarray(mx.dot_general(x0, q, DIMS2, recipe=XLA_W4A16, preferred_element_type=odt).astype(jnp.float32),
+                      np.float64)
+    tiles = lambda a: np.sort(a.reshape(a.shape[0], -1, 64).transpose(1, 0, 2).reshape(a.shape[1] // 64, -1), axis=1)
+    return {"rel_fro": rel(g, ref), "rel_fro_vs_wg0_slices_only": rel(g, ref0),
+            "rel_fro_sorted_per_tile": rel(tiles(g), tiles(ref)),
+            "nan_count": int(np.isnan(g).sum()), "zero_fraction": float(np.mean(g == 0))}
+
+
 def preflight(names, args, out):
     """Runs the smoke checks of ``names`` in a child process limited to --preflight-timeout
     seconds, before this process touches the GPU: a kernel that deadlocks (or faults, which
@@ -199,6 +226,8 @@ def main(argv=None):
         ref = mx.dot_general(x, q, DIMS2, recipe=XLA_W4A16, preferred_element_type=odt)
         r = bound_check(got, ref, jnp.abs(x.astype(jnp.float32)), jnp.abs(mx.dequantize(q)), k,
                         odt == jnp.bfloat16)
+        if not r["ok"] and cfg.k_split_wgs > 1:
+            r["diag"] = guarded("diag", f"diag {name}", lambda: k_split_diagnosis(got, x, q, cfg, odt))
         record({"kind": "check", "case": f"{m}x{n}x{k} {jnp.dtype(odt).name} {name}", **r})
         return r["ok"]
 
