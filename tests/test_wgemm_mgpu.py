@@ -566,3 +566,26 @@ def test_benchmark_k_split_variants_lower_at_their_check_shapes():
                                 (16, 8192, 8192, jnp.bfloat16, cfg), (1, 8192, 8192, jnp.float32, cfg),
                                 (40, 1024, 4096, jnp.float32, cfg)):
             assert "mosaic_gpu" in _lowered_text(m, n, k, c, odt, bench.w_order(name), "rows"), (name, m)
+
+
+@pytest.mark.skipif(not _mgpu_available(), reason="Mosaic GPU lowering unavailable in this jaxlib")
+@pytest.mark.parametrize("m,n,k", [(1, 8192, 8192), (16, 4096, 14336), (40, 1024, 4096), (64, 320, 640),
+                                   (16, 192, 96 * 64)])
+def test_k_split_config_lowers_where_the_default_does(m, n, k):
+    """The one-kernel candidate tiling lowers at every shape the dispatch default is tested at
+    (64 padded rows included), with both byte orders, 2 and 4 warpgroups."""
+    for kw in (2, 4):
+        for order in ("pairs", "natural"):
+            cfg = wm.k_split_config(m, n, k, order, kw)
+            if kw == 4 and not any(k % bk == 0 and k // bk >= 2 for bk in (512, 256)):
+                assert cfg is None  # K=640: no bk of four 64-element slices divides it twice
+                continue
+            assert cfg is not None and cfg.k_split_wgs == kw and k // cfg.bk >= 2
+            assert cfg.decode == ("pairs" if order == "pairs" else "ptx")
+            assert "mosaic_gpu" in _lowered_text(m, n, k, cfg, jnp.bfloat16, order), (kw, order)
+    assert wm.k_split_config(16, 8192, 8192, "pairs").bk == 512
+    assert wm.k_split_config(16, 1024, 128, "pairs") is None  # one K step at most
+    assert wm.k_split_config(16, 1024, 192, "pairs") is None  # no bk of whole 64-element slices divides K
+    assert wm.k_split_config(16, 1024, 256, "pairs", 4) is None  # 4 slices of 64: bk 256, one step
+    with pytest.raises(ValueError, match="k_split_wgs must be one of"):
+        wm.k_split_config(16, 1024, 1024, "pairs", 1)

@@ -764,6 +764,23 @@ def default_mgpu_config(m: int, n: int, k: int, w_order: str = "natural") -> Mgp
     return MgpuConfig(bk=bk, split_k=split, stages=4, decode=decode, launcher="kernel")
 
 
+def k_split_config(m: int, n: int, k: int, w_order: str = "natural", k_split_wgs: int = 2) -> MgpuConfig | None:
+    """The one-kernel tiling (:attr:`MgpuConfig.k_split_wgs`) for a shape, or None where it does not
+    apply: bk 512 (each of 2 warpgroups a 256-element slice: whole 128-byte swizzle tiles), else
+    256 or 128, the largest that divides K in at least two steps and gives each warpgroup at least
+    64 elements; stages 5 (lowered where shared memory is short). Decode by byte order as
+    :func:`default_mgpu_config`. NOT the dispatch default (not yet measured on a GPU): a candidate
+    for it once benchmarks/wgemm_mgpu_check.py has checked and timed the "ks" variants."""
+    del m, n  # shape rules of the kernel itself: unsupported_reason
+    if k_split_wgs not in K_SPLIT_WGS[1:]:
+        raise ValueError(f"k_split_config: k_split_wgs must be one of {K_SPLIT_WGS[1:]}, got {k_split_wgs!r}")
+    for bk in (512, 256, 128):
+        if bk % (k_split_wgs * _K_SLICE_MIN) == 0 and k % bk == 0 and k // bk >= 2:
+            return MgpuConfig(bk=bk, split_k=1, stages=5, decode="pairs" if w_order == "pairs" else "ptx",
+                              warp_specialized=True, k_split_wgs=k_split_wgs)
+    return None
+
+
 def unsupported_reason(m: int, n: int, k: int) -> str | None:
     """None if :func:`mgpu_w4a16` with :func:`default_mgpu_config` takes [m, k] x [n, k], else why
     not (shape rules of the kernel; the device check is the caller's)."""
