@@ -11,7 +11,11 @@ Timing: benchmarks/common.py ``time_fn`` (fair method) and ``kernel_time`` (prof
 ratio = time / bf16 time of the same run (< 1 is faster). Each case is caught separately; JSON is
 rewritten after every row. Stops timing new variants after --budget seconds.
 
-Usage: python benchmarks/wgemm_mgpu_check.py --out DIR [--budget 200] [--quick]
+``k_split_wgs`` variants ("ks2"/"ks4": one kernel per call, output written by the kernel; not run
+on a GPU before 2026-12-01) are first run in a child process with a time limit (--preflight-timeout):
+a barrier deadlock there is killed and reported, and the run goes on without them.
+
+Usage: python benchmarks/wgemm_mgpu_check.py --out DIR [--budget 200] [--quick] [--only NAME,NAME,...]
 """
 
 from __future__ import annotations
@@ -60,11 +64,36 @@ VARIANTS = {  # name -> MgpuConfig, in order of priority (timing stops at --budg
     "ws pairs bk256 s4 st4 P": MgpuConfig(bk=256, split_k=4, stages=4, decode="pairs", warp_specialized=True),
     "ws raw ptx bk256 s4 st4": MgpuConfig(bk=256, split_k=4, stages=4, decode="ptx", warp_specialized=True,
                                           raw_scales=True),
+    # k_split_wgs (2026-12-01): ONE kernel per call, the final [M, N] output written by the kernel
+    # (no XLA split-K sum/transpose after it); "ks2"/"ks4" = compute warpgroups sharing each
+    # 64-row tile's K steps, grid N/64; stages are capped by shared memory (5 at bk 512, 16 rows)
+    "ks2 pairs bk512 st5 P": MgpuConfig(bk=512, split_k=1, stages=5, decode="pairs", warp_specialized=True,
+                                        k_split_wgs=2),
+    "ks4 pairs bk512 st5 P": MgpuConfig(bk=512, split_k=1, stages=5, decode="pairs", warp_specialized=True,
+                                        k_split_wgs=4),
+    "ks2 pairs bk256 st8 P": MgpuConfig(bk=256, split_k=1, stages=8, decode="pairs", warp_specialized=True,
+                                        k_split_wgs=2),
+    "ks2 ptx bk512 st5": MgpuConfig(bk=512, split_k=1, stages=5, decode="ptx", warp_specialized=True,
+                                    k_split_wgs=2),
 }
 # one per structure (launcher x warp specialization x scales x decode x byte order); "k" =
 # plgpu.kernel + emit_pipeline, "ws" = warp-specialized, "raw" = E8M0 bytes [N, K/32] read by the
 # kernel. Session 4's other "ptx" tilings and the "mul" decode: benchmarks/results/session4.
-SMOKE = ["k pairs bk256 s4 st4 P", "k pairs bk256 s4 st4 N", "k ptx bk256 s4 st4", "ws pairs bk256 s2 st4 P"]
+SMOKE = ["k pairs bk256 s4 st4 P", "k pairs bk256 s4 st4 N", "k ptx bk256 s4 st4", "ws pairs bk256 s2 st4 P",
+         "ks2 pairs bk512 st5 P", "ks4 pairs bk512 st5 P", "ks2 ptx bk512 st5"]
+
+
+def struct(c):
+    """A variant's structure (same structure = same code path): decode, launcher, flags."""
+    return (c.decode, c.warp_specialized, c.raw_scales, c.launcher, c.k_split_wgs)
+
+
+def edge_config(cfg):
+    """The variant's config at the edge-case shape (16x256x1024, several K steps): bk 64 with two
+    K splits, or for k_split_wgs its own bk (whole swizzle tiles per warpgroup), split_k 1."""
+    if cfg.k_split_wgs > 1:
+        return dataclasses.replace(cfg, stages=2)
+    return dataclasses.replace(cfg, bk=64, split_k=2, stages=2)
 
 
 def w_order(name):
@@ -77,17 +106,91 @@ def stored(data, name):
     return pair_order_bytes(data) if w_order(name) == "pairs" else data
 
 
+def k_split_diagnosis(got, x, q, cfg, odt):
+    """Where a failing k_split_wgs result goes wrong: rel_fro (Frobenius relative error) against
+    the product of warpgroup 0's K slices only (~0: the other warpgroups' partial sums were not
+    added, i.e. the barrier or shared-memory exchange), and per 64-column tile against the
+    reference's values sorted (~0 while the plain comparison fails: right values, wrong places,
+    i.e. the transposed store)."""
+    from jax_mxfp4.kernels.wgemm_mgpu import _wg_k_slice
+
+    k = x.shape[1]
+    nb = cfg.bk // 32
+    keep = np.zeros(k // 32, bool)
+    _, (s0, sn), _ = _wg_k_slice(0, cfg.bk, cfg.k_split_wgs, 1)
+    for t in range(k // cfg.bk):
+        keep[t * nb + s0: t * nb + s0 + sn] = True
+    x0 = x * jnp.asarray(np.repeat(keep, 32), x.dtype)
+    rel = lambda a, b: float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
+    g = np.asarray(jnp.asarray(got, jnp.float32), np.float64)
+    ref = np.asarray(mx.dot_general(x, q, DIMS2, recipe=XLA_W4A16, preferred_element_type=odt).astype(jnp.float32),
+                     np.float64)
+    ref0 = np.asarray(mx.dot_general(x0, q, DIMS2, recipe=XLA_W4A16, preferred_element_type=odt).astype(jnp.float32),
+                      np.float64)
+    tiles = lambda a: np.sort(a.reshape(a.shape[0], -1, 64).transpose(1, 0, 2).reshape(a.shape[1] // 64, -1), axis=1)
+    return {"rel_fro": rel(g, ref), "rel_fro_vs_wg0_slices_only": rel(g, ref0),
+            "rel_fro_sorted_per_tile": rel(tiles(g), tiles(ref)),
+            "nan_count": int(np.isnan(g).sum()), "zero_fraction": float(np.mean(g == 0))}
+
+
+def preflight(names, args, out):
+    """Runs the smoke checks of ``names`` in a child process limited to --preflight-timeout
+    seconds, before this process touches the GPU: a kernel that deadlocks (or faults, which
+    would poison this process's CUDA context) is killed with the child instead of ending this
+    run. Returns {name: reason} for the names that did not pass there (left out of this run)."""
+    import subprocess
+
+    if not names:
+        return {}
+    cmd = [sys.executable, os.path.abspath(__file__), "--preflight-child", "--only", ",".join(names),
+           "--out", os.path.join(out, "preflight")]
+    t0 = time.time()
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=args.preflight_timeout)
+        text, how = (r.stdout or "") + (r.stderr or ""), f"exit code {r.returncode}"
+    except subprocess.TimeoutExpired as e:
+        text = "".join(v.decode(errors="replace") if isinstance(v, bytes) else (v or "") for v in (e.stdout, e.stderr))
+        how = f"killed after --preflight-timeout {args.preflight_timeout:.0f} s (a hang?)"
+    with open(os.path.join(out, "preflight.log"), "w") as f:
+        f.write(f"{' '.join(cmd)}\n{how}\n{text}")
+    print(f"preflight ({time.time() - t0:.0f} s, {how}):\n{text[-4000:]}", flush=True)
+    ok = {ln.split(" ", 1)[1].strip() for ln in text.splitlines() if ln.startswith("PREFLIGHT-OK ")}
+    errs = [ln for ln in text.splitlines() if "error=" in ln]
+    return {nm: f"{how}; " + " | ".join(ln[:400] for ln in errs if nm in ln)[:1200]
+            for nm in names if nm not in ok}
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="results/wgemm_mgpu")
     ap.add_argument("--budget", type=float, default=100.0, help="seconds after which no new timing starts")
     ap.add_argument("--quick", action="store_true", help="small shapes only (runs on CPU too: every case errors)")
+    ap.add_argument("--only", default="", help="comma-separated variant names (default: all), in VARIANTS order")
+    ap.add_argument("--preflight-timeout", type=float, default=90.0,
+                    help="seconds for the child process that first runs the k_split_wgs variants' smoke checks")
+    ap.add_argument("--preflight-child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    names = [nm.strip() for nm in args.only.split(",") if nm.strip()]
+    unknown = [nm for nm in names if nm not in VARIANTS]
+    if unknown:
+        ap.error(f"--only: unknown variant(s) {unknown}; choose from {list(VARIANTS)}")
+    variants = {nm: c for nm, c in VARIANTS.items() if not names or nm in names}
+    smoke = [nm for nm in SMOKE if nm in variants]
+    if names:  # a smoke check for every selected structure
+        for nm, c in variants.items():
+            if all(struct(variants[sm]) != struct(c) for sm in smoke):
+                smoke.append(nm)
     out = out_dir(args.out)
-    info = device_info()
     t_start = time.time()
     rows = []
     printed = set()
+    left_out = {}
+    if not args.preflight_child:  # before this process touches the GPU
+        left_out = preflight([nm for nm in smoke if variants[nm].k_split_wgs > 1], args, out)
+        smoke = [nm for nm in smoke if nm not in left_out]
+        bad = {struct(VARIANTS[nm]) for nm in left_out}
+        variants = {nm: c for nm, c in variants.items() if struct(c) not in bad}
+    info = device_info()
 
     def record(row):
         row["t"] = round(time.time() - t_start, 1)
@@ -123,6 +226,8 @@ def main(argv=None):
         ref = mx.dot_general(x, q, DIMS2, recipe=XLA_W4A16, preferred_element_type=odt)
         r = bound_check(got, ref, jnp.abs(x.astype(jnp.float32)), jnp.abs(mx.dequantize(q)), k,
                         odt == jnp.bfloat16)
+        if not r["ok"] and cfg.k_split_wgs > 1:
+            r["diag"] = guarded("diag", f"diag {name}", lambda: k_split_diagnosis(got, x, q, cfg, odt))
         record({"kind": "check", "case": f"{m}x{n}x{k} {jnp.dtype(odt).name} {name}", **r})
         return r["ok"]
 
@@ -134,7 +239,7 @@ def main(argv=None):
         sb = (np.arange(n * (k // 32), dtype=np.int64).reshape(n, k // 32) % 255).astype(np.uint8)
         sb[17, 3] = 255
         x = jnp.asarray(rng.standard_normal((m, k)) * 2.0**-10, jnp.bfloat16)
-        cfg = dataclasses.replace(cfg, bk=64, split_k=2, stages=2)
+        cfg = edge_config(cfg)
         got = np.asarray(jax.jit(lambda a, d, s: mgpu_w4a16(a, d, s, jnp.float32, cfg, w_order=w_order(name)))(
             x, stored(jnp.asarray(data), name), jnp.asarray(sb)), np.float64)
         codes = np.stack([data & 15, data >> 4], -1).reshape(n, k)
@@ -159,11 +264,19 @@ def main(argv=None):
                 "nan_pattern_as_xla": same_nan, "ok_vs_xla": ok_xla})
         return ok_vals and ok_nan and same_nan and ok_xla
 
+    for name, why in left_out.items():
+        record({"kind": "check", "case": f"preflight {name}", "ok": False,
+                "error": f"smoke check in a child process did not pass ({why}); its structure is left out "
+                         "of this run (preflight.log has the child's output)"})
     # 1. smoke: one small case per structure (pallas_call / plgpu.kernel warp-specialized, decodes)
     alive = []
-    for name in SMOKE:
+    for name in smoke:
         if guarded("check", f"smoke {name}", lambda name=name: check(16, 256, 1024, VARIANTS[name], jnp.float32, name)):
             alive.append(name)
+    if args.preflight_child:
+        for name in alive:
+            print(f"PREFLIGHT-OK {name}", flush=True)
+        return
     # 2. edge values for every structure that runs
     for name in alive:
         guarded("check", f"edge {name}", lambda name=name: edge(VARIANTS[name], name))
@@ -171,15 +284,14 @@ def main(argv=None):
         print("quick: done")
         return
     # 3. full size, every variant whose structure ran (same structure = same decode and ws/raw flags)
-    struct = lambda c: (c.decode, c.warp_specialized, c.raw_scales, c.launcher)
     ok_structs = {struct(VARIANTS[nm]) for nm in alive}
     passed = {}
-    for name, cfg in VARIANTS.items():
+    for name, cfg in variants.items():
         if struct(cfg) in ok_structs:
             passed[name] = bool(guarded("check", f"16x8192 {name}", lambda cfg=cfg, name=name: check(
                 16, 8192, 8192, cfg, jnp.bfloat16, name)))
-    best = [nm for nm in VARIANTS if passed.get(nm)]
-    for name in best[:3]:
+    best = [nm for nm in variants if passed.get(nm)]
+    for name in best[:3] + [nm for nm in best[3:] if VARIANTS[nm].k_split_wgs > 1]:  # padded rows, f32 out
         guarded("check", f"1x8192 {name}", lambda name=name: check(1, 8192, 8192, VARIANTS[name], jnp.float32, name))
         guarded("check", f"40x1024x4096 {name}", lambda name=name: check(40, 1024, 4096, VARIANTS[name],
                                                                           jnp.float32, name))
@@ -228,9 +340,8 @@ def main(argv=None):
                     "kernel_ratio": kt.get("kernel_s", float("nan")) / base["k"],
                     "detail": {kk: v * 1e6 for kk, v in kt.get("kernels", {}).items()}})
 
-        names = best if m == 16 else best[:3]
         prepared = None
-        for name in names:
+        for name in (best if m == 16 else best[:3]):
             cfg = VARIANTS[name]
             if cfg.raw_scales:  # E8M0 bytes as stored, converted in the kernel
                 guarded("time", f"mgpu {name} M={m}", lambda cfg=cfg, name=name: timed(

@@ -376,3 +376,216 @@ def test_mosaic_switch_is_read_per_call_like_the_other_switches(monkeypatch):
     env = dict(os.environ, JAX_MXFP4_MOSAIC_W4A16="bogus")
     r = subprocess.run([sys.executable, "-c", "import jax_mxfp4"], env=env, capture_output=True, text=True)
     assert r.returncode == 0, r.stderr[-2000:]
+
+
+# ---- k_split_wgs: one kernel per call, the final [M, N] output written by the kernel
+
+KS_CFGS = {
+    "ks2 pairs bk512": wm.MgpuConfig(bk=512, split_k=1, stages=5, decode="pairs", warp_specialized=True,
+                                     k_split_wgs=2),
+    "ks4 pairs bk512": wm.MgpuConfig(bk=512, split_k=1, stages=5, decode="pairs", warp_specialized=True,
+                                     k_split_wgs=4),
+    "ks2 ptx bk256": wm.MgpuConfig(bk=256, split_k=1, stages=6, decode="ptx", warp_specialized=True,
+                                   k_split_wgs=2),
+    "ks4 pairs bk256": wm.MgpuConfig(bk=256, split_k=1, stages=6, decode="pairs", warp_specialized=True,
+                                     k_split_wgs=4),  # 64-element slices: 32-byte swizzle on the bytes
+}
+
+
+def _lowered_text(m, n, k, cfg, out_dtype, order, form="kmajor"):
+    f = jax.jit(lambda x, d, s: wm.mgpu_w4a16(x, d, s, out_dtype, cfg, scales_form=form, w_order=order))
+    sshape = (n, k // 32) if form == "rows" else (k // 32, n)
+    args = (jax.ShapeDtypeStruct((m, k), jnp.bfloat16), jax.ShapeDtypeStruct((n, k // 2), jnp.uint8),
+            jax.ShapeDtypeStruct(sshape, jnp.bfloat16 if form == "bf16" else jnp.uint8))
+    out = jax.eval_shape(f, *args)
+    assert out.shape == (m, n) and out.dtype == out_dtype
+    return f.trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+
+
+def _hlo_ops(txt):
+    """The StableHLO operations of the lowered main function (the Mosaic GPU kernel is one
+    custom_call; anything else is a separate XLA kernel or a free reshape)."""
+    import re
+
+    return re.findall(r"= (stablehlo\.[a-z_]+)", txt)
+
+
+@pytest.mark.skipif(not _mgpu_available(), reason="Mosaic GPU lowering unavailable in this jaxlib")
+@pytest.mark.parametrize("m,n,k", [(16, 8192, 8192), (1, 8192, 8192), (40, 1024, 4096)])
+@pytest.mark.parametrize("name", ["ks2 pairs bk512", "ks4 pairs bk512", "ks2 ptx bk256"])
+def test_k_split_wgs_lowers_for_cuda(m, n, k, name):
+    """Every output dtype and byte order the decode takes; with "pairs" bytes, "kmajor" scales and
+    M a multiple of 16 the call is ONE kernel (no split-K sum, transpose or cast after it)."""
+    cfg = KS_CFGS[name]
+    orders = ("natural", "pairs") if cfg.decode == "pairs" else ("natural",)
+    for odt in (jnp.bfloat16, jnp.float32):
+        for order in orders:
+            ops = _hlo_ops(_lowered_text(m, n, k, cfg, odt, order))
+            assert ops.count("stablehlo.custom_call") == 1, ops
+            if order == "pairs" and m % 16 == 0:
+                assert ops == ["stablehlo.custom_call"], (odt, ops)
+            if m % 16:  # padded x rows in, the first m rows out
+                assert "stablehlo.pad" in ops and "stablehlo.slice" in ops, ops
+
+
+@pytest.mark.skipif(not _mgpu_available(), reason="Mosaic GPU lowering unavailable in this jaxlib")
+@pytest.mark.parametrize("m,n,k,name,odt,form", [
+    (16, 8192, 8192, "ks4 pairs bk256", jnp.bfloat16, "kmajor"),
+    (1, 8192, 8192, "ks4 pairs bk256", jnp.float32, "kmajor"),
+    (16, 1024, 2048, "ks2 pairs bk512", jnp.float16, "rows"),
+    (128, 1024, 2048, "ks2 ptx bk256", jnp.bfloat16, "kmajor"),
+    (16, 8192, 8192, "ks2 pairs bk512", jnp.bfloat16, "bf16"),
+])
+def test_k_split_wgs_other_tilings_lower(m, n, k, name, odt, form):
+    cfg = KS_CFGS[name]
+    assert "mosaic_gpu" in _lowered_text(m, n, k, cfg, odt, "pairs" if cfg.decode == "pairs" else "natural", form)
+
+
+def test_k_split_wgs_config_refused_with_the_rule():
+    base = dict(bk=512, split_k=1, decode="pairs", warp_specialized=True)
+    for kw, msg in ((3, r"k_split_wgs must be one of \(1, 2, 4\), got 3"), (0, "k_split_wgs must be one of")):
+        with pytest.raises(ValueError, match=msg):
+            wm.MgpuConfig(**base, k_split_wgs=kw)
+    for over, msg in (
+        (dict(warp_specialized=False), 'k_split_wgs > 1 needs warp_specialized=True and decode="pairs" or "ptx"'),
+        (dict(decode="mul", warp_specialized=False), "k_split_wgs > 1 needs warp_specialized=True"),
+        (dict(split_k=2), r"k_split_wgs > 1 needs split_k=1 .*got split_k=2"),
+        (dict(raw_scales=True), "k_split_wgs > 1 does not take raw_scales"),
+        (dict(bk=192), r"k_split_wgs=2 needs bk to be a multiple of 128 .*got bk=192"),
+        (dict(bk=64), r"k_split_wgs=2 needs bk to be a multiple of 128"),
+    ):
+        with pytest.raises(ValueError, match=msg):
+            wm.MgpuConfig(**{**base, **over}, k_split_wgs=2)
+    with pytest.raises(ValueError, match=r"k_split_wgs=4 needs bk to be a multiple of 256 .*got bk=128"):
+        wm.MgpuConfig(**{**base, "bk": 128}, k_split_wgs=4)
+    assert wm.MgpuConfig(**base, k_split_wgs=4).k_split_wgs == 4
+    assert wm.MgpuConfig().k_split_wgs == 1  # default unchanged: off
+
+
+@pytest.mark.skipif(not _mgpu_available(), reason="Mosaic GPU lowering unavailable in this jaxlib")
+def test_k_split_wgs_refuses_what_does_not_fit():
+    cfg = KS_CFGS["ks2 pairs bk512"]
+    f = lambda m, k: wm.mgpu_w4a16(jnp.zeros((m, k), jnp.bfloat16), jnp.zeros((64, k // 2), jnp.uint8),
+                                   jnp.zeros((k // 32, 64), jnp.uint8), jnp.bfloat16, cfg, scales_form="kmajor")
+    with pytest.raises(ValueError, match=r"k_split_wgs=2 with bk=512, K=512 .* needs two pipeline stages \(1 K steps"):
+        f(16, 512)  # one K step
+    with pytest.raises(ValueError, match=r"k_split_wgs=2 with bk=512, K=4096 and 256 padded rows needs two"):
+        f(256, 4096)  # x tiles of 256 rows: 2 stages do not fit in shared memory
+    with pytest.raises(ValueError, match=r"not a multiple of bk\*split_k=512"):
+        f(16, 768)
+
+
+def _pairs_fragment_np(stored_bytes, scales, e2m1_values):
+    """Decoded [rows, 2 * bytes] fragment of the "pairs" decode (_pairs_fragment) times its block scales."""
+    frag = _pairs_fragment(stored_bytes, e2m1_values)
+    return frag * np.repeat(scales, 32, axis=1)
+
+
+def _ptx_fragments_np(stored_bytes, scales, e2m1_values):
+    """(lo, hi) [rows, bytes] fragments of the "ptx" decode: column j of block b <- byte
+    16 b + _ptx_fragment_order()[j] (low / high nibble), times the block scale."""
+    order = np.concatenate([16 * b + wm._ptx_fragment_order() for b in range(stored_bytes.shape[1] // 16)])
+    byt = stored_bytes[:, order]
+    sc = np.repeat(scales, 16, axis=1)
+    return e2m1_values[byt & 15] * sc, e2m1_values[byt >> 4] * sc
+
+
+@pytest.mark.parametrize("decode,kw,bk", [("pairs", 2, 512), ("pairs", 4, 512), ("pairs", 4, 256),
+                                          ("ptx", 2, 256), ("ptx", 4, 512), ("ptx", 2, 128)])
+def test_k_split_index_model_gives_the_product(decode, kw, bk):
+    """NumPy model of the k_split_wgs kernel's data flow, with the kernel's own slice arithmetic
+    (_wg_k_slice) and the fragment orders modelled above: per 64-row tile, per K step, warpgroup
+    w decodes ITS bytes with ITS scale blocks and multiplies ITS x columns (natural x for "pairs"
+    bytes, the split_x halves for "ptx" on natural bytes); the partial sums are added in
+    warpgroup order and the tile is stored transposed into out[:, 64 tile : 64 tile + 64].
+    Exact in float64 (small integers, power-of-two scales) against x @ W^T."""
+    from jax_mxfp4.decode_prepared import pair_order_bytes
+
+    rng = np.random.default_rng()
+    m, n, k = 5, 128, 2 * bk
+    mp = 16
+    codes = rng.integers(0, 16, (n, k)).astype(np.uint8)
+    natural = codes[:, 0::2] | (codes[:, 1::2] << 4)
+    sexp = rng.integers(-3, 4, (n, k // 32))
+    scales = 2.0 ** sexp
+    x = np.zeros((mp, k))
+    x[:m] = rng.integers(-8, 9, (m, k))
+    if decode == "pairs":
+        stored, xs = pair_order_bytes(natural), (x,)
+    else:
+        stored = natural
+        xs = tuple(np.asarray(h, np.float64) for h in wm.split_x(jnp.asarray(x, jnp.bfloat16), "ptx"))
+    hb, nb, nx = bk // 2, bk // 32, len(xs)
+    xcols = bk // nx
+    out = np.full((mp, n), np.nan)
+    for tile in range(n // 64):
+        rows = slice(64 * tile, 64 * tile + 64)
+        partial = np.zeros((kw, 64, mp))
+        for t in range(k // bk):
+            for w in range(kw):
+                (b0, bn), (s0, sn), (x0, xn) = wm._wg_k_slice(w, bk, kw, nx)
+                assert bn == 16 * sn and xn * nx == 2 * bn  # whole blocks: bytes, scales, x columns agree
+                byt = stored[rows, t * hb + b0: t * hb + b0 + bn]
+                sc = scales[rows, t * nb + s0: t * nb + s0 + sn]
+                xw = [xo[:, t * xcols + x0: t * xcols + x0 + xn] for xo in xs]
+                if decode == "pairs":
+                    partial[w] += _pairs_fragment_np(byt, sc, E2M1_VALUES) @ xw[0].T
+                else:
+                    lo, hi = _ptx_fragments_np(byt, sc, E2M1_VALUES)
+                    partial[w] += lo @ xw[0].T + hi @ xw[1].T
+        total = partial[0]
+        for w in range(1, kw):
+            total = total + partial[w]
+        out[:, 64 * tile: 64 * tile + 64] = total.T
+    want = x[:m] @ (E2M1_VALUES[codes] * np.repeat(scales, 32, axis=1)).T
+    np.testing.assert_array_equal(out[:m], want)
+    # each warpgroup's slices tile each step exactly once
+    for nx_ in (1, 2):
+        cover = np.zeros(bk // nx_, int)
+        for w in range(kw):
+            _, _, (x0, xn) = wm._wg_k_slice(w, bk, kw, nx_)
+            cover[x0:x0 + xn] += 1
+        assert (cover == 1).all()
+
+
+@pytest.mark.skipif(not _mgpu_available(), reason="Mosaic GPU lowering unavailable in this jaxlib")
+def test_benchmark_k_split_variants_lower_at_their_check_shapes():
+    """benchmarks/wgemm_mgpu_check.py's k_split_wgs variants (the lead's GPU run) lower at the
+    shapes it checks them at: smoke and edge 16x256x1024 (float32 out), 16x8192x8192 (bfloat16),
+    1x8192x8192 and 40x1024x4096 (float32), with the byte order each variant's name says."""
+    import os
+    import sys
+
+    sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
+    from benchmarks import wgemm_mgpu_check as bench
+
+    ks = {nm: c for nm, c in bench.VARIANTS.items() if c.k_split_wgs > 1}
+    assert ks and all(nm in bench.SMOKE for nm in ks if "bk512" in nm)
+    for name, cfg in ks.items():
+        for m, n, k, odt, c in ((16, 256, 1024, jnp.float32, bench.edge_config(cfg)),
+                                (16, 8192, 8192, jnp.bfloat16, cfg), (1, 8192, 8192, jnp.float32, cfg),
+                                (40, 1024, 4096, jnp.float32, cfg)):
+            assert "mosaic_gpu" in _lowered_text(m, n, k, c, odt, bench.w_order(name), "rows"), (name, m)
+
+
+@pytest.mark.skipif(not _mgpu_available(), reason="Mosaic GPU lowering unavailable in this jaxlib")
+@pytest.mark.parametrize("m,n,k", [(1, 8192, 8192), (16, 4096, 14336), (40, 1024, 4096), (64, 320, 640),
+                                   (16, 192, 96 * 64)])
+def test_k_split_config_lowers_where_the_default_does(m, n, k):
+    """The one-kernel candidate tiling lowers at every shape the dispatch default is tested at
+    (64 padded rows included), with both byte orders, 2 and 4 warpgroups."""
+    for kw in (2, 4):
+        for order in ("pairs", "natural"):
+            cfg = wm.k_split_config(m, n, k, order, kw)
+            if kw == 4 and not any(k % bk == 0 and k // bk >= 2 for bk in (512, 256)):
+                assert cfg is None  # K=640: no bk of four 64-element slices divides it twice
+                continue
+            assert cfg is not None and cfg.k_split_wgs == kw and k // cfg.bk >= 2
+            assert cfg.decode == ("pairs" if order == "pairs" else "ptx")
+            assert "mosaic_gpu" in _lowered_text(m, n, k, cfg, jnp.bfloat16, order), (kw, order)
+    assert wm.k_split_config(16, 8192, 8192, "pairs").bk == 512
+    assert wm.k_split_config(16, 1024, 128, "pairs") is None  # one K step at most
+    assert wm.k_split_config(16, 1024, 192, "pairs") is None  # no bk of whole 64-element slices divides K
+    assert wm.k_split_config(16, 1024, 256, "pairs", 4) is None  # 4 slices of 64: bk 256, one step
+    with pytest.raises(ValueError, match="k_split_wgs must be one of"):
+        wm.k_split_config(16, 1024, 1024, "pairs", 1)

@@ -38,6 +38,11 @@ warpgroup; optionally reading the E8M0 bytes as stored). Split-K over the grid f
 N/64 tiles are few; float32 partial sums are added afterwards in a fixed order. Otherwise the
 scales arrive as E8M0 bytes in a K-major [K/32, N] layout by TMA and are converted to bfloat16
 in registers (``scales_form``; :func:`jax_mxfp4.prepare_decode` stores weights that way).
+``k_split_wgs`` (2026-12-01, not yet run on a GPU): ONE kernel per call instead of the kernel
+plus XLA's split-K sum/transpose/cast (each extra kernel costs ~4-5 us of launch gap at decode
+sizes): the warp-specialized CTA's compute warpgroups share one 64-row tile and split each K
+step between them, warpgroup 0 adds their partial sums in a fixed order and stores the final
+``[mp, N]`` tile of ``out_dtype`` transposed, by TMA (:func:`_k_split_call`).
 
 Status: every variant lowers for CUDA on a CPU machine (tests/test_wgemm_mgpu.py). On the H200
 (jax 0.11.2) the ``plgpu.kernel`` launchers are correct, ``raw_scales`` too since session 4
@@ -69,6 +74,8 @@ W_ORDERS = ("natural", "pairs")  # byte order of the packed weight (pair_order_b
 _WG_ROWS = 64  # rows of one warpgroup's WGMMA tile (M side)
 _BF16_2P126 = 0x7E80  # bfloat16 bits of 2^126
 _SMEM_BUDGET = 200 * 1024  # bytes of shared memory the pipeline may take (sm_90: 227 KiB)
+K_SPLIT_WGS = (1, 2, 4)  # MgpuConfig.k_split_wgs: compute warpgroups sharing one 64-row tile's K steps
+_K_SLICE_MIN = 64  # K elements of one warpgroup's slice of a step: 32 weight bytes, 128 bytes of x
 
 
 def _plgpu():
@@ -104,6 +111,14 @@ class MgpuConfig:
     bfloat16 [K/32, N] form that :func:`kernel_scales` builds outside; launcher (without
     warp_specialized): ``"pallas_call"`` (grid pipelined by Pallas) or ``"kernel"``
     (``plgpu.kernel`` + ``plgpu.emit_pipeline``, the API jax 0.11 recommends).
+    k_split_wgs (2 or 4; 1 = off): ONE kernel per call, writing the final ``[M, N]`` output of
+    ``out_dtype`` itself (no split-K sum, transpose or cast after it): each CTA owns 64 weight
+    rows and the whole K range (grid N/64, ``split_k`` must be 1); its ``k_split_wgs`` compute
+    warpgroups each take their own 1/k_split_wgs slice of every pipeline step's K columns
+    (``bk / k_split_wgs`` must be a multiple of 64, so each slice is whole swizzle tiles of the
+    weight bytes and of x), and their float32 partial sums are added in warpgroup order by
+    warpgroup 0, which stores the transposed ``[mp, 64]`` tile by TMA (:func:`_k_split_call`).
+    Needs ``warp_specialized=True``, decode "pairs" or "ptx", no ``raw_scales``.
     """
 
     bk: int = 256
@@ -114,6 +129,7 @@ class MgpuConfig:
     warp_specialized: bool = False
     raw_scales: bool = False
     launcher: str = "pallas_call"
+    k_split_wgs: int = 1
 
     def __post_init__(self):
         if self.decode not in DECODES:
@@ -130,6 +146,20 @@ class MgpuConfig:
             raise ValueError('MgpuConfig.warp_specialized needs decode="ptx" or "pairs"')
         if self.x_swizzle != 32:
             raise ValueError(f"MgpuConfig.x_swizzle must be 32, got {self.x_swizzle}")
+        if self.k_split_wgs not in K_SPLIT_WGS:
+            raise ValueError(f"MgpuConfig.k_split_wgs must be one of {K_SPLIT_WGS}, got {self.k_split_wgs!r}")
+        if self.k_split_wgs > 1:
+            if not self.warp_specialized or self.decode not in _PTX_DECODES:
+                raise ValueError('MgpuConfig.k_split_wgs > 1 needs warp_specialized=True and decode="pairs" or "ptx"')
+            if self.split_k != 1:
+                raise ValueError(f"MgpuConfig.k_split_wgs > 1 needs split_k=1 (each CTA sums the whole K range "
+                                 f"itself), got split_k={self.split_k}")
+            if self.raw_scales:
+                raise ValueError("MgpuConfig.k_split_wgs > 1 does not take raw_scales")
+            if self.bk % (self.k_split_wgs * _K_SLICE_MIN):
+                raise ValueError(f"MgpuConfig.k_split_wgs={self.k_split_wgs} needs bk to be a multiple of "
+                                 f"{self.k_split_wgs * _K_SLICE_MIN} (each warpgroup's K slice a multiple of "
+                                 f"{_K_SLICE_MIN}: whole swizzle tiles), got bk={self.bk}")
 
 
 def _swizzle(row_bytes: int) -> int:
@@ -468,6 +498,116 @@ def _warp_specialized_call(xs, w_data, scales, *, cfg: MgpuConfig, n: int, mp: i
     return f(*xs, w_data, scales)
 
 
+def _wg_k_slice(wg, bk: int, kw: int, nx: int):
+    """Compute warpgroup ``wg``'s share of one pipeline step under ``k_split_wgs = kw``: the
+    (start, size) of its weight bytes per row, of its scale blocks and of its columns of each x
+    operand (``nx`` = 1: x's natural K columns, the "pairs" decode; 2: the columns of each half
+    of :func:`split_x`, the "ptx" decode), as offsets inside the step's tiles. Whole 32-element
+    blocks, so the bytes, their scales and the x columns they meet are the same blocks in every
+    byte order and x split (both permute only inside a block). ``wg`` may be traced."""
+    hbw, nbw, xw = bk // 2 // kw, bk // BLOCK_SIZE // kw, bk // nx // kw
+    return (wg * hbw, hbw), (wg * nbw, nbw), (wg * xw, xw)
+
+
+def _k_split_call(xs, w_data, scales, *, cfg: MgpuConfig, n: int, mp: int, out_dtype):
+    """One kernel, final output: ``cfg.k_split_wgs`` (kw) compute warpgroups and one TMA warpgroup
+    per CTA, one CTA per 64-row weight tile (grid N/64, no split-K across CTAs). Every pipeline
+    step brings [64, bk/2] weight bytes, their [bk/32, 64] scales and x's [mp, bk] columns (two
+    [mp, bk/2] halves for "ptx"); compute warpgroup w decodes and multiplies its own slice
+    (K columns w*bk/kw .. (w+1)*bk/kw of the step: bytes, scale blocks and x columns of the same
+    32-blocks) into its own float32 accumulator [64, mp]. After the last step, warpgroups 1..kw-1
+    store their accumulators to shared memory and arrive on one barrier (every thread arrives
+    after its own stores: mbarrier arrive has release, the wait acquire semantics); warpgroup 0
+    waits, adds them to its own in warpgroup order (a fixed order: deterministic), casts to
+    ``out_dtype`` and stores the tile transposed (Mosaic GPU's WGMMA_TRANSPOSED layout into the
+    transposed view of a swizzled [mp, 64] buffer), then one TMA store to out[:, tile]. The same
+    barrier pattern as the schedule barrier of jax's attention_mgpu.py (num_arrivals = the
+    warpgroups that arrive). Returns ``out_dtype`` [mp, N]."""
+    plgpu = _plgpu()
+    kw = cfg.k_split_wgs
+    k_half = w_data.shape[1]
+    hb, nb = cfg.bk // 2, cfg.bk // BLOCK_SIZE
+    steps = k_half // hb
+    nt = n // _WG_ROWS
+    nx = len(xs)
+    xcols = cfg.bk // nx  # x columns per step and operand
+    (_, hbw), _, (_, xw) = _wg_k_slice(0, cfg.bk, kw, nx)  # one warpgroup's bytes per row, x columns
+    xsw, wsw = _swizzle(xw * 2), _swizzle(hbw)  # swizzle tiles no wider than one warpgroup's slice
+    x_tr = (plgpu.TilingTransform((8, xsw // 2)), plgpu.SwizzleTransform(xsw))
+    w_tr = (plgpu.TilingTransform((8, wsw)), plgpu.SwizzleTransform(wsw))
+    # the transposed store of the output tile, as jax's own tests of it run (tests/pallas/
+    # mosaic_gpu_test.py): 16-bit into a (8, 64)-tiled 128-byte-swizzled buffer
+    # (test_transposed_layout), float32 into a plain one (test_transposed_load_store)
+    osize = jnp.dtype(out_dtype).itemsize
+    o_tr = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128)) if osize == 2 else ()
+    per_stage = mp * cfg.bk * 2 + _WG_ROWS * hb + nb * _WG_ROWS * jnp.dtype(scales.dtype).itemsize
+    fixed = (kw - 1) * _WG_ROWS * mp * 4 + mp * _WG_ROWS * osize
+    stages = min(cfg.stages, steps, (_SMEM_BUDGET - fixed) // per_stage)
+    if stages < 2:
+        raise ValueError(f"mgpu_w4a16: k_split_wgs={kw} with bk={cfg.bk}, K={2 * k_half} and {mp} padded rows "
+                         f"needs two pipeline stages ({steps} K steps of {per_stage} bytes of shared memory): "
+                         "lower bk, or K too short")
+
+    def body(*refs, part_smem, o_smem, sum_bar):
+        x_g, (w_g, s_g, out_g) = refs[:nx], refs[nx:]
+        tile = lax.axis_index("cta")
+        wg = lax.axis_index("wg")
+
+        def mma_body(_, *refs):
+            x_s, w_s, s_s, acc_ref = refs[:nx], refs[nx], refs[nx + 1], refs[nx + 2]
+            (b0, bn), (s0, sn), (x0, xn) = _wg_k_slice(wg, cfg.bk, kw, nx)
+            x_w = tuple(r.at[:, pl.ds(x0, xn)] for r in x_s)
+            byt = _load(w_s.at[:, pl.ds(b0, bn)], plgpu.Layout.WGMMA_8BIT)
+            _wgmma_step(x_w, byt, s_s.at[pl.ds(s0, sn)], acc_ref, bn, cfg.decode)
+            plgpu.wgmma_wait(0)
+            return acc_ref
+
+        def compute_context(eval_pipeline):
+            @functools.partial(pl.run_scoped, acc_ref=plgpu.ACC((_WG_ROWS, mp), jnp.float32))
+            def _(acc_ref):
+                eval_pipeline(acc_ref)
+                acc = acc_ref[...]
+
+                @pl.when(wg > 0)
+                def _():
+                    part_smem[wg - 1] = acc
+                    plgpu.barrier_arrive(sum_bar)
+
+                @pl.when(wg == 0)
+                def _():
+                    plgpu.barrier_wait(sum_bar)
+                    total = acc
+                    for j in range(kw - 1):  # warpgroup order: a fixed summation order
+                        total = total + _load(part_smem.at[j], plgpu.Layout.WGMMA, optimized=False)
+                    out_t = plgpu.layout_cast(total.astype(out_dtype), plgpu.Layout.WGMMA_TRANSPOSED)
+                    plgpu.transpose_ref(o_smem, (1, 0))[...] = out_t
+                    plgpu.commit_smem()
+                    plgpu.copy_smem_to_gmem(o_smem, out_g.at[:, pl.ds(tile * _WG_ROWS, _WG_ROWS)])
+                    plgpu.wait_smem_to_gmem(0)
+
+        pipeline = plgpu.emit_pipeline_warp_specialized(
+            mma_body, grid=(steps,), memory_registers=40, wg_axis="wg", num_compute_wgs=kw,
+            max_concurrent_steps=stages, compute_context=compute_context,
+            in_specs=[plgpu.BlockSpec((mp, xcols), lambda t: (0, t), transforms=x_tr)] * nx + [
+                plgpu.BlockSpec((_WG_ROWS, hb), lambda t: (0, t), transforms=w_tr),
+                plgpu.BlockSpec((nb, _WG_ROWS), lambda t: (t, 0))])
+        rows = pl.ds(tile * _WG_ROWS, _WG_ROWS)
+        pipeline(*x_g, w_g.at[rows], s_g.at[:, rows])
+
+    _check_eager_device(xs[0])
+    f = plgpu.kernel(
+        body,
+        out_type=jax.ShapeDtypeStruct((mp, n), out_dtype),
+        grid=(nt,), grid_names=("cta",),
+        num_threads=kw + 1, thread_name="wg",
+        compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Lane),
+        scratch_types=dict(part_smem=plgpu.SMEM((kw - 1, _WG_ROWS, mp), jnp.float32),
+                           o_smem=plgpu.SMEM((mp, _WG_ROWS), out_dtype, transforms=o_tr),
+                           sum_bar=plgpu.Barrier(num_arrivals=kw - 1)),
+    )
+    return f(*xs, w_data, scales)
+
+
 SCALE_FORMS = ("rows", "kmajor", "bf16")
 
 
@@ -496,7 +636,13 @@ def mgpu_w4a16(x, w_data, w_scales, out_dtype=jnp.bfloat16, cfg: MgpuConfig | No
         checked when lowered: Pallas refuses other platforms).
       ValueError: ranks, shapes, dtypes (``out_dtype`` included), K = 0, a K that is not a
         multiple of ``cfg.bk * cfg.split_k``, an unknown ``w_order`` or "pairs" bytes with a
-        decode other than "pairs".
+        decode other than "pairs"; ``cfg.k_split_wgs`` > 1 with fewer than two K steps or
+        without shared memory for two pipeline stages.
+    With ``cfg.k_split_wgs`` > 1 the kernel writes the result itself (``[M, N]`` of
+    ``out_dtype``; sliced to M rows afterwards when M is not a multiple of 16): one kernel per
+    call for "kmajor" scales, x rows a multiple of 16, "pairs" bytes and decode (other forms add
+    their per-call XLA work on x or the scales: the "ptx" x split, the "pairs" x permutation for
+    natural bytes, the "rows" scale transpose).
     """
     cfg = MgpuConfig() if cfg is None else cfg
     if not isinstance(cfg, MgpuConfig):
@@ -559,6 +705,9 @@ def mgpu_w4a16(x, w_data, w_scales, out_dtype=jnp.bfloat16, cfg: MgpuConfig | No
     wsw = _swizzle(hb)
     w_tr = (plgpu.TilingTransform((8, wsw)), plgpu.SwizzleTransform(wsw)) if cfg.decode in _PTX_DECODES else ()
     x_spec = plgpu.BlockSpec((mp, xcols), lambda i, s, t: (0, s * steps + t), transforms=x_tr)
+    if cfg.k_split_wgs > 1:  # one kernel, its output final: no sum, transpose or cast after it
+        out = _k_split_call(xs, w_data, scales, cfg=cfg, n=n, mp=mp, out_dtype=out_dtype)
+        return out if mp == m else out[:m]
     if cfg.warp_specialized:
         out = _warp_specialized_call(xs, w_data, scales, cfg=cfg, n=n, mp=mp)
         out = out.reshape(cfg.split_k, n, mp).sum(axis=0)
@@ -613,6 +762,23 @@ def default_mgpu_config(m: int, n: int, k: int, w_order: str = "natural") -> Mgp
             bk //= 2
     decode = "pairs" if w_order == "pairs" else "ptx"
     return MgpuConfig(bk=bk, split_k=split, stages=4, decode=decode, launcher="kernel")
+
+
+def k_split_config(m: int, n: int, k: int, w_order: str = "natural", k_split_wgs: int = 2) -> MgpuConfig | None:
+    """The one-kernel tiling (:attr:`MgpuConfig.k_split_wgs`) for a shape, or None where it does not
+    apply: bk 512 (each of 2 warpgroups a 256-element slice: whole 128-byte swizzle tiles), else
+    256 or 128, the largest that divides K in at least two steps and gives each warpgroup at least
+    64 elements; stages 5 (lowered where shared memory is short). Decode by byte order as
+    :func:`default_mgpu_config`. NOT the dispatch default (not yet measured on a GPU): a candidate
+    for it once benchmarks/wgemm_mgpu_check.py has checked and timed the "ks" variants."""
+    del m, n  # shape rules of the kernel itself: unsupported_reason
+    if k_split_wgs not in K_SPLIT_WGS[1:]:
+        raise ValueError(f"k_split_config: k_split_wgs must be one of {K_SPLIT_WGS[1:]}, got {k_split_wgs!r}")
+    for bk in (512, 256, 128):
+        if bk % (k_split_wgs * _K_SLICE_MIN) == 0 and k % bk == 0 and k // bk >= 2:
+            return MgpuConfig(bk=bk, split_k=1, stages=5, decode="pairs" if w_order == "pairs" else "ptx",
+                              warp_specialized=True, k_split_wgs=k_split_wgs)
+    return None
 
 
 def unsupported_reason(m: int, n: int, k: int) -> str | None:
