@@ -580,7 +580,7 @@ def _k_split_call(xs, w_data, scales, *, cfg: MgpuConfig, n: int, mp: int, out_d
                     for j in range(kw - 1):  # warpgroup order: a fixed summation order
                         total = total + _load(part_smem.at[j], plgpu.Layout.WGMMA, optimized=False)
                     out_t = plgpu.layout_cast(total.astype(out_dtype), plgpu.Layout.WGMMA_TRANSPOSED)
-                    plgpu.transpose_ref(o_smem, (1, 0))[...] = out_t
+                    plgpu.transpose_ref(o_smem.at[:, :], (1, 0))[...] = out_t  # .at: jax 0.11 transposes TransformedRefs only
                     plgpu.commit_smem()
                     plgpu.copy_smem_to_gmem(o_smem, out_g.at[:, pl.ds(tile * _WG_ROWS, _WG_ROWS)])
                     plgpu.wait_smem_to_gmem(0)
