@@ -9,7 +9,7 @@ bytes b within 14 of their maximum b_max is therefore, exactly,
 
 (2^(b - 127) = 2^d x 2^e). Blocks with only zero codes do not count towards b_max or the span.
 
-A row gets the "exact" flag (bit 0 of ``row_flag``) and is left to an exact float32 path by the
+A row gets the "exact" flag (bit 0 of ``row_flag``) and is left to an exact path by the
 GEMM (:mod:`jax_mxfp4.backends.fp8`) when it holds
 
 - a nonzero block with b < b_max - 14 (outside the window: its codes would round in E4M3);

@@ -120,6 +120,35 @@ def test_rows_outside_window_are_exact(n_flagged):
     assert not np.array_equal(scaled.astype(jnp.float8_e4m3fn).astype(np.float64), scaled)
 
 
+def test_exact_path_in_bfloat16_is_lossless_and_within_the_float32_bound():
+    """The exact-row path's bfloat16 operands (CUDA: tensor cores): every dequantized MXFP4 value
+    (every code x every E8M0 byte, the flushed 0x00/0x01 blocks, the 0xFD/0xFE overflows to Inf,
+    NaN for 0xFF) survives float32 -> bfloat16 bit for bit, and the bfloat16 GEMM matches the
+    float64 reference within the float32-accumulation bound (finite entries) and backend "xla"'s
+    NaN/Inf pattern."""
+    codes = np.tile(np.arange(16, dtype=np.uint8), 256 * 2).reshape(256, 32)  # one block per byte
+    sb = np.arange(256, dtype=np.uint8).reshape(256, 1)
+    f32 = np.asarray(fp8_backend._as_float32(mk(codes, sb)))
+    back = np.asarray(jnp.asarray(f32).astype(jnp.bfloat16).astype(jnp.float32))
+    assert np.array_equal(np.isnan(back), np.isnan(f32))
+    ok = ~np.isnan(f32)
+    assert np.array_equal(back[ok].view(np.uint32), f32[ok].view(np.uint32))  # signs of zeros too
+    rng = np.random.default_rng()
+    m, n, k = 24, 16, 256
+    ca, sa = rand_operand(rng, (1, m, k), span=60, base=150)  # spans > 14 binades: flagged rows
+    cb, sb2 = rand_operand(rng, (1, n, k), span=60, base=150)
+    a, b = mk(ca, sa), mk(cb, sb2)
+    got = np.asarray(fp8_backend._exact(a, b, jnp.float32, jnp.bfloat16), np.float64)
+    e, mag = exact64(ca, sa, cb, sb2)
+    fin = np.isfinite(e) & (np.abs(e) < 3e38)
+    assert (np.abs(got[fin] - e[fin]) <= k * 2.0**-24 * mag[fin]).all()
+    ref = run(a, b, XLA)
+    np.testing.assert_array_equal(np.isnan(got), np.isnan(ref))
+    np.testing.assert_array_equal(np.isinf(got), np.isinf(ref))
+    assert fp8_backend.exact_operand_dtype("cuda") == jnp.bfloat16
+    assert fp8_backend.exact_operand_dtype("cpu") == jnp.float32
+
+
 def test_zero_rows_and_all_zero_operands():
     rng = np.random.default_rng()
     ca, sa = rand_operand(rng, (1, 6, 64), span=5)

@@ -11,8 +11,9 @@ Pipeline (``../shared/reference/gpu-speed.md`` §3):
 3. the exact power-of-two rescale 2^(e_row + e_col), fused by XLA with the output conversion
    (a single rounding; applied as two factors so that no intermediate leaves float32's range);
 4. rows or columns flagged by step 1 (outside the 15-binade window, or holding elements that
-   the reference flushes to zero or overflows to Inf) are recomputed on the exact float32 path
-   (backend "xla"'s arithmetic) and written over the FP8 result: up to ``fallback_capacity``
+   the reference flushes to zero or overflows to Inf) are recomputed on the exact path (backend
+   "xla"'s arithmetic: float32 HIGHEST, on CUDA the same values as bfloat16 operands on tensor
+   cores, :func:`exact_operand_dtype`) and written over the FP8 result: up to ``fallback_capacity``
    flagged rows and columns per batch element as gathered strips, more as one full exact GEMM.
    This runs in a ``lax.while_loop`` that takes zero trips when no row is flagged (one predicate
    read, no copy of the result). Rows with a NaN scale byte come out NaN, as in the reference.
@@ -99,7 +100,7 @@ def contract(precision: str, platform: str = "cuda") -> str:
     mode = ("hardware FP8 fast accumulation (Precision.DEFAULT)" if precision == "default"
             else "FP8 accumulation with fast accumulation off (the FP8 dot at Precision.HIGHEST)")
     return (f"FP8: exact E4M3 products, {mode}; not float32-faithful, error bound in README 'FP8 path'; "
-            "rows outside the FP8 window exact (float32 path)")
+            "rows outside the FP8 window exact (float32 accumulation of exact products)")
 
 
 def _prepared(x, platform: str) -> FP8Prepared:
@@ -128,12 +129,29 @@ def rescale(acc, e_lhs, e_rhs, nan_rows, nan_cols, out_dtype):
     return out.astype(out_dtype)
 
 
-def _exact(a, b, out_dtype):
-    """The exact float32 path (backend "xla"'s arithmetic) on canonical MXFP4Arrays."""
-    fa, fb = _as_float32(a), _as_float32(b)
-    out = lax.dot_general(fa, fb, CANONICAL_DIMS, precision=lax.Precision.HIGHEST,
-                          preferred_element_type=jnp.float32, out_sharding=canonical_out_sharding(fa, fb))
+def _exact(a, b, out_dtype, operand_dtype=jnp.float32):
+    """The exact path for flagged rows (backend "xla"'s arithmetic) on canonical MXFP4Arrays.
+
+    ``operand_dtype`` float32 (float32 HIGHEST, bit-identical to backend "xla" on one platform) or
+    bfloat16 (:func:`exact_operand_dtype`, on CUDA: tensor cores): every dequantized MXFP4 value is
+    E2M1 x 2^k, at most two significant bits within float32's exponent range (or a signed zero,
+    +-Inf, NaN; ``dequantize_blocks``), so bfloat16 holds it exactly; bfloat16 products are exact
+    in float32 and accumulate in float32: backend "xla"'s values up to the order of float32
+    accumulation (the pallas backend's argument)."""
+    fa, fb = (_as_float32(v).astype(operand_dtype) for v in (a, b))  # exact (docstring)
+    precision = lax.Precision.HIGHEST if fa.dtype == jnp.float32 else None
+    out = lax.dot_general(fa, fb, CANONICAL_DIMS, precision=precision, preferred_element_type=jnp.float32,
+                          out_sharding=canonical_out_sharding(fa, fb))
     return out.astype(out_dtype)
+
+
+def exact_operand_dtype(platform: str):
+    """Operand dtype of the exact-row path on ``platform``: bfloat16 on CUDA (tensor cores), else
+    float32 (bit-identical to backend "xla" on CPU). Why: in the demo's LM head most rows of the
+    softmax gradient span more than 14 binades (60% of dgrad rows flagged after 40 steps of
+    ``--size small``, session 5, CPU), and the H200 profile of ``--size large`` (session 5 run e)
+    held a float32 FFMA GEMM of 1.04 ms per step, attributed to this path (not re-run since)."""
+    return jnp.bfloat16 if platform == "cuda" else jnp.float32
 
 
 def _rows(x: MXFP4Array, idx) -> MXFP4Array:
@@ -142,7 +160,7 @@ def _rows(x: MXFP4Array, idx) -> MXFP4Array:
     return MXFP4Array(data, scales, 2, (x.shape[0], idx.shape[1], x.shape[2]), x.dtype, x.scale_mode, "plain")
 
 
-def _fix_flagged(out, lhs, rhs, flag_l, flag_r):
+def _fix_flagged(out, lhs, rhs, flag_l, flag_r, platform: str = "cpu"):
     """``out`` with flagged rows (flag_l [B, M]) and columns (flag_r [B, N]) recomputed exactly.
 
     A ``lax.while_loop`` whose body runs only while flags remain: each trip recomputes up to
@@ -154,22 +172,23 @@ def _fix_flagged(out, lhs, rhs, flag_l, flag_r):
     """
     bsz, m, n = out.shape
     cap_l, cap_r = fallback_capacity(m), fallback_capacity(n)
+    opd = exact_operand_dtype(platform)
     bidx = jnp.arange(bsz)[:, None]
 
     def full(carry):
         out, fl, fr = carry
-        exact = _exact(_mxfp4(lhs), _mxfp4(rhs), out.dtype)
+        exact = _exact(_mxfp4(lhs), _mxfp4(rhs), out.dtype, opd)
         return jnp.where(fl[:, :, None] | fr[:, None, :], exact, out), jnp.zeros_like(fl), jnp.zeros_like(fr)
 
     def strips(carry):
         out, fl, fr = carry
         a, b = _mxfp4(lhs), _mxfp4(rhs)
         il = lax.top_k(fl.astype(jnp.int32), cap_l)[1]
-        rows = _exact(_rows(a, il), b, out.dtype)  # [B, cap_l, N]
+        rows = _exact(_rows(a, il), b, out.dtype, opd)  # [B, cap_l, N]
         keep = jnp.take_along_axis(fl, il, axis=1)[:, :, None]
         out = out.at[bidx, il].set(jnp.where(keep, rows, out[bidx, il]))
         ir = lax.top_k(fr.astype(jnp.int32), cap_r)[1]
-        cols = _exact(a, _rows(b, ir), out.dtype)  # [B, M, cap_r]
+        cols = _exact(a, _rows(b, ir), out.dtype, opd)  # [B, M, cap_r]
         keep = jnp.take_along_axis(fr, ir, axis=1)[:, None, :]
         cur = jnp.take_along_axis(out, jnp.broadcast_to(ir[:, None, :], (bsz, m, cap_r)), axis=2)
         out = out.at[bidx[:, :, None], jnp.arange(m)[None, :, None], ir[:, None, :]].set(jnp.where(keep, cols, cur))
@@ -213,7 +232,7 @@ def fp8_gemm(lhs, rhs, out_dtype, precision: str = "default", platform: str = "c
         return out
     flag_l, flag_r = (a.row_flag & FLAG_EXACT) != 0, (b.row_flag & FLAG_EXACT) != 0
     # flagged rows/columns get the reference's values, NaN rows included (0 x NaN = NaN there)
-    return _fix_flagged(out, lhs, rhs, flag_l, flag_r)
+    return _fix_flagged(out, lhs, rhs, flag_l, flag_r, platform)
 
 
 def _compute_capability():
