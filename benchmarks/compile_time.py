@@ -11,7 +11,7 @@ Usage: python benchmarks/compile_time.py [--size large] [--recipes bf16,mxfp4] [
        [--timeout 240] [--profile] [--out DIR]
 (--profile: after the timed steps, 3 steps under the profiler; prints the top kernels per step.)
 Flag sets: default (none); autotune0 ``--xla_gpu_autotune_level=0``; notriton
-``--xla_gpu_enable_triton_gemm=false``. Prints a table; writes compile_time.json.
+``--xla_gpu_enable_triton_gemm=false``. Prints a table; with --out, writes compile_time.json there.
 """
 
 from __future__ import annotations
@@ -130,6 +130,12 @@ def main(argv=None) -> int:
     for f in flags:
         if f not in FLAG_SETS:
             ap.error(f"--flags: {f!r} is not one of {sorted(FLAG_SETS)}")
+    if not recipes or not flags:  # an empty list measured nothing: an empty table and exit 0
+        ap.error("--recipes and --flags each need at least one name")
+    if args.layers is not None and args.layers < 1:
+        ap.error(f"--layers must be >= 1, got {args.layers}")
+    if not args.timeout > 0:  # 0 or less cut every process before it started ("timeout" rows)
+        ap.error(f"--timeout must be > 0 seconds, got {args.timeout}")
     rows = []
     for f in flags:
         for r in recipes:

@@ -145,7 +145,7 @@ class DecodePrepared(PreparedWeight):
         object.__setattr__(self, "shape", tuple(int(d) for d in self.shape))
         object.__setattr__(self, "dtype", jnp.dtype(self.dtype))
         checks.check_scale_mode(self.scale_mode, "DecodePrepared scale_mode")
-        if self.byte_order not in BYTE_ORDERS:
+        if not isinstance(self.byte_order, str) or self.byte_order not in BYTE_ORDERS:
             raise ValueError(f"DecodePrepared byte_order must be one of {BYTE_ORDERS}, got {self.byte_order!r}")
         shape, axis = self.shape, self.axis
         if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)) or not 0 <= axis < len(shape):
@@ -255,7 +255,7 @@ def prepare_decode(w: MXFP4Array, byte_order: str = "pairs") -> DecodePrepared:
     if not isinstance(w, MXFP4Array):
         hint = " (call .to_mxfp4() first)" if hasattr(w, "to_mxfp4") else " (quantize it with jax_mxfp4.quantize first)"
         raise TypeError(f"prepare_decode takes an MXFP4Array, got {type(w).__name__}{hint}")
-    if byte_order not in BYTE_ORDERS:
+    if not isinstance(byte_order, str) or byte_order not in BYTE_ORDERS:  # str first: `in` on an array is ambiguous
         raise ValueError(f"prepare_decode: byte_order must be one of {BYTE_ORDERS}, got {byte_order!r}")
     data = jnp.moveaxis(w.data, w.axis, -1)
     if byte_order == "pairs":

@@ -116,6 +116,31 @@ def test_gemm_refuses_what_it_would_skip(tmp_path, capsys):
     assert ns.decode_m == [16] and ns.layers == [None] and not [t for t in gemm.FULL_LAYERS if t in ns.layers]
 
 
+def test_compile_time_refuses_what_would_measure_nothing(tmp_path, capsys):
+    """Empty --recipes/--flags printed an empty table and exited 0, --layers -1 built a model with
+    no layers and reported it "ok", --timeout 0 or -1 reported every run as a timeout; all are
+    refused before any process starts (argparse error, exit 2)."""
+    import pytest
+
+    from benchmarks import compile_time
+
+    base = ["--size", "small", "--out", str(tmp_path)]
+    for argv, msg in ((["--recipes", ""], "--recipes and --flags each need at least one name"),
+                      (["--flags", ","], "--recipes and --flags each need at least one name"),
+                      (["--layers", "0"], "--layers must be >= 1, got 0"),
+                      (["--layers", "-1"], "--layers must be >= 1, got -1"),
+                      (["--timeout", "0"], "--timeout must be > 0 seconds, got 0.0"),
+                      (["--timeout", "-1"], "--timeout must be > 0 seconds"),
+                      (["--timeout", "nan"], "--timeout must be > 0 seconds"),
+                      (["--recipes", "fp4"], "--recipes: 'fp4' is not bf16 or mxfp4"),
+                      (["--flags", "turbo"], "--flags: 'turbo' is not one of"),
+                      (["--size", "tiny"], "--size must be one of")):
+        with pytest.raises(SystemExit) as e:
+            compile_time.main(base + argv)
+        assert e.value.code == 2 and msg in capsys.readouterr().err, argv
+    assert not os.listdir(tmp_path)  # nothing ran
+
+
 def test_train_step_check_fused_runs_the_fused_kernels_off_cuda(tmp_path):
     """--check-fused compared "1" with "0" on the platform's default route: off CUDA neither ran a
     fused kernel and "bit-identical" held trivially. Now it runs them in the Pallas interpreter

@@ -251,6 +251,20 @@ def test_pytree_jit_sharding_and_orbax(tmp_path):
 
 
 # ------------------------------------------------------------------ bad input
+@pytest.mark.parametrize("bad", ["Pairs", "", None, 1, b"pairs", ["pairs"], np.array(["pairs", "natural"])])
+def test_unknown_byte_order_is_a_value_error(bad):
+    """prepare_decode and DecodePrepared name a byte order outside ("natural", "pairs"); a NumPy
+    array of names raised NumPy's "truth value of an array ... is ambiguous" instead."""
+    rng = np.random.default_rng(0)
+    q, _, _ = mk(rng, (64, 64), 0)
+    p = prepare_decode(q, "natural")
+    with pytest.raises(ValueError, match=r"prepare_decode: byte_order must be one of \('natural', 'pairs'\)"):
+        prepare_decode(q, byte_order=bad)
+    with pytest.raises(ValueError, match=r"DecodePrepared byte_order must be one of \('natural', 'pairs'\)"):
+        DecodePrepared(p.data, p.scales, 0, (64, 64), jnp.float32, byte_order=bad)
+    assert DecodePrepared(p.data, p.scales, 0, (64, 64), jnp.float32, byte_order="natural").byte_order == "natural"
+
+
 def test_bad_input_is_named(tmp_path):
     rng = np.random.default_rng()
     q, _, _ = mk(rng, (64, 64), 0)

@@ -205,6 +205,38 @@ def test_config_validation():
         wm.MgpuConfig(bk=48)
 
 
+@pytest.mark.parametrize("field,value", [
+    ("bk", 256.0), ("bk", "256"), ("bk", None), ("split_k", 1.5), ("stages", None), ("k_split_wgs", True),
+    ("k_split_wgs", 2.0), ("x_swizzle", 32.0), ("warp_specialized", "no"), ("raw_scales", 1),
+])
+def test_config_field_types_refused(field, value):
+    """A float, string, None or bool where an int belongs (or a non-bool switch) is a TypeError
+    naming the field: bk=256.0 or k_split_wgs=True passed the value checks before and failed only
+    deep inside the kernel's BlockSpecs, "no" switched warp_specialized on."""
+    base = dict(decode="ptx", warp_specialized=True) if field == "raw_scales" else {}
+    with pytest.raises(TypeError, match=f"MgpuConfig.{field} must be an? (int|bool), got"):
+        wm.MgpuConfig(**{**base, field: value})
+    assert wm.MgpuConfig(bk=np.int64(256)).bk == 256  # NumPy ints stay fine
+
+
+def test_warp_specialized_config_needs_two_stages():
+    with pytest.raises(ValueError, match=r"warp_specialized needs stages >= 2, got stages=1|needs stages >= 2"):
+        wm.MgpuConfig(decode="ptx", warp_specialized=True, stages=1)
+    with pytest.raises(ValueError, match="needs stages >= 2"):
+        wm.MgpuConfig(bk=512, split_k=1, decode="pairs", warp_specialized=True, k_split_wgs=2, stages=1)
+    assert wm.MgpuConfig(decode="ptx", warp_specialized=True, stages=2).stages == 2
+
+
+@pytest.mark.skipif(not _mgpu_available(), reason="Mosaic GPU lowering unavailable in this jaxlib")
+def test_warp_specialized_names_too_few_k_steps():
+    """K = 512 with bk 256 and split_k 2 is one K step per split: the error says so (it blamed
+    shared memory, of which two stages of 25 KiB need little)."""
+    cfg = wm.MgpuConfig(decode="ptx", warp_specialized=True)
+    with pytest.raises(ValueError, match=r"K=512 and 16 padded rows needs two pipeline stages \(1 K steps per split"):
+        wm.mgpu_w4a16(jnp.zeros((4, 512), jnp.bfloat16), jnp.zeros((128, 256), jnp.uint8),
+                      jnp.zeros((128, 16), jnp.uint8), jnp.bfloat16, cfg)
+
+
 def _pairs_fragment(stored, e2m1_values):
     """NumPy model of the "pairs" decode's data flow: thread g of a row holds stored bytes
     16b + 4g .. 16b + 4g + 3 of block b (WGMMA_LAYOUT_8BIT) and writes byte t's two elements to

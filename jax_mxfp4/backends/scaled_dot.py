@@ -20,7 +20,13 @@ from .xla import CANONICAL_DIMS
 
 
 def packed_to_float4(data: jax.Array) -> jax.Array:
-    """uint8 [..., K/2] packed E2M1 pairs -> ``float4_e2m1fn`` [..., K] (bit-preserving)."""
+    """uint8 [..., K/2] packed E2M1 pairs -> ``float4_e2m1fn`` [..., K] (bit-preserving).
+
+    The optimization barrier keeps XLA from constant-folding the bitcast: with jax/jaxlib 0.10.2 on
+    CPU, a folded uint8 -> float4_e2m1fn bitcast gives wrong values (bytes [0x21, 0x43] fold to
+    [-0.5, -1.5, 0, 0] instead of [0.5, 1, 1.5, 2]), so ``jit`` of a GEMM whose operand is a
+    closed-over constant (e.g. params captured by the jitted function) returned a wrong product."""
+    data = lax.optimization_barrier(data)
     f4 = lax.bitcast_convert_type(data, jnp.float4_e2m1fn)  # [..., K/2, 2], low nibble first
     return f4.reshape(*data.shape[:-1], data.shape[-1] * 2)
 

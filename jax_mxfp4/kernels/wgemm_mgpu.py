@@ -132,6 +132,13 @@ class MgpuConfig:
     k_split_wgs: int = 1
 
     def __post_init__(self):
+        for name in ("bk", "split_k", "stages", "x_swizzle", "k_split_wgs"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+                raise TypeError(f"MgpuConfig.{name} must be an int, got {v!r}")
+        for name in ("warp_specialized", "raw_scales"):
+            if not isinstance(getattr(self, name), (bool, np.bool_)):
+                raise TypeError(f"MgpuConfig.{name} must be a bool, got {getattr(self, name)!r}")
         if self.decode not in DECODES:
             raise ValueError(f"MgpuConfig.decode must be one of {DECODES}, got {self.decode!r}")
         if self.bk < BLOCK_SIZE or self.bk % BLOCK_SIZE:
@@ -144,6 +151,9 @@ class MgpuConfig:
             raise ValueError("MgpuConfig.raw_scales needs warp_specialized=True")
         if self.warp_specialized and self.decode not in _PTX_DECODES:
             raise ValueError('MgpuConfig.warp_specialized needs decode="ptx" or "pairs"')
+        if self.warp_specialized and self.stages < 2:
+            raise ValueError(f"MgpuConfig.warp_specialized needs stages >= 2 (a TMA warpgroup feeding the compute "
+                             f"warpgroups), got stages={self.stages}")
         if self.x_swizzle != 32:
             raise ValueError(f"MgpuConfig.x_swizzle must be 32, got {self.x_swizzle}")
         if self.k_split_wgs not in K_SPLIT_WGS:
@@ -429,8 +439,9 @@ def _warp_specialized_call(xs, w_data, scales, *, cfg: MgpuConfig, n: int, mp: i
         raise ValueError(f"mgpu_w4a16: raw_scales needs 16..256 scale bytes per row and K split, got {nbs}")
     stages = min(cfg.stages, steps, (_SMEM_BUDGET - fixed) // per_stage)
     if stages < 2:
-        raise ValueError(f"mgpu_w4a16: warp_specialized with bk={cfg.bk} and {mp} padded rows needs "
-                         f"two pipeline stages of {per_stage} bytes: too much shared memory (lower bk)")
+        raise ValueError(f"mgpu_w4a16: warp_specialized with bk={cfg.bk}, split_k={cfg.split_k}, K={2 * k_half} and "
+                         f"{mp} padded rows needs two pipeline stages ({steps} K steps per split of {per_stage} "
+                         "bytes of shared memory): lower bk or split_k, or K too short")
 
     def body(*refs, out_smem, slab, slab_bar):
         x_g, (w_g, s_g, out_g) = refs[:nx], refs[nx:]
