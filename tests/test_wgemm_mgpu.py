@@ -621,3 +621,11 @@ def test_k_split_config_lowers_where_the_default_does(m, n, k):
     assert wm.k_split_config(16, 1024, 256, "pairs", 4) is None  # 4 slices of 64: bk 256, one step
     with pytest.raises(ValueError, match="k_split_wgs must be one of"):
         wm.k_split_config(16, 1024, 1024, "pairs", 1)
+
+
+def test_default_config_refuses_what_it_cannot_tile():
+    with pytest.raises(ValueError, match="w_order must be one of"):
+        wm.default_mgpu_config(16, 128, 256, "bogus")
+    with pytest.raises(ValueError, match="multiple of 64"):
+        wm.default_mgpu_config(4, 128, 100)
+    assert wm.default_mgpu_config(16, 128, 64).bk == 64

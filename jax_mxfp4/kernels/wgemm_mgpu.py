@@ -765,6 +765,11 @@ def default_mgpu_config(m: int, n: int, k: int, w_order: str = "natural") -> Mgp
     sums 23.7 vs 23.2 us: the gain is the x split's kernel and its launch); natural bytes keep the
     "ptx" decode: its x split (one XLA fusion, ~1.9 us through dispatch) is cheaper than the
     "pairs" x permutation (~3.4 us)."""
+    if w_order not in W_ORDERS:
+        raise ValueError(f"default_mgpu_config: w_order must be one of {W_ORDERS}, got {w_order!r}")
+    if k <= 0 or k % (2 * BLOCK_SIZE):
+        raise ValueError(f"default_mgpu_config: K={k} must be a positive multiple of {2 * BLOCK_SIZE} "
+                         "(unsupported_reason says so before dispatch asks)")
     bk, split = 256, 4
     while k % (bk * split):
         if split > 1:
