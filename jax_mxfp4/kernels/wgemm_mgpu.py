@@ -172,6 +172,13 @@ class MgpuConfig:
                                  f"{_K_SLICE_MIN}: whole swizzle tiles), got bk={self.bk}")
 
 
+def _tiled(swizzle_bytes: int, itemsize: int):
+    """TMA transforms of a shared-memory tile whose rows are swizzled by ``swizzle_bytes``: 8-row
+    tiles one swizzle wide (``swizzle_bytes / itemsize`` elements), then the swizzle."""
+    plgpu = _plgpu()
+    return (plgpu.TilingTransform((8, swizzle_bytes // itemsize)), plgpu.SwizzleTransform(swizzle_bytes))
+
+
 def _swizzle(row_bytes: int) -> int:
     """Largest TMA swizzle (bytes) that divides a tile row of ``row_bytes``."""
     for sw in (128, 64, 32):
@@ -428,9 +435,7 @@ def _warp_specialized_call(xs, w_data, scales, *, cfg: MgpuConfig, n: int, mp: i
     nx = len(xs)
     xcols = cfg.bk // nx  # x columns per step and operand
     kx_split = xs[0].shape[1] // cfg.split_k
-    xsw, wsw = _swizzle(xcols * 2), _swizzle(hb)
-    x_tr = (plgpu.TilingTransform((8, xsw // 2)), plgpu.SwizzleTransform(xsw))
-    w_tr = (plgpu.TilingTransform((8, wsw)), plgpu.SwizzleTransform(wsw))
+    x_tr, w_tr = _tiled(_swizzle(xcols * 2), 2), _tiled(_swizzle(hb), 1)
     raw = cfg.raw_scales
     nbs = kh_split // (BLOCK_SIZE // 2)  # scale bytes per row of one K split
     per_stage = 2 * mp * hb * 2 + rows * hb + (0 if raw else nb * rows * jnp.dtype(scales.dtype).itemsize)
@@ -543,14 +548,13 @@ def _k_split_call(xs, w_data, scales, *, cfg: MgpuConfig, n: int, mp: int, out_d
     nx = len(xs)
     xcols = cfg.bk // nx  # x columns per step and operand
     (_, hbw), _, (_, xw) = _wg_k_slice(0, cfg.bk, kw, nx)  # one warpgroup's bytes per row, x columns
-    xsw, wsw = _swizzle(xw * 2), _swizzle(hbw)  # swizzle tiles no wider than one warpgroup's slice
-    x_tr = (plgpu.TilingTransform((8, xsw // 2)), plgpu.SwizzleTransform(xsw))
-    w_tr = (plgpu.TilingTransform((8, wsw)), plgpu.SwizzleTransform(wsw))
+    # swizzle tiles no wider than one warpgroup's slice
+    x_tr, w_tr = _tiled(_swizzle(xw * 2), 2), _tiled(_swizzle(hbw), 1)
     # the transposed store of the output tile, as jax's own tests of it run (tests/pallas/
     # mosaic_gpu_test.py): 16-bit into a (8, 64)-tiled 128-byte-swizzled buffer
     # (test_transposed_layout), float32 into a plain one (test_transposed_load_store)
     osize = jnp.dtype(out_dtype).itemsize
-    o_tr = (plgpu.TilingTransform((8, 64)), plgpu.SwizzleTransform(128)) if osize == 2 else ()
+    o_tr = _tiled(128, 2) if osize == 2 else ()
     per_stage = mp * cfg.bk * 2 + _WG_ROWS * hb + nb * _WG_ROWS * jnp.dtype(scales.dtype).itemsize
     fixed = (kw - 1) * _WG_ROWS * mp * 4 + mp * _WG_ROWS * osize
     stages = min(cfg.stages, steps, (_SMEM_BUDGET - fixed) // per_stage)
@@ -712,9 +716,9 @@ def mgpu_w4a16(x, w_data, w_scales, out_dtype=jnp.bfloat16, cfg: MgpuConfig | No
     hb = cfg.bk // 2
     xcols = cfg.bk // len(xs)  # x columns per step and operand
     sw = cfg.x_swizzle if cfg.decode not in _PTX_DECODES else _swizzle(xcols * 2)
-    x_tr = (plgpu.TilingTransform((8, sw // 2)), plgpu.SwizzleTransform(sw))
+    x_tr = _tiled(sw, 2)
     wsw = _swizzle(hb)
-    w_tr = (plgpu.TilingTransform((8, wsw)), plgpu.SwizzleTransform(wsw)) if cfg.decode in _PTX_DECODES else ()
+    w_tr = _tiled(wsw, 1) if cfg.decode in _PTX_DECODES else ()
     x_spec = plgpu.BlockSpec((mp, xcols), lambda i, s, t: (0, s * steps + t), transforms=x_tr)
     if cfg.k_split_wgs > 1:  # one kernel, its output final: no sum, transpose or cast after it
         out = _k_split_call(xs, w_data, scales, cfg=cfg, n=n, mp=mp, out_dtype=out_dtype)
