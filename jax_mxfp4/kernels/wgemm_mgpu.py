@@ -179,6 +179,17 @@ def _tiled(swizzle_bytes: int, itemsize: int):
     return (plgpu.TilingTransform((8, swizzle_bytes // itemsize)), plgpu.SwizzleTransform(swizzle_bytes))
 
 
+def _ws_stages(cfg: MgpuConfig, steps: int, per_stage: int, fixed: int, what: str, steps_of: str = "") -> int:
+    """Pipeline depth of a warp-specialized launcher: ``cfg.stages`` capped by the K steps and by
+    what fits in shared memory (``fixed`` bytes + ``per_stage`` per stage); ValueError below two
+    stages (the warp-specialized pipeline needs two), ``what`` naming the configuration."""
+    stages = min(cfg.stages, steps, (_SMEM_BUDGET - fixed) // per_stage)
+    if stages < 2:
+        raise ValueError(f"mgpu_w4a16: {what} needs two pipeline stages ({steps} K steps{steps_of} of {per_stage} "
+                         "bytes of shared memory each): lower bk (or split_k), or K is too short")
+    return stages
+
+
 def _swizzle(row_bytes: int) -> int:
     """Largest TMA swizzle (bytes) that divides a tile row of ``row_bytes``."""
     for sw in (128, 64, 32):
@@ -442,11 +453,8 @@ def _warp_specialized_call(xs, w_data, scales, *, cfg: MgpuConfig, n: int, mp: i
     fixed = 2 * _WG_ROWS * mp * 4 + (rows * nbs if raw else 0)
     if raw and not 16 <= nbs <= 256:
         raise ValueError(f"mgpu_w4a16: raw_scales needs 16..256 scale bytes per row and K split, got {nbs}")
-    stages = min(cfg.stages, steps, (_SMEM_BUDGET - fixed) // per_stage)
-    if stages < 2:
-        raise ValueError(f"mgpu_w4a16: warp_specialized with bk={cfg.bk}, split_k={cfg.split_k}, K={2 * k_half} and "
-                         f"{mp} padded rows needs two pipeline stages ({steps} K steps per split of {per_stage} "
-                         "bytes of shared memory): lower bk or split_k, or K too short")
+    stages = _ws_stages(cfg, steps, per_stage, fixed, f"warp_specialized with bk={cfg.bk}, split_k={cfg.split_k}, "
+                        f"K={2 * k_half} and {mp} padded rows", " per split")
 
     def body(*refs, out_smem, slab, slab_bar):
         x_g, (w_g, s_g, out_g) = refs[:nx], refs[nx:]
@@ -557,11 +565,8 @@ def _k_split_call(xs, w_data, scales, *, cfg: MgpuConfig, n: int, mp: int, out_d
     o_tr = _tiled(128, 2) if osize == 2 else ()
     per_stage = mp * cfg.bk * 2 + _WG_ROWS * hb + nb * _WG_ROWS * jnp.dtype(scales.dtype).itemsize
     fixed = (kw - 1) * _WG_ROWS * mp * 4 + mp * _WG_ROWS * osize
-    stages = min(cfg.stages, steps, (_SMEM_BUDGET - fixed) // per_stage)
-    if stages < 2:
-        raise ValueError(f"mgpu_w4a16: k_split_wgs={kw} with bk={cfg.bk}, K={2 * k_half} and {mp} padded rows "
-                         f"needs two pipeline stages ({steps} K steps of {per_stage} bytes of shared memory): "
-                         "lower bk, or K too short")
+    stages = _ws_stages(cfg, steps, per_stage, fixed, f"k_split_wgs={kw} with bk={cfg.bk}, K={2 * k_half} and "
+                        f"{mp} padded rows")
 
     def body(*refs, part_smem, o_smem, sum_bar):
         x_g, (w_g, s_g, out_g) = refs[:nx], refs[nx:]
