@@ -116,6 +116,18 @@ def encode_blocks(sb, mag):
     """
     max_mag = jnp.max(mag, axis=-1)
     min_nz = jnp.min(jnp.where(mag != 0, mag, 8), axis=-1)
+    return encode_block_stats(sb, max_mag, min_nz)
+
+
+def encode_block_stats(sb, max_mag, min_nz):
+    """:func:`encode_blocks` from per-block statistics: scale bytes ``sb``, the largest E2M1
+    magnitude code ``max_mag`` and the smallest nonzero one ``min_nz`` (8 = none), int32 [..., nb].
+
+    Only :func:`special_blocks` reads ``min_nz``, and only for scale bytes 0 and 1; ``max_mag``
+    decides which blocks count (nonzero) and, for bytes 253/254, overflow. So a caller that knows
+    its tile holds no such byte (the fused kernel's plain path) may pass ``min_nz`` = 8 and
+    ``max_mag`` from the block's amax. Returns (d, row_exp, row_flag) as :func:`encode_blocks`.
+    """
     nan_blk = sb == E8M0_NAN
     special = special_blocks(sb, max_mag, min_nz)
     counted = (max_mag != 0) & ~nan_blk

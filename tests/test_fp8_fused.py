@@ -357,3 +357,92 @@ def test_kernel_lowers_for_cuda(transposed, uniforms):
     else:
         traced = jax.jit(lambda x, u: f(x, uniform=u)).trace(x, jax.ShapeDtypeStruct((33, 3, 32), jnp.float32))
     assert "triton" in traced.lower(lowering_platforms=("cuda",)).as_text()
+
+
+def _tile_parts(x, scale_mode):
+    """What encode_tile computes before choosing a path, for a float32 [R, nb*32] array."""
+    from jax_mxfp4.mx_format import pow2_from_exponent
+
+    bits = jax.lax.bitcast_convert_type(jnp.asarray(x, jnp.float32), jnp.int32).reshape(x.shape[0], -1, 32)
+    a = bits & kquant._ABS
+    amax = jnp.max(a, axis=-1)
+    bad, byte, s = kquant.block_scale_bits(amax, scale_mode)
+    return bits, a, amax, bad, byte, pow2_from_exponent(-s)[..., None]
+
+
+def _plain_rows(rng, rows, nb):
+    """Rows whose blocks are all plain (scale bytes 3..252 or all zeros), with the plain path's
+    edge cases: amax near the lowest plain byte with float32 subnormal elements beside it (the
+    round-to-nearest path does not flush them), amax near the highest plain byte, E2M1 ties,
+    -0.0, all-zero blocks, and rows spanning more than the 15-binade window (flagged)."""
+    x = rng.standard_normal((rows, nb, 32)).astype(np.float32)
+    x *= np.float32(2.0) ** rng.integers(-20, 20, (rows, nb, 1)).astype(np.float32)
+    x[0] = rng.choice([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, -0.25, -2.5, 6.0, -0.0], (nb, 32))
+    x[1, :, :] = np.float32(2.0**-122) * rng.uniform(1, 1.4, (nb, 32)).astype(np.float32)  # bytes 3..4
+    x[1, :, ::3] = np.float32(1e-39) * rng.choice([-1, 1], (nb, 11)).astype(np.float32)  # subnormals
+    x[2, :, :] = np.float32(2.0**126) * rng.uniform(1, 1.4, (nb, 32)).astype(np.float32)  # bytes 251..252
+    x[3, ::2] = 0.0  # all-zero blocks
+    x[4, 1::2] = -0.0
+    x[5, 0] *= np.float32(2.0**60)  # outside the window: the row is flagged
+    return x.reshape(rows, nb * 32)
+
+
+@pytest.mark.parametrize("scale_mode", SCALE_MODES)
+@pytest.mark.parametrize("rounding", ["nearest", "stochastic"])
+def test_plain_path_equals_general_path(scale_mode, rounding):
+    """The fused kernel's plain path (jax_mxfp4/kernels/fp8_quantize.py, taken when every block
+    of a tile is plain) gives the general path's bits on every plain tile: values (codes), row
+    exponents and flags; stochastic rounding with random uniforms and with u = 0 everywhere in
+    some rows (the case where an unflushed subnormal would round up)."""
+    rng = np.random.default_rng()
+    rows, nb = 12, 6
+    x = _plain_rows(rng, rows, nb)
+    bits, a, amax, bad, byte, inv = _tile_parts(x, scale_mode)
+    b = np.asarray(byte)
+    assert np.all((np.asarray(amax) == 0) | ((b >= fq.PLAIN_MIN_BYTE) & (b <= fq.PLAIN_MAX_BYTE)))
+    assert b[1].min() <= fq.PLAIN_MIN_BYTE + 1 and b[2].max() >= fq.PLAIN_MAX_BYTE - 1  # near both ends
+    u = None
+    if rounding == "stochastic":
+        u = rng.uniform(0, 1, (rows, nb, 32)).astype(np.float32)
+        u[1::2] = 0.0
+        u = jnp.asarray(u)
+    plain = jax.jit(lambda: fq._encode_plain(bits, a, u, inv, amax, byte))()
+    general = jax.jit(lambda: fq._encode_general(bits, a, u, inv, bad, byte))()
+    np.testing.assert_array_equal(np.asarray(plain[0]).view(np.uint32), np.asarray(general[0]).view(np.uint32))
+    np.testing.assert_array_equal(np.asarray(plain[1]), np.asarray(general[1]))
+    np.testing.assert_array_equal(np.asarray(plain[2]), np.asarray(general[2]))
+    assert np.asarray(general[2])[5] & FLAG_EXACT  # the window case is in there
+    assert np.signbit(np.asarray(general[0])[4, 1]).all()  # -0.0 kept
+
+
+def test_plain_path_threshold_is_needed():
+    """Why the plain path's round to nearest needs no subnormal flush from scale byte
+    PLAIN_MIN_BYTE up, and why byte 2 goes to the general path. In NumPy float32 (which keeps
+    subnormals, as a GPU's non-FTZ multiply does; XLA on CPU flushes them, so the jnp paths cannot
+    show it here): the largest float32 subnormal over the scale of byte 3 is below 0.25 (rounds
+    to the flushed zero), over byte 2 above it (would round to 0.5). The kernel on a byte-2 tile
+    gives the reference's bits."""
+    sub = np.frombuffer(np.uint32(0x007FFFFF).tobytes(), np.float32)[0]  # largest subnormal
+    over = lambda byte: sub * np.float32(2.0) ** np.float32(-(byte - 127))  # noqa: E731
+    assert over(fq.PLAIN_MIN_BYTE) < np.float32(0.25) < over(fq.PLAIN_MIN_BYTE - 1)
+    x = np.zeros((1, 32), np.float32)
+    x[0, 0] = np.float32(2.0**-123) * 1.5  # byte 2 in "floor": scale 2^-125
+    x[0, 1] = sub
+    *_, byte, _ = _tile_parts(x, "floor")
+    assert int(byte[0, 0]) == fq.PLAIN_MIN_BYTE - 1
+    got = fq.quantize_fp8_2d(jnp.asarray(x), scale_mode="floor", interpret=True)
+    _assert_same(got, _reference(jnp.asarray(x), 1, "nearest", None, "floor"))
+
+
+@pytest.mark.parametrize("plain_path", [True, False])
+def test_kernel_plain_and_general_tiles(plain_path):
+    """The kernel on a mix of plain tiles and tiles with edge blocks (_hard_rows), with the plain
+    path on and off: the reference's bits either way."""
+    rng = np.random.default_rng()
+    x = jnp.asarray(np.concatenate([np.asarray(_hard_rows(rng, 8, 192, jnp.float32)), _plain_rows(rng, 12, 6)]))
+    cfg = fq.Fp8QuantizeConfig(rows=2, num_warps=4, plain_path=plain_path)
+    for rounding in ("nearest", "stochastic"):
+        key = jax.random.key(int(rng.integers(2**31))) if rounding == "stochastic" else None
+        kd = None if key is None else jax.random.key_data(key)
+        got = fq.quantize_fp8_2d(x, kd, scale_mode="even", cfg=cfg, interpret=True)
+        _assert_same(got, _reference(x, 1, rounding, key))

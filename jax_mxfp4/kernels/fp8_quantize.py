@@ -44,8 +44,18 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from ..mx_format import BLOCK_SIZE, as_e8m0, decode_e2m1, pow2_from_exponent
-from .quantize import _ABS, block_scale_bits, magnitude_code_bits, threefry_uniform
+from ..mx_format import (
+    BLOCK_SIZE,
+    as_e8m0,
+    decode_e2m1,
+    e2m1_magnitude_code,
+    e2m1_nearest_magnitude,
+    e2m1_stochastic_magnitude,
+    pow2_from_exponent,
+)
+from .quantize import _ABS, _MIN_NORMAL_BITS, block_scale_bits, magnitude_code_bits, threefry_uniform
+
+_SIGN = -(2**31)  # int32 sign bit
 
 MAX_ROW = 16384
 """Longest quantized axis the fused kernel takes (whole rows live in registers)."""
@@ -53,16 +63,21 @@ MAX_ROW = 16384
 
 @dataclasses.dataclass(frozen=True)
 class Fp8QuantizeConfig:
-    """``rows`` output rows per program (a power of two) and Triton ``num_warps``."""
+    """``rows`` output rows per program (a power of two), Triton ``num_warps``, and whether tiles
+    of plain blocks take the shorter plain path (:func:`encode_tile`; False: the general path
+    everywhere, as before 2026-12-01: for A/B timing)."""
 
     rows: int = 1
     num_warps: int = 8
+    plain_path: bool = True
 
     def __post_init__(self):
         for name in ("rows", "num_warps"):
             v = getattr(self, name)
-            if v < 1 or v & (v - 1):
-                raise ValueError(f"Fp8QuantizeConfig.{name} must be a power of two, got {v}")
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1 or v & (v - 1):
+                raise ValueError(f"Fp8QuantizeConfig.{name} must be a power of two, got {v!r}")
+        if not isinstance(self.plain_path, bool):
+            raise TypeError(f"Fp8QuantizeConfig.plain_path must be a bool, got {self.plain_path!r}")
 
 
 TILE_ELEMENTS = 8192
@@ -88,28 +103,75 @@ def _pow2_at_least(n):
     return 1 << max(0, (n - 1).bit_length())
 
 
-def encode_tile(bits, u, scale_mode):
+PLAIN_MIN_BYTE, PLAIN_MAX_BYTE = 3, 252
+"""Scale bytes of the blocks the plain path takes (besides all-zero blocks). From 3: a float32
+subnormal element (< 2^-126) over a scale of at least 2^-124 is below 0.25, which rounds to the
+zero that the reference's subnormal flush gives, so round-to-nearest needs no per-element flush;
+bytes 0/1 (flushed codes) and 253/254 (overflow) are :func:`jax_mxfp4.fp8.special_blocks`' and
+0xFF (a NaN/Inf in the block) is the general path's."""
+
+
+def encode_tile(bits, u, scale_mode, plain_path=True):
     """Quantize and encode whole rows held in registers.
 
     Args:
       bits: int32 [R, nb, 32], the float32 bits of R rows of nb 32-element blocks.
       u: float32 uniforms [R, nb, 32] for stochastic rounding, or None (round to nearest even).
       scale_mode: the scale rule.
+      plain_path: take :func:`_encode_plain` (fewer operations per element) when every block of
+        the tile is plain (:data:`PLAIN_MIN_BYTE`), else :func:`_encode_general`; False: always the
+        general path. Both give the same bits (tests/test_fp8_fused.py).
     Returns:
       (float32 values E2M1 x 2^d [R, nb, 32] (exact E4M3 values), scale bytes uint8 [R, nb],
       row_exp int32 [R], row_flag uint8 [R]), as ``encode_rows(quantize(...))``.
     """
+    a = bits & _ABS
+    amax_bits = jnp.max(a, axis=-1)
+    bad, byte, s = block_scale_bits(amax_bits, scale_mode)
+    inv = pow2_from_exponent(-s)[..., None]
+    general = lambda: _encode_general(bits, a, u, inv, bad, byte)  # noqa: E731
+    if not plain_path:
+        return _with_byte(general(), byte)
+    plain = (amax_bits == 0) | ((byte >= PLAIN_MIN_BYTE) & (byte <= PLAIN_MAX_BYTE))
+    all_plain = jnp.min(jnp.min(plain.astype(jnp.int32), axis=-1), axis=-1) != 0
+    out = lax.cond(all_plain, lambda: _encode_plain(bits, a, u, inv, amax_bits, byte), general)
+    return _with_byte(out, byte)
+
+
+def _with_byte(out, byte):
+    vals, row_exp, row_flag = out
+    return vals, byte, row_exp, row_flag
+
+
+def _encode_general(bits, a, u, inv, bad, byte):
+    """Every block kind (NaN/Inf, flushed subnormals, special scale bytes): codes, then values."""
     from ..fp8 import encode_blocks
 
-    a = bits & _ABS
-    bad, byte, s = block_scale_bits(jnp.max(a, axis=-1), scale_mode)
-    inv = pow2_from_exponent(-s)[..., None]
     mag = jnp.where(bad[..., None], 0, magnitude_code_bits(a, inv, u))
     code4 = mag | ((bits >> 28) & 0x8)  # the sign nibble from the input bits (-0.0 kept)
     code4 = jnp.where(bad[..., None], 0, code4)  # NaN/Inf blocks: codes 0 (the reference's)
     d, row_exp, row_flag = encode_blocks(byte.astype(jnp.int32), mag)
-    vals = decode_e2m1(code4) * pow2_from_exponent(d)[..., None]
-    return vals, byte, row_exp, row_flag
+    return decode_e2m1(code4) * pow2_from_exponent(d)[..., None], row_exp, row_flag
+
+
+def _encode_plain(bits, a, u, inv, amax_bits, byte):
+    """Tiles whose blocks are all plain (:data:`PLAIN_MIN_BYTE`): the E2M1 magnitude as a float
+    (:func:`e2m1_nearest_magnitude`, or the stochastic one), times 2^d, the input's sign bit
+    OR-ed in; no code, no decode, no NaN masks; round to nearest takes each block's largest code
+    from its amax (rounding is monotone) instead of a reduction over the elements."""
+    from ..fp8 import encode_block_stats
+
+    if u is None:  # no flush needed (PLAIN_MIN_BYTE)
+        q = e2m1_nearest_magnitude(lax.bitcast_convert_type(a, jnp.float32) * inv)
+        max_mag = e2m1_magnitude_code(lax.bitcast_convert_type(amax_bits, jnp.float32) * inv[..., 0])
+    else:  # any nonzero value can round up: flush subnormal inputs as the reference does
+        a = jnp.where(a < _MIN_NORMAL_BITS, 0, a)
+        q = e2m1_stochastic_magnitude(lax.bitcast_convert_type(a, jnp.float32) * inv, u)
+        max_mag = e2m1_magnitude_code(jnp.max(q, axis=-1))
+    min_nz = jnp.full(max_mag.shape, 8, jnp.int32)  # read only for scale bytes 0/1: none here
+    d, row_exp, row_flag = encode_block_stats(byte.astype(jnp.int32), max_mag, min_nz)
+    v = lax.bitcast_convert_type(q * pow2_from_exponent(d)[..., None], jnp.int32)
+    return lax.bitcast_convert_type(v | (bits & _SIGN), jnp.float32), row_exp, row_flag
 
 
 def _load_rows(ref, r0, br, nbp, mask):
@@ -119,7 +181,7 @@ def _load_rows(ref, r0, br, nbp, mask):
     return plgpu.load(view) if mask is None else plgpu.load(view, mask=mask, other=0)
 
 
-def _kernel(*refs, n_rows, n_blocks, nbp, br, scale_mode, kernel_rng, uniform_input, transposed):
+def _kernel(*refs, n_rows, n_blocks, nbp, br, scale_mode, kernel_rng, uniform_input, transposed, plain_path):
     if kernel_rng:
         x_ref, key_ref, codes_ref, scale_ref, exp_ref, flag_ref = refs
     elif uniform_input:
@@ -154,7 +216,7 @@ def _kernel(*refs, n_rows, n_blocks, nbp, br, scale_mode, kernel_rng, uniform_in
         u = threefry_uniform(key_ref[0], key_ref[1], row * jnp.uint32(n_blocks * BLOCK_SIZE) + col)
     elif uniform_input:  # the reference's draw read in, element-aligned with the output rows
         u = _load_rows(u_ref, r0, br, nbp, omask)
-    vals, byte, row_exp, row_flag = encode_tile(bits, u, scale_mode)
+    vals, byte, row_exp, row_flag = encode_tile(bits, u, scale_mode, plain_path)
     cview = codes_ref.at[pl.ds(r0, br), pl.ds(0, nbp), :]
     sview = scale_ref.at[pl.ds(r0, br), pl.ds(0, nbp)]
     eview, fview = exp_ref.at[pl.ds(r0, br)], flag_ref.at[pl.ds(r0, br)]
@@ -245,7 +307,8 @@ def quantize_fp8_2d(x, key_data=None, uniform=None, *, scale_mode="even", transp
         args.append(uniform.reshape(n_rows, n_blocks, BLOCK_SIZE))
     kernel = functools.partial(_kernel, n_rows=n_rows, n_blocks=n_blocks, nbp=nbp, br=br,
                                scale_mode=scale_mode, kernel_rng=kernel_rng,
-                               uniform_input=uniform is not None, transposed=transposed)
+                               uniform_input=uniform is not None, transposed=transposed,
+                               plain_path=cfg.plain_path)
     codes, byte, row_exp, row_flag = pl.pallas_call(
         kernel,
         out_shape=(
