@@ -257,9 +257,11 @@ def run(args):
             "routing_linear": routing(sizes["linear"]), "rows": rows, "fused_checks": checks}
 
 
-KERNEL_CONFIGS = {False: [(1, 16), (1, 8), (2, 16)], True: [(1, 16), (2, 16), (4, 32)]}
-"""(rows per program, num_warps) timed per layout by ``--kernel`` with round to nearest; the first
-is the default at 8192 (jax_mxfp4.kernels.fp8_quantize.default_config), also timed with SR."""
+KERNEL_CONFIGS = {False: [(1, 16, True), (1, 16, False), (1, 8, True), (1, 4, True), (2, 8, True)],
+                  True: [(1, 16, True), (1, 16, False)]}
+"""(rows per program, num_warps, plain_path) timed per layout by ``--kernel`` with round to
+nearest; the first two (the default tile at 8192, jax_mxfp4.kernels.fp8_quantize.default_config,
+with the plain path on and off) also with SR."""
 
 
 SR_KINDS = (None, "threefry", "rbg")
@@ -317,10 +319,10 @@ def run_kernel(args):
     add("copy bf16 (x + 1)", lambda x, kd: x + jnp.bfloat16(1), 4 * t * k)
     for transposed in (False, True):
         lay = "T" if transposed else "rows"
-        for i, (rows_, warps) in enumerate(KERNEL_CONFIGS[transposed][:2 if args.quick else None]):
-            cfg = fq.Fp8QuantizeConfig(rows=rows_, num_warps=warps)
-            for sr in (SR_KINDS if i == 0 else (None,)):
-                add(f"fused {lay} {sr_name(sr)} rows={rows_} warps={warps}",
+        for i, (rows_, warps, plain) in enumerate(KERNEL_CONFIGS[transposed][:2 if args.quick else None]):
+            cfg = fq.Fp8QuantizeConfig(rows=rows_, num_warps=warps, plain_path=plain)
+            for sr in (SR_KINDS if i < 2 else (None,)):
+                add(f"fused {lay} {sr_name(sr)} rows={rows_} warps={warps}{'' if plain else ' general-only'}",
                     lambda x, kd, tr=transposed, sr=sr, cfg=cfg: fused(x, kd, tr, sr, cfg), moved)
         if transposed:  # training's default (rows mode) for operands quantized along a strided axis
             for sr in SR_KINDS:
