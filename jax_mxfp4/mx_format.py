@@ -260,7 +260,12 @@ def dequantize_blocks(codes: jax.Array, scale_bytes: jax.Array) -> jax.Array:
     flushed to a signed zero explicitly, so CPU (which flushes float32 subnormals) and GPUs (which
     do not) give the same bits. Every product that is kept is a normal float32 and exact.
     """
-    vals = decode_e2m1(codes)
+    return scale_e2m1_values(decode_e2m1(codes), scale_bytes)
+
+
+def scale_e2m1_values(vals: jax.Array, scale_bytes: jax.Array) -> jax.Array:
+    """The rule of :func:`dequantize_blocks` on E2M1 values already decoded (float32 [..., nb, 32],
+    e.g. FP8 E4M3 codes that hold E2M1 values, :mod:`jax_mxfp4.kernels.fp8_fix`)."""
     b = scale_bytes.astype(jnp.int32)[..., None]
     # For byte 0 the scale 2^-127 is subnormal; use (v / 2) x 2^-126 instead (exact).
     factor = pow2_from_exponent(jnp.maximum(b, 1) - 127)

@@ -45,6 +45,7 @@ from jax import lax
 
 from ..array import MXFP4Array
 from ..fp8 import FLAG_EXACT, FLAG_NAN, FP8Prepared, encode_rows_on
+from ..platform import env_switch
 from ..mx_format import as_scale_bytes, pow2_from_exponent
 from ..sharding import canonical_out_sharding, explicit_spec
 from .base import Backend, GemmProblem
@@ -230,9 +231,24 @@ def fp8_gemm(lhs, rhs, out_dtype, precision: str = "default", platform: str = "c
     out = rescale(acc, a.row_exp, b.row_exp, nan_l, nan_r, out_dtype)
     if not _fallback:
         return out
+    if platform == "cuda" and fix_kernel_enabled() and explicit_spec(out) is None:  # no host round trip
+        from ..kernels.fp8_fix import fix_flagged
+
+        return fix_flagged(out, a.codes, as_scale_bytes(a.scales), a.row_exp, a.row_flag,
+                           b.codes, as_scale_bytes(b.scales), b.row_exp, b.row_flag)
     flag_l, flag_r = (a.row_flag & FLAG_EXACT) != 0, (b.row_flag & FLAG_EXACT) != 0
     # flagged rows/columns get the reference's values, NaN rows included (0 x NaN = NaN there)
     return _fix_flagged(out, lhs, rhs, flag_l, flag_r, platform)
+
+
+FIX_KERNEL_ENV = "JAX_MXFP4_FP8_FIX_KERNEL"
+"""Set to 0 to keep the flagged-row recompute on the portable ``lax.while_loop`` on CUDA too."""
+
+
+def fix_kernel_enabled() -> bool:
+    """Whether CUDA recomputes flagged rows/columns with :func:`jax_mxfp4.kernels.fp8_fix.fix_flagged`
+    (default) rather than :func:`_fix_flagged`'s ``lax.while_loop`` ($JAX_MXFP4_FP8_FIX_KERNEL)."""
+    return env_switch(FIX_KERNEL_ENV)
 
 
 def _compute_capability():

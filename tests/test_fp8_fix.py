@@ -1,0 +1,127 @@
+"""The FP8 path's flagged-row recompute kernel (jax_mxfp4/kernels/fp8_fix.py) in the Pallas
+interpreter: exact operand values from the FP8 form against the float64 reference dequantization
+(every E8M0 byte, flushed/overflowing/NaN blocks), and the in-place fix of flagged rows and
+columns against a float64 GEMM, unflagged entries untouched bit for bit."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from test_fp8 import exact64, mk, rand_operand
+
+from jax_mxfp4.fp8 import FLAG_EXACT, FLAG_NAN, prepare_fp8
+from jax_mxfp4.kernels import fp8_fix
+from jax_mxfp4.mx_format import as_scale_bytes
+from mx_reference import dequantize_ref
+
+
+def _fields(x):
+    p = prepare_fp8(x)
+    return p.codes, as_scale_bytes(p.scales), p.row_exp, p.row_flag
+
+
+def test_exact_values_every_byte_and_flag():
+    """Rows in the FP8 window (codes x 2^row_exp), flagged rows (E2M1 values x block scale: every
+    byte 0..254 incl. the flushed 0x00/0x01 and overflowing 0xFD/0xFE blocks) and NaN rows."""
+    rng = np.random.default_rng()
+    k = 256
+    ca, sa = rand_operand(rng, (1, 40, k), span=12, base=140)  # in the window
+    codes = np.tile(np.arange(16, dtype=np.uint8), 2 * k // 16 * 32)[: 32 * k].reshape(32, k)
+    sb = np.arange(256, dtype=np.uint8)[:255]
+    sb = np.concatenate([sb, sb[:1]])  # 256 bytes over 32 rows x 8 blocks, 0xFF left out here
+    ca = np.concatenate([ca, codes[None]], axis=1)
+    sa = np.concatenate([sa, sb.reshape(1, 32, 8)], axis=1)
+    sa[0, 5, 3] = 255  # a NaN block in an otherwise in-window row
+    x = mk(ca, sa)
+    c, s, e, f = _fields(x)
+    f = np.asarray(f)[0]
+    assert (f[40:] & FLAG_EXACT).any() and f[5] & FLAG_NAN and not (f[:40][np.arange(40) != 5] & 3).any()
+    got = np.asarray(fp8_fix.exact_values(c[0].reshape(72, 8, 32), s[0], e[0], f)).reshape(72, k)
+    with np.errstate(over="ignore"):  # float32: the 0xFD/0xFE blocks overflow to Inf
+        want = dequantize_ref(ca[0], sa[0], 1).astype(np.float32)
+    assert np.isinf(want).any() and (want == 0).any()
+    assert np.isnan(got[5]).all()  # a NaN row: every product of its dots is NaN
+    keep = np.arange(72) != 5
+    np.testing.assert_array_equal(got[keep], want[keep])
+    np.testing.assert_array_equal(np.signbit(got[keep]), np.signbit(want[keep]))  # signed zeros
+
+
+@pytest.mark.parametrize("n_flagged", [0, 1, 5])
+@pytest.mark.parametrize("out_dtype", [jnp.float32, jnp.bfloat16])
+def test_fix_flagged_rows_and_columns(n_flagged, out_dtype):
+    """Ragged M and N (not multiples of the tile), flagged lhs rows and rhs columns: those entries
+    equal the float64 GEMM within the float32 accumulation bound, every other entry is the input
+    bit for bit; no flag: the output is the input."""
+    rng = np.random.default_rng()
+    b, m, n, k = 2, 40, 24, 128
+    ca, sa = rand_operand(rng, (b, m, k), span=10, base=140)
+    cb, sb = rand_operand(rng, (b, n, k), span=10)
+    rows = rng.choice(m, size=n_flagged, replace=False)
+    cols = rng.choice(n, size=n_flagged, replace=False)
+    for r in rows:  # a nonzero block far below the row's largest: FLAG_EXACT
+        sa[:, r, 1] = 130 - int(rng.integers(15, 100))
+        ca[:, r, 32] = 2
+    for c in cols:
+        sb[:, c, 0] = 117 - int(rng.integers(15, 60))
+        cb[:, c, 0] = 3
+    a_, b_ = mk(ca, sa), mk(cb, sb)
+    fa, fb = _fields(a_), _fields(b_)
+    assert set(np.flatnonzero(np.asarray(fa[3])[0] & FLAG_EXACT)) == set(rows.tolist())
+    base = jnp.asarray(rng.standard_normal((b, m, n)), out_dtype)  # stands for the FP8 result
+    cfg = fp8_fix.FixConfig(bm=16, bn=16, bk=64, num_warps=4)
+    got = np.asarray(fp8_fix.fix_flagged(base, *fa, *fb, cfg=cfg, interpret=True).astype(jnp.float32), np.float64)
+    fix = np.zeros((b, m, n), bool)
+    fix[:, rows, :] = True
+    fix[:, :, cols] = True
+    before = np.asarray(base.astype(jnp.float32), np.float64)
+    np.testing.assert_array_equal(got[~fix], before[~fix])
+    e, mag = exact64(ca, sa, cb, sb)
+    if out_dtype == jnp.float32:
+        assert (np.abs(got[fix] - e[fix]) <= k * 2.0**-24 * mag[fix]).all()
+    else:  # one bfloat16 rounding of the float32 result
+        assert (np.abs(got[fix] - e[fix]) <= 2.0**-8 * np.abs(e[fix]) + k * 2.0**-24 * mag[fix]).all()
+
+
+def test_fix_flagged_default_tile_and_nan_column():
+    """The default 128 x 128 tile over a 1 x 130 x 70 output (ragged, one program row of two) with
+    a flagged rhs column next to a NaN lhs row: the NaN row stays NaN in the fixed column."""
+    rng = np.random.default_rng()
+    m, n, k = 130, 70, 96
+    ca, sa = rand_operand(rng, (1, m, k), span=8, base=130)
+    cb, sb = rand_operand(rng, (1, n, k), span=8)
+    sa[0, 7, 2] = 255
+    sb[0, 3, 0] = 20
+    cb[0, 3, 0] = 5
+    fa, fb = _fields(mk(ca, sa)), _fields(mk(cb, sb))
+    assert np.asarray(fb[3])[0, 3] & FLAG_EXACT
+    base = jnp.zeros((1, m, n), jnp.float32)
+    got = np.asarray(fp8_fix.fix_flagged(base, *fa, *fb, interpret=True), np.float64)
+    e, mag = exact64(ca, sa, cb, sb)
+    assert np.isnan(got[0, 7, 3]) and np.isnan(e[0, 7, 3])
+    ok = ~np.isnan(e[0, :, 3])
+    assert (np.abs(got[0, ok, 3] - e[0, ok, 3]) <= k * 2.0**-24 * mag[0, ok, 3]).all()
+    others = np.ones((m, n), bool)
+    others[:, 3] = False
+    assert (got[0][others] == 0).all()
+
+
+def test_fix_flagged_errors_and_config():
+    with pytest.raises(ValueError, match="power of two"):
+        fp8_fix.FixConfig(bm=48)
+    with pytest.raises(ValueError, match="bk"):
+        fp8_fix.FixConfig(bk=16)
+    c = jnp.zeros((1, 4, 64), jnp.float8_e4m3fn)
+    s, e, f = jnp.zeros((1, 4, 2), jnp.uint8), jnp.zeros((1, 4), jnp.int32), jnp.zeros((1, 4), jnp.uint8)
+    with pytest.raises(ValueError, match="pair up"):
+        fp8_fix.fix_flagged(jnp.zeros((1, 4, 5)), c, s, e, f, c, s, e, f, interpret=True)
+
+
+def test_fix_flagged_lowers_for_cuda():
+    """The kernel lowers for CUDA (Triton) from this CPU host, at a training-step shape."""
+    sds = jax.ShapeDtypeStruct
+    b, m, n, k = 1, 8192, 8192, 8192
+    args = (sds((b, m, n), jnp.bfloat16), sds((b, m, k), jnp.float8_e4m3fn), sds((b, m, k // 32), jnp.uint8),
+            sds((b, m), jnp.int32), sds((b, m), jnp.uint8), sds((b, n, k), jnp.float8_e4m3fn),
+            sds((b, n, k // 32), jnp.uint8), sds((b, n), jnp.int32), sds((b, n), jnp.uint8))
+    text = jax.jit(fp8_fix.fix_flagged).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+    assert "mxfp4_fp8_fix_flagged" in text
