@@ -23,7 +23,7 @@ for more registers than a 640-thread CTA is launched with (MgpuConfig.k_split_pi
 variants now run the module's own pipeline ("own"), "ks2 jax" keeps jax's for comparison.
 
 Usage: python benchmarks/wgemm_mgpu_check.py --out DIR [--budget 200] [--quick] [--only NAME,NAME,...]
-       [--preflight-timeout S]
+       [--preflight-timeout S] [--ptxas-log]
 """
 
 from __future__ import annotations
@@ -166,7 +166,8 @@ def preflight(names, args, out):
                "--out", os.path.join(out, f"preflight_{i}")]
         t0 = time.time()
         try:
-            r = subprocess.run(cmd, capture_output=True, text=True, timeout=args.preflight_timeout)
+            env = dict(os.environ, **({"MOSAIC_GPU_DUMP_PTXAS": "1"} if args.ptxas_log else {}))
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=args.preflight_timeout, env=env)
             text, how = (r.stdout or "") + (r.stderr or ""), f"exit code {r.returncode}"
         except subprocess.TimeoutExpired as e:
             text = "".join(v.decode(errors="replace") if isinstance(v, bytes) else (v or "")
@@ -175,7 +176,9 @@ def preflight(names, args, out):
         with open(os.path.join(out, f"preflight_{i}.log"), "w") as f:
             f.write(f"{' '.join(cmd)}\n{how}\n{text}")
         checks = [ln for ln in text.splitlines() if ln.startswith("kind=")]
-        print(f"preflight {name} ({time.time() - t0:.0f} s, {how}):\n" + "\n".join(checks[-12:]), flush=True)
+        regs = sorted({ln.strip()[:160] for ln in text.splitlines() if "registers" in ln or "spill" in ln})
+        print(f"preflight {name} ({time.time() - t0:.0f} s, {how}):\n" + "\n".join(checks[-12:] + regs[:8]),
+              flush=True)
         if not any(ln.strip() == f"PREFLIGHT-OK {name}" for ln in text.splitlines()):
             errs = [ln[:400] for ln in checks if ("ok=False" in ln or "error=" in ln) and ln != checks[-1]]
             last = f"; last check line: {checks[-1][:400]}" if checks else "; no check finished"
@@ -191,6 +194,9 @@ def main(argv=None):
     ap.add_argument("--only", default="", help="comma-separated variant names (default: all), in VARIANTS order")
     ap.add_argument("--preflight-timeout", type=float, default=90.0,
                     help="seconds for the child process that first runs the k_split_wgs variants' smoke checks")
+    ap.add_argument("--ptxas-log", action="store_true",
+                    help="preflight children print Mosaic GPU's ptxas log (MOSAIC_GPU_DUMP_PTXAS: registers per "
+                         "thread, spills of each kernel); the summary shows its register/spill lines")
     ap.add_argument("--preflight-child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     names = [nm.strip() for nm in args.only.split(",") if nm.strip()]
