@@ -584,7 +584,8 @@ def test_k_split_index_model_gives_the_product(decode, kw, bk):
 def test_benchmark_k_split_variants_lower_at_their_check_shapes():
     """benchmarks/wgemm_mgpu_check.py's k_split_wgs variants (the lead's GPU run) lower at the
     shapes it checks them at: smoke and edge 16x256x1024 (float32 out), 16x8192x8192 (bfloat16),
-    1x8192x8192 and 40x1024x4096 (float32), with the byte order each variant's name says."""
+    1x8192x8192 and 40x1024x4096 (float32), the preflight bisect shapes, with the byte order each
+    variant's name says."""
     import os
     import sys
 
@@ -598,6 +599,10 @@ def test_benchmark_k_split_variants_lower_at_their_check_shapes():
                                 (16, 8192, 8192, jnp.bfloat16, cfg), (1, 8192, 8192, jnp.float32, cfg),
                                 (40, 1024, 4096, jnp.float32, cfg)):
             assert "mosaic_gpu" in _lowered_text(m, n, k, c, odt, bench.w_order(name), "rows"), (name, m)
+        bisect = bench.bisect_ks(cfg)  # K steps = stages, stages + 1, 2 stages + 1 (preflight child)
+        assert [k // cfg.bk for _, _, k in bisect] == [cfg.stages, cfg.stages + 1, 2 * cfg.stages + 1]
+        for m, n, k in bisect:
+            assert "mosaic_gpu" in _lowered_text(m, n, k, cfg, jnp.float32, bench.w_order(name), "rows"), (name, k)
 
 
 @pytest.mark.skipif(not _mgpu_available(), reason="Mosaic GPU lowering unavailable in this jaxlib")

@@ -38,11 +38,14 @@ warpgroup; optionally reading the E8M0 bytes as stored). Split-K over the grid f
 N/64 tiles are few; float32 partial sums are added afterwards in a fixed order. Otherwise the
 scales arrive as E8M0 bytes in a K-major [K/32, N] layout by TMA and are converted to bfloat16
 in registers (``scales_form``; :func:`jax_mxfp4.prepare_decode` stores weights that way).
-``k_split_wgs`` (2026-12-01, not yet run on a GPU): ONE kernel per call instead of the kernel
+``k_split_wgs`` (2026-12-01; the fixed pipeline not yet run on a GPU): ONE kernel per call instead of the kernel
 plus XLA's split-K sum/transpose/cast (each extra kernel costs ~4-5 us of launch gap at decode
 sizes): the warp-specialized CTA's compute warpgroups share one 64-row tile and split each K
 step between them, warpgroup 0 adds their partial sums in a fixed order and stores the final
-``[mp, N]`` tile of ``out_dtype`` transposed, by TMA (:func:`_k_split_call`).
+``[mp, N]`` tile of ``out_dtype`` transposed, by TMA (:func:`_k_split_call`). Its first H200 run
+(jax 0.11.2) hung with 4 compute warpgroups: jax's ``emit_pipeline_warp_specialized`` asks for
+more registers than the CTA is launched with (MgpuConfig.k_split_pipeline); it now runs its own
+pipeline (:func:`_k_split_own_pipeline`) without register reallocation.
 
 Status: every variant lowers for CUDA on a CPU machine (tests/test_wgemm_mgpu.py). On the H200
 (jax 0.11.2) the ``plgpu.kernel`` launchers are correct, ``raw_scales`` too since session 4
