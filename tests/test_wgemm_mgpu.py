@@ -788,4 +788,4 @@ def test_interpreter_run_catches_a_deadlocking_barrier_count():
     import subprocess
 
     with pytest.raises(subprocess.TimeoutExpired):
-        _run_toy(["4:6:5:5"], timeout=30)
+        _run_toy(["4:6:5:5"], timeout=20)
