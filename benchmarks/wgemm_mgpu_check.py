@@ -11,11 +11,19 @@ Timing: benchmarks/common.py ``time_fn`` (fair method) and ``kernel_time`` (prof
 ratio = time / bf16 time of the same run (< 1 is faster). Each case is caught separately; JSON is
 rewritten after every row. Stops timing new variants after --budget seconds.
 
-``k_split_wgs`` variants ("ks2"/"ks4": one kernel per call, output written by the kernel; not run
-on a GPU before 2026-12-01) are first run in a child process with a time limit (--preflight-timeout):
-a barrier deadlock there is killed and reported, and the run goes on without them.
+``k_split_wgs`` variants ("ks2"/"ks4": one kernel per call, output written by the kernel) are
+first run in child processes, one per variant, each with a time limit (--preflight-timeout): a
+deadlock there is killed and reported, and the run goes on without that variant's structure. The
+child runs the smoke case (16x256x1024: 2 K steps, so 2 stages), then the bisect cases
+16x256xK with K steps = stages, stages + 1 and 2 stages + 1 (the pipeline's slots reused once,
+twice), each line printed as it finishes, so a hang is placed by the last line before it.
+History: on 2026-12-01 (H200, jax 0.11.2) "ks4" hung at the smoke case and "ks2" passed it; the
+cause was ``plgpu.emit_pipeline_warp_specialized``'s ``setmaxnreg`` asking 4 compute warpgroups
+for more registers than a 640-thread CTA is launched with (MgpuConfig.k_split_pipeline); the "ks"
+variants now run the module's own pipeline ("own"), "ks2 jax" keeps jax's for comparison.
 
 Usage: python benchmarks/wgemm_mgpu_check.py --out DIR [--budget 200] [--quick] [--only NAME,NAME,...]
+       [--preflight-timeout S] [--ptxas-log]
 """
 
 from __future__ import annotations
@@ -75,17 +83,27 @@ VARIANTS = {  # name -> MgpuConfig, in order of priority (timing stops at --budg
                                         k_split_wgs=2),
     "ks2 ptx bk512 st5": MgpuConfig(bk=512, split_k=1, stages=5, decode="ptx", warp_specialized=True,
                                     k_split_wgs=2),
+    # jax's plgpu.emit_pipeline_warp_specialized instead of the module's own pipeline (2 compute
+    # warpgroups only: MgpuConfig.k_split_pipeline); the 2026-12-01 "ks2" structure
+    "ks2 jax pairs bk512 st5 P": MgpuConfig(bk=512, split_k=1, stages=5, decode="pairs", warp_specialized=True,
+                                            k_split_wgs=2, k_split_pipeline="jax"),
 }
 # one per structure (launcher x warp specialization x scales x decode x byte order); "k" =
 # plgpu.kernel + emit_pipeline, "ws" = warp-specialized, "raw" = E8M0 bytes [N, K/32] read by the
 # kernel. Session 4's other "ptx" tilings and the "mul" decode: benchmarks/results/session4.
 SMOKE = ["k pairs bk256 s4 st4 P", "k pairs bk256 s4 st4 N", "k ptx bk256 s4 st4", "ws pairs bk256 s2 st4 P",
-         "ks2 pairs bk512 st5 P", "ks4 pairs bk512 st5 P", "ks2 ptx bk512 st5"]
+         "ks2 pairs bk512 st5 P", "ks4 pairs bk512 st5 P", "ks2 ptx bk512 st5", "ks2 jax pairs bk512 st5 P"]
 
 
 def struct(c):
     """A variant's structure (same structure = same code path): decode, launcher, flags."""
-    return (c.decode, c.warp_specialized, c.raw_scales, c.launcher, c.k_split_wgs)
+    return (c.decode, c.warp_specialized, c.raw_scales, c.launcher, c.k_split_wgs, c.k_split_pipeline)
+
+
+def bisect_ks(cfg):
+    """The k_split_wgs bisect cases (m, n, k): 16x256xK with K steps = stages, stages + 1 and
+    2 stages + 1 (the smoke case has 2 steps, so 2 stages and no slot reuse)."""
+    return [(16, 256, cfg.bk * s) for s in sorted({cfg.stages, cfg.stages + 1, 2 * cfg.stages + 1})]
 
 
 def edge_config(cfg):
@@ -134,30 +152,38 @@ def k_split_diagnosis(got, x, q, cfg, odt):
 
 
 def preflight(names, args, out):
-    """Runs the smoke checks of ``names`` in a child process limited to --preflight-timeout
-    seconds, before this process touches the GPU: a kernel that deadlocks (or faults, which
-    would poison this process's CUDA context) is killed with the child instead of ending this
-    run. Returns {name: reason} for the names that did not pass there (left out of this run)."""
+    """Runs the smoke and bisect checks of each of ``names`` in its own child process limited to
+    --preflight-timeout seconds, before this process touches the GPU: a kernel that deadlocks
+    (or faults, which would poison this process's CUDA context) is killed with its child instead
+    of ending this run, and does not hide the other variants. Returns {name: reason} for the
+    names that did not pass there (left out of this run); preflight_<i>.log has each child's
+    output, the last check line before a kill placing the hang."""
     import subprocess
 
-    if not names:
-        return {}
-    cmd = [sys.executable, os.path.abspath(__file__), "--preflight-child", "--only", ",".join(names),
-           "--out", os.path.join(out, "preflight")]
-    t0 = time.time()
-    try:
-        r = subprocess.run(cmd, capture_output=True, text=True, timeout=args.preflight_timeout)
-        text, how = (r.stdout or "") + (r.stderr or ""), f"exit code {r.returncode}"
-    except subprocess.TimeoutExpired as e:
-        text = "".join(v.decode(errors="replace") if isinstance(v, bytes) else (v or "") for v in (e.stdout, e.stderr))
-        how = f"killed after --preflight-timeout {args.preflight_timeout:.0f} s (a hang?)"
-    with open(os.path.join(out, "preflight.log"), "w") as f:
-        f.write(f"{' '.join(cmd)}\n{how}\n{text}")
-    print(f"preflight ({time.time() - t0:.0f} s, {how}):\n{text[-4000:]}", flush=True)
-    ok = {ln.split(" ", 1)[1].strip() for ln in text.splitlines() if ln.startswith("PREFLIGHT-OK ")}
-    errs = [ln for ln in text.splitlines() if "error=" in ln]
-    return {nm: f"{how}; " + " | ".join(ln[:400] for ln in errs if nm in ln)[:1200]
-            for nm in names if nm not in ok}
+    left_out = {}
+    for i, name in enumerate(names):
+        cmd = [sys.executable, os.path.abspath(__file__), "--preflight-child", "--only", name,
+               "--out", os.path.join(out, f"preflight_{i}")]
+        t0 = time.time()
+        try:
+            env = dict(os.environ, **({"MOSAIC_GPU_DUMP_PTXAS": "1"} if args.ptxas_log else {}))
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=args.preflight_timeout, env=env)
+            text, how = (r.stdout or "") + (r.stderr or ""), f"exit code {r.returncode}"
+        except subprocess.TimeoutExpired as e:
+            text = "".join(v.decode(errors="replace") if isinstance(v, bytes) else (v or "")
+                           for v in (e.stdout, e.stderr))
+            how = f"killed after --preflight-timeout {args.preflight_timeout:.0f} s (a hang?)"
+        with open(os.path.join(out, f"preflight_{i}.log"), "w") as f:
+            f.write(f"{' '.join(cmd)}\n{how}\n{text}")
+        checks = [ln for ln in text.splitlines() if ln.startswith("kind=")]
+        regs = sorted({ln.strip()[:160] for ln in text.splitlines() if "registers" in ln or "spill" in ln})
+        print(f"preflight {name} ({time.time() - t0:.0f} s, {how}):\n" + "\n".join(checks[-12:] + regs[:8]),
+              flush=True)
+        if not any(ln.strip() == f"PREFLIGHT-OK {name}" for ln in text.splitlines()):
+            errs = [ln[:400] for ln in checks if ("ok=False" in ln or "error=" in ln) and ln != checks[-1]]
+            last = f"; last check line: {checks[-1][:400]}" if checks else "; no check finished"
+            left_out[name] = (f"{how}{last}; log preflight_{i}.log; " + " | ".join(errs))[:1500]
+    return left_out
 
 
 def main(argv=None):
@@ -168,6 +194,9 @@ def main(argv=None):
     ap.add_argument("--only", default="", help="comma-separated variant names (default: all), in VARIANTS order")
     ap.add_argument("--preflight-timeout", type=float, default=90.0,
                     help="seconds for the child process that first runs the k_split_wgs variants' smoke checks")
+    ap.add_argument("--ptxas-log", action="store_true",
+                    help="preflight children print Mosaic GPU's ptxas log (MOSAIC_GPU_DUMP_PTXAS: registers per "
+                         "thread, spills of each kernel); the summary shows its register/spill lines")
     ap.add_argument("--preflight-child", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     names = [nm.strip() for nm in args.only.split(",") if nm.strip()]
@@ -266,14 +295,21 @@ def main(argv=None):
 
     for name, why in left_out.items():
         record({"kind": "check", "case": f"preflight {name}", "ok": False,
-                "error": f"smoke check in a child process did not pass ({why}); its structure is left out "
-                         "of this run (preflight.log has the child's output)"})
+                "error": f"smoke/bisect checks in a child process did not pass ({why}); its structure is "
+                         "left out of this run"})
     # 1. smoke: one small case per structure (pallas_call / plgpu.kernel warp-specialized, decodes)
     alive = []
     for name in smoke:
         if guarded("check", f"smoke {name}", lambda name=name: check(16, 256, 1024, VARIANTS[name], jnp.float32, name)):
             alive.append(name)
-    if args.preflight_child:
+    if args.preflight_child:  # k_split_wgs: the bisect cases, stopping at the first failure
+        for name in list(alive):
+            cfg = VARIANTS[name]
+            for m, n, k in bisect_ks(cfg) if cfg.k_split_wgs > 1 else ():
+                if not guarded("check", f"bisect {m}x{n}x{k} {name}",
+                               lambda m=m, n=n, k=k, name=name: check(m, n, k, cfg, jnp.float32, name)):
+                    alive.remove(name)
+                    break
         for name in alive:
             print(f"PREFLIGHT-OK {name}", flush=True)
         return

@@ -584,7 +584,8 @@ def test_k_split_index_model_gives_the_product(decode, kw, bk):
 def test_benchmark_k_split_variants_lower_at_their_check_shapes():
     """benchmarks/wgemm_mgpu_check.py's k_split_wgs variants (the lead's GPU run) lower at the
     shapes it checks them at: smoke and edge 16x256x1024 (float32 out), 16x8192x8192 (bfloat16),
-    1x8192x8192 and 40x1024x4096 (float32), with the byte order each variant's name says."""
+    1x8192x8192 and 40x1024x4096 (float32), the preflight bisect shapes, with the byte order each
+    variant's name says."""
     import os
     import sys
 
@@ -598,6 +599,10 @@ def test_benchmark_k_split_variants_lower_at_their_check_shapes():
                                 (16, 8192, 8192, jnp.bfloat16, cfg), (1, 8192, 8192, jnp.float32, cfg),
                                 (40, 1024, 4096, jnp.float32, cfg)):
             assert "mosaic_gpu" in _lowered_text(m, n, k, c, odt, bench.w_order(name), "rows"), (name, m)
+        bisect = bench.bisect_ks(cfg)  # K steps = stages, stages + 1, 2 stages + 1 (preflight child)
+        assert [k // cfg.bk for _, _, k in bisect] == [cfg.stages, cfg.stages + 1, 2 * cfg.stages + 1]
+        for m, n, k in bisect:
+            assert "mosaic_gpu" in _lowered_text(m, n, k, cfg, jnp.float32, bench.w_order(name), "rows"), (name, k)
 
 
 @pytest.mark.skipif(not _mgpu_available(), reason="Mosaic GPU lowering unavailable in this jaxlib")
@@ -629,3 +634,158 @@ def test_default_config_refuses_what_it_cannot_tile():
     with pytest.raises(ValueError, match="multiple of 64"):
         wm.default_mgpu_config(4, 128, 100)
     assert wm.default_mgpu_config(16, 128, 64).bk == 64
+
+
+# ---- k_split_wgs hangs: the 2026-12-01 H200 run hung in "ks4" (4 compute warpgroups) at every K.
+# Two bug classes a CPU machine can catch: a register request the CTA cannot satisfy
+# (setmaxnreg.inc blocks forever), read from the lowered Mosaic GPU module; and a barrier
+# schedule that deadlocks or races (slot reuse when K steps > stages, arrival counts), run in
+# jax's Mosaic GPU interpreter.
+
+def _mosaic_module(lowered_txt):
+    """The Mosaic GPU module inside a lowered custom call (MLIR bytecode in its backend config),
+    printed in generic form."""
+    import re
+
+    from jax._src.interpreters import mlir as jax_mlir
+    from jax.experimental.mosaic.gpu import dialect as mgpu_dialect
+    from jaxlib.mlir import ir
+
+    found = re.search(r'module = "((?:[^"\\]|\\.)*)"', lowered_txt)
+    if found is None:
+        pytest.skip("this jax does not store the Mosaic GPU module as bytecode in the custom call")
+    esc, raw, i = found.group(1), bytearray(), 0
+    while i < len(esc):  # MLIR string attribute escapes: \XX hex, \\ and \"
+        if esc[i] == "\\":
+            if esc[i + 1] in '\\"':
+                raw.append(ord(esc[i + 1]))
+                i += 2
+            else:
+                raw.append(int(esc[i + 1:i + 3], 16))
+                i += 3
+        else:
+            raw += esc[i].encode()
+            i += 1
+    with jax_mlir.make_ir_context() as ctx, ir.Location.unknown():
+        mgpu_dialect.register_dialect(ctx)
+        ctx.allow_unregistered_dialects = True
+        return str(ir.Module.parse(bytes(raw)))
+
+
+def _register_requests(module_txt):
+    """(threads per CTA, setmaxnreg increase values, decrease values) of a Mosaic GPU module."""
+    import re
+
+    launch = re.search(r'gpu\.launch"\(([^)]*)\)', module_txt).group(1).split(", ")
+    consts = dict(re.findall(r'(%\d+) = "[a-z_.]*arith\.constant"\(\) \{value = (\d+) : index\}', module_txt))
+    threads = int(np.prod([int(consts[v]) for v in launch[4:7]]))
+    reqs = re.findall(r'setmaxregister"\(\) \{action = #nvvm<action (increase|decrease)>, regCount = (\d+)', module_txt)
+    return (threads, [int(r) for a, r in reqs if a == "increase"], [int(r) for a, r in reqs if a == "decrease"])
+
+
+def _register_demand_ok(threads, inc, dec):
+    """setmaxnreg requests of a warp-specialized kernel (one TMA warpgroup decreases, the others
+    increase) against the CTA's pool: threads x floor8(65536 / threads) (<= 255 per thread)."""
+    assert len(inc) <= 1 and len(dec) <= 1, (inc, dec)
+    if not inc and not dec:
+        return True
+    wgs = threads // 128
+    demand = 128 * (dec[0] + (wgs - 1) * inc[0])
+    return demand <= threads * (min(255, 65536 // threads) // 8 * 8)
+
+
+@pytest.mark.skipif(not _mgpu_available(), reason="Mosaic GPU lowering unavailable in this jaxlib")
+def test_register_requests_fit_the_cta_pool():
+    """No warp-specialized launcher asks for registers its CTA is not launched with: the "own"
+    k_split pipeline asks none (4 compute warpgroups = 640 threads: ptxas gives <= 96 per
+    thread), jax's pipeline with 2 compute warpgroups asks exactly the pool (40 + 2 x 232 = 3 x
+    168), the two-warpgroup ``warp_specialized`` launcher likewise. The check flags jax's own
+    ``emit_pipeline_warp_specialized`` with 4 compute warpgroups (the 2026-12-01 "ks4" hang:
+    112 per compute thread, 62464 > 61440), with the numbers ``_ws_register_demand`` models."""
+    own = {kw: wm.MgpuConfig(bk=512, split_k=1, stages=5, decode="pairs", warp_specialized=True, k_split_wgs=kw)
+           for kw in (2, 4)}
+    for kw, cfg in own.items():
+        threads, inc, dec = _register_requests(_mosaic_module(_lowered_text(16, 256, 3072, cfg, jnp.float32,
+                                                                            "pairs")))
+        assert (threads, inc, dec) == (128 * (kw + 1), [], []), kw
+    jax_ks2 = dataclasses.replace(own[2], k_split_pipeline="jax")
+    ws = wm.MgpuConfig(bk=256, split_k=2, stages=4, decode="pairs", warp_specialized=True)
+    for cfg in (jax_ks2, ws):
+        threads, inc, dec = _register_requests(_mosaic_module(_lowered_text(16, 256, 2048, cfg, jnp.float32,
+                                                                            "pairs")))
+        assert (threads, inc, dec) == (384, [232], [40]) and _register_demand_ok(threads, inc, dec)
+    assert wm._ws_register_demand(2, 40) == (64512, 64512)
+
+    # jax's pipeline itself with 4 compute warpgroups: flagged
+    from jax.experimental.pallas import mosaic_gpu as plgpu
+
+    def body(x_g, o_g):
+        def step(_, x_s):
+            del x_s
+
+        plgpu.emit_pipeline_warp_specialized(
+            step, grid=(4,), memory_registers=40, wg_axis="wg", num_compute_wgs=4, max_concurrent_steps=2,
+            in_specs=[plgpu.BlockSpec((64, 64), lambda t: (0, t))])(x_g)
+
+    f = plgpu.kernel(body, out_type=jax.ShapeDtypeStruct((8,), jnp.float32), num_threads=5, thread_name="wg")
+    txt = jax.jit(f).trace(jax.ShapeDtypeStruct((64, 256), jnp.float32)).lower(lowering_platforms=("cuda",)).as_text()
+    threads, inc, dec = _register_requests(_mosaic_module(txt))
+    assert (threads, inc, dec) == (640, [112], [40])
+    assert not _register_demand_ok(threads, inc, dec)
+    assert wm._ws_register_demand(4, 40) == (128 * (40 + 4 * 112), 640 * 96)
+
+
+def test_k_split_pipeline_choice_refused_with_the_rule():
+    base = dict(bk=512, split_k=1, stages=5, decode="pairs", warp_specialized=True)
+    assert wm.MgpuConfig(**base, k_split_wgs=2).k_split_pipeline == "own"
+    assert wm.MgpuConfig(**base, k_split_wgs=2, k_split_pipeline="jax").k_split_pipeline == "jax"
+    with pytest.raises(ValueError, match=r'k_split_pipeline="jax" with k_split_wgs=4 would deadlock: .*asks 62464 '
+                                         r"registers of the 61440 a CTA of 640 threads"):
+        wm.MgpuConfig(**base, k_split_wgs=4, k_split_pipeline="jax")
+    with pytest.raises(ValueError, match=r"k_split_pipeline must be one of \('own', 'jax'\), got 'mine'"):
+        wm.MgpuConfig(**base, k_split_wgs=2, k_split_pipeline="mine")
+    with pytest.raises(ValueError, match=r"k_split_pipeline applies to k_split_wgs > 1 only"):
+        wm.MgpuConfig(**base, k_split_pipeline="jax")
+
+
+def _interpreter_available():
+    try:
+        from jax._src.pallas.mosaic_gpu.interpret.params import InterpretGPUParams  # noqa: F401
+    except Exception:  # noqa: BLE001 - a jax without the Mosaic GPU interpreter
+        return False
+    return _mgpu_available()
+
+
+def _run_toy(cases, timeout):
+    import os
+    import subprocess
+    import sys
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    return subprocess.run([sys.executable, os.path.join(here, "mgpu_pipeline_toy.py"), *cases],
+                          capture_output=True, text=True, timeout=timeout,
+                          env=dict(os.environ, JAX_PLATFORMS="cpu"))
+
+
+@pytest.mark.skipif(not _interpreter_available(), reason="jax's Mosaic GPU interpreter unavailable")
+def test_k_split_own_pipeline_schedule_runs_in_the_interpreter():
+    """The "own" pipeline's schedule (the real ``_k_split_own_pipeline``) in jax's Mosaic GPU
+    interpreter (tests/mgpu_pipeline_toy.py): 2 and 4 compute warpgroups, K steps = 2 with 2
+    stages (the smoke case), = stages, stages + 1 and 2 stages + 1 (slots reused once, twice);
+    every result exact, no deadlock (a child process with a time limit)."""
+    cases = ["2:2:2", "4:2:2", "2:5:5", "4:6:5", "2:11:5", "4:11:5"]
+    r = _run_toy(cases, timeout=600)
+    lines = [ln for ln in r.stdout.splitlines() if ln.startswith(("OK", "MISMATCH"))]
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert lines == [f"OK {c.replace(':', ' ')}" for c in cases], (lines, r.stderr[-2000:])
+
+
+@pytest.mark.skipif(not _interpreter_available(), reason="jax's Mosaic GPU interpreter unavailable")
+def test_interpreter_run_catches_a_deadlocking_barrier_count():
+    """The same harness with the consumed barriers expecting one arrival too many (kw + 1, the
+    bug class of counting the releasing warpgroups wrong): the TMA warpgroup waits forever,
+    the child is killed at its time limit instead of passing."""
+    import subprocess
+
+    with pytest.raises(subprocess.TimeoutExpired):
+        _run_toy(["4:6:5:5"], timeout=20)

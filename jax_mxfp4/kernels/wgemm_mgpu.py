@@ -38,11 +38,14 @@ warpgroup; optionally reading the E8M0 bytes as stored). Split-K over the grid f
 N/64 tiles are few; float32 partial sums are added afterwards in a fixed order. Otherwise the
 scales arrive as E8M0 bytes in a K-major [K/32, N] layout by TMA and are converted to bfloat16
 in registers (``scales_form``; :func:`jax_mxfp4.prepare_decode` stores weights that way).
-``k_split_wgs`` (2026-12-01, not yet run on a GPU): ONE kernel per call instead of the kernel
+``k_split_wgs`` (2026-12-01; the fixed pipeline not yet run on a GPU): ONE kernel per call instead of the kernel
 plus XLA's split-K sum/transpose/cast (each extra kernel costs ~4-5 us of launch gap at decode
 sizes): the warp-specialized CTA's compute warpgroups share one 64-row tile and split each K
 step between them, warpgroup 0 adds their partial sums in a fixed order and stores the final
-``[mp, N]`` tile of ``out_dtype`` transposed, by TMA (:func:`_k_split_call`).
+``[mp, N]`` tile of ``out_dtype`` transposed, by TMA (:func:`_k_split_call`). Its first H200 run
+(jax 0.11.2) hung with 4 compute warpgroups: jax's ``emit_pipeline_warp_specialized`` asks for
+more registers than the CTA is launched with (MgpuConfig.k_split_pipeline); it now runs its own
+pipeline (:func:`_k_split_own_pipeline`) without register reallocation.
 
 Status: every variant lowers for CUDA on a CPU machine (tests/test_wgemm_mgpu.py). On the H200
 (jax 0.11.2) the ``plgpu.kernel`` launchers are correct, ``raw_scales`` too since session 4
@@ -76,6 +79,25 @@ _BF16_2P126 = 0x7E80  # bfloat16 bits of 2^126
 _SMEM_BUDGET = 200 * 1024  # bytes of shared memory the pipeline may take (sm_90: 227 KiB)
 K_SPLIT_WGS = (1, 2, 4)  # MgpuConfig.k_split_wgs: compute warpgroups sharing one 64-row tile's K steps
 _K_SLICE_MIN = 64  # K elements of one warpgroup's slice of a step: 32 weight bytes, 128 bytes of x
+K_SPLIT_PIPELINES = ("own", "jax")  # MgpuConfig.k_split_pipeline
+_MEMORY_REGISTERS = 40  # per-thread registers of the TMA warpgroup (memory_registers) in emit_pipeline_warp_specialized
+
+
+def _ws_register_demand(num_compute_wgs: int, memory_registers: int) -> tuple[int, int]:
+    """(registers the ``setmaxnreg`` requests of ``plgpu.emit_pipeline_warp_specialized`` add up to,
+    registers a CTA of its warpgroups is launched with) for ``num_compute_wgs`` compute warpgroups
+    and one TMA warpgroup. Requests: the TMA warpgroup ``memory_registers`` per thread, each compute
+    warpgroup ``floor8(min(256, (512 - memory_registers) / num_compute_wgs))`` (jax's
+    ``pipeline._compute_registers``, jax 0.10.2 to 0.11.x; it divides the whole 64K register file).
+    Pool: ``setmaxnreg.inc`` takes registers from the CTA's pool, the launch allocation, and blocks
+    until enough are there (PTX ISA, "setmaxnreg"); Mosaic GPU launches with a known block size
+    and ``nvvm.minctasm = 1``, so at most ``floor8(65536 / threads)`` (<= 255) registers per
+    thread (ptxas with a launch bound takes that maximum: 168 for 384 threads). Demand > pool:
+    a compute warpgroup waits in ``setmaxnreg.inc`` forever."""
+    threads = 128 * (num_compute_wgs + 1)
+    per_thread = min(255, 65536 // threads) // 8 * 8
+    compute = int(min(256.0, (512 - memory_registers) / num_compute_wgs) // 8 * 8)
+    return 128 * (memory_registers + num_compute_wgs * compute), threads * per_thread
 
 
 def _plgpu():
@@ -119,6 +141,17 @@ class MgpuConfig:
     weight bytes and of x), and their float32 partial sums are added in warpgroup order by
     warpgroup 0, which stores the transposed ``[mp, 64]`` tile by TMA (:func:`_k_split_call`).
     Needs ``warp_specialized=True``, decode "pairs" or "ptx", no ``raw_scales``.
+    k_split_pipeline (k_split_wgs > 1 only): ``"own"`` (default) = this module's warp-specialized
+    pipeline (:func:`_k_split_call`: TMA warpgroup, ready/consumed barriers per stage, NO register
+    reallocation), or ``"jax"`` = ``plgpu.emit_pipeline_warp_specialized``, kept for comparison and
+    for 2 compute warpgroups only: it always runs ``setmaxnreg``, asking per compute thread
+    ``floor8((512 - 40) / k_split_wgs)`` registers (jax's ``_compute_registers``, which assumes the
+    whole 64K register file is the CTA's pool), but a CTA of ``128 (k_split_wgs + 1)`` threads is
+    launched with at most ``floor8(65536 / threads)`` registers per thread, and ``setmaxnreg.inc``
+    blocks until the CTA's pool has the registers (PTX ISA, setmaxnreg): 2 warpgroups ask
+    128 (40 + 2 x 232) = 64512 of a pool of 384 x 168 = 64512 (fits exactly); 4 ask 128 (40 +
+    4 x 112) = 62464 of 640 x 96 = 61440, so the 4th compute warpgroup waits forever (the hang of
+    the 2026-12-01 H200 run), whatever K is; no ``memory_registers`` value fits (:func:`_ws_register_demand`).
     """
 
     bk: int = 256
@@ -130,6 +163,7 @@ class MgpuConfig:
     raw_scales: bool = False
     launcher: str = "pallas_call"
     k_split_wgs: int = 1
+    k_split_pipeline: str = "own"
 
     def __post_init__(self):
         for name in ("bk", "split_k", "stages", "x_swizzle", "k_split_wgs"):
@@ -158,6 +192,9 @@ class MgpuConfig:
             raise ValueError(f"MgpuConfig.x_swizzle must be 32, got {self.x_swizzle}")
         if self.k_split_wgs not in K_SPLIT_WGS:
             raise ValueError(f"MgpuConfig.k_split_wgs must be one of {K_SPLIT_WGS}, got {self.k_split_wgs!r}")
+        if self.k_split_wgs == 1 and self.k_split_pipeline != "own":
+            raise ValueError(f"MgpuConfig.k_split_pipeline applies to k_split_wgs > 1 only, got "
+                             f"k_split_pipeline={self.k_split_pipeline!r} with k_split_wgs=1")
         if self.k_split_wgs > 1:
             if not self.warp_specialized or self.decode not in _PTX_DECODES:
                 raise ValueError('MgpuConfig.k_split_wgs > 1 needs warp_specialized=True and decode="pairs" or "ptx"')
@@ -166,6 +203,17 @@ class MgpuConfig:
                                  f"itself), got split_k={self.split_k}")
             if self.raw_scales:
                 raise ValueError("MgpuConfig.k_split_wgs > 1 does not take raw_scales")
+            if self.k_split_pipeline not in K_SPLIT_PIPELINES:
+                raise ValueError(f"MgpuConfig.k_split_pipeline must be one of {K_SPLIT_PIPELINES}, "
+                                 f"got {self.k_split_pipeline!r}")
+            if self.k_split_pipeline == "jax":
+                need, pool = _ws_register_demand(self.k_split_wgs, _MEMORY_REGISTERS)
+                if need > pool:
+                    raise ValueError(
+                        f'MgpuConfig.k_split_pipeline="jax" with k_split_wgs={self.k_split_wgs} would deadlock: '
+                        f"plgpu.emit_pipeline_warp_specialized's setmaxnreg asks {need} registers of the "
+                        f"{pool} a CTA of {128 * (self.k_split_wgs + 1)} threads is launched with "
+                        '(use k_split_pipeline="own")')
             if self.bk % (self.k_split_wgs * _K_SLICE_MIN):
                 raise ValueError(f"MgpuConfig.k_split_wgs={self.k_split_wgs} needs bk to be a multiple of "
                                  f"{self.k_split_wgs * _K_SLICE_MIN} (each warpgroup's K slice a multiple of "
@@ -546,7 +594,14 @@ def _k_split_call(xs, w_data, scales, *, cfg: MgpuConfig, n: int, mp: int, out_d
     ``out_dtype`` and stores the tile transposed (Mosaic GPU's WGMMA_TRANSPOSED layout into the
     transposed view of a swizzled [mp, 64] buffer), then one TMA store to out[:, tile]. The same
     barrier pattern as the schedule barrier of jax's attention_mgpu.py (num_arrivals = the
-    warpgroups that arrive). Returns ``out_dtype`` [mp, N]."""
+    warpgroups that arrive). Returns ``out_dtype`` [mp, N].
+
+    The pipeline (``cfg.k_split_pipeline``): "own" (:func:`_k_split_own_pipeline`) or "jax"
+    (``plgpu.emit_pipeline_warp_specialized``; 2 compute warpgroups only, MgpuConfig says why).
+    Both: ``stages`` shared-memory slots; step t uses slot t % stages; ready[slot] completes when
+    the slot's TMA copies have landed (every compute warpgroup waits on it), consumed[slot] when
+    all kw compute warpgroups have finished reading it (each arrives once per step, after its
+    WGMMAs were waited for), and the TMA warpgroup waits on it before refilling the slot."""
     plgpu = _plgpu()
     kw = cfg.k_split_wgs
     k_half = w_data.shape[1]
@@ -568,51 +623,94 @@ def _k_split_call(xs, w_data, scales, *, cfg: MgpuConfig, n: int, mp: int, out_d
     stages = _ws_stages(cfg, steps, per_stage, fixed, f"k_split_wgs={kw} with bk={cfg.bk}, K={2 * k_half} and "
                         f"{mp} padded rows")
 
-    def body(*refs, part_smem, o_smem, sum_bar):
-        x_g, (w_g, s_g, out_g) = refs[:nx], refs[nx:]
-        tile = lax.axis_index("cta")
-        wg = lax.axis_index("wg")
+    def mma(wg, x_s, w_s, s_s, acc_ref):
+        """Compute warpgroup ``wg``'s slice of one step (tiles of one slot), waited for."""
+        (b0, bn), (s0, sn), (x0, xn) = _wg_k_slice(wg, cfg.bk, kw, nx)
+        x_w = tuple(r.at[:, pl.ds(x0, xn)] for r in x_s)
+        byt = _load(w_s.at[:, pl.ds(b0, bn)], plgpu.Layout.WGMMA_8BIT)
+        _wgmma_step(x_w, byt, s_s.at[pl.ds(s0, sn)], acc_ref, bn, cfg.decode)
+        plgpu.wgmma_wait(0)
 
-        def mma_body(_, *refs):
-            x_s, w_s, s_s, acc_ref = refs[:nx], refs[nx], refs[nx + 1], refs[nx + 2]
-            (b0, bn), (s0, sn), (x0, xn) = _wg_k_slice(wg, cfg.bk, kw, nx)
-            x_w = tuple(r.at[:, pl.ds(x0, xn)] for r in x_s)
-            byt = _load(w_s.at[:, pl.ds(b0, bn)], plgpu.Layout.WGMMA_8BIT)
-            _wgmma_step(x_w, byt, s_s.at[pl.ds(s0, sn)], acc_ref, bn, cfg.decode)
-            plgpu.wgmma_wait(0)
-            return acc_ref
+    def finish(wg, acc, part_smem, o_smem, sum_bar, out_g, tile):
+        """The partial sums of warpgroups 1..kw-1 into warpgroup 0's, in order; its TMA store."""
+        @pl.when(wg > 0)
+        def _():
+            part_smem[wg - 1] = acc
+            plgpu.barrier_arrive(sum_bar)
 
-        def compute_context(eval_pipeline):
-            @functools.partial(pl.run_scoped, acc_ref=plgpu.ACC((_WG_ROWS, mp), jnp.float32))
-            def _(acc_ref):
-                eval_pipeline(acc_ref)
-                acc = acc_ref[...]
+        @pl.when(wg == 0)
+        def _():
+            plgpu.barrier_wait(sum_bar)
+            total = acc
+            for j in range(kw - 1):  # warpgroup order: a fixed summation order
+                total = total + _load(part_smem.at[j], plgpu.Layout.WGMMA, optimized=False)
+            out_t = plgpu.layout_cast(total.astype(out_dtype), plgpu.Layout.WGMMA_TRANSPOSED)
+            plgpu.transpose_ref(o_smem.at[:, :], (1, 0))[...] = out_t  # .at: jax 0.11 transposes TransformedRefs only
+            plgpu.commit_smem()
+            plgpu.copy_smem_to_gmem(o_smem, out_g.at[:, pl.ds(tile * _WG_ROWS, _WG_ROWS)])
+            plgpu.wait_smem_to_gmem(0)
 
-                @pl.when(wg > 0)
-                def _():
-                    part_smem[wg - 1] = acc
-                    plgpu.barrier_arrive(sum_bar)
+    scratch = dict(part_smem=plgpu.SMEM((kw - 1, _WG_ROWS, mp), jnp.float32),
+                   o_smem=plgpu.SMEM((mp, _WG_ROWS), out_dtype, transforms=o_tr),
+                   sum_bar=plgpu.Barrier(num_arrivals=kw - 1))
 
-                @pl.when(wg == 0)
-                def _():
-                    plgpu.barrier_wait(sum_bar)
-                    total = acc
-                    for j in range(kw - 1):  # warpgroup order: a fixed summation order
-                        total = total + _load(part_smem.at[j], plgpu.Layout.WGMMA, optimized=False)
-                    out_t = plgpu.layout_cast(total.astype(out_dtype), plgpu.Layout.WGMMA_TRANSPOSED)
-                    plgpu.transpose_ref(o_smem.at[:, :], (1, 0))[...] = out_t  # .at: jax 0.11 transposes TransformedRefs only
-                    plgpu.commit_smem()
-                    plgpu.copy_smem_to_gmem(o_smem, out_g.at[:, pl.ds(tile * _WG_ROWS, _WG_ROWS)])
-                    plgpu.wait_smem_to_gmem(0)
+    if cfg.k_split_pipeline == "own":
+        scratch.update(
+            x_smem=[plgpu.SMEM((stages, mp, xcols), jnp.bfloat16, transforms=x_tr) for _ in range(nx)],
+            w_smem=plgpu.SMEM((stages, _WG_ROWS, hb), jnp.uint8, transforms=w_tr),
+            s_smem=plgpu.SMEM((stages, nb, _WG_ROWS), scales.dtype),
+            ready=plgpu.Barrier(num_arrivals=nx + 2, num_barriers=stages),  # one arrival per TMA copy
+            consumed=plgpu.Barrier(num_arrivals=kw, num_barriers=stages))  # one per compute warpgroup
 
-        pipeline = plgpu.emit_pipeline_warp_specialized(
-            mma_body, grid=(steps,), memory_registers=40, wg_axis="wg", num_compute_wgs=kw,
-            max_concurrent_steps=stages, compute_context=compute_context,
-            in_specs=[plgpu.BlockSpec((mp, xcols), lambda t: (0, t), transforms=x_tr)] * nx + [
-                plgpu.BlockSpec((_WG_ROWS, hb), lambda t: (0, t), transforms=w_tr),
-                plgpu.BlockSpec((nb, _WG_ROWS), lambda t: (t, 0))])
-        rows = pl.ds(tile * _WG_ROWS, _WG_ROWS)
-        pipeline(*x_g, w_g.at[rows], s_g.at[:, rows])
+        def body(*refs, part_smem, o_smem, sum_bar, x_smem, w_smem, s_smem, ready, consumed):
+            x_g, (w_g, s_g, out_g) = refs[:nx], refs[nx:]
+            tile = lax.axis_index("cta")
+            wg = lax.axis_index("wg")
+            rows = pl.ds(tile * _WG_ROWS, _WG_ROWS)
+
+            def fetch(t, slot):  # step t's tiles into ``slot``, each copy arriving on ready[slot]
+                for xg, xs_ in zip(x_g, x_smem):
+                    plgpu.copy_gmem_to_smem(xg.at[:, pl.ds(t * xcols, xcols)], xs_.at[slot], ready.at[slot])
+                plgpu.copy_gmem_to_smem(w_g.at[rows, pl.ds(t * hb, hb)], w_smem.at[slot], ready.at[slot])
+                plgpu.copy_gmem_to_smem(s_g.at[pl.ds(t * nb, nb), rows], s_smem.at[slot], ready.at[slot])
+
+            def step(slot, acc_ref):
+                mma(wg, [r.at[slot] for r in x_smem], w_smem.at[slot], s_smem.at[slot], acc_ref)
+
+            def compute_context(run):
+                @functools.partial(pl.run_scoped, acc_ref=plgpu.ACC((_WG_ROWS, mp), jnp.float32))
+                def _(acc_ref):
+                    run(acc_ref)
+                    finish(wg, acc_ref[...], part_smem, o_smem, sum_bar, out_g, tile)
+
+            _k_split_own_pipeline(wg, kw, steps, stages, fetch=fetch, step=step, ready=ready, consumed=consumed,
+                                  compute_context=compute_context)
+
+    else:
+        def body(*refs, part_smem, o_smem, sum_bar):
+            x_g, (w_g, s_g, out_g) = refs[:nx], refs[nx:]
+            tile = lax.axis_index("cta")
+            wg = lax.axis_index("wg")
+
+            def mma_body(_, *refs):
+                x_s, w_s, s_s, acc_ref = refs[:nx], refs[nx], refs[nx + 1], refs[nx + 2]
+                mma(wg, x_s, w_s, s_s, acc_ref)
+                return acc_ref
+
+            def compute_context(eval_pipeline):
+                @functools.partial(pl.run_scoped, acc_ref=plgpu.ACC((_WG_ROWS, mp), jnp.float32))
+                def _(acc_ref):
+                    eval_pipeline(acc_ref)
+                    finish(wg, acc_ref[...], part_smem, o_smem, sum_bar, out_g, tile)
+
+            pipeline = plgpu.emit_pipeline_warp_specialized(
+                mma_body, grid=(steps,), memory_registers=_MEMORY_REGISTERS, wg_axis="wg", num_compute_wgs=kw,
+                max_concurrent_steps=stages, compute_context=compute_context,
+                in_specs=[plgpu.BlockSpec((mp, xcols), lambda t: (0, t), transforms=x_tr)] * nx + [
+                    plgpu.BlockSpec((_WG_ROWS, hb), lambda t: (0, t), transforms=w_tr),
+                    plgpu.BlockSpec((nb, _WG_ROWS), lambda t: (t, 0))])
+            rows = pl.ds(tile * _WG_ROWS, _WG_ROWS)
+            pipeline(*x_g, w_g.at[rows], s_g.at[:, rows])
 
     _check_eager_device(xs[0])
     f = plgpu.kernel(
@@ -621,11 +719,57 @@ def _k_split_call(xs, w_data, scales, *, cfg: MgpuConfig, n: int, mp: int, out_d
         grid=(nt,), grid_names=("cta",),
         num_threads=kw + 1, thread_name="wg",
         compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Lane),
-        scratch_types=dict(part_smem=plgpu.SMEM((kw - 1, _WG_ROWS, mp), jnp.float32),
-                           o_smem=plgpu.SMEM((mp, _WG_ROWS), out_dtype, transforms=o_tr),
-                           sum_bar=plgpu.Barrier(num_arrivals=kw - 1)),
+        scratch_types=scratch,
     )
     return f(*xs, w_data, scales)
+
+
+def _k_split_own_pipeline(wg, kw: int, steps: int, stages: int, *, fetch, step, ready, consumed, compute_context):
+    """The warp-specialized pipeline of :func:`_k_split_call` (``k_split_pipeline="own"``): the
+    schedule of ``plgpu.emit_pipeline_warp_specialized`` (jax 0.11, automatic barriers, no
+    delay_release) without its ``setmaxnreg`` (MgpuConfig.k_split_pipeline says why that
+    deadlocks with 4 compute warpgroups): every warpgroup keeps the registers it is launched with
+    (ptxas: <= floor8(65536 / (128 (kw + 1))) per thread, 96 for kw = 4, 168 for kw = 2; a compute
+    thread holds mp/2 accumulator registers and its decoded slice).
+
+    ``wg``: this warpgroup (0..kw-1 compute, kw the TMA warpgroup); ``stages`` <= ``steps`` slots;
+    ``ready`` / ``consumed``: Barrier arrays of ``stages`` (num_arrivals: the TMA copies per step /
+    ``kw``). Warpgroup kw: ``fetch(t, slot)`` (issue step t's TMA copies into ``slot``, arriving
+    on ready[slot]) for the first ``stages`` steps; then for each step t >= stages it waits
+    consumed[t % stages] (step t - stages was read by every compute warpgroup) and fetches step
+    t into that slot; at the end it waits the last ``stages`` consumed phases, so every phase of
+    every barrier is waited once by every waiting thread, in order (Mosaic GPU keeps the parity
+    per thread). Warpgroups 0..kw-1: ``compute_context(run)``, which calls ``run(carry)`` once;
+    ``run`` does, per step t: wait ready[t % stages], ``step(slot, carry)`` (its reads of the slot
+    finished when it returns), arrive on consumed[t % stages]."""
+    plgpu = _plgpu()
+
+    @pl.when(wg == kw)
+    def _memory():
+        for t in range(stages):  # prologue: stages <= steps (_ws_stages)
+            fetch(t, t)
+
+        @pl.loop(stages, steps)
+        def _(t):
+            slot = lax.rem(t, stages)
+            plgpu.barrier_wait(consumed.at[slot])
+            fetch(t, slot)
+
+        @pl.loop(steps - stages, steps)  # quiesce: the last stages steps' releases
+        def _(t):
+            plgpu.barrier_wait(consumed.at[lax.rem(t, stages)])
+
+    @pl.when(wg < kw)
+    def _compute():
+        def run(carry):
+            @pl.loop(0, steps)
+            def _(t):
+                slot = lax.rem(t, stages)
+                plgpu.barrier_wait(ready.at[slot])
+                step(slot, carry)
+                plgpu.barrier_arrive(consumed.at[slot])
+
+        compute_context(run)
 
 
 SCALE_FORMS = ("rows", "kmajor", "bf16")
