@@ -257,11 +257,11 @@ def run(args):
             "routing_linear": routing(sizes["linear"]), "rows": rows, "fused_checks": checks}
 
 
-KERNEL_CONFIGS = {False: [(1, 16, True), (1, 16, False), (1, 8, True), (1, 4, True), (2, 8, True)],
-                  True: [(1, 16, True), (1, 16, False)]}
-"""(rows per program, num_warps, plain_path) timed per layout by ``--kernel`` with round to
-nearest; the first two (the default tile at 8192, jax_mxfp4.kernels.fp8_quantize.default_config,
-with the plain path on and off) also with SR."""
+KERNEL_CONFIGS = {False: [(1, 16, True, True), (1, 16, False, True), (1, 4, True, True), (1, 4, False, True),
+                          (1, 2, True, True), (2, 4, True, False), (1, 8, True, False)],
+                  True: [(1, 16, True, False)]}
+"""(rows per program, num_warps, plain_path, also with SR) timed per layout by ``--kernel`` with
+round to nearest (and the stochastic roundings where the last field is True)."""
 
 
 SR_KINDS = (None, "threefry", "rbg")
@@ -319,9 +319,9 @@ def run_kernel(args):
     add("copy bf16 (x + 1)", lambda x, kd: x + jnp.bfloat16(1), 4 * t * k)
     for transposed in (False, True):
         lay = "T" if transposed else "rows"
-        for i, (rows_, warps, plain) in enumerate(KERNEL_CONFIGS[transposed][:2 if args.quick else None]):
+        for rows_, warps, plain, with_sr in KERNEL_CONFIGS[transposed][:2 if args.quick else None]:
             cfg = fq.Fp8QuantizeConfig(rows=rows_, num_warps=warps, plain_path=plain)
-            for sr in (SR_KINDS if i < 2 else (None,)):
+            for sr in (SR_KINDS if with_sr else (None,)):
                 add(f"fused {lay} {sr_name(sr)} rows={rows_} warps={warps}{'' if plain else ' general-only'}",
                     lambda x, kd, tr=transposed, sr=sr, cfg=cfg: fused(x, kd, tr, sr, cfg), moved)
         if transposed:  # training's default (rows mode) for operands quantized along a strided axis
