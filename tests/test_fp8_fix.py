@@ -48,7 +48,8 @@ def test_exact_values_every_byte_and_flag():
 
 @pytest.mark.parametrize("n_flagged", [0, 1, 5])
 @pytest.mark.parametrize("out_dtype", [jnp.float32, jnp.bfloat16])
-def test_fix_flagged_rows_and_columns(n_flagged, out_dtype):
+@pytest.mark.parametrize("max_programs", [512, 4])  # one tile per program; 6 tiles over 4 programs
+def test_fix_flagged_rows_and_columns(n_flagged, out_dtype, max_programs):
     """Ragged M and N (not multiples of the tile), flagged lhs rows and rhs columns: those entries
     equal the float64 GEMM within the float32 accumulation bound, every other entry is the input
     bit for bit; no flag: the output is the input."""
@@ -68,7 +69,7 @@ def test_fix_flagged_rows_and_columns(n_flagged, out_dtype):
     fa, fb = _fields(a_), _fields(b_)
     assert set(np.flatnonzero(np.asarray(fa[3])[0] & FLAG_EXACT)) == set(rows.tolist())
     base = jnp.asarray(rng.standard_normal((b, m, n)), out_dtype)  # stands for the FP8 result
-    cfg = fp8_fix.FixConfig(bm=16, bn=16, bk=64, num_warps=4)
+    cfg = fp8_fix.FixConfig(bm=16, bn=16, bk=64, num_warps=4, max_programs=max_programs)
     got = np.asarray(fp8_fix.fix_flagged(base, *fa, *fb, cfg=cfg, interpret=True).astype(jnp.float32), np.float64)
     fix = np.zeros((b, m, n), bool)
     fix[:, rows, :] = True
@@ -108,6 +109,8 @@ def test_fix_flagged_default_tile_and_nan_column():
 def test_fix_flagged_errors_and_config():
     with pytest.raises(ValueError, match="power of two"):
         fp8_fix.FixConfig(bm=48)
+    with pytest.raises(ValueError, match="max_programs"):
+        fp8_fix.FixConfig(max_programs=0)
     with pytest.raises(ValueError, match="bk"):
         fp8_fix.FixConfig(bk=16)
     c = jnp.zeros((1, 4, 64), jnp.float8_e4m3fn)

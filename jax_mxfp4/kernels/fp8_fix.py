@@ -10,8 +10,9 @@ predicate to the host before every trip (a device-to-host sync per GEMM, which s
 GEMMs that XLA's autotuner compiles for every call site (90 s to compile one FP8 GEMM with
 default flags, run a). This kernel replaces it on CUDA:
 
-- grid (batch, M / bm, N / bn); each program reads the flags of its bm rows and bn columns and
-  returns at once when none is set (the common case: a few microseconds for the whole grid);
+- grid (batch, at most :data:`MAX_PROGRAMS`); each program walks a strided list of bm x bn output
+  tiles, reads the flags of each tile's rows and columns and moves on when none is set (the
+  common case: one small read per tile);
 - a program with a flagged row or column recomputes its whole tile from the operands' exact
   values in bfloat16 (every dequantized MXFP4 value, E2M1 x 2^k, is exact in bfloat16) with
   float32 accumulation on tensor cores -- the exact path's arithmetic on CUDA
@@ -41,18 +42,22 @@ from ..mx_format import BLOCK_SIZE, pow2_from_exponent, scale_e2m1_values
 
 @dataclasses.dataclass(frozen=True)
 class FixConfig:
-    """Output tile (bm x bn), K step bk (a multiple of 32) and Triton ``num_warps``."""
+    """Output tile (bm x bn), K step bk (a multiple of 32), Triton ``num_warps``, and the most
+    programs per batch element (:data:`MAX_PROGRAMS`)."""
 
     bm: int = 128
     bn: int = 128
     bk: int = 64
     num_warps: int = 8
+    max_programs: int = 512
 
     def __post_init__(self):
         for name in ("bm", "bn", "bk", "num_warps"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1 or v & (v - 1):
                 raise ValueError(f"FixConfig.{name} must be a power of two, got {v!r}")
+        if isinstance(self.max_programs, bool) or not isinstance(self.max_programs, int) or self.max_programs < 1:
+            raise ValueError(f"FixConfig.max_programs must be a positive int, got {self.max_programs!r}")
         if self.bm < 16 or self.bn < 16 or self.bk < BLOCK_SIZE:
             raise ValueError(f"FixConfig: bm, bn >= 16 (tensor-core tiles) and bk >= {BLOCK_SIZE}, got {self}")
 
@@ -75,10 +80,32 @@ def exact_values(codes, scale_bytes, row_exp, row_flag):
     return jnp.where((flag & FLAG_NAN) != 0, jnp.float32(jnp.nan), v)
 
 
+MAX_PROGRAMS = FixConfig.max_programs
+"""Programs per batch element at most (about 4 per H200 SM): each walks a strided list of output
+tiles, so a result with no flag costs one flag read per tile, not one program launch per tile
+(a grid of one program per 128 x 128 tile took 21 us at 8192^2 and 68 us at 8192x28672 with no
+flag set, session 6 run c)."""
+
+
 def _kernel(fl_ref, fr_ref, ac_ref, as_ref, ae_ref, bc_ref, bs_ref, be_ref, o_in_ref, o_ref, *,
-            m, n, k, cfg: FixConfig):
+            m, n, k, n_prog, cfg: FixConfig):
     del o_in_ref  # aliased with o_ref
-    bi, i0, j0 = pl.program_id(0), pl.program_id(1) * cfg.bm, pl.program_id(2) * cfg.bn
+    bi, p = pl.program_id(0), pl.program_id(1)
+    nj = pl.cdiv(n, cfg.bn)
+    n_tiles = pl.cdiv(m, cfg.bm) * nj
+
+    def tile_step(t, carry):
+        tile_id = p + t * n_prog
+        _fix_tile(fl_ref, fr_ref, ac_ref, as_ref, ae_ref, bc_ref, bs_ref, be_ref, o_ref, bi,
+                  (tile_id // nj) * cfg.bm, (tile_id % nj) * cfg.bn, m=m, n=n, k=k, cfg=cfg)
+        return carry
+
+    lax.fori_loop(0, (n_tiles - p + n_prog - 1) // n_prog, tile_step, 0)
+
+
+def _fix_tile(fl_ref, fr_ref, ac_ref, as_ref, ae_ref, bc_ref, bs_ref, be_ref, o_ref, bi, i0, j0, *, m, n, k,
+              cfg: FixConfig):
+    """One bm x bn output tile: nothing unless one of its rows or columns is flagged."""
     rows = i0 + lax.broadcasted_iota(jnp.int32, (cfg.bm,), 0)
     cols = j0 + lax.broadcasted_iota(jnp.int32, (cfg.bn,), 0)
     rmask, cmask = rows < m, cols < n
@@ -145,13 +172,14 @@ def fix_flagged(out, a_codes, a_scales, a_exp, a_flag, b_codes, b_scales, b_exp,
     if k % BLOCK_SIZE or k % cfg.bk:
         raise ValueError(f"fix_flagged: K={k} must be a multiple of {BLOCK_SIZE} and of bk={cfg.bk}")
     nb = k // BLOCK_SIZE
-    kernel = functools.partial(_kernel, m=m, n=n, k=k, cfg=cfg)
+    n_prog = min(cfg.max_programs, pl.cdiv(m, cfg.bm) * pl.cdiv(n, cfg.bn))
+    kernel = functools.partial(_kernel, m=m, n=n, k=k, n_prog=n_prog, cfg=cfg)
     u8 = lambda c, r: lax.bitcast_convert_type(c, jnp.uint8).reshape(bsz, r, nb, BLOCK_SIZE)  # noqa: E731
     args = (a_flag, b_flag, u8(a_codes, m), a_scales, a_exp, u8(b_codes, n), b_scales, b_exp, out)
     return pl.pallas_call(
         kernel,
         out_shape=jax.ShapeDtypeStruct(out.shape, out.dtype),
-        grid=(bsz, pl.cdiv(m, cfg.bm), pl.cdiv(n, cfg.bn)),
+        grid=(bsz, n_prog),
         input_output_aliases={len(args) - 1: 0},
         compiler_params=plgpu.CompilerParams(num_warps=cfg.num_warps, num_stages=2),
         interpret=interpret,

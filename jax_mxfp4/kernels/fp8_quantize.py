@@ -81,21 +81,28 @@ class Fp8QuantizeConfig:
 
 
 TILE_ELEMENTS = 8192
-"""Default tile: rows x (quantized length rounded up to a power of two) <= this many elements."""
+"""Default tile with stochastic rounding and in the transposed layout: rows x (quantized length
+rounded up to a power of two) <= this many elements."""
 ELEMENTS_PER_THREAD = 16
-"""Default warps: the tile spread at about this many elements per thread (up to 16 warps), so
-that the row's values, codes and (stochastic rounding) Threefry state stay in registers. The
-first H200 run used 4-8 warps for 8192-32768-element tiles (32-128 elements per thread) and was
-several times slower than the unfused passes (register spills, the likely cause)."""
+"""Default warps with stochastic rounding and in the transposed layout: the tile spread at about
+this many elements per thread (up to 16 warps), so that the row's values and the Threefry state
+stay in registers (H200, session 6 run c, 8192x8192 bf16, plain path: SR with an rbg key 0.183 ms
+at 16 warps vs 0.202 at 4, threefry 0.321 vs 0.371)."""
+TILE_ELEMENTS_NEAREST, ELEMENTS_PER_THREAD_NEAREST = 16384, 128
+"""The same for round to nearest along rows: fewer, fuller threads won in the same run (rows=2,
+4 warps: 0.127 ms; rows=1: 4 warps 0.141, 8 warps 0.183, 16 warps 0.190; 2 warps 1.68: spills)."""
 
 
-def default_config(kq: int, itemsize: int, transposed: bool) -> Fp8QuantizeConfig:
-    """Tile for a quantized length ``kq`` (provisional rule, both layouts;
-    ``benchmarks/train_step.py --kernel`` times alternatives on the GPU)."""
-    del itemsize, transposed
+def default_config(kq: int, itemsize: int, transposed: bool, stochastic: bool = False) -> Fp8QuantizeConfig:
+    """Tile for a quantized length ``kq`` (from the H200 sweep of ``benchmarks/train_step.py
+    --kernel``, 8192x8192 bf16; other shapes follow the same elements-per-thread rule)."""
+    del itemsize
+    nearest = not (stochastic or transposed)
+    tile, per_thread = ((TILE_ELEMENTS_NEAREST, ELEMENTS_PER_THREAD_NEAREST) if nearest
+                        else (TILE_ELEMENTS, ELEMENTS_PER_THREAD))
     kp = _pow2_at_least(kq)
-    rows = max(1, min(16, TILE_ELEMENTS // kp))
-    warps = max(4, min(16, _pow2_at_least(rows * kp // (32 * ELEMENTS_PER_THREAD))))
+    rows = max(1, min(16, tile // kp))
+    warps = max(4, min(16, _pow2_at_least(rows * kp // (32 * per_thread))))
     return Fp8QuantizeConfig(rows=rows, num_warps=warps)
 
 
@@ -294,7 +301,8 @@ def quantize_fp8_2d(x, key_data=None, uniform=None, *, scale_mode="even", transp
     if kq > MAX_ROW:
         raise ValueError(f"quantize_fp8_2d: quantized axis length {kq} > MAX_ROW = {MAX_ROW}")
     if cfg is None:
-        cfg = default_config(kq, jnp.dtype(x.dtype).itemsize, transposed)
+        cfg = default_config(kq, jnp.dtype(x.dtype).itemsize, transposed,
+                             stochastic=key_data is not None or uniform is not None)
     n_blocks = kq // BLOCK_SIZE
     nbp = _pow2_at_least(n_blocks)
     br = min(cfg.rows, _pow2_at_least(n_rows))
