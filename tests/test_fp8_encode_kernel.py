@@ -30,8 +30,9 @@ def _as_bytes(v):
     return v.view(np.uint8) if v.dtype == ml_dtypes.float8_e4m3fn else v
 
 
+@pytest.mark.parametrize("chunk", [256, 4])  # the default (one step for K <= 8192) and many loop steps
 @pytest.mark.parametrize("rows,k,rpp", [(8, 64, 8), (13, 1024, 8), (33, 96, 4), (5, 1280, 8), (1, 32, 8)])
-def test_kernel_matches_encode_rows(rows, k, rpp):
+def test_kernel_matches_encode_rows(rows, k, rpp, chunk):
     rng = np.random.default_rng()
     data = rng.integers(0, 256, (rows, k // 2), dtype=np.uint8)
     sb = rng.integers(100, 150, (rows, k // 32)).astype(np.uint8)
@@ -63,7 +64,8 @@ def test_kernel_matches_encode_rows(rows, k, rpp):
             data[5, :16] = 0
             sb[5, 0] = 10
     want = encode_rows(jnp.asarray(data), jnp.asarray(sb))
-    got = encode_rows_kernel(jnp.asarray(data), jnp.asarray(sb), rows_per_program=rpp, interpret=True)
+    got = encode_rows_kernel(jnp.asarray(data), jnp.asarray(sb), rows_per_program=rpp, chunk_blocks=chunk,
+                             interpret=True)
     for w, g, name in zip(want, got, ("codes", "row_exp", "row_flag")):
         np.testing.assert_array_equal(_as_bytes(g), _as_bytes(w), err_msg=name)
     if rows > 3 and nb > 1:

@@ -25,7 +25,12 @@ from jax.experimental.pallas import triton as plgpu
 
 from ..mx_format import BLOCK_SIZE, E8M0_NAN
 
-MAX_CHUNK_BLOCKS = 32  # blocks per loop step (1024 elements of a row)
+MAX_CHUNK_BLOCKS = 256
+"""Blocks per loop step (8192 elements of a row). Was 32 until session 6: each step of each pass
+is a dependent load, and 16 such steps per 8192-element row left the kernel latency-bound (23 us
+for a 1024 x 8192 operand, 129 us for 8192 x 8192 on an H200, run c)."""
+STEP_ELEMENTS = 8192
+"""Elements per program and loop step at most (rows x chunk): 64 per thread at 4 warps."""
 
 
 def e4m3_byte(nibble, d):
@@ -106,9 +111,9 @@ def _encode_kernel(data_ref, scale_ref, codes_ref, exp_ref, flag_ref, *, n_rows,
     plgpu.store(flag_ref.at[pl.ds(r0, br)], row_flag.astype(jnp.uint8), mask=rmask)
 
 
-def _chunk_blocks(n_blocks: int) -> int:
-    """Largest power of two <= MAX_CHUNK_BLOCKS dividing n_blocks (the loop needs equal chunks)."""
-    return min(MAX_CHUNK_BLOCKS, n_blocks & -n_blocks)
+def _chunk_blocks(n_blocks: int, cap: int = MAX_CHUNK_BLOCKS) -> int:
+    """Largest power of two <= cap dividing n_blocks (the loop needs equal chunks)."""
+    return min(cap, n_blocks & -n_blocks)
 
 
 MIN_PROGRAMS = 1024
@@ -117,18 +122,18 @@ operand ran as 128 programs, under one per SM, and took 27.7 us of a 176 us 1024
 GEMM call (session 6 run b profile); more programs keep every SM's loads in flight."""
 
 
-def default_rows_per_program(n_rows: int) -> int:
-    """Rows per program: 8 where that still gives :data:`MIN_PROGRAMS` programs, else fewer
-    (a power of two, at least 1)."""
+def default_rows_per_program(n_rows: int, chunk_blocks: int = 32) -> int:
+    """Rows per program: 8 where that still gives :data:`MIN_PROGRAMS` programs and keeps a loop
+    step within :data:`STEP_ELEMENTS`, else fewer (a power of two, at least 1)."""
     rows = 8
-    while rows > 1 and n_rows // rows < MIN_PROGRAMS:
+    while rows > 1 and (n_rows // rows < MIN_PROGRAMS or rows * chunk_blocks * BLOCK_SIZE > STEP_ELEMENTS):
         rows //= 2
     return rows
 
 
-@functools.partial(jax.jit, static_argnames=("rows_per_program", "num_warps", "interpret"))
+@functools.partial(jax.jit, static_argnames=("rows_per_program", "num_warps", "chunk_blocks", "interpret"))
 def encode_rows_kernel(data, scale_bytes, *, rows_per_program: int | None = None, num_warps: int = 4,
-                       interpret: bool = False):
+                       chunk_blocks: int = MAX_CHUNK_BLOCKS, interpret: bool = False):
     """:func:`jax_mxfp4.fp8.encode_rows` for 2-D operands in one Pallas kernel (bit-identical).
 
     Args:
@@ -136,6 +141,7 @@ def encode_rows_kernel(data, scale_bytes, *, rows_per_program: int | None = None
       scale_bytes: E8M0 scales [R, K/32], uint8 bytes or float8_e8m0fnu (read bit for bit), plain layout.
       rows_per_program: rows owned by one program (a power of two); None:
         :func:`default_rows_per_program`.
+      chunk_blocks: most 32-element blocks of a row per loop step (a power of two).
       interpret: run the Pallas interpreter (CPU tests).
     Returns:
       (codes float8_e4m3fn [R, K], row_exp int32 [R], row_flag uint8 [R]).
@@ -149,8 +155,11 @@ def encode_rows_kernel(data, scale_bytes, *, rows_per_program: int | None = None
     if data.ndim != 2:
         raise ValueError(f"encode_rows_kernel: data must be 2-D [R, K/2], got shape {data.shape}")
     check_packed_rows(data, scale_bytes)
+    if isinstance(chunk_blocks, bool) or not isinstance(chunk_blocks, int) or chunk_blocks < 1 or chunk_blocks & (chunk_blocks - 1):
+        raise ValueError(f"chunk_blocks must be a power of two >= 1, got {chunk_blocks!r}")
     if rows_per_program is None:
-        rows_per_program = default_rows_per_program(data.shape[0])
+        rows_per_program = default_rows_per_program(
+            data.shape[0], _chunk_blocks(max(1, data.shape[-1] * 2 // BLOCK_SIZE), chunk_blocks))
     if (isinstance(rows_per_program, bool) or not isinstance(rows_per_program, int) or rows_per_program < 1
             or rows_per_program & (rows_per_program - 1)):
         raise ValueError(f"rows_per_program must be a power of two >= 1, got {rows_per_program!r}")
@@ -162,7 +171,7 @@ def encode_rows_kernel(data, scale_bytes, *, rows_per_program: int | None = None
         return encode_rows(data, scale_bytes)
     n_blocks = half * 2 // BLOCK_SIZE
     br = min(rows_per_program, 1 << max(0, (n_rows - 1).bit_length()))
-    nbc = _chunk_blocks(n_blocks)
+    nbc = _chunk_blocks(n_blocks, chunk_blocks)
     kernel = functools.partial(_encode_kernel, n_rows=n_rows, br=br, nbc=nbc, n_chunks=n_blocks // nbc)
     codes, row_exp, row_flag = pl.pallas_call(
         kernel,
