@@ -347,13 +347,15 @@ def fp8_checks():
     for p in ("default", "high"):
         for odt in (jnp.float32, jnp.bfloat16):
             hlo = jax.jit(lambda a, b: fb.fp8_gemm(a, b, odt, p, platform)).lower(qa, qa).compile().as_text()
-            # cuBLASLt's FP8 GEMM, or a Triton GEMM fusion whose dot reads f8 operands (on the H200
-            # at DEFAULT, 2026-11-30, the cuBLASLt call was absent: XLA picked another FP8 kernel)
+            # cuBLASLt's FP8 GEMM, or a GEMM fusion (Triton) whose dot reads f8 operands: on the H200
+            # at DEFAULT XLA picked such a fusion (2026-11-30; 2026-12-01: named gemm_fusion_dot*,
+            # which the former test for the string "__triton_gemm" missed), not an upcast
             cublas = "__cublas$lt$matmul$f8" in hlo
-            triton_f8 = "__triton_gemm" in hlo and "f8e4m3fn" in hlo
-            add(f"fp8 {p} {jnp.dtype(odt).name}: an FP8 GEMM in the HLO (cuBLASLt or Triton)",
-                cublas or triton_f8, cublas=cublas, triton_f8=triton_f8,
-                custom_calls=sorted(set(re.findall(r'custom_call_target="([^"]+)"', hlo))))
+            f8_dot = re.search(r"\bdot\(f8e4m3fn\[", hlo)
+            add(f"fp8 {p} {jnp.dtype(odt).name}: an FP8 GEMM in the HLO (cuBLASLt or a fused f8 dot)",
+                cublas or f8_dot is not None, cublas=cublas, f8_dot=f8_dot is not None,
+                custom_calls=sorted(set(re.findall(r'custom_call_target="([^"]+)"', hlo))),
+                dots=re.findall(r"\bdot\([a-z0-9]+\[", hlo)[:4])
     # 2. error against the exact result: random and adversarial data
     xla = jax.jit(lambda a, b: mx.dot_general(a, b, (((2,), (2,)), ((0,), (0,))), recipe=XLA))
     for k in (1024, 8192):
