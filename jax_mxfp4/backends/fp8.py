@@ -8,8 +8,9 @@ Pipeline (``../shared/reference/gpu-speed.md`` §3):
 2. XLA's FP8 ``dot_general`` (cuBLASLt ``__cublas$lt$matmul$f8`` on CUDA; XLA on CPU upcasts the
    codes to float32), float32 accumulation requested (bfloat16 output for a bfloat16 result on
    CUDA: rounding there and scaling by a power of two commute);
-3. the exact power-of-two rescale 2^(e_row + e_col), fused by XLA with the output conversion
-   (a single rounding; applied as two factors so that no intermediate leaves float32's range);
+3. the exact power-of-two rescale 2^(e_row + e_col) with the output conversion (a single
+   rounding; applied as two factors so that no intermediate leaves float32's range): one XLA
+   fusion, on CUDA one Pallas kernel (:func:`rescale_on`, :mod:`jax_mxfp4.kernels.rescale`);
 4. rows or columns flagged by step 1 (outside the 15-binade window, or holding elements that
    the reference flushes to zero or overflows to Inf) are recomputed on the exact path (backend
    "xla"'s arithmetic: float32 HIGHEST, on CUDA the same values as bfloat16 operands on tensor
