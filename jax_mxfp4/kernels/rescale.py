@@ -30,7 +30,8 @@ elements per thread). PROVISIONAL, to be set from benchmarks/rescale.py on an H2
 def _rescale_kernel(acc_ref, el_ref, er_ref, nl_ref, nr_ref, out_ref, *, m, n, bm, bn):
     from ..backends.fp8 import rescale_elements  # the rule lives there (it imports this module lazily)
 
-    b, r0, c0 = pl.program_id(0), pl.program_id(1) * bm, pl.program_id(2) * bn
+    # grid (B, N tiles, M tiles): consecutive programs (CUDA's y, after the batch in x) walk along a row
+    b, c0, r0 = pl.program_id(0), pl.program_id(1) * bn, pl.program_id(2) * bm
     rmask = (r0 + lax.broadcasted_iota(jnp.int32, (bm,), 0)) < m if m % bm else None
     cmask = (c0 + lax.broadcasted_iota(jnp.int32, (bn,), 0)) < n if n % bn else None
     if rmask is None and cmask is None:
@@ -105,7 +106,7 @@ def rescale_kernel(acc, e_lhs, e_rhs, nan_rows, nan_cols, out_dtype, *, block=No
     out = pl.pallas_call(
         kernel,
         out_shape=jax.ShapeDtypeStruct((bsz * m, n), out_dtype),
-        grid=(bsz, pl.cdiv(m, bm), pl.cdiv(n, bn)),
+        grid=(bsz, pl.cdiv(n, bn), pl.cdiv(m, bm)),
         compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
         interpret=interpret,
         name="mxfp4_fp8_rescale",
