@@ -94,10 +94,29 @@ fused kernel takes 0.146-0.160 ms along rows against 0.215 ms for the unfused pa
 
 
 # ----------------------------------------------------------------------------- helpers
-def _canonical(x, contracting, batch, pad_k: bool, name: str = "operand"):
-    """float x -> [B, F, K] (:func:`jax_mxfp4.dims.to_bfk`), K zero-padded to 32 if asked."""
+def _canonical(x, contracting, batch, pad_k: bool, name: str = "operand", kn: bool = False):
+    """float x -> [B, F, K] (:func:`jax_mxfp4.dims.to_bfk`), K zero-padded to 32 if asked;
+    ``kn``: -> [B, K, F] instead (the rhs of :func:`_kn_layout`: a reshape, no transpose)."""
+    if kn:
+        free = dims.free_dims(x.ndim, contracting, batch)
+        x3 = dims.merge3(jnp.transpose(x, tuple(batch) + tuple(contracting) + free), len(batch), len(contracting))
+        return _pad_axis(x3, 1) if pad_k else x3
     x3 = dims.to_bfk(x, contracting, batch, name)
     return _pad_axis(x3, 2) if pad_k else x3
+
+
+def _kn_layout(rhs, contracting, batch) -> bool:
+    """Whether the custom VJP holds the float rhs as [B, K, N] rather than the canonical [B, N, K]:
+    where its contracting dims all precede its free dims (a Flax/``dense`` kernel [K, N]), outside
+    explicit sharding (whose canonical shardings :func:`jax_mxfp4.dims.to_bfk` derives).
+
+    Why: wgrad's GEMM then writes dW in the rhs's own layout ([B, K, N] = dW up to a reshape),
+    where the canonical form made it [B, N, K] and XLA transposed it back to [K, N] afterwards (on
+    the fp8 backend after the exact-row ``while_loop``, so the transpose could not be folded into
+    the GEMM: one 8192 x 8192 bf16 transpose pass per step in the H200 profile of 2026-12-01).
+    fprop and dgrad read the canonical ``swapaxes(b, 1, 2)``, the same operand as before."""
+    free = dims.free_dims(len(rhs.shape), contracting, batch)
+    return bool(free) and max(contracting) < min(free) and shd.explicit_spec(rhs) is None
 
 
 def _out_sharding_3d(g, w, g_axis, w_axis):
@@ -296,8 +315,10 @@ def _fprop(a, b, recipe: Recipe, out_dtype, fprop_seed):
 
 
 def _grad_gemm(g, w, g_axis, w_axis, precision, key, recipe: Recipe, hadamard_seed=None, w_swap=False,
-               grad_dtype=jnp.float32):
-    """Contract g (the incoming gradient) along ``g_axis`` with w along ``w_axis``, batch dim 0.
+               grad_dtype=jnp.float32, w_first=False):
+    """Contract g (the incoming gradient) along ``g_axis`` with w along ``w_axis``, batch dim 0:
+    [B, g free, w free], or with ``w_first`` [B, w free, g free] (w is then the GEMM's lhs and g
+    its rhs: the same quantized operands and products, the output in the other layout).
 
     Returns float32, or ``grad_dtype`` (the dtype the caller casts the gradient to) on the fused
     FP8 route: the fp8 backend rounds its float32 result to it once, so the value is that of the
@@ -307,8 +328,9 @@ def _grad_gemm(g, w, g_axis, w_axis, precision, key, recipe: Recipe, hadamard_se
     g quantized with ``recipe.grad_rounding`` (key ``key``), w with round-to-nearest-even.
     """
     contraction = (((g_axis,), (w_axis,)), ((0,), (0,)))
-    if precision == "bf16":
-        return _bf16_gemm(g, w, contraction)
+    if precision == "bf16":  # XLA's own dot, which folds the swap into the dot's layout
+        out = _bf16_gemm(g, w, contraction)
+        return jnp.swapaxes(out, 1, 2) if w_first else out
     # Under an explicit mesh a contraction whose shards would split a (padded) 32-block is
     # regathered first, as XLA does on an Auto mesh (e.g. 48 or 100 tokens per device in wgrad).
     padded = -(-g.shape[g_axis] // BLOCK_SIZE) * BLOCK_SIZE
@@ -316,18 +338,21 @@ def _grad_gemm(g, w, g_axis, w_axis, precision, key, recipe: Recipe, hadamard_se
     g, w = _pad_axis(g, g_axis), _pad_axis(w, w_axis)
     rounding = recipe.grad_rounding
     gkey = key if rounding == "stochastic" else None
+    order = (lambda p, q: (q, p)) if w_first else (lambda p, q: (p, q))  # noqa: E731  -> (lhs, rhs)
+    dims_ = (order((g_axis,), (w_axis,)), ((0,), (0,)))
     if hadamard_seed is not None:  # one fused rotate+quantize pass on GPUs (quantize_rotated)
         h = (recipe.hadamard_block, hadamard_seed)
         gq = quantize_rotated(g, g_axis, h, scale_mode=recipe.scale_mode, rounding=rounding, key=gkey)
         wq = quantize_rotated(w, w_axis, h, scale_mode=recipe.scale_mode)
-        return gemm.dot_general(gq, wq, contraction, preferred_element_type=jnp.float32, recipe=recipe)
-    route = _fused_route(g, w, contraction, grad_dtype, recipe)
+        return gemm.dot_general(*order(gq, wq), dims_, preferred_element_type=jnp.float32, recipe=recipe)
+    route = _fused_route(*order(g, w), dims_, grad_dtype, recipe)
     gq = _fp8_operand(g, g_axis, recipe.scale_mode, route, rounding, gkey)
     wq = _fp8_operand(w, w_axis, recipe.scale_mode, route, swap=w_swap)
     # On backend "fp8" the GEMM writes ``grad_dtype`` directly (the float32 result rounded once,
     # the caller's cast: same value) instead of a float32 [M, N] array cast afterwards.
-    out_dtype = grad_dtype if route is not None or _routes_to_fp8(g, w, contraction, grad_dtype, recipe) else jnp.float32
-    return gemm.dot_general(gq, wq, contraction, preferred_element_type=out_dtype, recipe=recipe)
+    fp8 = route is not None or _routes_to_fp8(*order(g, w), dims_, grad_dtype, recipe)
+    out_dtype = grad_dtype if fp8 else jnp.float32
+    return gemm.dot_general(*order(gq, wq), dims_, preferred_element_type=out_dtype, recipe=recipe)
 
 
 def rounding_key(key, dy, site: int, tag: int):
@@ -346,12 +371,13 @@ def _dgrad(dy, b, recipe: Recipe, site: int, key=None, grad_dtype=jnp.float32):
     return _grad_gemm(dy, b, 2, 1, recipe.dgrad, key, recipe, hadamard_seed=seed, w_swap=True, grad_dtype=grad_dtype)
 
 
-def _wgrad(dy, a, recipe: Recipe, site: int, key=None, grad_dtype=jnp.float32):
-    """dB [B, N, K] = dYᵀ · a, both [B, M, ·], contracted along the token axis M (float32; ``grad_dtype`` on the fused FP8 route)."""
+def _wgrad(dy, a, recipe: Recipe, site: int, key=None, grad_dtype=jnp.float32, kn=False):
+    """dB [B, N, K] = dYᵀ · a, both [B, M, ·], contracted along the token axis M (float32; ``grad_dtype`` on the fused FP8 route).
+    ``kn``: dB as [B, K, N] = aᵀ · dY (:func:`_kn_layout`), the GEMM's own output layout."""
     mx = recipe.wgrad == "mxfp4"
     key = rounding_key(key, dy, site, WGRAD_TAG) if mx and recipe.grad_rounding == "stochastic" else None
     seed = site if (mx and "wgrad" in recipe.hadamard_passes) else None
-    return _grad_gemm(dy, a, 1, 1, recipe.wgrad, key, recipe, hadamard_seed=seed, grad_dtype=grad_dtype)
+    return _grad_gemm(dy, a, 1, 1, recipe.wgrad, key, recipe, hadamard_seed=seed, grad_dtype=grad_dtype, w_first=kn)
 
 
 def _materialize(dy):
@@ -362,19 +388,26 @@ def _materialize(dy):
 
 # ----------------------------------------------------------------------------- float x float
 # ``key`` (a PRNG key or None) is a primal argument with no cotangent: it may be a tracer.
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4, 5))
-def _mx_gemm(a, b, recipe, out_dtype, site, fprop_seed, key):
-    return _fprop(a, b, recipe, out_dtype, fprop_seed)
+# ``b_kn``: ``b`` is held as [B, K, N] (:func:`_kn_layout`), else canonical [B, N, K].
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4, 5, 6))
+def _mx_gemm(a, b, recipe, out_dtype, site, fprop_seed, b_kn, key):
+    return _fprop(a, _nk(b, b_kn), recipe, out_dtype, fprop_seed)
 
 
-def _mx_gemm_fwd(a, b, recipe, out_dtype, site, fprop_seed, key):
-    return _fprop(a, b, recipe, out_dtype, fprop_seed), (a, b, key)
+def _nk(b, b_kn):
+    """The canonical [B, N, K] rhs (a [B, K, N] one swapped; XLA cancels the swap against the
+    transposes the passes apply to the weight, as it did with the canonical form)."""
+    return jnp.swapaxes(b, 1, 2) if b_kn else b
 
 
-def _mx_gemm_bwd(recipe, out_dtype, site, fprop_seed, res, dy):
+def _mx_gemm_fwd(a, b, recipe, out_dtype, site, fprop_seed, b_kn, key):
+    return _fprop(a, _nk(b, b_kn), recipe, out_dtype, fprop_seed), (a, b, key)
+
+
+def _mx_gemm_bwd(recipe, out_dtype, site, fprop_seed, b_kn, res, dy):
     a, b, key = res
-    da = shd.like(_dgrad(dy, b, recipe, site, key, grad_dtype=a.dtype).astype(a.dtype), a)
-    db = shd.like(_wgrad(dy, a, recipe, site, key, grad_dtype=b.dtype).astype(b.dtype), b)
+    da = shd.like(_dgrad(dy, _nk(b, b_kn), recipe, site, key, grad_dtype=a.dtype).astype(a.dtype), a)
+    db = shd.like(_wgrad(dy, a, recipe, site, key, grad_dtype=b.dtype, kn=b_kn).astype(b.dtype), b)
     return da, db, None
 
 
@@ -423,23 +456,24 @@ def _mixed_bwd(dimension_numbers, out_dtype, recipe, site, res, dy):
     a = _canonical(lf, lc, lb, pad_k=False)
     b = _canonical(rf, rc, rb, pad_k=False)
     dy3 = dims.merge3(dy, len(lb), len(dims.free_dims(lf.ndim, lc, lb)))  # [B, M, N]
+    rhs_kn = not isinstance(rhs, _QUANTIZED) and _kn_layout(rhs, rc, rb)
 
-    def grad_of(x, contracting, batch, canonical_grad, side):
+    def grad_of(x, contracting, batch, canonical_grad, side, kn=False):
         # no gradient for a pre-quantized operand; else pull the canonical [B, F, K] gradient
-        # back through the transpose/reshape (and the Hadamard rotation matching a rotated
-        # MXFP4Array operand, gemm.match_rotation) onto x's logical shape
+        # ([B, K, F] with ``kn``) back through the transpose/reshape (and the Hadamard rotation
+        # matching a rotated MXFP4Array operand, gemm.match_rotation) onto x's logical shape
         if isinstance(x, _QUANTIZED):
             return None
 
         def to_canonical(v):
             pair = gemm.match_rotation(v, rhs, dimension_numbers) if side == 0 else gemm.match_rotation(lhs, v, dimension_numbers)
-            return _canonical(pair[side], contracting, batch, pad_k=False)
+            return _canonical(pair[side], contracting, batch, pad_k=False, kn=kn)
 
         x3, pull = jax.vjp(to_canonical, x)
         return shd.like(pull(shd.like(canonical_grad().astype(x3.dtype), x3))[0].astype(x.dtype), x)
 
     return (grad_of(lhs, lc, lb, lambda: _dgrad(dy3, b, recipe, site, key), 0),
-            grad_of(rhs, rc, rb, lambda: _wgrad(dy3, a, recipe, site, key), 1), None)
+            grad_of(rhs, rc, rb, lambda: _wgrad(dy3, a, recipe, site, key, kn=rhs_kn), 1, rhs_kn), None)
 
 
 _mixed_gemm.defvjp(_mixed_fwd, _mixed_bwd, symbolic_zeros=True)
@@ -545,10 +579,11 @@ def _dot_general(lhs, rhs, dimension_numbers, preferred_element_type, recipe, *,
         dims.check_block_k(math.prod(lhs.shape[d] for d in lc), lc)
     site = _site_seed(lhs.shape, rhs.shape, str(jnp.dtype(lhs.dtype)), str(jnp.dtype(rhs.dtype)), (lc, rc, lb, rb))
     a = _canonical(lhs, lc, lb, pad_k=pad_k, name="lhs")
-    b = _canonical(rhs, rc, rb, pad_k=pad_k, name="rhs")
-    _check_hadamard_lengths(recipe, a.shape[1], b.shape[1], a.shape[2])
+    b_kn = _kn_layout(rhs, rc, rb)
+    b = _canonical(rhs, rc, rb, pad_k=pad_k, name="rhs", kn=b_kn)
+    _check_hadamard_lengths(recipe, a.shape[1], b.shape[2 if b_kn else 1], a.shape[2])
     fprop_seed = hd.weight_seed(rhs.shape, rc, rb)
-    out = _mx_gemm(a, b, recipe, out_dtype, site, fprop_seed, key)
+    out = _mx_gemm(a, b, recipe, out_dtype, site, fprop_seed, b_kn, key)
     return dims.to_logical(out, out_shape, lhs, rhs, lc, rc, lb, rb)
 
 

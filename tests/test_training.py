@@ -396,3 +396,42 @@ def test_stochastic_gradients_under_explicit_data_parallel_mesh_match_single_dev
         got = jax.jit(jax.grad(loss, argnums=(0, 1)))(xs, ws, cs)
     for g, r in zip(got, want):
         assert_close_f32(g, r, 1e-5)
+
+
+# ----------------------------------------------------------------------------- wgrad output layout
+def _producer_chain(jaxpr, var):
+    """Primitives (pjit: its name) from ``var`` back through layout-free ops to the op computing it."""
+    producers = {id(v): e for e in jaxpr.eqns for v in e.outvars}
+    chain = []
+    while id(var) in producers:
+        eqn = producers[id(var)]
+        chain.append(eqn.params.get("name", eqn.primitive.name) if eqn.primitive.name in ("pjit", "jit")
+                     else eqn.primitive.name)
+        if eqn.primitive.name not in ("reshape", "convert_element_type", "squeeze", "copy", "copy_p"):
+            break
+        var = eqn.invars[0]
+    return chain
+
+
+@pytest.mark.parametrize("mode", ["0", "interpret-rows", "interpret"])
+@pytest.mark.parametrize("layout", ["kernel [K, N]", "kernel [N, K]", "tokens [2, 24]"])
+def test_wgrad_gemm_writes_the_weight_gradient_without_transpose(monkeypatch, mode, layout):
+    """dW comes out of the wgrad GEMM through reshapes only: for a kernel [K, N] the GEMM computes
+    Xᵀ·dY [K, N] (the rhs held as [B, K, N], training._kn_layout) instead of dYᵀ·X [N, K] and a
+    transpose, which XLA could not fold into the fp8 GEMM (its exact-row while_loop sits in
+    between: 8192^2 bf16 transpose per step on the H200 profile of 2026-12-01). Every fused mode,
+    a kernel stored [N, K] (contracted along its dim 1) and a batch of token dims. dX likewise."""
+    monkeypatch.setenv(training.FUSED_ENV, mode)
+    recipe = mx.Recipe(backend="fp8")
+    x = jnp.zeros((2, 24, 64) if layout.startswith("tokens") else (48, 64), jnp.bfloat16)
+    w = jnp.zeros((96, 64) if layout == "kernel [N, K]" else (64, 96), jnp.bfloat16)
+    dims_ = (((x.ndim - 1,), (1 if layout == "kernel [N, K]" else 0,)), ((), ()))
+
+    def step(x, w):
+        y, pull = jax.vjp(lambda a, b: mx.dot_general(a, b, dims_, recipe=recipe), x, w)
+        return pull(jnp.ones_like(y))
+
+    closed = jax.make_jaxpr(step)(x, w)
+    dx_chain, dw_chain = (_producer_chain(closed.jaxpr, v) for v in closed.jaxpr.outvars)
+    assert dw_chain[-1] == "fp8_gemm" and "transpose" not in dw_chain, dw_chain
+    assert dx_chain[-1] == "fp8_gemm" and "transpose" not in dx_chain, dx_chain

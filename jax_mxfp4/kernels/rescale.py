@@ -1,0 +1,115 @@
+"""The FP8 GEMM's power-of-two rescale on CUDA: :func:`jax_mxfp4.backends.fp8.rescale` as one Pallas kernel.
+
+After the FP8 GEMM (backend "fp8") every output element is multiplied by 2^(e_row + e_col) and
+rounded once to the output dtype, NaN rows and columns poisoned. XLA fuses that into one loop
+fusion; on an H200 it moved an 8192 x 8192 bf16 accumulator in and out (256 MB) in ~0.13 ms per
+GEMM, ~2 TB/s, about half of HBM speed (training-step profile of 2026-12-01, three per step).
+Here one program owns a [bm, bn] tile of one batch element: it reads the tile, the bm row and bn
+column exponents and NaN flags, and applies :func:`jax_mxfp4.backends.fp8.rescale_elements`
+(imported, not copied: the same float32 operations in the same order), so the result is
+bit-identical to ``rescale`` (tests/test_rescale_kernel.py in the Pallas interpreter;
+benchmarks/rescale.py on the GPU, which also times both).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as plgpu
+
+DEFAULT_TILE = (32, 256, 8)
+"""(bm, bn, num_warps): rows and columns of one program's tile, warps per program (32
+elements per thread). PROVISIONAL, to be set from benchmarks/rescale.py on an H200."""
+
+
+def _rescale_kernel(acc_ref, el_ref, er_ref, nl_ref, nr_ref, out_ref, *, m, n, bm, bn):
+    from ..backends.fp8 import rescale_elements  # the rule lives there (it imports this module lazily)
+
+    # grid (B, N tiles, M tiles): consecutive programs (CUDA's y, after the batch in x) walk along a row
+    b, c0, r0 = pl.program_id(0), pl.program_id(1) * bn, pl.program_id(2) * bm
+    rmask = (r0 + lax.broadcasted_iota(jnp.int32, (bm,), 0)) < m if m % bm else None
+    cmask = (c0 + lax.broadcasted_iota(jnp.int32, (bn,), 0)) < n if n % bn else None
+    if rmask is None and cmask is None:
+        mask2 = None
+    else:
+        rm = rmask if rmask is not None else jnp.ones((bm,), jnp.bool_)
+        cm = cmask if cmask is not None else jnp.ones((bn,), jnp.bool_)
+        mask2 = rm[:, None] & cm[None, :]
+    rows, cols = pl.ds(b * m + r0, bm), pl.ds(b * n + c0, bn)  # flattened [B * M] rows, [B * N] cols
+
+    def load(view, mask):
+        return plgpu.load(view) if mask is None else plgpu.load(view, mask=mask, other=0)
+
+    acc = load(acc_ref.at[rows, pl.ds(c0, bn)], mask2)
+    el, nl = load(el_ref.at[rows], rmask), load(nl_ref.at[rows], rmask)
+    er, nr = load(er_ref.at[cols], cmask), load(nr_ref.at[cols], cmask)
+    out = rescale_elements(acc, el[:, None] + er[None, :], (nl[:, None] | nr[None, :]) != 0, out_ref.dtype)
+    plgpu.store(out_ref.at[rows, pl.ds(c0, bn)], out, mask=mask2)
+
+
+def _pow2(v: int, name: str) -> int:
+    if not isinstance(v, int) or isinstance(v, bool) or v < 1 or v & (v - 1):
+        raise ValueError(f"rescale_kernel: {name} must be a power of two >= 1, got {v!r}")
+    return v
+
+
+@functools.partial(jax.jit, static_argnames=("out_dtype", "block", "num_warps", "interpret"))
+def rescale_kernel(acc, e_lhs, e_rhs, nan_rows, nan_cols, out_dtype, *, block=None, num_warps=None,
+                   interpret: bool = False):
+    """:func:`jax_mxfp4.backends.fp8.rescale` in one Pallas kernel (bit-identical).
+
+    Args:
+      acc: float32/bfloat16/float16 [B, M, N], the FP8 GEMM's accumulator.
+      e_lhs: int32 [B, M] row exponents; e_rhs: int32 [B, N] column exponents (any int32 values:
+        the rule clips their sum).
+      nan_rows: bool [B, M]; nan_cols: bool [B, N]: outputs of these rows / columns are NaN.
+      out_dtype: float32, bfloat16 or float16.
+      block: (bm, bn) tile of one program, powers of two (default :data:`DEFAULT_TILE`); M and N
+        need not be multiples (the edge tiles are masked).
+      num_warps: warps per program (default :data:`DEFAULT_TILE`).
+      interpret: run the Pallas interpreter (CPU tests).
+    Returns:
+      out_dtype [B, M, N]: acc x 2^(e_lhs[:, :, None] + e_rhs[:, None, :]), one rounding.
+    Raises:
+      ValueError: operands whose shapes do not pair up as above, a non-float ``acc`` or output
+        dtype, a tile or warp count that is not a power of two.
+    """
+    bm, bn = DEFAULT_TILE[:2] if block is None else block
+    bm, bn = _pow2(bm, "block[0]"), _pow2(bn, "block[1]")
+    num_warps = _pow2(DEFAULT_TILE[2] if num_warps is None else num_warps, "num_warps")
+    out_dtype = np.dtype(out_dtype)
+    floats = (np.dtype(jnp.float32), np.dtype(jnp.bfloat16), np.dtype(jnp.float16))
+    if acc.ndim != 3 or np.dtype(acc.dtype) not in floats or out_dtype not in floats:
+        raise ValueError(f"rescale_kernel: acc must be a float32/bfloat16/float16 [B, M, N] array and "
+                         f"out_dtype one of those, got {acc.dtype}{list(acc.shape)} -> {out_dtype}")
+    bsz, m, n = acc.shape
+    want = {"e_lhs": ((bsz, m), "int32"), "e_rhs": ((bsz, n), "int32"),
+            "nan_rows": ((bsz, m), "bool"), "nan_cols": ((bsz, n), "bool")}
+    for name, v in zip(want, (e_lhs, e_rhs, nan_rows, nan_cols)):
+        shape, dt = want[name]
+        if tuple(v.shape) != shape or np.dtype(v.dtype) != np.dtype(dt):
+            raise ValueError(f"rescale_kernel: {name} must be {dt} {list(shape)} for acc {list(acc.shape)}, "
+                             f"got {v.dtype}{list(v.shape)}")
+    if acc.size == 0:
+        from ..backends.fp8 import rescale
+
+        return rescale(acc, e_lhs, e_rhs, nan_rows, nan_cols, out_dtype)
+    bm = min(bm, 1 << max(0, (m - 1).bit_length()))  # no tile taller / wider than the array needs
+    bn = min(bn, 1 << max(0, (n - 1).bit_length()))
+    kernel = functools.partial(_rescale_kernel, m=m, n=n, bm=bm, bn=bn)
+    flat = lambda v: v.reshape(-1)  # noqa: E731
+    out = pl.pallas_call(
+        kernel,
+        out_shape=jax.ShapeDtypeStruct((bsz * m, n), out_dtype),
+        grid=(bsz, pl.cdiv(n, bn), pl.cdiv(m, bm)),
+        compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
+        interpret=interpret,
+        name="mxfp4_fp8_rescale",
+    )(acc.reshape(bsz * m, n), flat(e_lhs), flat(e_rhs), flat(nan_rows).astype(jnp.int32),
+      flat(nan_cols).astype(jnp.int32))
+    return out.reshape(bsz, m, n)
