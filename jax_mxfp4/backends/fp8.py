@@ -46,7 +46,6 @@ from jax import lax
 
 from ..array import MXFP4Array
 from ..fp8 import FLAG_EXACT, FLAG_NAN, FP8Prepared, encode_rows_on
-from ..platform import env_switch
 from ..mx_format import as_scale_bytes, pow2_from_exponent
 from ..platform import env_switch
 from ..sharding import canonical_out_sharding, explicit_spec
@@ -141,6 +140,13 @@ def rescale_elements(acc, e, nan, out_dtype):
     return out.astype(out_dtype)
 
 
+def pallas_here(platform: str, x) -> bool:
+    """Whether this backend's CUDA Pallas kernels (rescale, flagged-row fix) may run on ``x``:
+    on CUDA, outside a mesh and for an array without explicit sharding (a pallas_call is opaque to
+    SPMD partitioning, which would gather its operands); elsewhere the XLA formulations run."""
+    return platform == "cuda" and jax.sharding.get_abstract_mesh().empty and explicit_spec(x) is None
+
+
 RESCALE_KERNEL_ENV = "JAX_MXFP4_RESCALE_KERNEL"
 """Set to 0 to keep :func:`rescale_on` on XLA's fusion of :func:`rescale` on GPUs too."""
 
@@ -154,8 +160,7 @@ def rescale_on(acc, e_lhs, e_rhs, nan_rows, nan_cols, out_dtype, platform: str):
     its 256 MB (8192 x 8192 bf16 in and out) at ~2 TB/s on an H200 (0.13 ms per GEMM in the
     training-step profile of 2026-12-01), about half of HBM speed. Elsewhere XLA's fusion.
     """
-    use_kernel = (platform == "cuda" and env_switch(RESCALE_KERNEL_ENV) and acc.size > 0
-                  and jax.sharding.get_abstract_mesh().empty and explicit_spec(acc) is None)
+    use_kernel = env_switch(RESCALE_KERNEL_ENV) and acc.size > 0 and pallas_here(platform, acc)
     if not use_kernel:
         return rescale(acc, e_lhs, e_rhs, nan_rows, nan_cols, out_dtype)
     from ..kernels.rescale import rescale_kernel
@@ -264,7 +269,7 @@ def fp8_gemm(lhs, rhs, out_dtype, precision: str = "default", platform: str = "c
     out = rescale_on(acc, a.row_exp, b.row_exp, nan_l, nan_r, out_dtype, platform)
     if not _fallback:
         return out
-    if platform == "cuda" and fix_kernel_enabled() and explicit_spec(out) is None:  # no host round trip
+    if fix_kernel_enabled() and pallas_here(platform, out):  # no host round trip
         from ..kernels.fp8_fix import fix_flagged
 
         return fix_flagged(out, a.codes, as_scale_bytes(a.scales), a.row_exp, a.row_flag,
