@@ -30,7 +30,7 @@ def _as_bytes(v):
     return v.view(np.uint8) if v.dtype == ml_dtypes.float8_e4m3fn else v
 
 
-@pytest.mark.parametrize("chunk", [256, 4])  # the default (one step for K <= 8192) and many loop steps
+@pytest.mark.parametrize("chunk", [256, 32, 4])  # one step for K <= 8192, the default, many steps
 @pytest.mark.parametrize("rows,k,rpp", [(8, 64, 8), (13, 1024, 8), (33, 96, 4), (5, 1280, 8), (1, 32, 8)])
 def test_kernel_matches_encode_rows(rows, k, rpp, chunk):
     rng = np.random.default_rng()

@@ -25,10 +25,12 @@ from jax.experimental.pallas import triton as plgpu
 
 from ..mx_format import BLOCK_SIZE, E8M0_NAN
 
-MAX_CHUNK_BLOCKS = 256
-"""Blocks per loop step (8192 elements of a row). Was 32 until session 6: each step of each pass
-is a dependent load, and 16 such steps per 8192-element row left the kernel latency-bound (23 us
-for a 1024 x 8192 operand, 129 us for 8192 x 8192 on an H200, run c)."""
+MAX_CHUNK_BLOCKS = 32
+"""Blocks per loop step (1024 elements of a row). Whole-row steps (256 blocks, 1 row per program)
+were tried in session 6 (H200, same-shape profiles of two runs): 21.6 vs 23 us for a 1024 x 8192
+operand, but 156 vs 129 us for 8192 x 8192 (8 rows per program with 32-block steps): kept at 32.
+Either way the kernel moves its bytes at well under HBM speed (~0.8 TB/s at 8192^2): the
+limiter of the FP8 path's per-call activation conversion, not yet solved."""
 STEP_ELEMENTS = 8192
 """Elements per program and loop step at most (rows x chunk): 64 per thread at 4 warps."""
 
