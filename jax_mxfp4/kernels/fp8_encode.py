@@ -26,11 +26,14 @@ from jax.experimental.pallas import triton as plgpu
 from ..mx_format import BLOCK_SIZE, E8M0_NAN
 
 MAX_CHUNK_BLOCKS = 32
-"""Blocks per loop step (1024 elements of a row). Whole-row steps (256 blocks, 1 row per program)
-were tried in session 6 (H200, same-shape profiles of two runs): 21.6 vs 23 us for a 1024 x 8192
-operand, but 156 vs 129 us for 8192 x 8192 (8 rows per program with 32-block steps): kept at 32.
-Either way the kernel moves its bytes at well under HBM speed (~0.8 TB/s at 8192^2): the
-limiter of the FP8 path's per-call activation conversion, not yet solved."""
+"""Blocks per loop step (1024 elements of a row) where a program owns several rows."""
+ROW_CHUNK_BLOCKS = 256
+"""Blocks per loop step where a program owns one row (few rows: :func:`default_rows_per_program`
+gives 1): whole-row steps for K <= 8192. H200, session 6 (same-shape profiles of runs c and d):
+a 1024 x 8192 operand 21.6 us with whole-row steps vs 23 us with 32-block steps (1 row per
+program either way); an 8192 x 8192 operand 156 us with whole-row steps and 1 row per program vs
+129 us with 32-block steps and 8 rows. Either way the kernel moves its bytes at well under HBM
+speed (~0.8 TB/s at 8192^2): the limiter of the FP8 path's per-call activation conversion."""
 STEP_ELEMENTS = 8192
 """Elements per program and loop step at most (rows x chunk): 64 per thread at 4 warps."""
 
@@ -135,7 +138,7 @@ def default_rows_per_program(n_rows: int, chunk_blocks: int = 32) -> int:
 
 @functools.partial(jax.jit, static_argnames=("rows_per_program", "num_warps", "chunk_blocks", "interpret"))
 def encode_rows_kernel(data, scale_bytes, *, rows_per_program: int | None = None, num_warps: int = 4,
-                       chunk_blocks: int = MAX_CHUNK_BLOCKS, interpret: bool = False):
+                       chunk_blocks: int | None = None, interpret: bool = False):
     """:func:`jax_mxfp4.fp8.encode_rows` for 2-D operands in one Pallas kernel (bit-identical).
 
     Args:
@@ -143,7 +146,9 @@ def encode_rows_kernel(data, scale_bytes, *, rows_per_program: int | None = None
       scale_bytes: E8M0 scales [R, K/32], uint8 bytes or float8_e8m0fnu (read bit for bit), plain layout.
       rows_per_program: rows owned by one program (a power of two); None:
         :func:`default_rows_per_program`.
-      chunk_blocks: most 32-element blocks of a row per loop step (a power of two).
+      chunk_blocks: most 32-element blocks of a row per loop step (a power of two); None:
+        :data:`ROW_CHUNK_BLOCKS` where one row per program is the default, else
+        :data:`MAX_CHUNK_BLOCKS`.
       interpret: run the Pallas interpreter (CPU tests).
     Returns:
       (codes float8_e4m3fn [R, K], row_exp int32 [R], row_flag uint8 [R]).
@@ -157,11 +162,15 @@ def encode_rows_kernel(data, scale_bytes, *, rows_per_program: int | None = None
     if data.ndim != 2:
         raise ValueError(f"encode_rows_kernel: data must be 2-D [R, K/2], got shape {data.shape}")
     check_packed_rows(data, scale_bytes)
+    n_blk = max(1, data.shape[-1] * 2 // BLOCK_SIZE)
+    if chunk_blocks is None:
+        one_row = rows_per_program == 1 or (rows_per_program is None and default_rows_per_program(
+            data.shape[0], _chunk_blocks(n_blk)) == 1)
+        chunk_blocks = ROW_CHUNK_BLOCKS if one_row else MAX_CHUNK_BLOCKS
     if isinstance(chunk_blocks, bool) or not isinstance(chunk_blocks, int) or chunk_blocks < 1 or chunk_blocks & (chunk_blocks - 1):
         raise ValueError(f"chunk_blocks must be a power of two >= 1, got {chunk_blocks!r}")
     if rows_per_program is None:
-        rows_per_program = default_rows_per_program(
-            data.shape[0], _chunk_blocks(max(1, data.shape[-1] * 2 // BLOCK_SIZE), chunk_blocks))
+        rows_per_program = default_rows_per_program(data.shape[0], _chunk_blocks(n_blk, chunk_blocks))
     if (isinstance(rows_per_program, bool) or not isinstance(rows_per_program, int) or rows_per_program < 1
             or rows_per_program & (rows_per_program - 1)):
         raise ValueError(f"rows_per_program must be a power of two >= 1, got {rows_per_program!r}")
