@@ -17,7 +17,10 @@ Pipeline (``../shared/reference/gpu-speed.md`` §3):
    cores, :func:`exact_operand_dtype`) and written over the FP8 result: up to ``fallback_capacity``
    flagged rows and columns per batch element as gathered strips, more as one full exact GEMM.
    This runs in a ``lax.while_loop`` that takes zero trips when no row is flagged (one predicate
-   read, no copy of the result). Rows with a NaN scale byte come out NaN, as in the reference.
+   read, no copy of the result); on CUDA outside a mesh one Pallas kernel replaces it
+   (:mod:`jax_mxfp4.kernels.fp8_fix`: no host round trip per GEMM, no exact GEMMs for XLA to
+   autotune; :func:`fix_kernel_enabled`). Rows with a NaN scale byte come out NaN, as in the
+   reference.
 
 Products are exact (E4M3 x E4M3 in the tensor core); what is not exact is the hardware's
 accumulation. The ``precision`` contract (:func:`contract`):
