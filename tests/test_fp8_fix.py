@@ -128,3 +128,35 @@ def test_fix_flagged_lowers_for_cuda():
             sds((b, n, k // 32), jnp.uint8), sds((b, n), jnp.int32), sds((b, n), jnp.uint8))
     text = jax.jit(fp8_fix.fix_flagged).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
     assert "mxfp4_fp8_fix_flagged" in text
+
+
+def test_fp8_gemm_routes_the_fix_kernel_on_cuda_only(monkeypatch):
+    """fp8_gemm's CUDA branch (traced, not run) holds the flagged-row kernel and no while loop;
+    with JAX_MXFP4_FP8_FIX_KERNEL=0, on CPU, and under a mesh (a pallas_call is opaque to SPMD
+    partitioning) it keeps the lax.while_loop. A typo in the switch is refused."""
+    import jax_mxfp4 as mx
+    from jax_mxfp4.backends import fp8 as fb
+
+    rng = np.random.default_rng()
+    a = mx.quantize(jnp.asarray(rng.standard_normal((1, 64, 64)), jnp.float32), 2)
+    b = mx.quantize(jnp.asarray(rng.standard_normal((1, 32, 64)), jnp.float32), 2)
+
+    def jaxpr(platform):
+        fb.fp8_gemm.clear_cache()
+        return str(jax.make_jaxpr(lambda a, b: fb.fp8_gemm(a, b, jnp.bfloat16, "default", platform))(a, b))
+
+    cuda = jaxpr("cuda")
+    assert cuda.count("name=mxfp4_fp8_fix_flagged") == 1 and "top_k" not in cuda  # top_k: the while body
+    cpu = jaxpr("cpu")
+    assert "mxfp4_fp8_fix_flagged" not in cpu and "top_k" in cpu
+    mesh = jax.make_mesh((2,), ("x",), axis_types=(jax.sharding.AxisType.Explicit,))
+    with jax.set_mesh(mesh):
+        meshed = jaxpr("cuda")
+    assert "mxfp4_fp8_fix_flagged" not in meshed  # (the loop's body is the full exact GEMM there)
+    monkeypatch.setenv(fb.FIX_KERNEL_ENV, "0")
+    off = jaxpr("cuda")
+    assert "mxfp4_fp8_fix_flagged" not in off and "top_k" in off
+    monkeypatch.setenv(fb.FIX_KERNEL_ENV, "of")
+    with pytest.raises(ValueError, match=fb.FIX_KERNEL_ENV):
+        jaxpr("cuda")
+    fb.fp8_gemm.clear_cache()
