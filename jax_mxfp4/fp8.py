@@ -142,6 +142,18 @@ def encode_block_stats(sb, max_mag, min_nz):
     return d, row_exp, row_flag
 
 
+def rescale_elements(acc, e, nan, out_dtype):
+    """The FP8 GEMM's output rescale, elementwise (:func:`jax_mxfp4.backends.fp8.rescale`; shared
+    with its CUDA kernel :mod:`jax_mxfp4.kernels.rescale`): ``acc`` (float) x 2^e (int32 e, any
+    value) in float32 as 2^E1 x 2^E2 (E1 = clip(e, -100, 100), E2 = clip(e - E1, -126, 127)), NaN
+    where ``nan`` (bool), then one rounding to ``out_dtype``. Operands broadcast together."""
+    e1 = jnp.clip(e, -100, 100)
+    e2 = jnp.clip(e - e1, -126, 127)
+    out = acc.astype(jnp.float32) * pow2_from_exponent(e1) * pow2_from_exponent(e2)
+    out = jnp.where(nan, jnp.float32(jnp.nan), out)
+    return out.astype(out_dtype)
+
+
 def check_packed_rows(data, scale_bytes) -> None:
     """Operands of :func:`encode_rows_on`: data uint8 [..., K/2] and E8M0 scales (uint8 bytes or
     float8_e8m0fnu) [..., K/32] with the same leading dims, K a multiple of 32 (OCP MX v1.0 §5:

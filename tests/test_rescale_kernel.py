@@ -172,6 +172,8 @@ def test_kernel_errors_name_the_argument():
         rescale_kernel(acc, el, er, nl, nr, jnp.int32, interpret=True)
     with pytest.raises(ValueError, match="block"):
         rescale_kernel(acc, el, er, nl, nr, jnp.float32, block=(24, 32), interpret=True)
+    empty = rescale_kernel(acc[:, :0], el[:, :0], er, nl[:, :0], nr, jnp.bfloat16, interpret=True)
+    assert empty.shape == (1, 0, 16) and empty.dtype == jnp.bfloat16
 
 
 def test_benchmark_quick_checks_and_times(tmp_path):

@@ -48,8 +48,8 @@ import numpy as np
 from jax import lax
 
 from ..array import MXFP4Array
-from ..fp8 import FLAG_EXACT, FLAG_NAN, FP8Prepared, encode_rows_on
-from ..mx_format import as_scale_bytes, pow2_from_exponent
+from ..fp8 import FLAG_EXACT, FLAG_NAN, FP8Prepared, encode_rows_on, rescale_elements
+from ..mx_format import as_scale_bytes
 from ..platform import env_switch
 from ..sharding import canonical_out_sharding, explicit_spec
 from .base import Backend, GemmProblem
@@ -125,22 +125,11 @@ def rescale(acc, e_lhs, e_rhs, nan_rows, nan_cols, out_dtype):
     The exponent sum E (in [-266, 242]) is applied as 2^E1 x 2^E2 with E1 = clip(E, -100, 100):
     |acc| >= 2^-18 when nonzero (a sum of E4M3 products), so acc x 2^E1 is an exact normal float
     unless the result overflows anyway; the second factor rounds once. NaN rows/cols -> NaN.
-    The elementwise rule is :func:`rescale_elements` (shared with the CUDA kernel,
+    The elementwise rule is :func:`jax_mxfp4.fp8.rescale_elements` (shared with the CUDA kernel,
     :mod:`jax_mxfp4.kernels.rescale`; :func:`rescale_on` picks the implementation).
     """
     e = e_lhs[:, :, None] + e_rhs[:, None, :]
     return rescale_elements(acc, e, nan_rows[:, :, None] | nan_cols[:, None, :], out_dtype)
-
-
-def rescale_elements(acc, e, nan, out_dtype):
-    """The rescale rule of :func:`rescale` elementwise: ``acc`` (float) x 2^e (int32 e, any value)
-    in float32 as 2^E1 x 2^E2 (E1 = clip(e, -100, 100), E2 = clip(e - E1, -126, 127)), NaN where
-    ``nan`` (bool), then one rounding to ``out_dtype``. Operands broadcast together."""
-    e1 = jnp.clip(e, -100, 100)
-    e2 = jnp.clip(e - e1, -126, 127)
-    out = acc.astype(jnp.float32) * pow2_from_exponent(e1) * pow2_from_exponent(e2)
-    out = jnp.where(nan, jnp.float32(jnp.nan), out)
-    return out.astype(out_dtype)
 
 
 def pallas_here(platform: str, x) -> bool:

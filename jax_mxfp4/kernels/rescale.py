@@ -5,7 +5,7 @@ rounded once to the output dtype, NaN rows and columns poisoned. XLA fuses that 
 fusion; on an H200 it moved an 8192 x 8192 bf16 accumulator in and out (256 MB) in ~0.13 ms per
 GEMM, ~2 TB/s, about half of HBM speed (training-step profile of 2026-12-01, three per step).
 Here one program owns a [bm, bn] tile of one batch element: it reads the tile, the bm row and bn
-column exponents and NaN flags, and applies :func:`jax_mxfp4.backends.fp8.rescale_elements`
+column exponents and NaN flags, and applies :func:`jax_mxfp4.fp8.rescale_elements`
 (imported, not copied: the same float32 operations in the same order), so the result is
 bit-identical to ``rescale`` (tests/test_rescale_kernel.py in the Pallas interpreter;
 benchmarks/rescale.py on the GPU, which also times both).
@@ -22,14 +22,14 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
+from ..fp8 import rescale_elements  # the rule (jax_mxfp4.fp8 does not import this module)
+
 DEFAULT_TILE = (32, 256, 8)
 """(bm, bn, num_warps): rows and columns of one program's tile, warps per program (32
 elements per thread). PROVISIONAL, to be set from benchmarks/rescale.py on an H200."""
 
 
 def _rescale_kernel(acc_ref, el_ref, er_ref, nl_ref, nr_ref, out_ref, *, m, n, bm, bn):
-    from ..backends.fp8 import rescale_elements  # the rule lives there (it imports this module lazily)
-
     # grid (B, N tiles, M tiles): consecutive programs (CUDA's y, after the batch in x) walk along a row
     b, c0, r0 = pl.program_id(0), pl.program_id(1) * bn, pl.program_id(2) * bm
     rmask = (r0 + lax.broadcasted_iota(jnp.int32, (bm,), 0)) < m if m % bm else None
@@ -95,10 +95,8 @@ def rescale_kernel(acc, e_lhs, e_rhs, nan_rows, nan_cols, out_dtype, *, block=No
         if tuple(v.shape) != shape or np.dtype(v.dtype) != np.dtype(dt):
             raise ValueError(f"rescale_kernel: {name} must be {dt} {list(shape)} for acc {list(acc.shape)}, "
                              f"got {v.dtype}{list(v.shape)}")
-    if acc.size == 0:
-        from ..backends.fp8 import rescale
-
-        return rescale(acc, e_lhs, e_rhs, nan_rows, nan_cols, out_dtype)
+    if acc.size == 0:  # nothing to launch
+        return jnp.zeros(acc.shape, out_dtype)
     bm = min(bm, 1 << max(0, (m - 1).bit_length()))  # no tile taller / wider than the array needs
     bn = min(bn, 1 << max(0, (n - 1).bit_length()))
     kernel = functools.partial(_rescale_kernel, m=m, n=n, bm=bm, bn=bn)
