@@ -128,3 +128,44 @@ def test_fix_flagged_lowers_for_cuda():
             sds((b, n, k // 32), jnp.uint8), sds((b, n), jnp.int32), sds((b, n), jnp.uint8))
     text = jax.jit(fp8_fix.fix_flagged).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
     assert "mxfp4_fp8_fix_flagged" in text
+
+
+@pytest.mark.parametrize("b,m,n,k", [(1, 0, 8, 64), (1, 8, 0, 64), (0, 8, 8, 64), (1, 8, 8, 0)])
+def test_fix_flagged_empty_shapes(b, m, n, k):
+    """Zero-size batch, M, N (the result comes back as it is) and K = 0 (flagged entries are empty
+    sums, 0; others untouched): no ZeroDivisionError from a zero-size grid or block. The FP8 path
+    reaches this kernel on CUDA with such shapes (fp8_gemm's rescale already skipped them)."""
+    rng = np.random.default_rng()
+
+    def fields(r):
+        flag = np.zeros((b, r), np.uint8)
+        flag[:, : r // 2] = FLAG_EXACT  # hand-set flags: K = 0 rows have no block to flag them
+        return (jnp.zeros((b, r, k), jnp.float8_e4m3fn), jnp.zeros((b, r, k // 32), jnp.uint8),
+                jnp.zeros((b, r), jnp.int32), jnp.asarray(flag))
+
+    base = rng.standard_normal((b, m, n)).astype(np.float32)
+    got = np.asarray(fp8_fix.fix_flagged(jnp.asarray(base), *fields(m), *fields(n), interpret=True))
+    assert got.shape == (b, m, n)
+    want = base.copy()
+    want[:, : m // 2, :] = 0
+    want[:, :, : n // 2] = 0
+    np.testing.assert_array_equal(got, want if k == 0 else base)
+
+
+def test_fix_flagged_rejects_dtypes():
+    """Each operand's dtype is checked by name (a float32 codes array used to fail in a reshape,
+    an int32 ``out`` or float ``row_exp`` went through silently)."""
+    c = jnp.zeros((1, 4, 64), jnp.float8_e4m3fn)
+    s, e, f = jnp.zeros((1, 4, 2), jnp.uint8), jnp.zeros((1, 4), jnp.int32), jnp.zeros((1, 4), jnp.uint8)
+    out = jnp.zeros((1, 4, 4))
+    ok = (out, c, s, e, f, c, s, e, f)
+    bad = {0: out.astype(jnp.int32), 1: c.astype(jnp.float32), 2: s.astype(jnp.float32), 3: e.astype(jnp.float32),
+           4: f.astype(jnp.bool_), 5: c.astype(jnp.float8_e5m2), 7: e.astype(jnp.uint8), 8: f.astype(jnp.int32)}
+    names = ["out", "a_codes", "a_scales", "a_exp", "a_flag", "b_codes", "b_scales", "b_exp", "b_flag"]
+    for i, v in bad.items():
+        args = list(ok)
+        args[i] = v
+        with pytest.raises(TypeError, match=f"fix_flagged: {names[i]} must be"):
+            fp8_fix.fix_flagged(*args, interpret=True)
+    with pytest.raises(ValueError, match=r"out must be a \[B, M, N\]"):
+        fp8_fix.fix_flagged(out[0], *ok[1:], interpret=True)

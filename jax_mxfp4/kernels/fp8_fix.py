@@ -160,7 +160,18 @@ def fix_flagged(out, a_codes, a_scales, a_exp, a_flag, b_codes, b_scales, b_exp,
       the updated ``out``.
     Raises:
       ValueError: shapes that do not pair up, or K not a multiple of 32 and of ``cfg.bk``.
+      TypeError: dtypes other than those above.
+    An empty ``out`` comes back as it is; with K = 0 the flagged entries become 0 (an empty sum).
     """
+    if getattr(out, "ndim", None) != 3:
+        raise ValueError(f"fix_flagged: out must be a [B, M, N] array, got shape {getattr(out, 'shape', type(out))}")
+    want = {"out": (out, ("float32", "bfloat16")), "a_codes": (a_codes, ("float8_e4m3fn",)),
+            "b_codes": (b_codes, ("float8_e4m3fn",)), "a_scales": (a_scales, ("uint8",)),
+            "b_scales": (b_scales, ("uint8",)), "a_exp": (a_exp, ("int32",)), "b_exp": (b_exp, ("int32",)),
+            "a_flag": (a_flag, ("uint8",)), "b_flag": (b_flag, ("uint8",))}
+    for name, (v, dts) in want.items():
+        if str(getattr(v, "dtype", None)) not in dts:
+            raise TypeError(f"fix_flagged: {name} must be {' or '.join(dts)}, got {getattr(v, 'dtype', type(v))}")
     bsz, m, n = out.shape
     k = a_codes.shape[-1]
     if (a_codes.shape != (bsz, m, k) or b_codes.shape != (bsz, n, k) or a_scales.shape != (bsz, m, k // BLOCK_SIZE)
@@ -171,6 +182,11 @@ def fix_flagged(out, a_codes, a_scales, a_exp, a_flag, b_codes, b_scales, b_exp,
     cfg = cfg or default_config(k)
     if k % BLOCK_SIZE or k % cfg.bk:
         raise ValueError(f"fix_flagged: K={k} must be a multiple of {BLOCK_SIZE} and of bk={cfg.bk}")
+    if out.size == 0:  # nothing to fix (a zero-size grid or block does not lower)
+        return out
+    if k == 0:  # every dot product is an empty sum: flagged entries are 0 (unflagged ones already are)
+        fix = ((a_flag & FLAG_EXACT) != 0)[:, :, None] | ((b_flag & FLAG_EXACT) != 0)[:, None, :]
+        return jnp.where(fix, jnp.zeros((), out.dtype), out)
     nb = k // BLOCK_SIZE
     n_prog = min(cfg.max_programs, pl.cdiv(m, cfg.bm) * pl.cdiv(n, cfg.bn))
     kernel = functools.partial(_kernel, m=m, n=n, k=k, n_prog=n_prog, cfg=cfg)
