@@ -169,3 +169,25 @@ def test_fix_flagged_rejects_dtypes():
             fp8_fix.fix_flagged(*args, interpret=True)
     with pytest.raises(ValueError, match=r"out must be a \[B, M, N\]"):
         fp8_fix.fix_flagged(out[0], *ok[1:], interpret=True)
+
+
+
+def test_fix_flagged_float16_out():
+    """A float16 result (the FP8 path's preferred_element_type=float16 on CUDA) is fixed as the
+    float32 one rounded once to float16 (the dtype check must not refuse it)."""
+    rng = np.random.default_rng()
+    m, n, k = 24, 20, 64
+    ca, sa = rand_operand(rng, (1, m, k), span=6)
+    cb, sb = rand_operand(rng, (1, n, k), span=6)
+    sa[0, 3, 0] = 100  # far below the row's largest block: FLAG_EXACT
+    ca[0, 3, :32] = 5
+    fa, fb = _fields(mk(ca, sa)), _fields(mk(cb, sb))
+    assert np.asarray(fa[3])[0, 3] & FLAG_EXACT
+    base = rng.standard_normal((1, m, n)).astype(np.float16)
+    got = np.asarray(fp8_fix.fix_flagged(jnp.asarray(base), *fa, *fb, interpret=True))
+    f32 = np.asarray(fp8_fix.fix_flagged(jnp.asarray(base, jnp.float32), *fa, *fb, interpret=True))
+    assert got.dtype == np.float16
+    np.testing.assert_array_equal(got[0, 3], f32[0, 3].astype(np.float16))
+    keep = np.ones(m, bool)
+    keep[3] = False
+    np.testing.assert_array_equal(got[0, keep], base[0, keep])

@@ -151,7 +151,8 @@ def fix_flagged(out, a_codes, a_scales, a_exp, a_flag, b_codes, b_scales, b_exp,
     the exact dot product of its row and column (module docstring), in place.
 
     Args:
-      out: float32/bfloat16 [B, M, N], the FP8 GEMM's rescaled result (aliased with the output).
+      out: float32/bfloat16/float16 [B, M, N], the FP8 GEMM's rescaled result (aliased with the
+        output).
       a_codes: float8_e4m3fn [B, M, K]; a_scales: uint8 [B, M, K/32]; a_exp: int32 [B, M];
         a_flag: uint8 [B, M] -- the lhs's :class:`jax_mxfp4.fp8.FP8Prepared` fields (scale bytes);
       b_*: the same for the rhs [B, N, K].
@@ -165,7 +166,7 @@ def fix_flagged(out, a_codes, a_scales, a_exp, a_flag, b_codes, b_scales, b_exp,
     """
     if getattr(out, "ndim", None) != 3:
         raise ValueError(f"fix_flagged: out must be a [B, M, N] array, got shape {getattr(out, 'shape', type(out))}")
-    want = {"out": (out, ("float32", "bfloat16")), "a_codes": (a_codes, ("float8_e4m3fn",)),
+    want = {"out": (out, ("float32", "bfloat16", "float16")), "a_codes": (a_codes, ("float8_e4m3fn",)),
             "b_codes": (b_codes, ("float8_e4m3fn",)), "a_scales": (a_scales, ("uint8",)),
             "b_scales": (b_scales, ("uint8",)), "a_exp": (a_exp, ("int32",)), "b_exp": (b_exp, ("int32",)),
             "a_flag": (a_flag, ("uint8",)), "b_flag": (b_flag, ("uint8",))}
