@@ -191,3 +191,40 @@ def test_fix_flagged_float16_out():
     keep = np.ones(m, bool)
     keep[3] = False
     np.testing.assert_array_equal(got[0, keep], base[0, keep])
+
+
+@pytest.mark.parametrize("out_dtype", [jnp.float32, jnp.bfloat16, jnp.float16])
+def test_fp8_gemm_cuda_route_in_the_interpreter(monkeypatch, out_dtype):
+    """fp8_gemm's CUDA route (encode kernel, FP8 dot, rescale kernel, this fix kernel) with every
+    Pallas kernel in the interpreter equals the CPU route (jnp encode, XLA rescale, while_loop
+    fix) bit for bit, on in-window rows, flagged rows and columns and a NaN row; and takes the
+    empty shapes (B, M, N or K = 0: a zero-size grid raised ZeroDivisionError there)."""
+    import functools
+
+    from jax_mxfp4.backends import fp8 as fp8_backend
+    from jax_mxfp4.kernels import fp8_encode
+    from jax_mxfp4.kernels import rescale as rescale_mod
+
+    for mod, name in ((fp8_fix, "fix_flagged"), (rescale_mod, "rescale_kernel"), (fp8_encode, "encode_rows_kernel")):
+        monkeypatch.setattr(mod, name, functools.partial(getattr(mod, name), interpret=True))
+    gemm = fp8_backend.fp8_gemm.__wrapped__  # traced afresh: no cached non-interpreted trace
+    rng = np.random.default_rng()
+    b, m, n, k = 2, 40, 24, 128
+    ca, sa = rand_operand(rng, (b, m, k), span=10, base=140)
+    cb, sb = rand_operand(rng, (b, n, k), span=10)
+    sa[0, 3, 0] = 100  # flagged lhs row
+    ca[0, 3, :32] = 6
+    sb[1, 5, 2] = 60  # flagged rhs column
+    cb[1, 5, 64:96] = 3
+    sa[1, 7, 1] = 255  # NaN row
+    a, bb = mk(ca, sa), mk(cb, sb)
+    od = np.dtype(out_dtype)
+    got = np.asarray(gemm(a, bb, od, "default", "cuda").astype(jnp.float32))
+    want = np.asarray(gemm(a, bb, od, "default", "cpu").astype(jnp.float32))
+    np.testing.assert_array_equal(got, want)
+    assert np.isnan(got[1, 7]).all() and not np.isnan(np.delete(got[1], 7, axis=0)).any()
+    for shape in ((1, 0, 8, 64), (1, 8, 0, 64), (0, 8, 8, 64), (1, 8, 8, 0)):
+        bs, mm, nn, kk = shape
+        z = lambda r: mk(np.zeros((bs, r, kk), np.uint8), np.full((bs, r, kk // 32), 127, np.uint8))  # noqa: E731
+        out = gemm(z(mm), z(nn), od, "default", "cuda")
+        assert out.shape == (bs, mm, nn) and not np.asarray(out.astype(jnp.float32)).any()
