@@ -184,3 +184,13 @@ def test_benchmark_quick_checks_and_times(tmp_path):
     assert any(c["n_inf"] and c["n_nan"] and c["n_subnormal_exact"] for c in res["checks"])
     assert {r["status"] for r in res["timing"]} == {"ok"}
     assert "| check |" in (tmp_path / "rescale.md").read_text()
+
+
+@pytest.mark.parametrize("budget", ["nan", "0", "-1"])
+def test_benchmark_rejects_bad_budget(budget, tmp_path, capsys):
+    """benchmarks/rescale.py --budget-s: nan never stopped starting timed cases, 0 or -1 skipped
+    them all; each is refused before any work, naming the flag."""
+    with pytest.raises(SystemExit):
+        bench.main(["--quick", "--budget-s", budget, "--out", str(tmp_path)])
+    assert "--budget-s must be a positive" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())
