@@ -169,6 +169,8 @@ def test_fix_flagged_rejects_dtypes():
             fp8_fix.fix_flagged(*args, interpret=True)
     with pytest.raises(ValueError, match=r"out must be a \[B, M, N\]"):
         fp8_fix.fix_flagged(out[0], *ok[1:], interpret=True)
+    with pytest.raises(TypeError, match="cfg must be a FixConfig"):  # was AttributeError: no 'bk'
+        fp8_fix.fix_flagged(*ok, cfg=(16, 16, 32), interpret=True)
 
 
 

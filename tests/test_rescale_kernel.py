@@ -172,6 +172,8 @@ def test_kernel_errors_name_the_argument():
         rescale_kernel(acc, el, er, nl, nr, jnp.int32, interpret=True)
     with pytest.raises(ValueError, match="block"):
         rescale_kernel(acc, el, er, nl, nr, jnp.float32, block=(24, 32), interpret=True)
+    with pytest.raises(ValueError, match=r"block must be a \(bm, bn\) tuple"):  # was: not enough values to unpack
+        rescale_kernel(acc, el, er, nl, nr, jnp.float32, block=(32,), interpret=True)
 
 
 def test_benchmark_quick_checks_and_times(tmp_path):

@@ -161,7 +161,7 @@ def fix_flagged(out, a_codes, a_scales, a_exp, a_flag, b_codes, b_scales, b_exp,
       the updated ``out``.
     Raises:
       ValueError: shapes that do not pair up, or K not a multiple of 32 and of ``cfg.bk``.
-      TypeError: dtypes other than those above.
+      TypeError: dtypes other than those above; a ``cfg`` that is not a :class:`FixConfig`.
     An empty ``out`` comes back as it is; with K = 0 the flagged entries become 0 (an empty sum).
     """
     if getattr(out, "ndim", None) != 3:
@@ -180,6 +180,8 @@ def fix_flagged(out, a_codes, a_scales, a_exp, a_flag, b_codes, b_scales, b_exp,
             or a_flag.shape != (bsz, m) or b_flag.shape != (bsz, n)):
         raise ValueError(f"fix_flagged: operands do not pair up with out {out.shape}: lhs codes {a_codes.shape}, "
                          f"scales {a_scales.shape}, rhs codes {b_codes.shape}, scales {b_scales.shape}")
+    if cfg is not None and not isinstance(cfg, FixConfig):
+        raise TypeError(f"fix_flagged: cfg must be a FixConfig or None, got {cfg!r}")
     cfg = cfg or default_config(k)
     if k % BLOCK_SIZE or k % cfg.bk:
         raise ValueError(f"fix_flagged: K={k} must be a multiple of {BLOCK_SIZE} and of bk={cfg.bk}")

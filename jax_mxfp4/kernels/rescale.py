@@ -80,6 +80,8 @@ def rescale_kernel(acc, e_lhs, e_rhs, nan_rows, nan_cols, out_dtype, *, block=No
       ValueError: operands whose shapes do not pair up as above, a non-float ``acc`` or output
         dtype, a tile or warp count that is not a power of two.
     """
+    if block is not None and (not isinstance(block, tuple) or len(block) != 2):
+        raise ValueError(f"rescale_kernel: block must be a (bm, bn) tuple of powers of two, got {block!r}")
     bm, bn = DEFAULT_TILE[:2] if block is None else block
     bm, bn = _pow2(bm, "block[0]"), _pow2(bn, "block[1]")
     num_warps = _pow2(DEFAULT_TILE[2] if num_warps is None else num_warps, "num_warps")
