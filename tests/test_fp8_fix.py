@@ -199,8 +199,10 @@ def test_fix_flagged_float16_out():
 def test_fp8_gemm_cuda_route_in_the_interpreter(monkeypatch, out_dtype):
     """fp8_gemm's CUDA route (encode kernel, FP8 dot, rescale kernel, this fix kernel) with every
     Pallas kernel in the interpreter equals the CPU route (jnp encode, XLA rescale, while_loop
-    fix) bit for bit, on in-window rows, flagged rows and columns and a NaN row; and takes the
-    empty shapes (B, M, N or K = 0: a zero-size grid raised ZeroDivisionError there)."""
+    fix) bit for bit outside the flagged rows and columns, and both equal the float64 GEMM
+    within the float32 accumulation bound on them (the two sum in different orders: 1 ulp
+    apart at times); a NaN row stays NaN; and takes the empty shapes (B, M, N or K = 0: a
+    zero-size grid raised ZeroDivisionError there)."""
     import functools
 
     from jax_mxfp4.backends import fp8 as fp8_backend
@@ -221,10 +223,25 @@ def test_fp8_gemm_cuda_route_in_the_interpreter(monkeypatch, out_dtype):
     sa[1, 7, 1] = 255  # NaN row
     a, bb = mk(ca, sa), mk(cb, sb)
     od = np.dtype(out_dtype)
-    got = np.asarray(gemm(a, bb, od, "default", "cuda").astype(jnp.float32))
-    want = np.asarray(gemm(a, bb, od, "default", "cpu").astype(jnp.float32))
-    np.testing.assert_array_equal(got, want)
-    assert np.isnan(got[1, 7]).all() and not np.isnan(np.delete(got[1], 7, axis=0)).any()
+    got = np.asarray(gemm(a, bb, od, "default", "cuda").astype(jnp.float32), np.float64)
+    want = np.asarray(gemm(a, bb, od, "default", "cpu").astype(jnp.float32), np.float64)
+    fixed = np.zeros((b, m, n), bool)  # recomputed exactly: equal up to the float32 summation order
+    fixed[0, 3, :] = fixed[1, :, 5] = True
+    np.testing.assert_array_equal(got[~fixed], want[~fixed])
+    assert np.isnan(got[1, 7]).all() and np.isnan(got).sum() == n
+    e, mag = exact64(ca, sa, cb, sb)
+    ok = fixed & ~np.isnan(e)
+    # one rounding to the output dtype: relative half ulp, or its subnormal spacing (float32: the
+    # CPU flush below 2^-126)
+    eps, tiny = {np.dtype(jnp.float32): (0.0, 2.0**-126), np.dtype(jnp.bfloat16): (2.0**-8, 2.0**-133),
+                 np.dtype(jnp.float16): (2.0**-11, 2.0**-24)}[od]
+    with np.errstate(over="ignore"):
+        e_od = e.astype(od).astype(np.float64)
+    over = ok & np.isinf(e_od)  # float16: beyond 65504, rounds to +-Inf
+    fin = ok & ~over
+    for v in (got, want):
+        assert (np.abs(v[fin] - e[fin]) <= eps * np.abs(e[fin]) + tiny + k * 2.0**-24 * mag[fin]).all()
+        np.testing.assert_array_equal(v[over], e_od[over])
     for shape in ((1, 0, 8, 64), (1, 8, 0, 64), (0, 8, 8, 64), (1, 8, 8, 0)):
         bs, mm, nn, kk = shape
         z = lambda r: mk(np.zeros((bs, r, kk), np.uint8), np.full((bs, r, kk // 32), 127, np.uint8))  # noqa: E731
