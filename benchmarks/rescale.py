@@ -233,6 +233,8 @@ def main(argv=None):
     ap.add_argument("--out", default=None, help="output folder (default benchmarks/results/rescale[-quick])")
     ap.add_argument("--budget-s", type=float, default=90.0, help="stop starting new timed cases after this")
     args = ap.parse_args(argv)
+    if not args.budget_s > 0:  # nan never stopped, <= 0 skipped every timed case
+        ap.error(f"--budget-s must be a positive number of seconds, got {args.budget_s}")
     here = os.path.dirname(os.path.abspath(__file__))
     out = out_dir(args.out or os.path.join(here, "results", "rescale-quick" if args.quick else "rescale"))
     interpret = current_platform() != "cuda"

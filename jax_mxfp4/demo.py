@@ -336,7 +336,8 @@ def parse_args(argv=None):
     p.add_argument("--backend", default="auto", help="jax_mxfp4 backend of the MXFP4 run (default auto)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--eval-batches", type=int, default=8, help="held-out batches per evaluation")
-    p.add_argument("--eval-every", type=int, default=None, help="steps between evaluations (default steps/6)")
+    p.add_argument("--eval-every", type=int, default=None,
+                   help="steps between evaluations (default steps/6; 0: at the end only)")
     p.add_argument("--batch", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--seq-len", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--d-model", type=int, default=None, help=argparse.SUPPRESS)
@@ -369,6 +370,10 @@ def parse_args(argv=None):
             p.error(f"--mesh must look like DxM with positive integers (e.g. 2x1), got {args.mesh!r}")
     if args.steps is not None and args.steps < 1:
         p.error(f"--steps must be >= 1, got {args.steps}")
+    if args.eval_batches < 1:  # 0 averaged no batch: NaN eval losses and a NaN gap
+        p.error(f"--eval-batches must be >= 1, got {args.eval_batches}")
+    if args.eval_every is not None and args.eval_every < 0:  # -1 evaluated after every step
+        p.error(f"--eval-every must be >= 0 (0: evaluate at the end only), got {args.eval_every}")
     passes = False if args.hadamard == "none" else "all" if args.hadamard == "all" else tuple(args.hadamard.split(","))
     bad = [v for v in ((passes,) if isinstance(passes, str) else passes or ()) if v not in ("all", "fprop", "dgrad", "wgrad")]
     if bad:

@@ -98,6 +98,10 @@ def encode_rows(data, scale_bytes):
     """
     sb = as_scale_bytes(scale_bytes).astype(jnp.int32)
     codes4 = unpack_nibbles(data)
+    if codes4.shape[-1] == 0:  # K = 0: no block, as a row of zero blocks (row_exp 0, no flag)
+        lead = codes4.shape[:-1]
+        return (codes4.astype(jnp.float8_e4m3fn), jnp.full(lead, EMPTY_ROW_BMAX - ROW_EXP_OFFSET, jnp.int32),
+                jnp.zeros(lead, jnp.uint8))
     blocks = codes4.reshape(*codes4.shape[:-1], codes4.shape[-1] // BLOCK_SIZE, BLOCK_SIZE)
     d, row_exp, row_flag = encode_blocks(sb, (blocks & 7).astype(jnp.int32))
     vals = decode_e2m1(blocks) * pow2_from_exponent(d)[..., None]

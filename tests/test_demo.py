@@ -54,11 +54,19 @@ def test_unigram_entropy_against_counter():
     assert demo.unigram_entropy_nats(np.arange(256, dtype=np.uint8)) == pytest.approx(math.log(256))
 
 
-def test_cli_rejects_bad_flags():
+def test_cli_rejects_bad_flags(capsys):
     with pytest.raises(SystemExit):
         demo.parse_args(["--steps", "0"])
     with pytest.raises(SystemExit):
         demo.parse_args(["--size", "huge"])
+    # --eval-batches 0 gave NaN eval losses and gap, -2 a numpy traceback after loading the data;
+    # --eval-every -1 evaluated after every step
+    for flag, v in (("--eval-batches", "0"), ("--eval-batches", "-2"), ("--eval-every", "-1")):
+        with pytest.raises(SystemExit):
+            demo.parse_args([flag, v])
+        err = capsys.readouterr().err
+        assert f"{flag} must be >=" in err, err
+    assert demo.parse_args(["--eval-every", "0"]).eval_every == 0
 
 
 def test_console_script_declared():

@@ -165,6 +165,23 @@ def test_zero_rows_and_all_zero_operands():
     assert (z == 0).all()
 
 
+def test_k0_operands_prepare_and_multiply():
+    """K = 0 (no block): prepare_fp8 gives an empty FP8Prepared (row exponent 0, no flag; it used
+    to fail with "zero-size array to reduction operation max"), and the FP8 GEMM of K = 0
+    operands, prepared or not, is all zeros (empty sums), as backend "xla"."""
+    x = mx.quantize(jnp.ones((5, 0)), axis=1)
+    w = mx.quantize(jnp.ones((0, 3)), axis=0)
+    p = prepare_fp8(w)
+    assert p.codes.shape == (3, 0) and p.codes.dtype == jnp.float8_e4m3fn
+    assert (np.asarray(p.row_exp) == 0).all() and (np.asarray(p.row_flag) == 0).all()
+    dn = (((1,), (0,)), ((), ()))
+    for rhs in (w, p):
+        got = np.asarray(mx.dot_general(x, rhs, dn, recipe=FP8))
+        assert got.shape == (5, 3) and (got == 0).all()
+    want = np.asarray(mx.dot_general(x, w, dn, recipe=XLA))
+    assert (want == 0).all()
+
+
 def test_nan_scale_byte_poisons_row_and_column():
     rng = np.random.default_rng()
     ca, sa = rand_operand(rng, (2, 8, 96), span=6)

@@ -86,6 +86,17 @@ def test_kernel_rejects_bad_shapes():
         encode_rows_kernel(jnp.zeros((4, 16), jnp.uint8), jnp.zeros((4, 2), jnp.uint8), interpret=True)
 
 
+
+@pytest.mark.parametrize("kw", [dict(num_warps=3), dict(num_warps=0), dict(num_warps="4"), dict(num_warps=True),
+                                dict(rows_per_program=3), dict(chunk_blocks=0)])
+def test_kernel_rejects_bad_tiling(kw):
+    """Tile and warp counts are checked by name on every platform (num_warps=3 or "4" went
+    through in the interpreter, which ignores it, and would fail only in Triton on a GPU)."""
+    name = next(iter(kw))
+    with pytest.raises(ValueError, match=f"{name} must be a power of two"):
+        encode_rows_kernel(jnp.zeros((4, 16), jnp.uint8), jnp.zeros((4, 1), jnp.uint8), interpret=True, **kw)
+
+
 def test_scales_as_e8m0_are_read_as_bytes():
     """float8_e8m0fnu scales are bit-cast, not converted by value (a value cast would give 2^b-127)."""
     rng = np.random.default_rng()

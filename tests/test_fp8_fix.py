@@ -160,3 +160,122 @@ def test_fp8_gemm_routes_the_fix_kernel_on_cuda_only(monkeypatch):
     with pytest.raises(ValueError, match=fb.FIX_KERNEL_ENV):
         jaxpr("cuda")
     fb.fp8_gemm.clear_cache()
+
+
+@pytest.mark.parametrize("b,m,n,k", [(1, 0, 8, 64), (1, 8, 0, 64), (0, 8, 8, 64), (1, 8, 8, 0)])
+def test_fix_flagged_empty_shapes(b, m, n, k):
+    """Zero-size batch, M, N (the result comes back as it is) and K = 0 (flagged entries are empty
+    sums, 0; others untouched): no ZeroDivisionError from a zero-size grid or block. The FP8 path
+    reaches this kernel on CUDA with such shapes (fp8_gemm's rescale already skipped them)."""
+    rng = np.random.default_rng()
+
+    def fields(r):
+        flag = np.zeros((b, r), np.uint8)
+        flag[:, : r // 2] = FLAG_EXACT  # hand-set flags: K = 0 rows have no block to flag them
+        return (jnp.zeros((b, r, k), jnp.float8_e4m3fn), jnp.zeros((b, r, k // 32), jnp.uint8),
+                jnp.zeros((b, r), jnp.int32), jnp.asarray(flag))
+
+    base = rng.standard_normal((b, m, n)).astype(np.float32)
+    got = np.asarray(fp8_fix.fix_flagged(jnp.asarray(base), *fields(m), *fields(n), interpret=True))
+    assert got.shape == (b, m, n)
+    want = base.copy()
+    want[:, : m // 2, :] = 0
+    want[:, :, : n // 2] = 0
+    np.testing.assert_array_equal(got, want if k == 0 else base)
+
+
+def test_fix_flagged_rejects_dtypes():
+    """Each operand's dtype is checked by name (a float32 codes array used to fail in a reshape,
+    an int32 ``out`` or float ``row_exp`` went through silently)."""
+    c = jnp.zeros((1, 4, 64), jnp.float8_e4m3fn)
+    s, e, f = jnp.zeros((1, 4, 2), jnp.uint8), jnp.zeros((1, 4), jnp.int32), jnp.zeros((1, 4), jnp.uint8)
+    out = jnp.zeros((1, 4, 4))
+    ok = (out, c, s, e, f, c, s, e, f)
+    bad = {0: out.astype(jnp.int32), 1: c.astype(jnp.float32), 2: s.astype(jnp.float32), 3: e.astype(jnp.float32),
+           4: f.astype(jnp.bool_), 5: c.astype(jnp.float8_e5m2), 7: e.astype(jnp.uint8), 8: f.astype(jnp.int32)}
+    names = ["out", "a_codes", "a_scales", "a_exp", "a_flag", "b_codes", "b_scales", "b_exp", "b_flag"]
+    for i, v in bad.items():
+        args = list(ok)
+        args[i] = v
+        with pytest.raises(TypeError, match=f"fix_flagged: {names[i]} must be"):
+            fp8_fix.fix_flagged(*args, interpret=True)
+    with pytest.raises(ValueError, match=r"out must be a \[B, M, N\]"):
+        fp8_fix.fix_flagged(out[0], *ok[1:], interpret=True)
+    with pytest.raises(TypeError, match="cfg must be a FixConfig"):  # was AttributeError: no 'bk'
+        fp8_fix.fix_flagged(*ok, cfg=(16, 16, 32), interpret=True)
+
+
+
+def test_fix_flagged_float16_out():
+    """A float16 result (the FP8 path's preferred_element_type=float16 on CUDA) is fixed as the
+    float32 one rounded once to float16 (the dtype check must not refuse it)."""
+    rng = np.random.default_rng()
+    m, n, k = 24, 20, 64
+    ca, sa = rand_operand(rng, (1, m, k), span=6)
+    cb, sb = rand_operand(rng, (1, n, k), span=6)
+    sa[0, 3, 0] = 100  # far below the row's largest block: FLAG_EXACT
+    ca[0, 3, :32] = 5
+    fa, fb = _fields(mk(ca, sa)), _fields(mk(cb, sb))
+    assert np.asarray(fa[3])[0, 3] & FLAG_EXACT
+    base = rng.standard_normal((1, m, n)).astype(np.float16)
+    got = np.asarray(fp8_fix.fix_flagged(jnp.asarray(base), *fa, *fb, interpret=True))
+    f32 = np.asarray(fp8_fix.fix_flagged(jnp.asarray(base, jnp.float32), *fa, *fb, interpret=True))
+    assert got.dtype == np.float16
+    np.testing.assert_array_equal(got[0, 3], f32[0, 3].astype(np.float16))
+    keep = np.ones(m, bool)
+    keep[3] = False
+    np.testing.assert_array_equal(got[0, keep], base[0, keep])
+
+
+@pytest.mark.parametrize("out_dtype", [jnp.float32, jnp.bfloat16, jnp.float16])
+def test_fp8_gemm_cuda_route_in_the_interpreter(monkeypatch, out_dtype):
+    """fp8_gemm's CUDA route (encode kernel, FP8 dot, rescale kernel, this fix kernel) with every
+    Pallas kernel in the interpreter equals the CPU route (jnp encode, XLA rescale, while_loop
+    fix) bit for bit outside the flagged rows and columns, and both equal the float64 GEMM
+    within the float32 accumulation bound on them (the two sum in different orders: 1 ulp
+    apart at times); a NaN row stays NaN; and takes the empty shapes (B, M, N or K = 0: a
+    zero-size grid raised ZeroDivisionError there)."""
+    import functools
+
+    from jax_mxfp4.backends import fp8 as fp8_backend
+    from jax_mxfp4.kernels import fp8_encode
+    from jax_mxfp4.kernels import rescale as rescale_mod
+
+    for mod, name in ((fp8_fix, "fix_flagged"), (rescale_mod, "rescale_kernel"), (fp8_encode, "encode_rows_kernel")):
+        monkeypatch.setattr(mod, name, functools.partial(getattr(mod, name), interpret=True))
+    gemm = fp8_backend.fp8_gemm.__wrapped__  # traced afresh: no cached non-interpreted trace
+    rng = np.random.default_rng()
+    b, m, n, k = 2, 40, 24, 128
+    ca, sa = rand_operand(rng, (b, m, k), span=10, base=140)
+    cb, sb = rand_operand(rng, (b, n, k), span=10)
+    sa[0, 3, 0] = 100  # flagged lhs row
+    ca[0, 3, :32] = 6
+    sb[1, 5, 2] = 60  # flagged rhs column
+    cb[1, 5, 64:96] = 3
+    sa[1, 7, 1] = 255  # NaN row
+    a, bb = mk(ca, sa), mk(cb, sb)
+    od = np.dtype(out_dtype)
+    got = np.asarray(gemm(a, bb, od, "default", "cuda").astype(jnp.float32), np.float64)
+    want = np.asarray(gemm(a, bb, od, "default", "cpu").astype(jnp.float32), np.float64)
+    fixed = np.zeros((b, m, n), bool)  # recomputed exactly: equal up to the float32 summation order
+    fixed[0, 3, :] = fixed[1, :, 5] = True
+    np.testing.assert_array_equal(got[~fixed], want[~fixed])
+    assert np.isnan(got[1, 7]).all() and np.isnan(got).sum() == n
+    e, mag = exact64(ca, sa, cb, sb)
+    ok = fixed & ~np.isnan(e)
+    # one rounding to the output dtype: relative half ulp, or its subnormal spacing (float32: the
+    # CPU flush below 2^-126)
+    eps, tiny = {np.dtype(jnp.float32): (0.0, 2.0**-126), np.dtype(jnp.bfloat16): (2.0**-8, 2.0**-133),
+                 np.dtype(jnp.float16): (2.0**-11, 2.0**-24)}[od]
+    with np.errstate(over="ignore"):
+        e_od = e.astype(od).astype(np.float64)
+    over = ok & np.isinf(e_od)  # float16: beyond 65504, rounds to +-Inf
+    fin = ok & ~over
+    for v in (got, want):
+        assert (np.abs(v[fin] - e[fin]) <= eps * np.abs(e[fin]) + tiny + k * 2.0**-24 * mag[fin]).all()
+        np.testing.assert_array_equal(v[over], e_od[over])
+    for shape in ((1, 0, 8, 64), (1, 8, 0, 64), (0, 8, 8, 64), (1, 8, 8, 0)):
+        bs, mm, nn, kk = shape
+        z = lambda r: mk(np.zeros((bs, r, kk), np.uint8), np.full((bs, r, kk // 32), 127, np.uint8))  # noqa: E731
+        out = gemm(z(mm), z(nn), od, "default", "cuda")
+        assert out.shape == (bs, mm, nn) and not np.asarray(out.astype(jnp.float32)).any()

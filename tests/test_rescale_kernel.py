@@ -174,6 +174,8 @@ def test_kernel_errors_name_the_argument():
         rescale_kernel(acc, el, er, nl, nr, jnp.float32, block=(24, 32), interpret=True)
     empty = rescale_kernel(acc[:, :0], el[:, :0], er, nl[:, :0], nr, jnp.bfloat16, interpret=True)
     assert empty.shape == (1, 0, 16) and empty.dtype == jnp.bfloat16
+    with pytest.raises(ValueError, match=r"block must be a \(bm, bn\) tuple"):  # was: not enough values to unpack
+        rescale_kernel(acc, el, er, nl, nr, jnp.float32, block=(32,), interpret=True)
 
 
 def test_benchmark_quick_checks_and_times(tmp_path):
@@ -186,3 +188,13 @@ def test_benchmark_quick_checks_and_times(tmp_path):
     assert any(c["n_inf"] and c["n_nan"] and c["n_subnormal_exact"] for c in res["checks"])
     assert {r["status"] for r in res["timing"]} == {"ok"}
     assert "| check |" in (tmp_path / "rescale.md").read_text()
+
+
+@pytest.mark.parametrize("budget", ["nan", "0", "-1"])
+def test_benchmark_rejects_bad_budget(budget, tmp_path, capsys):
+    """benchmarks/rescale.py --budget-s: nan never stopped starting timed cases, 0 or -1 skipped
+    them all; each is refused before any work, naming the flag."""
+    with pytest.raises(SystemExit):
+        bench.main(["--quick", "--budget-s", budget, "--out", str(tmp_path)])
+    assert "--budget-s must be a positive" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())

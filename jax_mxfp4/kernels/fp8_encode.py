@@ -154,7 +154,8 @@ def encode_rows_kernel(data, scale_bytes, *, rows_per_program: int | None = None
       (codes float8_e4m3fn [R, K], row_exp int32 [R], row_flag uint8 [R]).
     Raises:
       TypeError: data not uint8, scales not uint8/float8_e8m0fnu (:func:`jax_mxfp4.fp8.check_packed_rows`).
-      ValueError: shapes that are not [R, K/2] and [R, K/32]; a bad ``rows_per_program``.
+      ValueError: shapes that are not [R, K/2] and [R, K/32]; a bad ``rows_per_program``,
+        ``chunk_blocks`` or ``num_warps`` (each a power of two).
     """
     from ..fp8 import check_packed_rows
     from ..mx_format import as_scale_bytes
@@ -174,6 +175,8 @@ def encode_rows_kernel(data, scale_bytes, *, rows_per_program: int | None = None
     if (isinstance(rows_per_program, bool) or not isinstance(rows_per_program, int) or rows_per_program < 1
             or rows_per_program & (rows_per_program - 1)):
         raise ValueError(f"rows_per_program must be a power of two >= 1, got {rows_per_program!r}")
+    if isinstance(num_warps, bool) or not isinstance(num_warps, int) or num_warps < 1 or num_warps & (num_warps - 1):
+        raise ValueError(f"num_warps must be a power of two >= 1 (Triton), got {num_warps!r}")
     scale_bytes = as_scale_bytes(scale_bytes)  # bytes, not values (float8_e8m0fnu is bit-cast)
     n_rows, half = data.shape
     if n_rows == 0 or half == 0:  # nothing to launch; the outputs of encode_rows for empty input

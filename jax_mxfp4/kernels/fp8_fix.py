@@ -151,7 +151,8 @@ def fix_flagged(out, a_codes, a_scales, a_exp, a_flag, b_codes, b_scales, b_exp,
     the exact dot product of its row and column (module docstring), in place.
 
     Args:
-      out: float32/bfloat16 [B, M, N], the FP8 GEMM's rescaled result (aliased with the output).
+      out: float32/bfloat16/float16 [B, M, N], the FP8 GEMM's rescaled result (aliased with the
+        output).
       a_codes: float8_e4m3fn [B, M, K]; a_scales: uint8 [B, M, K/32]; a_exp: int32 [B, M];
         a_flag: uint8 [B, M] -- the lhs's :class:`jax_mxfp4.fp8.FP8Prepared` fields (scale bytes);
       b_*: the same for the rhs [B, N, K].
@@ -160,7 +161,18 @@ def fix_flagged(out, a_codes, a_scales, a_exp, a_flag, b_codes, b_scales, b_exp,
       the updated ``out``.
     Raises:
       ValueError: shapes that do not pair up, or K not a multiple of 32 and of ``cfg.bk``.
+      TypeError: dtypes other than those above; a ``cfg`` that is not a :class:`FixConfig`.
+    An empty ``out`` comes back as it is; with K = 0 the flagged entries become 0 (an empty sum).
     """
+    if getattr(out, "ndim", None) != 3:
+        raise ValueError(f"fix_flagged: out must be a [B, M, N] array, got shape {getattr(out, 'shape', type(out))}")
+    want = {"out": (out, ("float32", "bfloat16", "float16")), "a_codes": (a_codes, ("float8_e4m3fn",)),
+            "b_codes": (b_codes, ("float8_e4m3fn",)), "a_scales": (a_scales, ("uint8",)),
+            "b_scales": (b_scales, ("uint8",)), "a_exp": (a_exp, ("int32",)), "b_exp": (b_exp, ("int32",)),
+            "a_flag": (a_flag, ("uint8",)), "b_flag": (b_flag, ("uint8",))}
+    for name, (v, dts) in want.items():
+        if str(getattr(v, "dtype", None)) not in dts:
+            raise TypeError(f"fix_flagged: {name} must be {' or '.join(dts)}, got {getattr(v, 'dtype', type(v))}")
     bsz, m, n = out.shape
     k = a_codes.shape[-1]
     if (a_codes.shape != (bsz, m, k) or b_codes.shape != (bsz, n, k) or a_scales.shape != (bsz, m, k // BLOCK_SIZE)
@@ -168,9 +180,16 @@ def fix_flagged(out, a_codes, a_scales, a_exp, a_flag, b_codes, b_scales, b_exp,
             or a_flag.shape != (bsz, m) or b_flag.shape != (bsz, n)):
         raise ValueError(f"fix_flagged: operands do not pair up with out {out.shape}: lhs codes {a_codes.shape}, "
                          f"scales {a_scales.shape}, rhs codes {b_codes.shape}, scales {b_scales.shape}")
+    if cfg is not None and not isinstance(cfg, FixConfig):
+        raise TypeError(f"fix_flagged: cfg must be a FixConfig or None, got {cfg!r}")
     cfg = cfg or default_config(k)
     if k % BLOCK_SIZE or k % cfg.bk:
         raise ValueError(f"fix_flagged: K={k} must be a multiple of {BLOCK_SIZE} and of bk={cfg.bk}")
+    if out.size == 0:  # nothing to fix (a zero-size grid or block does not lower)
+        return out
+    if k == 0:  # every dot product is an empty sum: flagged entries are 0 (unflagged ones already are)
+        fix = ((a_flag & FLAG_EXACT) != 0)[:, :, None] | ((b_flag & FLAG_EXACT) != 0)[:, None, :]
+        return jnp.where(fix, jnp.zeros((), out.dtype), out)
     nb = k // BLOCK_SIZE
     n_prog = min(cfg.max_programs, pl.cdiv(m, cfg.bm) * pl.cdiv(n, cfg.bn))
     kernel = functools.partial(_kernel, m=m, n=n, k=k, n_prog=n_prog, cfg=cfg)

@@ -65,8 +65,9 @@ def rescale_kernel(acc, e_lhs, e_rhs, nan_rows, nan_cols, out_dtype, *, block=No
 
     Args:
       acc: float32/bfloat16/float16 [B, M, N], the FP8 GEMM's accumulator.
-      e_lhs: int32 [B, M] row exponents; e_rhs: int32 [B, N] column exponents (any int32 values:
-        the rule clips their sum).
+      e_lhs: int32 [B, M] row exponents; e_rhs: int32 [B, N] column exponents, each within
+        (-2^30, 2^30) so that their int32 sum does not wrap (the FP8 encoding gives [-133, 121];
+        2^30 + 2^30 wraps to -2^31 and scales by 0, not Inf); the rule clips the sum.
       nan_rows: bool [B, M]; nan_cols: bool [B, N]: outputs of these rows / columns are NaN.
       out_dtype: float32, bfloat16 or float16.
       block: (bm, bn) tile of one program, powers of two (default :data:`DEFAULT_TILE`); M and N
@@ -79,6 +80,8 @@ def rescale_kernel(acc, e_lhs, e_rhs, nan_rows, nan_cols, out_dtype, *, block=No
       ValueError: operands whose shapes do not pair up as above, a non-float ``acc`` or output
         dtype, a tile or warp count that is not a power of two.
     """
+    if block is not None and (not isinstance(block, tuple) or len(block) != 2):
+        raise ValueError(f"rescale_kernel: block must be a (bm, bn) tuple of powers of two, got {block!r}")
     bm, bn = DEFAULT_TILE[:2] if block is None else block
     bm, bn = _pow2(bm, "block[0]"), _pow2(bn, "block[1]")
     num_warps = _pow2(DEFAULT_TILE[2] if num_warps is None else num_warps, "num_warps")
