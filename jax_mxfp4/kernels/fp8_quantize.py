@@ -137,16 +137,12 @@ def encode_tile(bits, u, scale_mode, plain_path=True):
     bad, byte, s = block_scale_bits(amax_bits, scale_mode)
     inv = pow2_from_exponent(-s)[..., None]
     general = lambda: _encode_general(bits, a, u, inv, bad, byte)  # noqa: E731
-    if not plain_path:
-        return _with_byte(general(), byte)
-    plain = (amax_bits == 0) | ((byte >= PLAIN_MIN_BYTE) & (byte <= PLAIN_MAX_BYTE))
-    all_plain = jnp.min(jnp.min(plain.astype(jnp.int32), axis=-1), axis=-1) != 0
-    out = lax.cond(all_plain, lambda: _encode_plain(bits, a, u, inv, amax_bits, byte), general)
-    return _with_byte(out, byte)
-
-
-def _with_byte(out, byte):
-    vals, row_exp, row_flag = out
+    if plain_path:
+        plain = (amax_bits == 0) | ((byte >= PLAIN_MIN_BYTE) & (byte <= PLAIN_MAX_BYTE))
+        all_plain = jnp.min(jnp.min(plain.astype(jnp.int32), axis=-1), axis=-1) != 0
+        vals, row_exp, row_flag = lax.cond(all_plain, lambda: _encode_plain(bits, a, u, inv, amax_bits, byte), general)
+    else:
+        vals, row_exp, row_flag = general()
     return vals, byte, row_exp, row_flag
 
 
