@@ -8,7 +8,7 @@ that builds the demo's model and jitted step (``demo.make_train_step``) and time
 Each process is bounded by ``--timeout`` (a run cut there is reported as such).
 
 Usage: python benchmarks/compile_time.py [--size large] [--recipes bf16,mxfp4] [--flags default,autotune0]
-       [--timeout 240] [--profile] [--out DIR]
+       [--d-model N] [--timeout 240] [--profile] [--out DIR]
 (--profile: after the timed steps, 3 steps under the profiler; prints the top kernels per step.)
 Flag sets: default (none); autotune0 ``--xla_gpu_autotune_level=0``; notriton
 ``--xla_gpu_enable_triton_gemm=false``. Prints a table; with --out, writes compile_time.json there.
@@ -51,7 +51,7 @@ def _profile_steps(compiled, params, opt_state, batch, steps: int = 3, top: int 
     return {"kernel_ms_per_step": sum(ms for _, ms in ranked), "kernels": len(per), "top": ranked[:top]}
 
 
-def child(size: str, recipe_name: str, layers: int | None, profile: bool = False) -> dict:
+def child(size: str, recipe_name: str, layers: int | None, profile: bool = False, d_model: int | None = None) -> dict:
     """Runs in the fresh process: phase times of one demo step compile (seconds)."""
     import jax
     import jax.numpy as jnp
@@ -63,6 +63,8 @@ def child(size: str, recipe_name: str, layers: int | None, profile: bool = False
     cfg = dict(demo.SIZES[size])
     if layers is not None:
         cfg["n_layers"] = layers
+    if d_model is not None:
+        cfg["d_model"] = d_model
     recipe = Recipe(**demo.BF16_RECIPE_FIELDS) if recipe_name == "bf16" else Recipe()
     model = demo.build_model(cfg, recipe)
     rng = np.random.default_rng(0)
@@ -108,6 +110,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--size", default="large")
     ap.add_argument("--layers", type=int, default=None, help="override the model's layer count")
+    ap.add_argument("--d-model", type=int, default=None, help="override the model's width (a multiple of its head count and of 32)")
     ap.add_argument("--recipes", default="bf16,mxfp4")
     ap.add_argument("--flags", default="default,autotune0")
     ap.add_argument("--timeout", type=float, default=240.0, help="seconds per process")
@@ -116,7 +119,7 @@ def main(argv=None) -> int:
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
-        print("RESULT " + json.dumps(child(args.size, args.child, args.layers, args.profile)), flush=True)
+        print("RESULT " + json.dumps(child(args.size, args.child, args.layers, args.profile, args.d_model)), flush=True)
         return 0
     from jax_mxfp4 import demo
 
@@ -134,6 +137,8 @@ def main(argv=None) -> int:
         ap.error("--recipes and --flags each need at least one name")
     if args.layers is not None and args.layers < 1:
         ap.error(f"--layers must be >= 1, got {args.layers}")
+    if args.d_model is not None and (args.d_model < 32 or args.d_model % 32):
+        ap.error(f"--d-model must be a positive multiple of 32, got {args.d_model}")
     if not args.timeout > 0:  # 0 or less cut every process before it started ("timeout" rows)
         ap.error(f"--timeout must be > 0 seconds, got {args.timeout}")
     rows = []
@@ -144,6 +149,8 @@ def main(argv=None) -> int:
             cmd = [sys.executable, os.path.abspath(__file__), "--child", r, "--size", args.size]
             if args.layers is not None:
                 cmd += ["--layers", str(args.layers)]
+            if args.d_model is not None:
+                cmd += ["--d-model", str(args.d_model)]
             if args.profile:
                 cmd += ["--profile"]
             print(f"[{f} {r}] XLA_FLAGS={env['XLA_FLAGS']!r}", flush=True)
