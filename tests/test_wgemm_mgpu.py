@@ -636,6 +636,22 @@ def test_default_config_refuses_what_it_cannot_tile():
     assert wm.default_mgpu_config(16, 128, 64).bk == 64
 
 
+@pytest.mark.parametrize("m,n,k", [(1, 8192, 8192), (16, 4096, 14336), (40, 1024, 4096), (64, 320, 640),
+                                   (16, 192, 96 * 64), (16, 1024, 256)])
+def test_default_config_by_byte_order(m, n, k):
+    """"pairs" bytes take the one-kernel tiling with 4 compute warpgroups where k_split_config
+    gives one (timed faster on the H200), else the split-K kernel; natural bytes always the
+    split-K kernel with the "ptx" decode."""
+    pairs, natural = wm.default_mgpu_config(m, n, k, "pairs"), wm.default_mgpu_config(m, n, k, "natural")
+    one = wm.k_split_config(m, n, k, "pairs", 4)
+    if one is not None:
+        assert pairs == one and pairs.k_split_wgs == 4 and pairs.split_k == 1
+    else:
+        assert pairs.k_split_wgs == 1 and pairs.decode == "pairs" and k % (pairs.bk * pairs.split_k) == 0
+    assert natural.k_split_wgs == 1 and natural.decode == "ptx" and k % (natural.bk * natural.split_k) == 0
+    assert (one is None) == (k in (640, 256))
+
+
 # ---- k_split_wgs hangs: the 2026-12-01 H200 run hung in "ks4" (4 compute warpgroups) at every K.
 # Two bug classes a CPU machine can catch: a register request the CTA cannot satisfy
 # (setmaxnreg.inc blocks forever), read from the lowered Mosaic GPU module; and a barrier

@@ -917,12 +917,20 @@ def default_mgpu_config(m: int, n: int, k: int, w_order: str = "natural") -> Mgp
     decode, x read as it is: 34.0 us = 0.73x of bf16 against 36.6 us = 0.78x for "ptx" (kernel
     sums 23.7 vs 23.2 us: the gain is the x split's kernel and its launch); natural bytes keep the
     "ptx" decode: its x split (one XLA fusion, ~1.9 us through dispatch) is cheaper than the
-    "pairs" x permutation (~3.4 us)."""
+    "pairs" x permutation (~3.4 us). "pairs" bytes take the one-kernel tiling with 4 compute
+    warpgroups where it applies (:func:`k_split_config`; session 7, 2026-12-01, same run of
+    benchmarks/wgemm_mgpu_check.py: 16x8192x8192 33.0 us = 0.70x of bf16 against 36.1 us = 0.77x for
+    the split-K kernel, 1x8192x8192 0.89x against 0.95x; checked there at 1, 16 and 40 rows and on
+    every E8M0 byte); natural bytes keep the split-K kernel (the "ptx" one-kernel variant is untimed)."""
     if w_order not in W_ORDERS:
         raise ValueError(f"default_mgpu_config: w_order must be one of {W_ORDERS}, got {w_order!r}")
     if k <= 0 or k % (2 * BLOCK_SIZE):
         raise ValueError(f"default_mgpu_config: K={k} must be a positive multiple of {2 * BLOCK_SIZE} "
                          "(unsupported_reason says so before dispatch asks)")
+    if w_order == "pairs":
+        one_kernel = k_split_config(m, n, k, w_order, k_split_wgs=4)
+        if one_kernel is not None:
+            return one_kernel
     bk, split = 256, 4
     while k % (bk * split):
         if split > 1:
@@ -938,8 +946,8 @@ def k_split_config(m: int, n: int, k: int, w_order: str = "natural", k_split_wgs
     apply: bk 512 (each of 2 warpgroups a 256-element slice: whole 128-byte swizzle tiles), else
     256 or 128, the largest that divides K in at least two steps and gives each warpgroup at least
     64 elements; stages 5 (lowered where shared memory is short). Decode by byte order as
-    :func:`default_mgpu_config`. NOT the dispatch default (not yet measured on a GPU): a candidate
-    for it once benchmarks/wgemm_mgpu_check.py has checked and timed the "ks" variants."""
+    :func:`default_mgpu_config`, which takes it with ``k_split_wgs=4`` for "pairs" bytes (measured
+    faster there; the "ptx" decode's one-kernel variant is untimed)."""
     del m, n  # shape rules of the kernel itself: unsupported_reason
     if k_split_wgs not in K_SPLIT_WGS[1:]:
         raise ValueError(f"k_split_config: k_split_wgs must be one of {K_SPLIT_WGS[1:]}, got {k_split_wgs!r}")
