@@ -3,6 +3,7 @@
 Configs (T tokens):
   linear  Y = X·W,              X [T, K], W [K, N], T = K = N = 8192
   mlp     Y = gelu(X·W1)·W2,    d = 8192, hidden 4d, T = 8192
+  mlp-d1024  the same with d = 1024 (the MLP block of ``jax_mxfp4.demo --size large``)
 
 One step = forward + backward for a fixed random cotangent dY (``jax.vjp`` in one jitted
 function): the output Y and the gradients with respect to X and every weight, all quantization
@@ -51,8 +52,9 @@ import jax_mxfp4 as mx  # noqa: E402
 from benchmarks.common import device_info, kernel_time, out_dir, time_fn, write_json  # noqa: E402
 from jax_mxfp4.training import FUSED_ENV  # noqa: E402
 
-FULL = {"linear": dict(t=8192, k=8192, n=8192), "mlp": dict(t=8192, d=8192)}
-QUICK = {"linear": dict(t=64, k=64, n=96), "mlp": dict(t=64, d=64)}
+FULL = {"linear": dict(t=8192, k=8192, n=8192), "mlp": dict(t=8192, d=8192),
+        "mlp-d1024": dict(t=8192, d=1024)}  # the demo's large size: one MLP block of its step
+QUICK = {"linear": dict(t=64, k=64, n=96), "mlp": dict(t=64, d=64), "mlp-d1024": dict(t=64, d=32)}
 VARIANTS = {
     "bf16": None,
     "mxfp4": mx.Recipe(),

@@ -48,7 +48,7 @@ def test_train_step_quick_writes_json_markdown(tmp_path):
     assert train_step.main(["--quick", "--out", str(tmp_path)]) == 0
     res = json.loads((tmp_path / "train_step.json").read_text())
     got = {(r["config"], r["variant"]) for r in res["rows"] if r["status"] == "ok"}
-    assert got == {(c, v) for c in ("linear", "mlp") for v in train_step.VARIANTS}
+    assert got == {(c, v) for c in ("linear", "mlp", "mlp-d1024") for v in train_step.VARIANTS}
     for r in res["rows"]:
         assert r["median_s"] > 0 and abs(r["tokens_per_s"] * r["median_s"] - r["t"]) < 1e-6 * r["t"]
         assert abs(r["time_ratio_vs_bf16"] - r["median_s"] / next(
