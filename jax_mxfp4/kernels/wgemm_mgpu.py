@@ -238,6 +238,15 @@ def _ws_stages(cfg: MgpuConfig, steps: int, per_stage: int, fixed: int, what: st
     return stages
 
 
+def _k_split_smem(mp: int, bk: int, kw: int, out_itemsize: int) -> tuple[int, int]:
+    """Shared memory of the one-kernel launcher (``k_split_wgs = kw``): bytes per pipeline stage
+    (x tile bf16, packed weight tile, scale bytes) and fixed bytes (kw - 1 float32 partial sums,
+    the output tile), for ``mp`` padded rows."""
+    per_stage = mp * bk * 2 + _WG_ROWS * (bk // 2) + (bk // BLOCK_SIZE) * _WG_ROWS
+    fixed = (kw - 1) * _WG_ROWS * mp * 4 + mp * _WG_ROWS * out_itemsize
+    return per_stage, fixed
+
+
 def _swizzle(row_bytes: int) -> int:
     """Largest TMA swizzle (bytes) that divides a tile row of ``row_bytes``."""
     for sw in (128, 64, 32):
@@ -618,8 +627,7 @@ def _k_split_call(xs, w_data, scales, *, cfg: MgpuConfig, n: int, mp: int, out_d
     # (test_transposed_layout), float32 into a plain one (test_transposed_load_store)
     osize = jnp.dtype(out_dtype).itemsize
     o_tr = _tiled(128, 2) if osize == 2 else ()
-    per_stage = mp * cfg.bk * 2 + _WG_ROWS * hb + nb * _WG_ROWS * jnp.dtype(scales.dtype).itemsize
-    fixed = (kw - 1) * _WG_ROWS * mp * 4 + mp * _WG_ROWS * osize
+    per_stage, fixed = _k_split_smem(mp, cfg.bk, kw, osize)
     stages = _ws_stages(cfg, steps, per_stage, fixed, f"k_split_wgs={kw} with bk={cfg.bk}, K={2 * k_half} and "
                         f"{mp} padded rows")
 
@@ -945,14 +953,19 @@ def k_split_config(m: int, n: int, k: int, w_order: str = "natural", k_split_wgs
     """The one-kernel tiling (:attr:`MgpuConfig.k_split_wgs`) for a shape, or None where it does not
     apply: bk 512 (each of 2 warpgroups a 256-element slice: whole 128-byte swizzle tiles), else
     256 or 128, the largest that divides K in at least two steps and gives each warpgroup at least
-    64 elements; stages 5 (lowered where shared memory is short). Decode by byte order as
+    64 elements, and two pipeline stages fit in shared memory for ``m`` rows (padded to 16; 64 rows
+    and K 2048 at bk 512 did not: H200 session 7); stages 5 (lowered where shared memory is
+    short). Decode by byte order as
     :func:`default_mgpu_config`, which takes it with ``k_split_wgs=4`` for "pairs" bytes (measured
     faster there; the "ptx" decode's one-kernel variant is untimed)."""
-    del m, n  # shape rules of the kernel itself: unsupported_reason
+    del n  # shape rules of the kernel itself: unsupported_reason
     if k_split_wgs not in K_SPLIT_WGS[1:]:
         raise ValueError(f"k_split_config: k_split_wgs must be one of {K_SPLIT_WGS[1:]}, got {k_split_wgs!r}")
+    mp = -(-max(m, 1) // 16) * 16
     for bk in (512, 256, 128):
-        if bk % (k_split_wgs * _K_SLICE_MIN) == 0 and k % bk == 0 and k // bk >= 2:
+        per_stage, fixed = _k_split_smem(mp, bk, k_split_wgs, 4)  # float32 output: the largest
+        if (bk % (k_split_wgs * _K_SLICE_MIN) == 0 and k % bk == 0 and k // bk >= 2
+                and _SMEM_BUDGET - fixed >= 2 * per_stage):
             return MgpuConfig(bk=bk, split_k=1, stages=5, decode="pairs" if w_order == "pairs" else "ptx",
                               warp_specialized=True, k_split_wgs=k_split_wgs)
     return None
