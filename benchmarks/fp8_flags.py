@@ -1,0 +1,124 @@
+"""Rows outside the FP8 window in the demo's training step: which GEMM operands, how many.
+
+Why: the FP8 path (jax_mxfp4/backends/fp8.py) recomputes exactly every output of a FLAG_EXACT
+row (blocks whose scales span more than the 15-binade window of one row exponent, or special
+blocks). On the H200 (session 7) the demo's MXFP4 step at d_model 4096 spent most of its kernel
+time in that recompute (mxfp4_fp8_fix_flagged) while d_model 1024 spent little. This script runs
+one step of ``jax_mxfp4.demo``'s model (``--size``, ``--d-model``) with every operand the FP8
+path prepares recorded (a ``jax.debug.callback``, so the step is slow: a diagnostic, not a
+timing) and prints per operand shape: the fraction of FLAG_EXACT rows, and the fraction of
+(row, K chunk) pairs that would still be outside the window if each chunk of ``--chunks``
+elements had its own exponent (how much a per-chunk exponent would help).
+
+Usage: python benchmarks/fp8_flags.py [--size large] [--d-model N] [--batch N] [--chunks 4096,1024,256]
+       [--out DIR]
+On a CPU the FP8 path is forced (``JAX_MXFP4_BACKEND=fp8``); use a small --batch there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import sys
+
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+
+def chunk_outside(scale_bytes: np.ndarray, counted: np.ndarray, chunk_blocks: int | None) -> float:
+    """Fraction of (row, chunk) pairs whose counted blocks' scale bytes span more than the window
+    (``jax_mxfp4.fp8.WINDOW_SPAN``); ``chunk_blocks`` None: the whole row (the path's rule,
+    special blocks aside). ``scale_bytes``/``counted`` [rows, nb]."""
+    from jax_mxfp4.fp8 import WINDOW_SPAN
+
+    r, nb = scale_bytes.shape
+    c = nb if chunk_blocks is None or chunk_blocks >= nb else chunk_blocks
+    pad = (-nb) % c
+    sb = np.pad(scale_bytes.astype(np.int32), ((0, 0), (0, pad))).reshape(r, -1, c)
+    cn = np.pad(counted, ((0, 0), (0, pad))).reshape(r, -1, c)
+    hi = np.where(cn, sb, -1).max(-1)
+    lo = np.where(cn, sb, 1 << 20).min(-1)
+    return float(np.mean((hi >= 0) & (hi - lo > WINDOW_SPAN)))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--size", default="large")
+    ap.add_argument("--d-model", type=int, default=None)
+    ap.add_argument("--batch", type=int, default=None, help="sequences per step (default the size's)")
+    ap.add_argument("--chunks", default="4096,1024,256", help="K chunk lengths (elements, multiples of 32)")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args(argv)
+    chunks = [int(c) for c in args.chunks.split(",") if c]
+    if any(c < 32 or c % 32 for c in chunks):
+        ap.error(f"--chunks must be multiples of 32, got {args.chunks!r}")
+
+    import jax
+
+    if jax.default_backend() == "cpu":
+        os.environ.setdefault("JAX_MXFP4_BACKEND", "fp8")
+    import jax.numpy as jnp
+
+    from jax_mxfp4 import demo
+    from jax_mxfp4.backends import fp8 as fp8_backend
+    from jax_mxfp4.fp8 import FLAG_EXACT
+    from jax_mxfp4.mx_format import BLOCK_SIZE, as_scale_bytes
+    from jax_mxfp4.recipe import Recipe
+
+    if args.size not in demo.SIZES:
+        ap.error(f"--size must be one of {sorted(demo.SIZES)}")
+    seen = collections.defaultdict(list)
+    orig = fp8_backend._prepared
+
+    def recording(x, platform):
+        p = orig(x, platform)
+        b, r, k = p.codes.shape
+        counted = jnp.any(p.codes.reshape(b, r, k // BLOCK_SIZE, BLOCK_SIZE).astype(jnp.float32) != 0, axis=-1)
+
+        def cb(flag, sb, counted, shape=(b, r, k)):
+            flag, sb, counted = np.asarray(flag), np.asarray(sb), np.asarray(counted)
+            rec = {"flagged": float(np.mean((flag & FLAG_EXACT) != 0))}
+            for c in [None, *chunks]:
+                rec[f"outside_{c or 'row'}"] = chunk_outside(sb.reshape(-1, sb.shape[-1]), counted.reshape(-1, sb.shape[-1]),
+                                                             None if c is None else c // BLOCK_SIZE)
+            seen[shape].append(rec)
+
+        jax.debug.callback(cb, p.row_flag, as_scale_bytes(p.scales), counted)
+        return p
+
+    fp8_backend._prepared = recording
+    cfg = dict(demo.SIZES[args.size])
+    if args.d_model:
+        cfg["d_model"] = args.d_model
+    if args.batch:
+        cfg["batch"] = args.batch
+    model = demo.build_model(cfg, Recipe())
+    rng = np.random.default_rng(0)
+    batch = jnp.asarray(rng.integers(0, 256, (cfg["batch"], cfg["seq_len"] + 1)), jnp.int32)
+    params = model.init(jax.random.key(0), batch[:, :-1])
+    step, opt, _ = demo.make_train_step(model, cfg, 10, 0)
+    params, _, loss = step(params, opt.init(params), batch, 0)
+    jax.block_until_ready(loss)
+    jax.effects_barrier()
+    print(f"demo size {args.size} d_model {cfg['d_model']} batch {cfg['batch']}x{cfg['seq_len']}: loss {float(loss):.4f}")
+    cols = ["flagged", "outside_row"] + [f"outside_{c}" for c in chunks]
+    print("| operand [B, rows, K] | calls | " + " | ".join(cols) + " |")
+    print("|---|---|" + "---|" * len(cols))
+    rows = []
+    for shape, recs in sorted(seen.items(), key=lambda kv: -max(r["flagged"] for r in kv[1])):
+        for i, rec in enumerate(recs):
+            rows.append({"shape": list(shape), "call": i, **rec})
+        mean = {c: float(np.mean([r[c] for r in recs])) for c in cols}
+        print(f"| {list(shape)} | {len(recs)} | " + " | ".join(f"{mean[c]:.4f}" for c in cols) + " |")
+    if args.out:
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "fp8_flags.json"), "w") as fh:
+            json.dump({"size": args.size, "cfg": cfg, "loss": float(loss), "rows": rows}, fh, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
