@@ -446,3 +446,23 @@ def test_kernel_plain_and_general_tiles(plain_path):
         kd = None if key is None else jax.random.key_data(key)
         got = fq.quantize_fp8_2d(x, kd, scale_mode="even", cfg=cfg, interpret=True)
         _assert_same(got, _reference(x, 1, rounding, key))
+
+
+def test_default_config_by_row_length():
+    """Default tiles from the H200 sweeps: round to nearest 2 rows x 4 warps at 8192, one row on
+    16 warps beyond 8192 (4 warps spilled: 11x slower at 16384); stochastic rounding and the
+    transposed layout one row on 16 warps; short rows share a program."""
+    from jax_mxfp4.kernels import fp8_quantize as fq
+
+    dc = fq.default_config
+    assert dc(8192, 2, False) == fq.Fp8QuantizeConfig(rows=2, num_warps=4)
+    for kq in (8192 + 32, 12288, 16384):
+        assert dc(kq, 2, False) == fq.Fp8QuantizeConfig(rows=1, num_warps=16)
+        assert dc(kq, 4, True, True) == fq.Fp8QuantizeConfig(rows=1, num_warps=16)
+    assert dc(8192, 2, False, stochastic=True) == fq.Fp8QuantizeConfig(rows=1, num_warps=16)
+    assert dc(1024, 2, False).rows == 16 and dc(64, 2, False).rows == 16
+    for kq in (32, 1024, 4096, 8192, 16384):  # tiles stay within the register budget
+        for nearest in (True, False):
+            c = dc(kq, 2, not nearest)
+            per_thread = c.rows * fq._pow2_at_least(kq) / (32 * c.num_warps)
+            assert per_thread <= (128 if nearest else 32), (kq, nearest, c)

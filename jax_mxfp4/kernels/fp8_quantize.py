@@ -101,9 +101,19 @@ def default_config(kq: int, itemsize: int, transposed: bool, stochastic: bool = 
     tile, per_thread = ((TILE_ELEMENTS_NEAREST, ELEMENTS_PER_THREAD_NEAREST) if nearest
                         else (TILE_ELEMENTS, ELEMENTS_PER_THREAD))
     kp = _pow2_at_least(kq)
+    if nearest and kp > LONG_ROW_NEAREST:
+        return Fp8QuantizeConfig(rows=1, num_warps=16)
     rows = max(1, min(16, tile // kp))
     warps = max(4, min(16, _pow2_at_least(rows * kp // (32 * per_thread))))
     return Fp8QuantizeConfig(rows=rows, num_warps=warps)
+
+
+LONG_ROW_NEAREST = 8192
+"""Round to nearest along rows longer than this: one row per program on 16 warps. The
+elements-per-thread rule gave 4 warps at 16384 (128 elements per thread, as 2 rows x 4 warps at
+8192): 3.29 ms at 8192x16384 bf16 against 0.295 ms with 16 warps (copy 0.173 ms; H200, session 7,
+``benchmarks/train_step.py --kernel --kernel-shape 8192x16384``); it cost the demo at d_model 4096
+(hidden 16384) ~3.4 ms per MLP down-projection."""
 
 
 def _pow2_at_least(n):
