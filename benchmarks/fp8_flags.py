@@ -10,7 +10,7 @@ timing) and prints per operand shape: the fraction of FLAG_EXACT rows, and the f
 (row, K chunk) pairs that would still be outside the window if each chunk of ``--chunks``
 elements had its own exponent (how much a per-chunk exponent would help).
 
-Usage: python benchmarks/fp8_flags.py [--size large] [--d-model N] [--batch N] [--chunks 4096,1024,256]
+Usage: python benchmarks/fp8_flags.py [--size large] [--d-model N] [--batch N] [--steps 1] [--chunks 4096,1024,256]
        [--out DIR]
 On a CPU the FP8 path is forced (``JAX_MXFP4_BACKEND=fp8``); use a small --batch there.
 """
@@ -49,12 +49,19 @@ def main(argv=None) -> int:
     ap.add_argument("--size", default="large")
     ap.add_argument("--d-model", type=int, default=None)
     ap.add_argument("--batch", type=int, default=None, help="sequences per step (default the size's)")
+    ap.add_argument("--steps", type=int, default=1, help="training steps; operands recorded in the last (default 1)")
     ap.add_argument("--chunks", default="4096,1024,256", help="K chunk lengths (elements, multiples of 32)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
     chunks = [int(c) for c in args.chunks.split(",") if c]
     if any(c < 32 or c % 32 for c in chunks):
         ap.error(f"--chunks must be multiples of 32, got {args.chunks!r}")
+    if args.steps < 1:
+        ap.error(f"--steps must be >= 1, got {args.steps}")
+    for name in ("d_model", "batch"):
+        v = getattr(args, name)
+        if v is not None and v < 1:
+            ap.error(f"--{name.replace('_', '-')} must be >= 1, got {v}")
 
     import jax
 
@@ -100,10 +107,15 @@ def main(argv=None) -> int:
     batch = jnp.asarray(rng.integers(0, 256, (cfg["batch"], cfg["seq_len"] + 1)), jnp.int32)
     params = model.init(jax.random.key(0), batch[:, :-1])
     step, opt, _ = demo.make_train_step(model, cfg, 10, 0)
-    params, _, loss = step(params, opt.init(params), batch, 0)
-    jax.block_until_ready(loss)
+    opt_state = opt.init(params)
+    for i in range(args.steps):
+        seen.clear()  # keep the last step's operands
+        params, opt_state, loss = step(params, opt_state, batch, i)
+        jax.block_until_ready(loss)
+        jax.effects_barrier()
     jax.effects_barrier()
-    print(f"demo size {args.size} d_model {cfg['d_model']} batch {cfg['batch']}x{cfg['seq_len']}: loss {float(loss):.4f}")
+    print(f"demo size {args.size} d_model {cfg['d_model']} batch {cfg['batch']}x{cfg['seq_len']}: "
+          f"step {args.steps} (same batch each step) loss {float(loss):.4f}")
     cols = ["flagged", "outside_row"] + [f"outside_{c}" for c in chunks]
     print("| operand [B, rows, K] | calls | " + " | ".join(cols) + " |")
     print("|---|---|" + "---|" * len(cols))

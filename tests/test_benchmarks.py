@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+
+import pytest
 import os
 import sys
 
@@ -183,3 +185,55 @@ def test_gpu_check_finds_fp8_dots_by_operand_definitions():
     x = mx.quantize(jnp.asarray(np.random.default_rng().standard_normal((1, 64, 256)), jnp.float32), 2)
     hlo = jax.jit(lambda a, b: fb.fp8_gemm(a, b, jnp.float32, "default", "cpu")).lower(x, x).compile().as_text()
     assert " dot(" in hlo and "f8e4m3fn" in hlo and not fp8_dot_in_hlo(hlo)
+
+
+def test_fp8_flags_chunk_window_rule():
+    """benchmarks/fp8_flags.chunk_outside against a direct count: a (row, chunk) pair is outside
+    the window when its counted blocks' scale bytes span more than WINDOW_SPAN; uncounted (zero)
+    blocks and chunks with none counted never are."""
+    import numpy as np
+
+    from benchmarks import fp8_flags
+    from jax_mxfp4.fp8 import WINDOW_SPAN
+
+    rng = np.random.default_rng()
+    sb = rng.integers(100, 140, (64, 24)).astype(np.uint8)
+    counted = rng.random((64, 24)) < 0.8
+    for chunk in (None, 24, 8, 5, 1):
+        c = 24 if chunk is None else chunk
+        want = []
+        for r in range(64):
+            for c0 in range(0, 24, c):
+                v = sb[r, c0:c0 + c][counted[r, c0:c0 + c]].astype(int)
+                want.append(v.size > 0 and v.max() - v.min() > WINDOW_SPAN)
+        assert fp8_flags.chunk_outside(sb, counted, chunk) == np.mean(want), chunk
+    flat = np.full((4, 8), 120, np.uint8)
+    flat[:, 0] = 120 - WINDOW_SPAN  # exactly the window: inside
+    assert fp8_flags.chunk_outside(flat, np.ones_like(flat, bool), None) == 0.0
+    flat[1, 0] -= 1  # one binade more: that row only
+    assert fp8_flags.chunk_outside(flat, np.ones_like(flat, bool), None) == 0.25
+    assert fp8_flags.chunk_outside(flat, np.zeros_like(flat, bool), None) == 0.0
+
+
+@pytest.mark.parametrize("argv", [["--chunks", "48"], ["--chunks", "0"], ["--steps", "0"], ["--d-model", "0"],
+                                  ["--batch", "-1"]])
+def test_fp8_flags_refuses_bad_arguments(argv, capsys):
+    from benchmarks import fp8_flags
+
+    with pytest.raises(SystemExit):
+        fp8_flags.main(argv)
+    assert "must be" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("script,argv", [
+    ("compile_time", ["--d-model", "100"]), ("compile_time", ["--d-model", "0"]),
+    ("train_step", ["--kernel", "--kernel-shape", "8192x100"]), ("train_step", ["--kernel", "--kernel-shape", "8192"]),
+    ("train_step", ["--kernel", "--kernel-shape", "0x1024"]), ("train_step", ["--kernel", "--kernel-shape", "64x32768"])])
+def test_shape_overrides_refuse_bad_values(script, argv, capsys):
+    import importlib
+
+    mod = importlib.import_module(f"benchmarks.{script}")
+    with pytest.raises(SystemExit):
+        mod.main(argv)
+    err = capsys.readouterr().err
+    assert "--d-model" in err or "--kernel-shape" in err
