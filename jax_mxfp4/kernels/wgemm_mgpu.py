@@ -38,7 +38,8 @@ warpgroup; optionally reading the E8M0 bytes as stored). Split-K over the grid f
 N/64 tiles are few; float32 partial sums are added afterwards in a fixed order. Otherwise the
 scales arrive as E8M0 bytes in a K-major [K/32, N] layout by TMA and are converted to bfloat16
 in registers (``scales_form``; :func:`jax_mxfp4.prepare_decode` stores weights that way).
-``k_split_wgs`` (2026-12-01; the fixed pipeline not yet run on a GPU): ONE kernel per call instead of the kernel
+``k_split_wgs`` (checked on the H200 in session 6, timed in session 7 and the dispatch default for
+"pairs" bytes with 4 warpgroups: :func:`default_mgpu_config`): ONE kernel per call instead of the kernel
 plus XLA's split-K sum/transpose/cast (each extra kernel costs ~4-5 us of launch gap at decode
 sizes): the warp-specialized CTA's compute warpgroups share one 64-row tile and split each K
 step between them, warpgroup 0 adds their partial sums in a fixed order and stores the final
@@ -49,8 +50,9 @@ pipeline (:func:`_k_split_own_pipeline`) without register reallocation.
 
 Status: every variant lowers for CUDA on a CPU machine (tests/test_wgemm_mgpu.py). On the H200
 (jax 0.11.2) the ``plgpu.kernel`` launchers are correct, ``raw_scales`` too since session 4
-(benchmarks/wgemm_mgpu_check.py); the default runs 16x8192x8192 at 0.67x of bf16 with prepared
-scales (0.84x through ``dot_general`` with a prepared weight); the ``pallas_call`` launcher fails
+(benchmarks/wgemm_mgpu_check.py); through ``dot_general`` with a prepared weight 16x8192x8192
+runs at 0.71x of bf16 and 1x8192x8192 at 0.84x (session 7, the 4-warpgroup one-kernel tiling);
+the ``pallas_call`` launcher of the split-K kernel fails
 in jax 0.11.2's lowering (bare AssertionError). Dispatch takes it for decode-size w4a16 and a4w4
 on Hopper (``jax_mxfp4.backends.pallas.W4A16_MOSAIC_GPU``).
 """
