@@ -237,3 +237,24 @@ def test_shape_overrides_refuse_bad_values(script, argv, capsys):
         mod.main(argv)
     err = capsys.readouterr().err
     assert "--d-model" in err or "--kernel-shape" in err
+
+
+def test_fp8_encode_quick_checks_and_writes(tmp_path):
+    from benchmarks import fp8_encode
+
+    assert fp8_encode.main(["--quick", "--out", str(tmp_path)]) == 0
+    res = json.loads((tmp_path / "fp8_encode.json").read_text())
+    names = [r["variant"] for r in res["rows"]]
+    assert names[0].startswith("copy") and {"default", "default pairs16"} <= set(names)
+    assert all(r["status"] == "ok" and r["median_s"] > 0 for r in res["rows"])
+    _png(tmp_path / "fp8_encode.png")
+
+
+@pytest.mark.parametrize("argv", [["--shapes", "64x100"], ["--shapes", "0x256"], ["--shapes", "64"],
+                                  ["--budget-s", "nan"], ["--budget-s", "0"]])
+def test_fp8_encode_refuses_bad_arguments(argv, capsys):
+    from benchmarks import fp8_encode
+
+    with pytest.raises(SystemExit):
+        fp8_encode.main(argv)
+    assert "must be" in capsys.readouterr().err

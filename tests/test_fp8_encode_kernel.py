@@ -7,6 +7,7 @@ tested against float64 in tests/test_fp8.py) in the Pallas interpreter.
 
 import ml_dtypes
 import numpy as np
+import jax
 import jax.numpy as jnp
 import pytest
 
@@ -30,9 +31,10 @@ def _as_bytes(v):
     return v.view(np.uint8) if v.dtype == ml_dtypes.float8_e4m3fn else v
 
 
+@pytest.mark.parametrize("pairs16", [False, True])  # the uint16 store of byte pairs: same bytes
 @pytest.mark.parametrize("chunk", [256, 32, 4])  # one step for K <= 8192, the default, many steps
 @pytest.mark.parametrize("rows,k,rpp", [(8, 64, 8), (13, 1024, 8), (33, 96, 4), (5, 1280, 8), (1, 32, 8)])
-def test_kernel_matches_encode_rows(rows, k, rpp, chunk):
+def test_kernel_matches_encode_rows(rows, k, rpp, chunk, pairs16):
     rng = np.random.default_rng()
     data = rng.integers(0, 256, (rows, k // 2), dtype=np.uint8)
     sb = rng.integers(100, 150, (rows, k // 32)).astype(np.uint8)
@@ -65,7 +67,7 @@ def test_kernel_matches_encode_rows(rows, k, rpp, chunk):
             sb[5, 0] = 10
     want = encode_rows(jnp.asarray(data), jnp.asarray(sb))
     got = encode_rows_kernel(jnp.asarray(data), jnp.asarray(sb), rows_per_program=rpp, chunk_blocks=chunk,
-                             interpret=True)
+                             pairs16=pairs16, interpret=True)
     for w, g, name in zip(want, got, ("codes", "row_exp", "row_flag")):
         np.testing.assert_array_equal(_as_bytes(g), _as_bytes(w), err_msg=name)
     if rows > 3 and nb > 1:
@@ -95,6 +97,21 @@ def test_kernel_rejects_bad_tiling(kw):
     name = next(iter(kw))
     with pytest.raises(ValueError, match=f"{name} must be a power of two"):
         encode_rows_kernel(jnp.zeros((4, 16), jnp.uint8), jnp.zeros((4, 1), jnp.uint8), interpret=True, **kw)
+
+
+@pytest.mark.parametrize("bad", [1, "yes", None])
+def test_kernel_rejects_non_bool_pairs16(bad):
+    with pytest.raises(TypeError, match="pairs16 must be a bool"):
+        encode_rows_kernel(jnp.zeros((4, 16), jnp.uint8), jnp.zeros((4, 1), jnp.uint8), pairs16=bad, interpret=True)
+
+
+def test_pairs16_lowers_for_cuda():
+    """The uint16 variant lowers through Triton for CUDA on a CPU machine (its speed is timed by
+    benchmarks/fp8_encode.py on a GPU)."""
+    f = jax.jit(lambda d, s: encode_rows_kernel(d, s, pairs16=True))
+    txt = f.trace(jax.ShapeDtypeStruct((64, 512), jnp.uint8), jax.ShapeDtypeStruct((64, 32), jnp.uint8)).lower(
+        lowering_platforms=("cuda",)).as_text()
+    assert "mxfp4_encode_fp8_rows" in txt
 
 
 def test_scales_as_e8m0_are_read_as_bytes():

@@ -57,7 +57,7 @@ def e4m3_byte(nibble, d):
     return mag | ((nibble & 8) << 4)
 
 
-def _encode_kernel(data_ref, scale_ref, codes_ref, exp_ref, flag_ref, *, n_rows, br, nbc, n_chunks):
+def _encode_kernel(data_ref, scale_ref, codes_ref, exp_ref, flag_ref, *, n_rows, br, nbc, n_chunks, pairs16):
     from .. import fp8 as rules  # the rules live there (imported lazily: fp8 imports this module)
 
     r0 = pl.program_id(0) * br
@@ -100,7 +100,10 @@ def _encode_kernel(data_ref, scale_ref, codes_ref, exp_ref, flag_ref, *, n_rows,
         shift = rules._block_shift(sb, bmax[:, None], exact[:, None])[..., None]  # [br, nbc, 1]
         lo = e4m3_byte(d & 15, shift)
         hi = e4m3_byte(d >> 4, shift)
-        out = jnp.stack([lo, hi], axis=-1).reshape(br, nbc, BLOCK_SIZE).astype(jnp.uint8)
+        if pairs16:  # both E4M3 bytes of a packed byte in one uint16 (little-endian: low nibble's first)
+            out = (lo | (hi << 8)).astype(jnp.uint16)
+        else:
+            out = jnp.stack([lo, hi], axis=-1).reshape(br, nbc, BLOCK_SIZE).astype(jnp.uint8)
         view = codes_ref.at[pl.ds(r0, br), pl.ds(c * nbc, nbc), :]
         if mask2 is None:
             plgpu.store(view, out)
@@ -136,9 +139,9 @@ def default_rows_per_program(n_rows: int, chunk_blocks: int = 32) -> int:
     return rows
 
 
-@functools.partial(jax.jit, static_argnames=("rows_per_program", "num_warps", "chunk_blocks", "interpret"))
+@functools.partial(jax.jit, static_argnames=("rows_per_program", "num_warps", "chunk_blocks", "pairs16", "interpret"))
 def encode_rows_kernel(data, scale_bytes, *, rows_per_program: int | None = None, num_warps: int = 4,
-                       chunk_blocks: int | None = None, interpret: bool = False):
+                       chunk_blocks: int | None = None, pairs16: bool = False, interpret: bool = False):
     """:func:`jax_mxfp4.fp8.encode_rows` for 2-D operands in one Pallas kernel (bit-identical).
 
     Args:
@@ -149,6 +152,9 @@ def encode_rows_kernel(data, scale_bytes, *, rows_per_program: int | None = None
       chunk_blocks: most 32-element blocks of a row per loop step (a power of two); None:
         :data:`ROW_CHUNK_BLOCKS` where one row per program is the default, else
         :data:`MAX_CHUNK_BLOCKS`.
+      pairs16: store the two E4M3 bytes of each packed byte as one uint16 (no interleave of the
+        low- and high-nibble results in registers; the uint16 array is bit-cast to bytes after the
+        kernel); same bytes. Off by default: not yet timed on a GPU (benchmarks/fp8_encode.py).
       interpret: run the Pallas interpreter (CPU tests).
     Returns:
       (codes float8_e4m3fn [R, K], row_exp int32 [R], row_flag uint8 [R]).
@@ -177,6 +183,8 @@ def encode_rows_kernel(data, scale_bytes, *, rows_per_program: int | None = None
         raise ValueError(f"rows_per_program must be a power of two >= 1, got {rows_per_program!r}")
     if isinstance(num_warps, bool) or not isinstance(num_warps, int) or num_warps < 1 or num_warps & (num_warps - 1):
         raise ValueError(f"num_warps must be a power of two >= 1 (Triton), got {num_warps!r}")
+    if not isinstance(pairs16, bool):
+        raise TypeError(f"pairs16 must be a bool, got {pairs16!r}")
     scale_bytes = as_scale_bytes(scale_bytes)  # bytes, not values (float8_e8m0fnu is bit-cast)
     n_rows, half = data.shape
     if n_rows == 0 or half == 0:  # nothing to launch; the outputs of encode_rows for empty input
@@ -186,10 +194,12 @@ def encode_rows_kernel(data, scale_bytes, *, rows_per_program: int | None = None
     n_blocks = half * 2 // BLOCK_SIZE
     br = min(rows_per_program, 1 << max(0, (n_rows - 1).bit_length()))
     nbc = _chunk_blocks(n_blocks, chunk_blocks)
-    kernel = functools.partial(_encode_kernel, n_rows=n_rows, br=br, nbc=nbc, n_chunks=n_blocks // nbc)
+    kernel = functools.partial(_encode_kernel, n_rows=n_rows, br=br, nbc=nbc, n_chunks=n_blocks // nbc,
+                               pairs16=pairs16)
+    codes_shape = ((n_rows, n_blocks, BLOCK_SIZE // 2), jnp.uint16) if pairs16 else ((n_rows, n_blocks, BLOCK_SIZE), jnp.uint8)
     codes, row_exp, row_flag = pl.pallas_call(
         kernel,
-        out_shape=(jax.ShapeDtypeStruct((n_rows, n_blocks, BLOCK_SIZE), jnp.uint8),
+        out_shape=(jax.ShapeDtypeStruct(*codes_shape),
                    jax.ShapeDtypeStruct((n_rows,), jnp.int32),
                    jax.ShapeDtypeStruct((n_rows,), jnp.uint8)),
         grid=(pl.cdiv(n_rows, br),),
@@ -197,5 +207,7 @@ def encode_rows_kernel(data, scale_bytes, *, rows_per_program: int | None = None
         interpret=interpret,
         name="mxfp4_encode_fp8_rows",
     )(data.reshape(n_rows, n_blocks, BLOCK_SIZE // 2), scale_bytes)
+    if pairs16:  # [R, nb, 16] uint16 -> [R, nb, 16, 2] bytes, low byte first on little-endian devices
+        codes = lax.bitcast_convert_type(codes, jnp.uint8)
     codes = lax.bitcast_convert_type(codes.reshape(n_rows, n_blocks * BLOCK_SIZE), jnp.float8_e4m3fn)
     return codes, row_exp, row_flag
