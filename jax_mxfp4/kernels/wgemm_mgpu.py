@@ -240,11 +240,11 @@ def _ws_stages(cfg: MgpuConfig, steps: int, per_stage: int, fixed: int, what: st
     return stages
 
 
-def _k_split_smem(mp: int, bk: int, kw: int, out_itemsize: int) -> tuple[int, int]:
+def _k_split_smem(mp: int, bk: int, kw: int, out_itemsize: int, scale_itemsize: int = 1) -> tuple[int, int]:
     """Shared memory of the one-kernel launcher (``k_split_wgs = kw``): bytes per pipeline stage
-    (x tile bf16, packed weight tile, scale bytes) and fixed bytes (kw - 1 float32 partial sums,
-    the output tile), for ``mp`` padded rows."""
-    per_stage = mp * bk * 2 + _WG_ROWS * (bk // 2) + (bk // BLOCK_SIZE) * _WG_ROWS
+    (x tile bf16, packed weight tile, scales) and fixed bytes (kw - 1 float32 partial sums, the
+    output tile), for ``mp`` padded rows."""
+    per_stage = mp * bk * 2 + _WG_ROWS * (bk // 2) + (bk // BLOCK_SIZE) * _WG_ROWS * scale_itemsize
     fixed = (kw - 1) * _WG_ROWS * mp * 4 + mp * _WG_ROWS * out_itemsize
     return per_stage, fixed
 
@@ -629,7 +629,7 @@ def _k_split_call(xs, w_data, scales, *, cfg: MgpuConfig, n: int, mp: int, out_d
     # (test_transposed_layout), float32 into a plain one (test_transposed_load_store)
     osize = jnp.dtype(out_dtype).itemsize
     o_tr = _tiled(128, 2) if osize == 2 else ()
-    per_stage, fixed = _k_split_smem(mp, cfg.bk, kw, osize)
+    per_stage, fixed = _k_split_smem(mp, cfg.bk, kw, osize, jnp.dtype(scales.dtype).itemsize)
     stages = _ws_stages(cfg, steps, per_stage, fixed, f"k_split_wgs={kw} with bk={cfg.bk}, K={2 * k_half} and "
                         f"{mp} padded rows")
 
@@ -965,7 +965,7 @@ def k_split_config(m: int, n: int, k: int, w_order: str = "natural", k_split_wgs
         raise ValueError(f"k_split_config: k_split_wgs must be one of {K_SPLIT_WGS[1:]}, got {k_split_wgs!r}")
     mp = -(-max(m, 1) // 16) * 16
     for bk in (512, 256, 128):
-        per_stage, fixed = _k_split_smem(mp, bk, k_split_wgs, 4)  # float32 output: the largest
+        per_stage, fixed = _k_split_smem(mp, bk, k_split_wgs, 4, 2)  # float32 output, bf16 scales: the largest
         if (bk % (k_split_wgs * _K_SLICE_MIN) == 0 and k % bk == 0 and k // bk >= 2
                 and _SMEM_BUDGET - fixed >= 2 * per_stage):
             return MgpuConfig(bk=bk, split_k=1, stages=5, decode="pairs" if w_order == "pairs" else "ptx",
