@@ -216,13 +216,27 @@ def test_fp8_flags_chunk_window_rule():
 
 
 @pytest.mark.parametrize("argv", [["--chunks", "48"], ["--chunks", "0"], ["--steps", "0"], ["--d-model", "0"],
-                                  ["--batch", "-1"]])
+                                  ["--batch", "-1"], ["--chunks", "abc"], ["--chunks", "1e3"], ["--chunks", "64,nan"],
+                                  ["--d-model", "100"], ["--d-model", "48"]])
 def test_fp8_flags_refuses_bad_arguments(argv, capsys):
     from benchmarks import fp8_flags
 
     with pytest.raises(SystemExit):
         fp8_flags.main(argv)
     assert "must be" in capsys.readouterr().err
+
+
+def test_fp8_flags_refuses_an_out_it_cannot_write_before_the_step(tmp_path, capsys):
+    """--out is made before the (slow) step: an empty name used to write nothing, and a file in
+    the way failed with a FileExistsError traceback after the step had run."""
+    from benchmarks import fp8_flags
+
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    for out in ("", "  ", str(afile), str(afile / "sub")):
+        with pytest.raises(SystemExit):
+            fp8_flags.main(["--size", "small", "--batch", "1", "--d-model", "32", "--chunks", "64", "--out", out])
+        assert "--out must name a folder" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("script,argv", [
@@ -237,3 +251,4 @@ def test_shape_overrides_refuse_bad_values(script, argv, capsys):
         mod.main(argv)
     err = capsys.readouterr().err
     assert "--d-model" in err or "--kernel-shape" in err
+
