@@ -252,3 +252,28 @@ def test_shape_overrides_refuse_bad_values(script, argv, capsys):
     err = capsys.readouterr().err
     assert "--d-model" in err or "--kernel-shape" in err
 
+
+def test_train_step_kernel_shape_is_used_or_refused(tmp_path, capsys, monkeypatch):
+    """--kernel-shape was silently ignored without --kernel (the training-step benchmark ran) and
+    with --quick (--kernel timed 256x256 whatever was asked): now refused without --kernel, and
+    the shape given is the one --kernel times (quick or not); the defaults stay 8192x8192 and
+    256x256 with --quick."""
+    from benchmarks import train_step
+
+    with pytest.raises(SystemExit):
+        train_step.main(["--quick", "--out", str(tmp_path), "--configs", "linear", "--variants", "mxfp4",
+                         "--kernel-shape", "64x64"])
+    assert "give --kernel too" in capsys.readouterr().err
+
+    class Seen(Exception):
+        pass
+
+    def fake_run_kernel(args):
+        raise Seen(args.kernel_shape)
+
+    monkeypatch.setattr(train_step, "run_kernel", fake_run_kernel)
+    for argv, want in ((["--quick", "--kernel-shape", "64x96"], (64, 96)), (["--kernel-shape", "8X16384"], (8, 16384)),
+                       (["--quick"], (256, 256)), ([], (8192, 8192))):
+        with pytest.raises(Seen) as e:
+            train_step.main(["--kernel", "--out", str(tmp_path)] + argv)
+        assert e.value.args[0] == want, argv
