@@ -32,7 +32,7 @@ tiles) against a bf16 copy (x + 1) and the unfused passes (the quantizer kernel,
 Timing: benchmarks/common.time_fn (fair timing). Reports ms/step, time relative to bf16 and
 tokens/s, and the backend "auto" chose for each of the linear layer's GEMMs.
 
-Usage: python benchmarks/train_step.py [--quick] [--kernel] [--profile] [--configs linear,mlp] [--variants bf16,mxfp4,...] [--out DIR]
+Usage: python benchmarks/train_step.py [--quick] [--kernel [--kernel-shape TxK]] [--profile] [--configs linear,mlp,mlp-d1024] [--variants bf16,mxfp4,...] [--out DIR]
 """
 
 from __future__ import annotations
@@ -419,7 +419,7 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="tiny shapes (CPU CI): checks the pipeline and files")
     ap.add_argument("--out", default=None, help="output folder (default benchmarks/results/train_step[-quick])")
-    ap.add_argument("--configs", default="", help="comma list of configs (default: linear,mlp)")
+    ap.add_argument("--configs", default="", help="comma list of configs (default: all: linear,mlp,mlp-d1024)")
     ap.add_argument("--variants", default="", help="comma list of variants besides bf16 (default: all)")
     ap.add_argument("--kernel", action="store_true", help="time the fused quantize-to-FP8 kernel alone")
     ap.add_argument("--kernel-shape", default=None, metavar="TxK",
