@@ -140,6 +140,13 @@ def main(argv=None) -> int:
         os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, "fp8_flags.json"), "w") as fh:
             json.dump({"size": args.size, "cfg": cfg, "loss": float(loss), "rows": rows}, fh, indent=1)
+    if not seen:  # an empty table is no answer: say why, exit 1
+        env = os.environ.get("JAX_MXFP4_BACKEND", "").strip()
+        why = f"$JAX_MXFP4_BACKEND={env!r} names another backend" if env not in ("", "fp8") else \
+            "backend 'auto' picked another one for every GEMM of these shapes"
+        print(f"error: no GEMM operand of the step went through the FP8 path ({why}): nothing to count; "
+              "set JAX_MXFP4_BACKEND=fp8", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -239,6 +239,18 @@ def test_fp8_flags_refuses_an_out_it_cannot_write_before_the_step(tmp_path, caps
         assert "--out must name a folder" in capsys.readouterr().err
 
 
+def test_fp8_flags_says_when_no_operand_took_the_fp8_path(tmp_path, capsys, monkeypatch):
+    """With JAX_MXFP4_BACKEND naming another backend nothing reaches the FP8 path: the script
+    printed an empty table and exited 0; now it says so and exits 1."""
+    from benchmarks import fp8_flags
+
+    monkeypatch.setenv("JAX_MXFP4_BACKEND", "xla")
+    assert fp8_flags.main(["--size", "small", "--batch", "1", "--d-model", "32", "--chunks", "64",
+                           "--out", str(tmp_path)]) == 1
+    assert "no GEMM operand of the step went through the FP8 path" in capsys.readouterr().err
+    assert json.loads((tmp_path / "fp8_flags.json").read_text())["rows"] == []
+
+
 @pytest.mark.parametrize("script,argv", [
     ("compile_time", ["--d-model", "100"]), ("compile_time", ["--d-model", "0"]),
     ("train_step", ["--kernel", "--kernel-shape", "8192x100"]), ("train_step", ["--kernel", "--kernel-shape", "8192"]),
