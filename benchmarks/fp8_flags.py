@@ -47,21 +47,32 @@ def chunk_outside(scale_bytes: np.ndarray, counted: np.ndarray, chunk_blocks: in
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--size", default="large")
-    ap.add_argument("--d-model", type=int, default=None)
+    ap.add_argument("--d-model", type=int, default=None, help="override the model's width (a positive multiple of 32)")
     ap.add_argument("--batch", type=int, default=None, help="sequences per step (default the size's)")
     ap.add_argument("--steps", type=int, default=1, help="training steps; operands recorded in the last (default 1)")
     ap.add_argument("--chunks", default="4096,1024,256", help="K chunk lengths (elements, multiples of 32)")
-    ap.add_argument("--out", default=None)
+    ap.add_argument("--out", default=None, help="folder for fp8_flags.json (made if missing)")
     args = ap.parse_args(argv)
-    chunks = [int(c) for c in args.chunks.split(",") if c]
+    try:
+        chunks = [int(c) for c in args.chunks.split(",") if c.strip()]
+    except ValueError:
+        ap.error(f"--chunks must be comma-separated integers (multiples of 32), got {args.chunks!r}")
     if any(c < 32 or c % 32 for c in chunks):
         ap.error(f"--chunks must be multiples of 32, got {args.chunks!r}")
     if args.steps < 1:
         ap.error(f"--steps must be >= 1, got {args.steps}")
-    for name in ("d_model", "batch"):
-        v = getattr(args, name)
-        if v is not None and v < 1:
-            ap.error(f"--{name.replace('_', '-')} must be >= 1, got {v}")
+    if args.batch is not None and args.batch < 1:
+        ap.error(f"--batch must be >= 1, got {args.batch}")
+    if args.d_model is not None and (args.d_model < 32 or args.d_model % 32):
+        # a width that is not a multiple of the head count fails inside the model's reshape
+        ap.error(f"--d-model must be a positive multiple of 32, got {args.d_model}")
+    if args.out is not None:  # made before the (slow) step: an empty name wrote nothing, a file failed after it
+        if not args.out.strip():
+            ap.error(f"--out must name a folder (made if missing), got {args.out!r}")
+        try:
+            os.makedirs(args.out, exist_ok=True)
+        except OSError as e:
+            ap.error(f"--out must name a folder (made if missing), got {args.out!r}: {e}")
 
     import jax
 
@@ -129,6 +140,13 @@ def main(argv=None) -> int:
         os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, "fp8_flags.json"), "w") as fh:
             json.dump({"size": args.size, "cfg": cfg, "loss": float(loss), "rows": rows}, fh, indent=1)
+    if not seen:  # an empty table is no answer: say why, exit 1
+        env = os.environ.get("JAX_MXFP4_BACKEND", "").strip()
+        why = f"$JAX_MXFP4_BACKEND={env!r} names another backend" if env not in ("", "fp8") else \
+            "backend 'auto' picked another one for every GEMM of these shapes"
+        print(f"error: no GEMM operand of the step went through the FP8 path ({why}): nothing to count; "
+              "set JAX_MXFP4_BACKEND=fp8", file=sys.stderr)
+        return 1
     return 0
 
 

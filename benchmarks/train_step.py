@@ -32,7 +32,7 @@ tiles) against a bf16 copy (x + 1) and the unfused passes (the quantizer kernel,
 Timing: benchmarks/common.time_fn (fair timing). Reports ms/step, time relative to bf16 and
 tokens/s, and the backend "auto" chose for each of the linear layer's GEMMs.
 
-Usage: python benchmarks/train_step.py [--quick] [--kernel] [--profile] [--configs linear,mlp] [--variants bf16,mxfp4,...] [--out DIR]
+Usage: python benchmarks/train_step.py [--quick] [--kernel [--kernel-shape TxK]] [--profile] [--configs linear,mlp,mlp-d1024] [--variants bf16,mxfp4,...] [--out DIR]
 """
 
 from __future__ import annotations
@@ -279,7 +279,7 @@ def run_kernel(args):
     from jax_mxfp4.kernels.quantize import sr_uniforms
     from jax_mxfp4.mx_format import as_scale_bytes
 
-    t, k = (256, 256) if args.quick else args.kernel_shape
+    t, k = args.kernel_shape
     timing = dict(reps=3, min_program_s=0.0) if args.quick else dict(reps=5)
     from jax_mxfp4.dispatch import current_platform
 
@@ -419,11 +419,12 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true", help="tiny shapes (CPU CI): checks the pipeline and files")
     ap.add_argument("--out", default=None, help="output folder (default benchmarks/results/train_step[-quick])")
-    ap.add_argument("--configs", default="", help="comma list of configs (default: linear,mlp)")
+    ap.add_argument("--configs", default="", help="comma list of configs (default: all: linear,mlp,mlp-d1024)")
     ap.add_argument("--variants", default="", help="comma list of variants besides bf16 (default: all)")
     ap.add_argument("--kernel", action="store_true", help="time the fused quantize-to-FP8 kernel alone")
-    ap.add_argument("--kernel-shape", default="8192x8192", metavar="TxK",
-                    help="shape of --kernel's bf16 input [T, K] (default 8192x8192; K <= 16384)")
+    ap.add_argument("--kernel-shape", default=None, metavar="TxK",
+                    help="shape of --kernel's bf16 input [T, K] (default 8192x8192, 256x256 with --quick; "
+                         "K a multiple of 32, <= 16384)")
     ap.add_argument("--profile", nargs="?", const="all", default="", metavar="VARIANTS",
                     help="after the timing of each variant (or of the comma-listed ones), its per-kernel "
                          "device times from the profiler")
@@ -432,13 +433,18 @@ def main(argv=None):
     ap.add_argument("--check-fused", action="store_true",
                     help="first compare the linear layer's gradients with and without the fused passes")
     args = ap.parse_args(argv)
-    try:
-        t, k = (int(v) for v in args.kernel_shape.lower().split("x"))
-    except ValueError:
-        ap.error(f"--kernel-shape must be TxK (two positive integers), got {args.kernel_shape!r}")
-    if t < 1 or k < 32 or k % 32 or k > 16384:
-        ap.error(f"--kernel-shape: T must be >= 1 and K a multiple of 32 in [32, 16384], got {args.kernel_shape!r}")
-    args.kernel_shape = (t, k)
+    if args.kernel_shape is None:
+        args.kernel_shape = (256, 256) if args.quick else (8192, 8192)
+    else:  # given: checked, and used with --quick too (was ignored without --kernel or with --quick)
+        if not args.kernel:
+            ap.error("--kernel-shape sets the input of --kernel: give --kernel too")
+        try:
+            t, k = (int(v) for v in args.kernel_shape.lower().split("x"))
+        except ValueError:
+            ap.error(f"--kernel-shape must be TxK (two positive integers), got {args.kernel_shape!r}")
+        if t < 1 or k < 32 or k % 32 or k > 16384:
+            ap.error(f"--kernel-shape: T must be >= 1 and K a multiple of 32 in [32, 16384], got {args.kernel_shape!r}")
+        args.kernel_shape = (t, k)
     args.configs = [c for c in args.configs.split(",") if c]
     args.variants = [v for v in args.variants.split(",") if v]
     check_args(ap, args)

@@ -216,13 +216,39 @@ def test_fp8_flags_chunk_window_rule():
 
 
 @pytest.mark.parametrize("argv", [["--chunks", "48"], ["--chunks", "0"], ["--steps", "0"], ["--d-model", "0"],
-                                  ["--batch", "-1"]])
+                                  ["--batch", "-1"], ["--chunks", "abc"], ["--chunks", "1e3"], ["--chunks", "64,nan"],
+                                  ["--d-model", "100"], ["--d-model", "48"]])
 def test_fp8_flags_refuses_bad_arguments(argv, capsys):
     from benchmarks import fp8_flags
 
     with pytest.raises(SystemExit):
         fp8_flags.main(argv)
     assert "must be" in capsys.readouterr().err
+
+
+def test_fp8_flags_refuses_an_out_it_cannot_write_before_the_step(tmp_path, capsys):
+    """--out is made before the (slow) step: an empty name used to write nothing, and a file in
+    the way failed with a FileExistsError traceback after the step had run."""
+    from benchmarks import fp8_flags
+
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    for out in ("", "  ", str(afile), str(afile / "sub")):
+        with pytest.raises(SystemExit):
+            fp8_flags.main(["--size", "small", "--batch", "1", "--d-model", "32", "--chunks", "64", "--out", out])
+        assert "--out must name a folder" in capsys.readouterr().err
+
+
+def test_fp8_flags_says_when_no_operand_took_the_fp8_path(tmp_path, capsys, monkeypatch):
+    """With JAX_MXFP4_BACKEND naming another backend nothing reaches the FP8 path: the script
+    printed an empty table and exited 0; now it says so and exits 1."""
+    from benchmarks import fp8_flags
+
+    monkeypatch.setenv("JAX_MXFP4_BACKEND", "xla")
+    assert fp8_flags.main(["--size", "small", "--batch", "1", "--d-model", "32", "--chunks", "64",
+                           "--out", str(tmp_path)]) == 1
+    assert "no GEMM operand of the step went through the FP8 path" in capsys.readouterr().err
+    assert json.loads((tmp_path / "fp8_flags.json").read_text())["rows"] == []
 
 
 @pytest.mark.parametrize("script,argv", [
@@ -258,3 +284,29 @@ def test_fp8_encode_refuses_bad_arguments(argv, capsys):
     with pytest.raises(SystemExit):
         fp8_encode.main(argv)
     assert "must be" in capsys.readouterr().err
+
+
+def test_train_step_kernel_shape_is_used_or_refused(tmp_path, capsys, monkeypatch):
+    """--kernel-shape was silently ignored without --kernel (the training-step benchmark ran) and
+    with --quick (--kernel timed 256x256 whatever was asked): now refused without --kernel, and
+    the shape given is the one --kernel times (quick or not); the defaults stay 8192x8192 and
+    256x256 with --quick."""
+    from benchmarks import train_step
+
+    with pytest.raises(SystemExit):
+        train_step.main(["--quick", "--out", str(tmp_path), "--configs", "linear", "--variants", "mxfp4",
+                         "--kernel-shape", "64x64"])
+    assert "give --kernel too" in capsys.readouterr().err
+
+    class Seen(Exception):
+        pass
+
+    def fake_run_kernel(args):
+        raise Seen(args.kernel_shape)
+
+    monkeypatch.setattr(train_step, "run_kernel", fake_run_kernel)
+    for argv, want in ((["--quick", "--kernel-shape", "64x96"], (64, 96)), (["--kernel-shape", "8X16384"], (8, 16384)),
+                       (["--quick"], (256, 256)), ([], (8192, 8192))):
+        with pytest.raises(Seen) as e:
+            train_step.main(["--kernel", "--out", str(tmp_path)] + argv)
+        assert e.value.args[0] == want, argv

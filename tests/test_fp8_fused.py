@@ -466,3 +466,21 @@ def test_default_config_by_row_length():
             c = dc(kq, 2, not nearest)
             per_thread = c.rows * fq._pow2_at_least(kq) / (32 * c.num_warps)
             assert per_thread <= (128 if nearest else 32), (kq, nearest, c)
+
+
+def test_default_config_refuses_lengths_it_has_no_tile_for():
+    """kq must be an int, a positive multiple of 32, at most MAX_ROW (what quantize_fp8_2d takes):
+    before, 0, negative, 33 and 10**9 got a tile and a float or None failed with an unrelated
+    AttributeError / TypeError from inside the power-of-two rounding."""
+    import numpy as np
+
+    from jax_mxfp4.kernels import fp8_quantize as fq
+
+    for kq in (0, -32, 1, 31, 33, fq.MAX_ROW + 32, 10**9):
+        for tr, sr in ((False, False), (True, True)):
+            with pytest.raises(ValueError, match=r"kq=.* must be a positive multiple of 32 at most MAX_ROW"):
+                fq.default_config(kq, 2, tr, sr)
+    for kq in (32.0, True, "64", None):
+        with pytest.raises(TypeError, match="kq must be an int"):
+            fq.default_config(kq, 2, False)
+    assert fq.default_config(np.int64(fq.MAX_ROW), 2, False) == fq.default_config(fq.MAX_ROW, 2, False)

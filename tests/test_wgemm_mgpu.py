@@ -638,6 +638,34 @@ def test_default_config_refuses_what_it_cannot_tile():
     assert wm.default_mgpu_config(16, 128, 64).bk == 64
 
 
+@pytest.mark.parametrize("fn", ["default_mgpu_config", "k_split_config"])
+def test_tiling_choosers_refuse_bad_arguments(fn):
+    """Both choosers name the argument and the rule: before, k_split_config took any w_order
+    (a typo such as "pair" silently picked the "ptx" decode) and both took m = 0, negative or
+    bool m / n and non-int shapes, returning a tiling."""
+    f = getattr(wm, fn)
+    for order in ("pair", "Pairs", "", None):
+        with pytest.raises(ValueError, match="w_order must be one of"):
+            f(16, 1024, 1024, order)
+    for m, n in ((0, 1024), (-5, 1024), (16, 0), (16, -64)):
+        with pytest.raises(ValueError, match="M and N must be >= 1"):
+            f(m, n, 1024, "pairs")
+    for args in ((True, 1024, 1024), (16.0, 1024, 1024), ("16", 1024, 1024), (16, None, 1024),
+                 (16, 1024, 1024.0), (16, 1024, True)):
+        with pytest.raises(TypeError, match=r"\b[mnk] must be an int"):
+            f(*args, "pairs")
+    for k in (0, -1024, 100, 96):
+        with pytest.raises(ValueError, match="multiple of 64"):
+            f(16, 1024, k, "pairs")
+    assert f(np.int64(16), np.int64(1024), np.int64(8192), "pairs") == f(16, 1024, 8192, "pairs")
+
+
+def test_k_split_config_refuses_non_int_warpgroups():
+    for kw in (2.0, True, "2", None, 3):
+        with pytest.raises(ValueError, match="k_split_wgs must be one of"):
+            wm.k_split_config(16, 1024, 1024, "pairs", kw)
+
+
 @pytest.mark.parametrize("m,n,k", [(1, 8192, 8192), (16, 4096, 14336), (40, 1024, 4096), (64, 320, 640),
                                    (16, 192, 96 * 64), (16, 1024, 256)])
 def test_default_config_by_byte_order(m, n, k):

@@ -40,6 +40,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
@@ -95,8 +96,22 @@ TILE_ELEMENTS_NEAREST, ELEMENTS_PER_THREAD_NEAREST = 16384, 128
 
 def default_config(kq: int, itemsize: int, transposed: bool, stochastic: bool = False) -> Fp8QuantizeConfig:
     """Tile for a quantized length ``kq`` (from the H200 sweep of ``benchmarks/train_step.py
-    --kernel``, 8192x8192 bf16; other shapes follow the same elements-per-thread rule)."""
+    --kernel``, 8192x8192 bf16; other shapes follow the same elements-per-thread rule).
+
+    Args: ``kq`` the quantized axis length, an int: a positive multiple of 32, at most
+    :data:`MAX_ROW` (what :func:`quantize_fp8_2d` takes); ``itemsize`` unused; ``transposed``
+    and ``stochastic`` the layout and rounding of the call.
+    Raises:
+      TypeError: ``kq`` not an int (bool included).
+      ValueError: ``kq`` not a positive multiple of 32, or above :data:`MAX_ROW` (lengths the
+        kernel does not take)."""
     del itemsize
+    if isinstance(kq, (bool, np.bool_)) or not isinstance(kq, (int, np.integer)):
+        raise TypeError(f"default_config: kq must be an int (the quantized axis length), got {kq!r}")
+    kq = int(kq)  # numpy integers: no bit_length
+    if kq < BLOCK_SIZE or kq % BLOCK_SIZE or kq > MAX_ROW:
+        raise ValueError(f"default_config: kq={kq} must be a positive multiple of {BLOCK_SIZE} "
+                         f"at most MAX_ROW = {MAX_ROW}")
     nearest = not (stochastic or transposed)
     tile, per_thread = ((TILE_ELEMENTS_NEAREST, ELEMENTS_PER_THREAD_NEAREST) if nearest
                         else (TILE_ELEMENTS, ELEMENTS_PER_THREAD))

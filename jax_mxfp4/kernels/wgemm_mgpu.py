@@ -919,6 +919,23 @@ def mgpu_w4a16(x, w_data, w_scales, out_dtype=jnp.bfloat16, cfg: MgpuConfig | No
     return out[:, :m].T.astype(out_dtype)
 
 
+def _check_config_args(fn: str, m, n, k, w_order) -> None:
+    """The arguments of the tiling choosers: ``m``, ``n``, ``k`` ints (not bool; numpy integers
+    too), M and N >= 1, K a positive multiple of 64, ``w_order`` one of :data:`W_ORDERS`.
+    TypeError / ValueError naming the argument and the rule (the other shape rules of the kernel,
+    M <= 64 and N % 64: :func:`unsupported_reason`)."""
+    for name, v in (("m", m), ("n", n), ("k", k)):
+        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
+            raise TypeError(f"{fn}: {name} must be an int, got {v!r}")
+    if m < 1 or n < 1:
+        raise ValueError(f"{fn}: M and N must be >= 1, got m={m}, n={n}")
+    if k <= 0 or k % (2 * BLOCK_SIZE):
+        raise ValueError(f"{fn}: K={k} must be a positive multiple of {2 * BLOCK_SIZE} "
+                         "(unsupported_reason says so before dispatch asks)")
+    if not isinstance(w_order, str) or w_order not in W_ORDERS:
+        raise ValueError(f"{fn}: w_order must be one of {W_ORDERS}, got {w_order!r}")
+
+
 def default_mgpu_config(m: int, n: int, k: int, w_order: str = "natural") -> MgpuConfig:
     """Tiling by shape and the weight's byte order, from H200 runs of benchmarks/wgemm_mgpu_check.py
     (jax 0.11.2, fair timing, 16x8192x8192): one-warpgroup ``plgpu.kernel``, bk 256, split-K 4
@@ -931,12 +948,14 @@ def default_mgpu_config(m: int, n: int, k: int, w_order: str = "natural") -> Mgp
     warpgroups where it applies (:func:`k_split_config`; session 7, 2026-12-01, same run of
     benchmarks/wgemm_mgpu_check.py: 16x8192x8192 33.0 us = 0.70x of bf16 against 36.1 us = 0.77x for
     the split-K kernel, 1x8192x8192 0.89x against 0.95x; checked there at 1, 16 and 40 rows and on
-    every E8M0 byte); natural bytes keep the split-K kernel (the "ptx" one-kernel variant is untimed)."""
-    if w_order not in W_ORDERS:
-        raise ValueError(f"default_mgpu_config: w_order must be one of {W_ORDERS}, got {w_order!r}")
-    if k <= 0 or k % (2 * BLOCK_SIZE):
-        raise ValueError(f"default_mgpu_config: K={k} must be a positive multiple of {2 * BLOCK_SIZE} "
-                         "(unsupported_reason says so before dispatch asks)")
+    every E8M0 byte); natural bytes keep the split-K kernel (the "ptx" one-kernel variant is untimed).
+
+    Args: ``m`` activation rows, ``n`` weight rows, ``k`` the contraction ([m, k] x [n, k]).
+    Raises:
+      TypeError: ``m``, ``n`` or ``k`` not an int (bool included).
+      ValueError: ``m`` or ``n`` < 1; ``k`` not a positive multiple of 64; ``w_order`` not one
+        of :data:`W_ORDERS`. (M > 64 and N % 64 are :func:`unsupported_reason`'s to report.)"""
+    _check_config_args("default_mgpu_config", m, n, k, w_order)
     if w_order == "pairs":
         one_kernel = k_split_config(m, n, k, w_order, k_split_wgs=4)
         if one_kernel is not None:
@@ -959,9 +978,15 @@ def k_split_config(m: int, n: int, k: int, w_order: str = "natural", k_split_wgs
     and K 2048 at bk 512 did not: H200 session 7); stages 5 (lowered where shared memory is
     short). Decode by byte order as
     :func:`default_mgpu_config`, which takes it with ``k_split_wgs=4`` for "pairs" bytes (measured
-    faster there; the "ptx" decode's one-kernel variant is untimed)."""
-    del n  # shape rules of the kernel itself: unsupported_reason
-    if k_split_wgs not in K_SPLIT_WGS[1:]:
+    faster there; the "ptx" decode's one-kernel variant is untimed).
+
+    Raises:
+      TypeError / ValueError: ``m``, ``n``, ``k`` or ``w_order`` as :func:`default_mgpu_config`
+        (a typo in ``w_order`` would otherwise pick the "ptx" decode); ``k_split_wgs`` not the
+        int 2 or 4."""
+    _check_config_args("k_split_config", m, n, k, w_order)
+    if (isinstance(k_split_wgs, bool) or not isinstance(k_split_wgs, (int, np.integer))
+            or k_split_wgs not in K_SPLIT_WGS[1:]):
         raise ValueError(f"k_split_config: k_split_wgs must be one of {K_SPLIT_WGS[1:]}, got {k_split_wgs!r}")
     mp = -(-max(m, 1) // 16) * 16
     for bk in (512, 256, 128):
