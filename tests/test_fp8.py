@@ -110,10 +110,19 @@ def test_rows_outside_window_are_exact(n_flagged):
     a, b = mk(ca, sa), mk(cb, sb)
     flags = np.asarray(prepare_fp8(a).exact_rows())[0]
     assert set(np.flatnonzero(flags)) == set(rows.tolist())
-    got = run(a, b)
-    np.testing.assert_array_equal(got, run(a, b, XLA))
+    got, ref = run(a, b), run(a, b, XLA)
     e, mag = exact64(ca, sa, cb, sb)
     assert (np.abs(got - e) <= k * 2.0**-24 * mag).all()
+    # Entries of no flagged row or column: the FP8 GEMM's exact products in a dot of the same
+    # shape as backend "xla": bit for bit. Flagged ones: recomputed by the exact path as another
+    # GEMM (gathered strips, or the full exact GEMM), whose float32 summation order XLA:CPU picks
+    # by shape and by CPU: equal up to that order (the contract; a session 7 machine gave 1-ulp
+    # differences in 2 of 3 runs where session 6's gave none).
+    fixed = np.zeros(got.shape, bool)
+    fixed[0, rows, :] = True
+    fixed[0, :, cols] = True
+    np.testing.assert_array_equal(got[~fixed], ref[~fixed])
+    assert (np.abs(got[fixed] - ref[fixed]) <= 2 * k * 2.0**-24 * mag[fixed]).all()
     # such a row in E4M3 would have rounded: the test data really needs the fallback
     v = dequantize_ref(ca, sa, 2)[0, rows[0]]
     scaled = v * 2.0 ** -(int(sa[0, rows[0]].max()) - 133)
