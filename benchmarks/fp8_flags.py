@@ -28,6 +28,9 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 
+BACKEND_ENV = "JAX_MXFP4_BACKEND"
+
+
 def chunk_outside(scale_bytes: np.ndarray, counted: np.ndarray, chunk_blocks: int | None) -> float:
     """Fraction of (row, chunk) pairs whose counted blocks' scale bytes span more than the window
     (``jax_mxfp4.fp8.WINDOW_SPAN``); ``chunk_blocks`` None: the whole row (the path's rule,
@@ -35,6 +38,8 @@ def chunk_outside(scale_bytes: np.ndarray, counted: np.ndarray, chunk_blocks: in
     from jax_mxfp4.fp8 import WINDOW_SPAN
 
     r, nb = scale_bytes.shape
+    if r == 0 or nb == 0:  # no row or no block: no pair outside
+        return 0.0
     c = nb if chunk_blocks is None or chunk_blocks >= nb else chunk_blocks
     pad = (-nb) % c
     sb = np.pad(scale_bytes.astype(np.int32), ((0, 0), (0, pad))).reshape(r, -1, c)
@@ -75,9 +80,6 @@ def main(argv=None) -> int:
             ap.error(f"--out must name a folder (made if missing), got {args.out!r}: {e}")
 
     import jax
-
-    if jax.default_backend() == "cpu":
-        os.environ.setdefault("JAX_MXFP4_BACKEND", "fp8")
     import jax.numpy as jnp
 
     from jax_mxfp4 import demo
@@ -97,17 +99,17 @@ def main(argv=None) -> int:
         counted = jnp.any(p.codes.reshape(b, r, k // BLOCK_SIZE, BLOCK_SIZE).astype(jnp.float32) != 0, axis=-1)
 
         def cb(flag, sb, counted, shape=(b, r, k)):
-            flag, sb, counted = np.asarray(flag), np.asarray(sb), np.asarray(counted)
-            rec = {"flagged": float(np.mean((flag & FLAG_EXACT) != 0))}
+            rows2d = (shape[0] * shape[1], shape[2] // BLOCK_SIZE)  # explicit: empty operands too
+            flag = np.asarray(flag)
+            sb, counted = np.asarray(sb).reshape(rows2d), np.asarray(counted).reshape(rows2d)
+            rec = {"flagged": float(np.mean((flag & FLAG_EXACT) != 0)) if flag.size else 0.0}
             for c in [None, *chunks]:
-                rec[f"outside_{c or 'row'}"] = chunk_outside(sb.reshape(-1, sb.shape[-1]), counted.reshape(-1, sb.shape[-1]),
-                                                             None if c is None else c // BLOCK_SIZE)
+                rec[f"outside_{c or 'row'}"] = chunk_outside(sb, counted, None if c is None else c // BLOCK_SIZE)
             seen[shape].append(rec)
 
         jax.debug.callback(cb, p.row_flag, as_scale_bytes(p.scales), counted)
         return p
 
-    fp8_backend._prepared = recording
     cfg = dict(demo.SIZES[args.size])
     if args.d_model:
         cfg["d_model"] = args.d_model
@@ -119,12 +121,23 @@ def main(argv=None) -> int:
     params = model.init(jax.random.key(0), batch[:, :-1])
     step, opt, _ = demo.make_train_step(model, cfg, 10, 0)
     opt_state = opt.init(params)
-    for i in range(args.steps):
-        seen.clear()  # keep the last step's operands
-        params, opt_state, loss = step(params, opt_state, batch, i)
-        jax.block_until_ready(loss)
-        jax.effects_barrier()
-    jax.effects_barrier()
+    env_before = os.environ.get(BACKEND_ENV)
+    try:  # the recording hook and a forced backend only for this step (main() may run in-process)
+        fp8_backend._prepared = recording
+        if jax.default_backend() == "cpu":
+            os.environ.setdefault(BACKEND_ENV, "fp8")
+        for i in range(args.steps):
+            seen.clear()  # keep the last step's operands
+            params, opt_state, loss = step(params, opt_state, batch, i)
+            jax.block_until_ready(loss)
+            jax.effects_barrier()
+    finally:
+        fp8_backend._prepared = orig
+        if env_before is None:
+            os.environ.pop(BACKEND_ENV, None)
+        else:
+            os.environ[BACKEND_ENV] = env_before
+        jax.clear_caches()  # jitted GEMMs traced here hold the recording callback
     print(f"demo size {args.size} d_model {cfg['d_model']} batch {cfg['batch']}x{cfg['seq_len']}: "
           f"step {args.steps} (same batch each step) loss {float(loss):.4f}")
     cols = ["flagged", "outside_row"] + [f"outside_{c}" for c in chunks]
@@ -141,7 +154,7 @@ def main(argv=None) -> int:
         with open(os.path.join(args.out, "fp8_flags.json"), "w") as fh:
             json.dump({"size": args.size, "cfg": cfg, "loss": float(loss), "rows": rows}, fh, indent=1)
     if not seen:  # an empty table is no answer: say why, exit 1
-        env = os.environ.get("JAX_MXFP4_BACKEND", "").strip()
+        env = os.environ.get(BACKEND_ENV, "").strip()
         why = f"$JAX_MXFP4_BACKEND={env!r} names another backend" if env not in ("", "fp8") else \
             "backend 'auto' picked another one for every GEMM of these shapes"
         print(f"error: no GEMM operand of the step went through the FP8 path ({why}): nothing to count; "

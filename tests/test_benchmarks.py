@@ -213,6 +213,8 @@ def test_fp8_flags_chunk_window_rule():
     flat[1, 0] -= 1  # one binade more: that row only
     assert fp8_flags.chunk_outside(flat, np.ones_like(flat, bool), None) == 0.25
     assert fp8_flags.chunk_outside(flat, np.zeros_like(flat, bool), None) == 0.0
+    for empty in (np.zeros((0, 8), np.uint8), np.zeros((4, 0), np.uint8)):  # no row / no block (K = 0)
+        assert fp8_flags.chunk_outside(empty, empty.astype(bool), 2) == 0.0
 
 
 @pytest.mark.parametrize("argv", [["--chunks", "48"], ["--chunks", "0"], ["--steps", "0"], ["--d-model", "0"],
@@ -243,12 +245,17 @@ def test_fp8_flags_says_when_no_operand_took_the_fp8_path(tmp_path, capsys, monk
     """With JAX_MXFP4_BACKEND naming another backend nothing reaches the FP8 path: the script
     printed an empty table and exited 0; now it says so and exits 1."""
     from benchmarks import fp8_flags
+    from jax_mxfp4.backends import fp8 as fp8_backend
 
+    before = fp8_backend._prepared
     monkeypatch.setenv("JAX_MXFP4_BACKEND", "xla")
     assert fp8_flags.main(["--size", "small", "--batch", "1", "--d-model", "32", "--chunks", "64",
                            "--out", str(tmp_path)]) == 1
     assert "no GEMM operand of the step went through the FP8 path" in capsys.readouterr().err
     assert json.loads((tmp_path / "fp8_flags.json").read_text())["rows"] == []
+    # run in-process, it leaves nothing behind: its recording hook (left installed, it made every
+    # later FP8 GEMM of the test session record and changed what those tests ran) and the backend
+    assert fp8_backend._prepared is before and os.environ["JAX_MXFP4_BACKEND"] == "xla"
 
 
 @pytest.mark.parametrize("script,argv", [
