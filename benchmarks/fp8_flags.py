@@ -149,8 +149,7 @@ def main(argv=None) -> int:
             rows.append({"shape": list(shape), "call": i, **rec})
         mean = {c: float(np.mean([r[c] for r in recs])) for c in cols}
         print(f"| {list(shape)} | {len(recs)} | " + " | ".join(f"{mean[c]:.4f}" for c in cols) + " |")
-    if args.out:
-        os.makedirs(args.out, exist_ok=True)
+    if args.out:  # the folder was made before the step
         with open(os.path.join(args.out, "fp8_flags.json"), "w") as fh:
             json.dump({"size": args.size, "cfg": cfg, "loss": float(loss), "rows": rows}, fh, indent=1)
     if not seen:  # an empty table is no answer: say why, exit 1
