@@ -46,13 +46,13 @@ def test_exact_values_every_byte_and_flag():
     np.testing.assert_array_equal(np.signbit(got[keep]), np.signbit(want[keep]))  # signed zeros
 
 
-@pytest.mark.parametrize("n_flagged", [0, 1, 5])
+@pytest.mark.parametrize("n_flagged", [0, 1, 5, 20])  # 20: two groups of listed rows and of columns
 @pytest.mark.parametrize("out_dtype", [jnp.float32, jnp.bfloat16])
-@pytest.mark.parametrize("max_programs", [512, 4])  # one tile per program; 6 tiles over 4 programs
+@pytest.mark.parametrize("max_programs", [512, 4])  # one unit per program; several units per program
 def test_fix_flagged_rows_and_columns(n_flagged, out_dtype, max_programs):
-    """Ragged M and N (not multiples of the tile), flagged lhs rows and rhs columns: those entries
-    equal the float64 GEMM within the float32 accumulation bound, every other entry is the input
-    bit for bit; no flag: the output is the input."""
+    """Ragged M and N (not multiples of the tile), flagged lhs rows and rhs columns anywhere (rows
+    and columns crossing): those entries equal the float64 GEMM within the float32 accumulation
+    bound, every other entry is the input bit for bit; no flag: the output is the input."""
     rng = np.random.default_rng()
     b, m, n, k = 2, 40, 24, 128
     ca, sa = rand_operand(rng, (b, m, k), span=10, base=140)
@@ -81,6 +81,19 @@ def test_fix_flagged_rows_and_columns(n_flagged, out_dtype, max_programs):
         assert (np.abs(got[fix] - e[fix]) <= k * 2.0**-24 * mag[fix]).all()
     else:  # one bfloat16 rounding of the float32 result
         assert (np.abs(got[fix] - e[fix]) <= 2.0**-8 * np.abs(e[fix]) + k * 2.0**-24 * mag[fix]).all()
+
+
+def test_flagged_index_against_numpy():
+    """Each batch row's True positions in increasing order, then -1; and their count."""
+    rng = np.random.default_rng()
+    for shape, p in (((3, 50), 0.2), ((1, 7), 1.0), ((2, 9), 0.0), ((0, 4), 0.5), ((2, 0), 0.5)):
+        f = rng.random(shape) < p
+        idx, cnt = fp8_fix.flagged_index(jnp.asarray(f))
+        assert idx.dtype == jnp.int32 and cnt.dtype == jnp.int32 and idx.shape == shape
+        for i in range(shape[0]):
+            pos = np.flatnonzero(f[i])
+            assert int(cnt[i]) == pos.size
+            np.testing.assert_array_equal(np.asarray(idx[i]), np.concatenate([pos, -np.ones(shape[1] - pos.size)]))
 
 
 def test_fix_flagged_default_tile_and_nan_column():
@@ -113,6 +126,9 @@ def test_fix_flagged_errors_and_config():
         fp8_fix.FixConfig(max_programs=0)
     with pytest.raises(ValueError, match="bk"):
         fp8_fix.FixConfig(bk=16)
+    for bad in (8, 24, True):
+        with pytest.raises(ValueError, match="group"):
+            fp8_fix.FixConfig(group=bad)
     c = jnp.zeros((1, 4, 64), jnp.float8_e4m3fn)
     s, e, f = jnp.zeros((1, 4, 2), jnp.uint8), jnp.zeros((1, 4), jnp.int32), jnp.zeros((1, 4), jnp.uint8)
     with pytest.raises(ValueError, match="pair up"):

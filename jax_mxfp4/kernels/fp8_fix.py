@@ -10,14 +10,23 @@ predicate to the host before every trip (a device-to-host sync per GEMM, which s
 GEMMs that XLA's autotuner compiles for every call site (90 s to compile one FP8 GEMM with
 default flags, run a). This kernel replaces it on CUDA:
 
-- grid (batch, at most :data:`MAX_PROGRAMS`); each program walks a strided list of bm x bn output
-  tiles, reads the flags of each tile's rows and columns and moves on when none is set (the
-  common case: one small read per tile);
-- a program with a flagged row or column recomputes its whole tile from the operands' exact
-  values in bfloat16 (every dequantized MXFP4 value, E2M1 x 2^k, is exact in bfloat16) with
-  float32 accumulation on tensor cores -- the exact path's arithmetic on CUDA
-  (:func:`jax_mxfp4.backends.fp8.exact_operand_dtype`), equal to backend "xla" up to the order
-  of float32 accumulation -- and writes the flagged entries over the result in place.
+- the flagged lhs rows and rhs rows (output columns) are first listed in XLA
+  (:func:`flagged_index`: their indices in order, then -1; a cumulative sum and a scatter);
+- grid (batch, at most :data:`MAX_PROGRAMS`); the programs share two strided lists of work units
+  whose lengths follow the flag counts: (a group of ``cfg.group`` listed rows, a ``bn``-column
+  tile) and (a group of listed columns, a ``bm``-row tile); with no flag each program reads the
+  two counts and stops;
+- a unit gathers its rows (columns) from anywhere in the operand and recomputes them over all of
+  K from the operands' exact values in bfloat16 (every dequantized MXFP4 value, E2M1 x 2^k, is
+  exact in bfloat16) with float32 accumulation on tensor cores -- the exact path's arithmetic on
+  CUDA (:func:`jax_mxfp4.backends.fp8.exact_operand_dtype`), equal to backend "xla" up to the
+  order of float32 accumulation -- and scatters them over the result in place; a flagged column
+  skips the flagged rows (the row units write those entries: one writer per entry).
+
+So the work follows the flagged rows, not the 128 x 128 tiles they touch: the earlier tile walk
+recomputed a whole tile for one flagged row in it, and at d_model 4096 (0.07% of one operand's rows
+flagged, 9% of its 128-row groups; H200 session 8) the demo step spent 38 ms of 112 there
+(session 7 run d).
 
 Exact values from the FP8 operand (:class:`jax_mxfp4.fp8.FP8Prepared` fields): a row without
 flags holds ``code x 2^row_exp`` exactly; a FLAG_EXACT row stores d = 0, so its codes are the E2M1
@@ -42,24 +51,26 @@ from ..mx_format import BLOCK_SIZE, pow2_from_exponent, scale_e2m1_values
 
 @dataclasses.dataclass(frozen=True)
 class FixConfig:
-    """Output tile (bm x bn), K step bk (a multiple of 32), Triton ``num_warps``, and the most
-    programs per batch element (:data:`MAX_PROGRAMS`)."""
+    """Tiles of the recompute: ``group`` listed (flagged) rows or columns per unit (>= 16: the
+    tensor-core tile), ``bm`` rows of a column unit, ``bn`` columns of a row unit, K step ``bk``
+    (a multiple of 32); Triton ``num_warps``; the most programs per batch element."""
 
     bm: int = 128
     bn: int = 128
     bk: int = 64
-    num_warps: int = 8
+    num_warps: int = 4
     max_programs: int = 512
+    group: int = 16
 
     def __post_init__(self):
-        for name in ("bm", "bn", "bk", "num_warps"):
+        for name in ("bm", "bn", "bk", "num_warps", "group"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1 or v & (v - 1):
                 raise ValueError(f"FixConfig.{name} must be a power of two, got {v!r}")
         if isinstance(self.max_programs, bool) or not isinstance(self.max_programs, int) or self.max_programs < 1:
             raise ValueError(f"FixConfig.max_programs must be a positive int, got {self.max_programs!r}")
-        if self.bm < 16 or self.bn < 16 or self.bk < BLOCK_SIZE:
-            raise ValueError(f"FixConfig: bm, bn >= 16 (tensor-core tiles) and bk >= {BLOCK_SIZE}, got {self}")
+        if self.bm < 16 or self.bn < 16 or self.group < 16 or self.bk < BLOCK_SIZE:
+            raise ValueError(f"FixConfig: bm, bn, group >= 16 (tensor-core tiles) and bk >= {BLOCK_SIZE}, got {self}")
 
 
 def exact_values(codes, scale_bytes, row_exp, row_flag):
@@ -81,62 +92,105 @@ def exact_values(codes, scale_bytes, row_exp, row_flag):
 
 
 MAX_PROGRAMS = FixConfig.max_programs
-"""Programs per batch element at most (about 4 per H200 SM): each walks a strided list of output
-tiles, so a result with no flag costs one flag read per tile, not one program launch per tile
-(a grid of one program per 128 x 128 tile took 21 us at 8192^2 and 68 us at 8192x28672 with no
-flag set, session 6 run c)."""
+"""Programs per batch element at most (about 4 per H200 SM): each walks a strided list of work
+units, so a result with no flag costs two count reads per program, not a launch per tile."""
 
 
-def _kernel(fl_ref, fr_ref, ac_ref, as_ref, ae_ref, bc_ref, bs_ref, be_ref, o_in_ref, o_ref, *,
-            m, n, k, n_prog, cfg: FixConfig):
+def flagged_index(flag):
+    """``(index, count)`` of the True entries of ``flag`` bool [B, R]: ``index`` int32
+    [B, R] holds each row's True positions in increasing order, then -1; ``count`` int32 [B]."""
+    bsz, r = flag.shape
+    pos = jnp.cumsum(flag.astype(jnp.int32), axis=1) - 1
+    slot = jnp.where(flag, pos, r)  # r: out of range, dropped
+    index = jnp.full((bsz, r), -1, jnp.int32).at[jnp.arange(bsz)[:, None], slot].set(
+        jnp.broadcast_to(jnp.arange(r, dtype=jnp.int32), (bsz, r)), mode="drop")
+    return index, jnp.sum(flag, axis=1, dtype=jnp.int32)
+
+
+def _kernel(li_ref, lc_ref, ri_ref, rc_ref, fl_ref, ac_ref, as_ref, ae_ref, af_ref, bc_ref, bs_ref, be_ref, bf_ref,
+            o_in_ref, o_ref, *, m, n, k, n_prog, cfg: FixConfig):
     del o_in_ref  # aliased with o_ref
     bi, p = pl.program_id(0), pl.program_id(1)
-    nj = pl.cdiv(n, cfg.bn)
-    n_tiles = pl.cdiv(m, cfg.bm) * nj
+    g = cfg.group
+    nj, ni = pl.cdiv(n, cfg.bn), pl.cdiv(m, cfg.bm)
+    lhs = (ac_ref, as_ref, ae_ref, af_ref)
+    rhs = (bc_ref, bs_ref, be_ref, bf_ref)
 
-    def tile_step(t, carry):
-        tile_id = p + t * n_prog
-        _fix_tile(fl_ref, fr_ref, ac_ref, as_ref, ae_ref, bc_ref, bs_ref, be_ref, o_ref, bi,
-                  (tile_id // nj) * cfg.bm, (tile_id % nj) * cfg.bn, m=m, n=n, k=k, cfg=cfg)
-        return carry
+    def walk(units, do):  # units p, p + n_prog, ... below ``units`` (a traced count)
+        def step(t, carry):
+            do(p + t * n_prog)
+            return carry
 
-    lax.fori_loop(0, (n_tiles - p + n_prog - 1) // n_prog, tile_step, 0)
+        lax.fori_loop(0, (units - p + n_prog - 1) // n_prog, step, 0)
+
+    def row_unit(u):  # listed lhs rows [group] x a bn-column tile
+        grp, j0 = u // nj, (u % nj) * cfg.bn
+        rows = li_ref[bi, pl.ds(grp * g, g)]
+        cols = j0 + lax.broadcasted_iota(jnp.int32, (cfg.bn,), 0)
+        valid, cmask = rows >= 0, cols < n
+        acc = _dot_exact(lambda kb: _gathered(lhs, bi, jnp.where(valid, rows, 0), kb, cfg),
+                         lambda kb: _tile(rhs, bi, j0, cfg.bn, cmask, kb, cfg), (g, cfg.bn), k, cfg)
+        # masked-off entries get indices past the end: no two lanes of a store name one entry
+        plgpu.store(o_ref.at[bi, jnp.where(valid, rows, m)[:, None], cols[None, :]], acc.astype(o_ref.dtype),
+                    mask=valid[:, None] & cmask[None, :])
+
+    def col_unit(u):  # a bm-row tile x listed rhs rows (output columns) [group]
+        grp, i0 = u // ni, (u % ni) * cfg.bm
+        cols = ri_ref[bi, pl.ds(grp * g, g)]
+        rows = i0 + lax.broadcasted_iota(jnp.int32, (cfg.bm,), 0)
+        valid, rmask = cols >= 0, rows < m
+        acc = _dot_exact(lambda kb: _tile(lhs, bi, i0, cfg.bm, rmask, kb, cfg),
+                         lambda kb: _gathered(rhs, bi, jnp.where(valid, cols, 0), kb, cfg), (cfg.bm, g), k, cfg)
+        # entries of flagged rows are the row units' (one writer per entry)
+        row_free = (plgpu.load(fl_ref.at[bi, pl.ds(i0, cfg.bm)], mask=rmask, other=1) & FLAG_EXACT) == 0
+        plgpu.store(o_ref.at[bi, rows[:, None], jnp.where(valid, cols, n)[None, :]], acc.astype(o_ref.dtype),
+                    mask=(rmask & row_free)[:, None] & valid[None, :])
+
+    walk(pl.cdiv(lc_ref[bi], g) * nj, row_unit)
+    walk(pl.cdiv(rc_ref[bi], g) * ni, col_unit)
 
 
-def _fix_tile(fl_ref, fr_ref, ac_ref, as_ref, ae_ref, bc_ref, bs_ref, be_ref, o_ref, bi, i0, j0, *, m, n, k,
-              cfg: FixConfig):
-    """One bm x bn output tile: nothing unless one of its rows or columns is flagged."""
-    rows = i0 + lax.broadcasted_iota(jnp.int32, (cfg.bm,), 0)
-    cols = j0 + lax.broadcasted_iota(jnp.int32, (cfg.bn,), 0)
-    rmask, cmask = rows < m, cols < n
-    fl = plgpu.load(fl_ref.at[bi, pl.ds(i0, cfg.bm)], mask=rmask, other=0).astype(jnp.int32)
-    fr = plgpu.load(fr_ref.at[bi, pl.ds(j0, cfg.bn)], mask=cmask, other=0).astype(jnp.int32)
-    fix_r, fix_c = (fl & FLAG_EXACT) != 0, (fr & FLAG_EXACT) != 0
+def _dot_exact(a_step, b_step, shape, k: int, cfg: FixConfig):
+    """float32 [R, C] = sum over K steps of a_step(kb) [R, bk] . b_step(kb) [C, bk]^T (bfloat16
+    operands, kb the step's first K block)."""
+    nbk = cfg.bk // BLOCK_SIZE
 
-    @pl.when(jnp.maximum(jnp.max(fix_r.astype(jnp.int32)), jnp.max(fix_c.astype(jnp.int32))) != 0)
-    def _():
-        ea = plgpu.load(ae_ref.at[bi, pl.ds(i0, cfg.bm)], mask=rmask, other=0)
-        eb = plgpu.load(be_ref.at[bi, pl.ds(j0, cfg.bn)], mask=cmask, other=0)
-        nbk = cfg.bk // BLOCK_SIZE
+    def body(t, acc):
+        a, b = a_step(t * nbk), b_step(t * nbk)
+        return acc + lax.dot_general(a, b, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
 
-        def tile(c_ref, s_ref, r0, nr, rmask_, e, f, kb):
-            c = plgpu.load(c_ref.at[bi, pl.ds(r0, nr), pl.ds(kb, nbk), :],  # uint8: masked loads need an int fill
-                           mask=rmask_[:, None, None], other=0)
-            c = lax.bitcast_convert_type(c, jnp.float8_e4m3fn)
-            s = plgpu.load(s_ref.at[bi, pl.ds(r0, nr), pl.ds(kb, nbk)], mask=rmask_[:, None], other=0)
-            v = exact_values(c, s, e, f)
-            return jnp.where(rmask_[:, None, None], v, 0).astype(jnp.bfloat16).reshape(nr, cfg.bk)
+    return lax.fori_loop(0, k // cfg.bk, body, jnp.zeros(shape, jnp.float32))
 
-        def body(t, acc):
-            kb = t * nbk
-            a = tile(ac_ref, as_ref, i0, cfg.bm, rmask, ea, fl, kb)
-            b = tile(bc_ref, bs_ref, j0, cfg.bn, cmask, eb, fr, kb)
-            return acc + lax.dot_general(a, b, (((1,), (1,)), ((), ())), preferred_element_type=jnp.float32)
 
-        acc = lax.fori_loop(0, k // cfg.bk, body, jnp.zeros((cfg.bm, cfg.bn), jnp.float32))
-        view = o_ref.at[bi, pl.ds(i0, cfg.bm), pl.ds(j0, cfg.bn)]
-        fix = fix_r[:, None] | fix_c[None, :]
-        plgpu.store(view, acc.astype(o_ref.dtype), mask=fix & rmask[:, None] & cmask[None, :])
+def _values(codes_u8, s, e, f, nr, cfg: FixConfig):
+    c = lax.bitcast_convert_type(codes_u8, jnp.float8_e4m3fn)
+    return exact_values(c, s, e, f).astype(jnp.bfloat16).reshape(nr, cfg.bk)
+
+
+def _tile(op, bi, r0, nr, rmask, kb, cfg: FixConfig):
+    """Exact bfloat16 values [nr, bk] of operand rows r0..r0+nr (masked rows 0), K blocks kb.."""
+    c_ref, s_ref, e_ref, f_ref = op
+    nbk = cfg.bk // BLOCK_SIZE
+    c = plgpu.load(c_ref.at[bi, pl.ds(r0, nr), pl.ds(kb, nbk), :], mask=rmask[:, None, None], other=0)
+    s = plgpu.load(s_ref.at[bi, pl.ds(r0, nr), pl.ds(kb, nbk)], mask=rmask[:, None], other=0)
+    e = plgpu.load(e_ref.at[bi, pl.ds(r0, nr)], mask=rmask, other=0)
+    f = plgpu.load(f_ref.at[bi, pl.ds(r0, nr)], mask=rmask, other=0)
+    v = _values(c, s, e, f, nr, cfg)
+    return jnp.where(rmask[:, None], v, jnp.zeros((), jnp.bfloat16))
+
+
+def _gathered(op, bi, rows, kb, cfg: FixConfig):
+    """Exact bfloat16 values [len(rows), bk] of the operand rows ``rows`` (valid indices), K blocks kb.."""
+    c_ref, s_ref, e_ref, f_ref = op
+    nbk = cfg.bk // BLOCK_SIZE
+    nr = rows.shape[0]
+    blk = kb + lax.broadcasted_iota(jnp.int32, (nbk,), 0)
+    lane = lax.broadcasted_iota(jnp.int32, (BLOCK_SIZE,), 0)
+    c = plgpu.load(c_ref.at[bi, rows[:, None, None], blk[None, :, None], lane[None, None, :]])
+    s = plgpu.load(s_ref.at[bi, rows[:, None], blk[None, :]])
+    e = plgpu.load(e_ref.at[bi, rows])
+    f = plgpu.load(f_ref.at[bi, rows])
+    return _values(c, s, e, f, nr, cfg)
 
 
 def default_config(k: int) -> FixConfig:
@@ -190,11 +244,16 @@ def fix_flagged(out, a_codes, a_scales, a_exp, a_flag, b_codes, b_scales, b_exp,
     if k == 0:  # every dot product is an empty sum: flagged entries are 0 (unflagged ones already are)
         fix = ((a_flag & FLAG_EXACT) != 0)[:, :, None] | ((b_flag & FLAG_EXACT) != 0)[:, None, :]
         return jnp.where(fix, jnp.zeros((), out.dtype), out)
-    nb = k // BLOCK_SIZE
-    n_prog = min(cfg.max_programs, pl.cdiv(m, cfg.bm) * pl.cdiv(n, cfg.bn))
+    nb, g = k // BLOCK_SIZE, cfg.group
+    fl, fr = (a_flag & FLAG_EXACT) != 0, (b_flag & FLAG_EXACT) != 0
+    (li, lc), (ri, rc) = flagged_index(fl), flagged_index(fr)
+    pad = lambda ix: jnp.pad(ix, ((0, 0), (0, (-ix.shape[1]) % g)), constant_values=-1)  # noqa: E731  whole groups
+    units = max(pl.cdiv(m, g) * pl.cdiv(n, cfg.bn), pl.cdiv(n, g) * pl.cdiv(m, cfg.bm))
+    n_prog = min(cfg.max_programs, units)
     kernel = functools.partial(_kernel, m=m, n=n, k=k, n_prog=n_prog, cfg=cfg)
     u8 = lambda c, r: lax.bitcast_convert_type(c, jnp.uint8).reshape(bsz, r, nb, BLOCK_SIZE)  # noqa: E731
-    args = (a_flag, b_flag, u8(a_codes, m), a_scales, a_exp, u8(b_codes, n), b_scales, b_exp, out)
+    args = (pad(li), lc, pad(ri), rc, a_flag, u8(a_codes, m), a_scales, a_exp, a_flag,
+            u8(b_codes, n), b_scales, b_exp, b_flag, out)
     return pl.pallas_call(
         kernel,
         out_shape=jax.ShapeDtypeStruct(out.shape, out.dtype),
