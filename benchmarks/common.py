@@ -106,10 +106,34 @@ def time_fn(fn, sets, *, reps: int = 5, min_program_s: float = 0.02, max_calls: 
             "program_s": med, "reps": len(samples), "method": "fair"}
 
 
-def device_kernel_times(run, per: float = 1.0) -> dict | None:
+def busy_span(intervals) -> tuple[float, float]:
+    """(span, busy) of (start, end) intervals: last end - first start, and the length of their
+    union (overlapping kernels counted once)."""
+    spans = sorted(intervals)
+    if not spans:
+        return 0.0, 0.0
+    busy, (cur_s, cur_e) = 0.0, spans[0]
+    for s, e in spans[1:]:
+        if s > cur_e:
+            busy += cur_e - cur_s
+            cur_s, cur_e = s, e
+        else:
+            cur_e = max(cur_e, e)
+    busy += cur_e - cur_s
+    return max(e for _, e in spans) - spans[0][0], busy
+
+
+def device_kernel_times(run, per: float = 1.0, timeline: dict | None = None) -> dict | None:
     """Run ``run()`` under the JAX profiler and return {kernel name: total device seconds / per}
     from the GPU planes' stream lines (kernel launches; summary lines of XLA ops/modules are
-    skipped), or None where the profile has no GPU kernel events (e.g. on CPU)."""
+    skipped), or None where the profile has no GPU kernel events (e.g. on CPU).
+
+    ``timeline``: a dict filled with where the GPU's time went (all seconds / ``per``):
+    "span_s" (first kernel start to last kernel end), "busy_s" (union of kernel intervals),
+    "idle_s" (span - busy: the GPU waiting between kernels, e.g. for the host to launch them),
+    "kernels" (events per ``per``) and "host_launch_s" (host time in CUDA launch API calls,
+    events on the host planes whose name starts with "cuLaunch" or "cudaLaunch", where the
+    profiler records them)."""
     import glob
     import tempfile
 
@@ -119,32 +143,63 @@ def device_kernel_times(run, per: float = 1.0) -> dict | None:
     jax.profiler.stop_trace()
     files = glob.glob(os.path.join(d, "**", "*.xplane.pb"), recursive=True)
     per_kernel: dict = {}
+    spans: list = []
+    host_launch = 0.0
     for f in files[:1]:
         for plane in jax.profiler.ProfileData.from_file(f).planes:
             if not plane.name.startswith("/device:GPU"):
+                for line in plane.lines:
+                    for ev in line.events:
+                        if ev.name.startswith(("cuLaunch", "cudaLaunch")):
+                            host_launch += ev.duration_ns * 1e-9
                 continue
             for line in plane.lines:
                 if "stream" not in line.name.lower():
                     continue
                 for ev in line.events:
                     per_kernel[ev.name] = per_kernel.get(ev.name, 0.0) + ev.duration_ns * 1e-9 / per
+                    spans.append((ev.start_ns, ev.start_ns + ev.duration_ns))
+    if timeline is not None and spans:
+        span, busy = busy_span(spans)
+        timeline.update(span_s=span * 1e-9 / per, busy_s=busy * 1e-9 / per, idle_s=(span - busy) * 1e-9 / per,
+                        kernels=len(spans) / per, host_launch_s=host_launch / per)
     return per_kernel or None
 
 
 def kernel_time(fn, sets, *, calls: int | None = None) -> dict:
     """Device kernel time per call from the JAX profiler (one program over ``calls`` distinct
     operand sets, as in ``time_fn``): the sum of the durations of every kernel on the GPU planes
-    divided by ``calls``. Returns {"kernel_s", "kernels": {name: seconds per call}} or
-    {"error": ...} where the profiler gives no device plane (e.g. on CPU)."""
+    divided by ``calls``. Returns {"kernel_s", "kernels": {name: seconds per call}, "calls",
+    "timeline": see ``device_kernel_times``} or {"error": ...} where the profiler gives no device
+    plane (e.g. on CPU)."""
     fn = jax.jit(fn)
     calls = calls or len(sets)
     sets = _with_distinct_calls(sets, calls)
     prog = _program(fn, calls)
     jax.block_until_ready(prog(sets))
-    per_kernel = device_kernel_times(lambda: jax.block_until_ready(prog(sets)), per=calls)
+    timeline: dict = {}
+    per_kernel = device_kernel_times(lambda: jax.block_until_ready(prog(sets)), per=calls, timeline=timeline)
     if not per_kernel:
         return {"error": "no GPU kernel events in the profile"}
-    return {"kernel_s": sum(per_kernel.values()), "kernels": per_kernel, "calls": calls}
+    return {"kernel_s": sum(per_kernel.values()), "kernels": per_kernel, "calls": calls, "timeline": timeline}
+
+
+def demo_batches(cfg: dict, steps: int, data: str):
+    """``i -> int32 [batch, seq_len + 1]`` token windows for step i: "random" one batch of uniform
+    random bytes for every step (seed 0); "corpus" the demo's training windows
+    (``jax_mxfp4.demo.load_corpus``/``batch_starts``, seed 0), one batch per step."""
+    import jax.numpy as jnp
+
+    from jax_mxfp4 import demo
+
+    if data == "random":
+        batch = jnp.asarray(np.random.default_rng(0).integers(0, 256, (cfg["batch"], cfg["seq_len"] + 1)), jnp.int32)
+        return lambda i: batch
+    if data != "corpus":
+        raise ValueError(f"data must be 'random' or 'corpus', got {data!r}")
+    train_b, _, _ = demo.load_corpus()
+    starts = demo.batch_starts(train_b.size, cfg["seq_len"], cfg["batch"], max(steps, 1), 0)
+    return lambda i: jnp.asarray(demo.windows(train_b, starts[i % len(starts)], cfg["seq_len"]))
 
 
 def geomean(xs):

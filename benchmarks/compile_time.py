@@ -8,7 +8,7 @@ that builds the demo's model and jitted step (``demo.make_train_step``) and time
 Each process is bounded by ``--timeout`` (a run cut there is reported as such).
 
 Usage: python benchmarks/compile_time.py [--size large] [--recipes bf16,mxfp4] [--flags default,autotune0]
-       [--d-model N] [--timeout 240] [--profile] [--out DIR]
+       [--d-model N] [--data random|corpus] [--lr LR] [--timeout 240] [--profile] [--out DIR]
 (--profile: after the timed steps, 3 steps under the profiler; prints the top kernels per step.)
 Flag sets: default (none); autotune0 ``--xla_gpu_autotune_level=0``; notriton
 ``--xla_gpu_enable_triton_gemm=false``. Prints a table; with --out, writes compile_time.json there.
@@ -29,9 +29,9 @@ FLAG_SETS = {"default": "", "autotune0": "--xla_gpu_autotune_level=0",
              "notriton": "--xla_gpu_enable_triton_gemm=false"}
 
 
-def _profile_steps(compiled, params, opt_state, batch, steps: int = 3, top: int = 25) -> dict:
-    """Device kernel time per step from the JAX profiler over ``steps`` steps: the sum and the
-    ``top`` kernels (``benchmarks.common.device_kernel_times``)."""
+def _profile_steps(compiled, params, opt_state, batches, steps: int = 3, top: int = 25) -> dict:
+    """Device kernel time per step from the JAX profiler over ``steps`` steps (batches(6), ...): the
+    sum and the ``top`` kernels (``benchmarks.common.device_kernel_times``)."""
     import jax
 
     from benchmarks.common import device_kernel_times
@@ -39,7 +39,7 @@ def _profile_steps(compiled, params, opt_state, batch, steps: int = 3, top: int 
     def run():
         p, o = params, opt_state
         for i in range(steps):
-            p, o, loss = compiled(p, o, batch, 100 + i)
+            p, o, loss = compiled(p, o, batches(6 + i), 100 + i)
         jax.block_until_ready(loss)
 
     per = device_kernel_times(run, per=steps)
@@ -51,11 +51,10 @@ def _profile_steps(compiled, params, opt_state, batch, steps: int = 3, top: int 
     return {"kernel_ms_per_step": sum(ms for _, ms in ranked), "kernels": len(per), "top": ranked[:top]}
 
 
-def child(size: str, recipe_name: str, layers: int | None, profile: bool = False, d_model: int | None = None) -> dict:
+def child(size: str, recipe_name: str, layers: int | None, profile: bool = False, d_model: int | None = None,
+          data: str = "random", lr: float | None = None) -> dict:
     """Runs in the fresh process: phase times of one demo step compile (seconds)."""
     import jax
-    import jax.numpy as jnp
-    import numpy as np
 
     from jax_mxfp4 import demo
     from jax_mxfp4.recipe import Recipe
@@ -65,12 +64,16 @@ def child(size: str, recipe_name: str, layers: int | None, profile: bool = False
         cfg["n_layers"] = layers
     if d_model is not None:
         cfg["d_model"] = d_model
+    if lr is not None:
+        cfg["lr"] = lr
     recipe = Recipe(**demo.BF16_RECIPE_FIELDS) if recipe_name == "bf16" else Recipe()
     model = demo.build_model(cfg, recipe)
-    rng = np.random.default_rng(0)
-    batch = jnp.asarray(rng.integers(0, 256, (cfg["batch"], cfg["seq_len"] + 1)), jnp.int32)
+    from benchmarks.common import demo_batches
+
+    batches = demo_batches(cfg, 10, data)  # steps 0-5 timed, 6-8 profiled
+    batch = batches(0)
     params = model.init(jax.random.key(0), batch[:, :-1])
-    step, opt, _ = demo.make_train_step(model, cfg, 10, 0)
+    step, opt, _ = demo.make_train_step(model, cfg, cfg["steps"], 0)  # the size's schedule (its warmup)
     opt_state = opt.init(params)
     out = {}
     t0 = time.perf_counter()
@@ -95,12 +98,12 @@ def child(size: str, recipe_name: str, layers: int | None, profile: bool = False
     out["first_step_s"] = time.perf_counter() - t0
     t0 = time.perf_counter()
     for i in range(5):
-        params, opt_state, loss = compiled(params, opt_state, batch, i + 1)
+        params, opt_state, loss = compiled(params, opt_state, batches(i + 1), i + 1)
     jax.block_until_ready(loss)
     out["step_s"] = (time.perf_counter() - t0) / 5
     out["loss"] = float(loss)
     if profile:
-        out["profile"] = _profile_steps(compiled, params, opt_state, batch)
+        out["profile"] = _profile_steps(compiled, params, opt_state, batches)
         print(f"  profile: {out['profile'].get('kernel_ms_per_step', float('nan')):.2f} ms of kernels per step "
               f"(step {out['step_s'] * 1e3:.2f} ms)", flush=True)
     return out
@@ -116,10 +119,15 @@ def main(argv=None) -> int:
     ap.add_argument("--timeout", type=float, default=240.0, help="seconds per process")
     ap.add_argument("--out", default=None)
     ap.add_argument("--profile", action="store_true", help="also profile 3 steps and print the top kernels")
+    ap.add_argument("--data", choices=("random", "corpus"), default="random",
+                    help="random: one batch of uniform random bytes for every step; corpus: the demo's training "
+                         "windows, a new batch per step (benchmarks.common.demo_batches)")
+    ap.add_argument("--lr", type=float, default=None, help="peak learning rate (default the size's)")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
-        print("RESULT " + json.dumps(child(args.size, args.child, args.layers, args.profile, args.d_model)), flush=True)
+        print("RESULT " + json.dumps(child(args.size, args.child, args.layers, args.profile, args.d_model, args.data,
+                                           args.lr)), flush=True)
         return 0
     from jax_mxfp4 import demo
 
@@ -139,6 +147,8 @@ def main(argv=None) -> int:
         ap.error(f"--layers must be >= 1, got {args.layers}")
     if args.d_model is not None and (args.d_model < 32 or args.d_model % 32):
         ap.error(f"--d-model must be a positive multiple of 32, got {args.d_model}")
+    if args.lr is not None and not args.lr > 0:
+        ap.error(f"--lr must be > 0, got {args.lr}")
     if not args.timeout > 0:  # 0 or less cut every process before it started ("timeout" rows)
         ap.error(f"--timeout must be > 0 seconds, got {args.timeout}")
     rows = []
@@ -153,6 +163,7 @@ def main(argv=None) -> int:
                 cmd += ["--d-model", str(args.d_model)]
             if args.profile:
                 cmd += ["--profile"]
+            cmd += ["--data", args.data] + (["--lr", repr(args.lr)] if args.lr is not None else [])
             print(f"[{f} {r}] XLA_FLAGS={env['XLA_FLAGS']!r}", flush=True)
             t0 = time.perf_counter()
             row = {"flags": f, "recipe": r, "xla_flags": FLAG_SETS[f]}

@@ -11,7 +11,9 @@ timing) and prints per operand shape: the fraction of FLAG_EXACT rows, and the f
 elements had its own exponent (how much a per-chunk exponent would help).
 
 Usage: python benchmarks/fp8_flags.py [--size large] [--d-model N] [--batch N] [--steps 1] [--chunks 4096,1024,256]
-       [--out DIR]
+       [--data random|corpus] [--lr LR] [--out DIR]
+"blocks_128": the fraction of 128-row groups holding a flagged row (the share of the output's
+128 x 128 tiles the flagged-row kernel recomputes because of that operand).
 On a CPU the FP8 path is forced (``JAX_MXFP4_BACKEND=fp8``); use a small --batch there.
 """
 
@@ -49,6 +51,18 @@ def chunk_outside(scale_bytes: np.ndarray, counted: np.ndarray, chunk_blocks: in
     return float(np.mean((hi >= 0) & (hi - lo > WINDOW_SPAN)))
 
 
+def flagged_groups(flagged_rows: np.ndarray, group: int) -> float:
+    """Fraction of ``group``-row groups (per batch element, the last one partial) holding a flagged
+    row: the share of output tile rows (or columns) that the flagged-row kernel
+    (jax_mxfp4/kernels/fp8_fix.py, 128 x 128 tiles) recomputes because of this operand."""
+    f = np.asarray(flagged_rows, bool)
+    if f.size == 0:
+        return 0.0
+    f = f.reshape(-1, f.shape[-1])
+    pad = (-f.shape[1]) % group
+    return float(np.mean(np.pad(f, ((0, 0), (0, pad))).reshape(f.shape[0], -1, group).any(-1)))
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--size", default="large")
@@ -57,6 +71,10 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=1, help="training steps; operands recorded in the last (default 1)")
     ap.add_argument("--chunks", default="4096,1024,256", help="K chunk lengths (elements, multiples of 32)")
     ap.add_argument("--out", default=None, help="folder for fp8_flags.json (made if missing)")
+    ap.add_argument("--data", choices=("random", "corpus"), default="random",
+                    help="random: one batch of uniform random bytes, the same every step (compile_time.py's); "
+                         "corpus: the demo's own training windows (stdlib source), a new batch each step")
+    ap.add_argument("--lr", type=float, default=None, help="peak learning rate (default the size's)")
     args = ap.parse_args(argv)
     try:
         chunks = [int(c) for c in args.chunks.split(",") if c.strip()]
@@ -64,6 +82,8 @@ def main(argv=None) -> int:
         ap.error(f"--chunks must be comma-separated integers (multiples of 32), got {args.chunks!r}")
     if any(c < 32 or c % 32 for c in chunks):
         ap.error(f"--chunks must be multiples of 32, got {args.chunks!r}")
+    if args.lr is not None and not args.lr > 0:
+        ap.error(f"--lr must be > 0, got {args.lr}")
     if args.steps < 1:
         ap.error(f"--steps must be >= 1, got {args.steps}")
     if args.batch is not None and args.batch < 1:
@@ -102,7 +122,8 @@ def main(argv=None) -> int:
             rows2d = (shape[0] * shape[1], shape[2] // BLOCK_SIZE)  # explicit: empty operands too
             flag = np.asarray(flag)
             sb, counted = np.asarray(sb).reshape(rows2d), np.asarray(counted).reshape(rows2d)
-            rec = {"flagged": float(np.mean((flag & FLAG_EXACT) != 0)) if flag.size else 0.0}
+            fl = (flag & FLAG_EXACT) != 0
+            rec = {"flagged": float(np.mean(fl)) if flag.size else 0.0, "blocks_128": flagged_groups(fl, 128)}
             for c in [None, *chunks]:
                 rec[f"outside_{c or 'row'}"] = chunk_outside(sb, counted, None if c is None else c // BLOCK_SIZE)
             seen[shape].append(rec)
@@ -115,11 +136,14 @@ def main(argv=None) -> int:
         cfg["d_model"] = args.d_model
     if args.batch:
         cfg["batch"] = args.batch
+    if args.lr:
+        cfg["lr"] = args.lr
     model = demo.build_model(cfg, Recipe())
-    rng = np.random.default_rng(0)
-    batch = jnp.asarray(rng.integers(0, 256, (cfg["batch"], cfg["seq_len"] + 1)), jnp.int32)
-    params = model.init(jax.random.key(0), batch[:, :-1])
-    step, opt, _ = demo.make_train_step(model, cfg, 10, 0)
+    from benchmarks.common import demo_batches
+
+    batches = demo_batches(cfg, args.steps, args.data)
+    params = model.init(jax.random.key(0), batches(0)[:, :-1])
+    step, opt, _ = demo.make_train_step(model, cfg, cfg["steps"], 0)  # the size's schedule (its warmup)
     opt_state = opt.init(params)
     env_before = os.environ.get(BACKEND_ENV)
     try:  # the recording hook and a forced backend only for this step (main() may run in-process)
@@ -128,9 +152,14 @@ def main(argv=None) -> int:
             os.environ.setdefault(BACKEND_ENV, "fp8")
         for i in range(args.steps):
             seen.clear()  # keep the last step's operands
-            params, opt_state, loss = step(params, opt_state, batch, i)
+            params, opt_state, loss = step(params, opt_state, batches(i), i)
             jax.block_until_ready(loss)
             jax.effects_barrier()
+            recs = [r for v in seen.values() for r in v]
+            if recs:
+                print(f"step {i}: loss {float(loss):.4f}, most flagged rows of one operand "
+                      f"{max(r['flagged'] for r in recs):.4f}, of 128-row groups {max(r['blocks_128'] for r in recs):.4f}",
+                      flush=True)
     finally:
         fp8_backend._prepared = orig
         if env_before is None:
@@ -138,9 +167,10 @@ def main(argv=None) -> int:
         else:
             os.environ[BACKEND_ENV] = env_before
         jax.clear_caches()  # jitted GEMMs traced here hold the recording callback
-    print(f"demo size {args.size} d_model {cfg['d_model']} batch {cfg['batch']}x{cfg['seq_len']}: "
-          f"step {args.steps} (same batch each step) loss {float(loss):.4f}")
-    cols = ["flagged", "outside_row"] + [f"outside_{c}" for c in chunks]
+    what = "same random batch each step" if args.data == "random" else "corpus batches"
+    print(f"demo size {args.size} d_model {cfg['d_model']} batch {cfg['batch']}x{cfg['seq_len']} lr {cfg['lr']}: "
+          f"step {args.steps} ({what}) loss {float(loss):.4f}")
+    cols = ["flagged", "blocks_128", "outside_row"] + [f"outside_{c}" for c in chunks]
     print("| operand [B, rows, K] | calls | " + " | ".join(cols) + " |")
     print("|---|---|" + "---|" * len(cols))
     rows = []
@@ -151,7 +181,7 @@ def main(argv=None) -> int:
         print(f"| {list(shape)} | {len(recs)} | " + " | ".join(f"{mean[c]:.4f}" for c in cols) + " |")
     if args.out:  # the folder was made before the step
         with open(os.path.join(args.out, "fp8_flags.json"), "w") as fh:
-            json.dump({"size": args.size, "cfg": cfg, "loss": float(loss), "rows": rows}, fh, indent=1)
+            json.dump({"size": args.size, "data": args.data, "cfg": cfg, "loss": float(loss), "rows": rows}, fh, indent=1)
     if not seen:  # an empty table is no answer: say why, exit 1
         env = os.environ.get(BACKEND_ENV, "").strip()
         why = f"$JAX_MXFP4_BACKEND={env!r} names another backend" if env not in ("", "fp8") else \

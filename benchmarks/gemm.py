@@ -178,9 +178,15 @@ def _profile(fn, sets, top=8):
         print(f"    profile: {kt['error']}", flush=True)
         return kt
     ranked = sorted(kt["kernels"].items(), key=lambda kv: -kv[1])
+    tl = kt.get("timeline", {})
     print(f"    profile: kernels sum {kt['kernel_s'] * 1e6:.2f} us/call over {kt['calls']} calls; "
           + "; ".join(f"{name[:60]} {t * 1e6:.2f}" for name, t in ranked[:top]), flush=True)
-    return {"kernel_s": kt["kernel_s"], "calls": kt["calls"], "top": [[n, t] for n, t in ranked[:top]]}
+    if tl:
+        print(f"    timeline per call: GPU span {tl['span_s'] * 1e6:.2f} us, busy {tl['busy_s'] * 1e6:.2f}, "
+              f"idle {tl['idle_s'] * 1e6:.2f}, {tl['kernels']:.2f} kernels, host launch calls "
+              f"{tl['host_launch_s'] * 1e6:.2f} us", flush=True)
+    return {"kernel_s": kt["kernel_s"], "calls": kt["calls"], "top": [[n, t] for n, t in ranked[:top]],
+            "timeline": tl}
 
 
 def run(args):

@@ -43,6 +43,10 @@ SIZES = {
     # GPU size (issue 10): 8192 tokens per step, GEMMs 8192 x 1024 x 1024 / 4096, where the FP8
     # path and the fused quantization passes apply; not meant for a CPU
     "large": dict(d_model=1024, n_layers=4, n_heads=16, seq_len=512, batch=16, steps=300, lr=1e-3, sr_key="rbg"),
+    # a wider GPU size (session 8): GEMMs 8192 x 4096 x 4096 / 16384, where the FP8 GEMMs' gain
+    # exceeds the quantize and rescale passes (at d = 1024 it does not: README "GPU speed");
+    # lr 3e-4: at 1e-3 this width diverged within a few steps on the H200
+    "xl": dict(d_model=4096, n_layers=4, n_heads=32, seq_len=512, batch=16, steps=300, lr=3e-4, sr_key="rbg"),
 }
 SR_KEY_DEFAULT = "threefry2x32"
 """PRNG implementation of the stochastic-rounding keys (a size's ``sr_key`` overrides it). The GPU
@@ -331,7 +335,8 @@ def plot(path, runs, unigram):
 def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="jax-mxfp4-demo", description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=None, help="training steps per run (default: per --size)")
-    p.add_argument("--size", choices=sorted(SIZES), default="small", help="model size (default small: ~4 min for both runs on 2 CPU cores; medium: ~75 min; large: a GPU size)")
+    p.add_argument("--size", choices=sorted(SIZES), default="small", help="model size (default small: ~4 min for both runs on 2 CPU cores; medium: ~75 min; large, xl: GPU sizes)")
+    p.add_argument("--lr", type=float, default=None, help="peak learning rate (default: per --size)")
     p.add_argument("--out", default="demo_out", help="directory for results.json and loss.png")
     p.add_argument("--backend", default="auto", help="jax_mxfp4 backend of the MXFP4 run (default auto)")
     p.add_argument("--seed", type=int, default=0)
@@ -370,6 +375,8 @@ def parse_args(argv=None):
             p.error(f"--mesh must look like DxM with positive integers (e.g. 2x1), got {args.mesh!r}")
     if args.steps is not None and args.steps < 1:
         p.error(f"--steps must be >= 1, got {args.steps}")
+    if args.lr is not None and not (args.lr > 0 and math.isfinite(args.lr)):
+        p.error(f"--lr must be a positive finite number, got {args.lr}")
     if args.eval_batches < 1:  # 0 averaged no batch: NaN eval losses and a NaN gap
         p.error(f"--eval-batches must be >= 1, got {args.eval_batches}")
     if args.eval_every is not None and args.eval_every < 0:  # -1 evaluated after every step
@@ -404,7 +411,8 @@ def run(argv=None) -> dict:
     from .recipe import Recipe
 
     cfg = dict(SIZES[args.size])
-    for key, val in (("batch", args.batch), ("seq_len", args.seq_len), ("d_model", args.d_model), ("n_layers", args.layers)):
+    for key, val in (("batch", args.batch), ("seq_len", args.seq_len), ("d_model", args.d_model), ("n_layers", args.layers),
+                     ("lr", args.lr)):
         if val is not None:
             cfg[key] = val
     cfg["n_heads"] = min(cfg["n_heads"], max(1, cfg["d_model"] // 32))
@@ -429,7 +437,7 @@ def run(argv=None) -> dict:
     )
     print(
         f"model: {args.size} (d={cfg['d_model']}, layers={cfg['n_layers']}, heads={cfg['n_heads']}, "
-        f"seq={cfg['seq_len']}, batch={cfg['batch']}), {steps} steps per run, seed {args.seed}, "
+        f"seq={cfg['seq_len']}, batch={cfg['batch']}, lr={cfg['lr']:g}), {steps} steps per run, seed {args.seed}, "
         f"JAX on {jax.default_backend()}"
     )
     mx_recipe = Recipe(backend=args.backend, grad_rounding=args.grad_rounding, hadamard=args.hadamard,

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
+
 import pytest
 import os
 import sys
@@ -75,6 +77,22 @@ def test_fair_timing_grows_programs_and_keeps_calls_distinct():
     assert len({id(x) for x in small}) == 5 and all(float(x[0]) == i % 2 for i, x in enumerate(small))
     assert all(c[0] is sets[i % 2][0] for i, c in enumerate(calls))  # the large operand rotates
     assert "error" in kernel_time(lambda a, b: a @ a, sets)  # no GPU plane on the CPU
+
+
+def test_busy_span_counts_overlaps_once_and_gaps_as_idle():
+    """The timeline's busy time is the union of kernel intervals; idle = span - busy."""
+    import random
+
+    from benchmarks.common import busy_span
+
+    assert busy_span([]) == (0.0, 0.0)
+    assert busy_span([(10, 20), (30, 35)]) == (25, 15)  # one 10-unit gap
+    assert busy_span([(0, 10), (5, 12), (11, 13), (20, 21)]) == (21, 14)  # overlaps merged
+    rng = random.Random()
+    ivs = [(s, s + rng.randint(0, 9)) for s in (rng.randint(0, 200) for _ in range(40))]
+    covered = {t for s, e in ivs for t in range(s, e)}  # unit cells: an independent union
+    span, busy = busy_span(ivs)
+    assert busy == len(covered) and span == max(e for _, e in ivs) - min(s for s, _ in ivs)
 
 
 def test_train_step_refuses_names_it_would_skip(tmp_path, capsys):
@@ -219,13 +237,45 @@ def test_fp8_flags_chunk_window_rule():
 
 @pytest.mark.parametrize("argv", [["--chunks", "48"], ["--chunks", "0"], ["--steps", "0"], ["--d-model", "0"],
                                   ["--batch", "-1"], ["--chunks", "abc"], ["--chunks", "1e3"], ["--chunks", "64,nan"],
-                                  ["--d-model", "100"], ["--d-model", "48"]])
+                                  ["--d-model", "100"], ["--d-model", "48"], ["--lr", "0"], ["--lr=-1e-3"], ["--lr", "nan"],
+                                  ["--data", "text"]])
 def test_fp8_flags_refuses_bad_arguments(argv, capsys):
     from benchmarks import fp8_flags
 
     with pytest.raises(SystemExit):
         fp8_flags.main(argv)
-    assert "must be" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "must be" in err or "invalid choice" in err
+
+
+def test_fp8_flags_flagged_groups_against_a_direct_count():
+    """The share of 128-row groups holding a flagged row, per batch element, last group partial."""
+    from benchmarks import fp8_flags
+
+    rng = np.random.default_rng()
+    for b, r, g in ((1, 300, 128), (3, 256, 64), (2, 5, 4)):
+        f = rng.random((b, r)) < 0.01
+        want = [f[i, j:j + g].any() for i in range(b) for j in range(0, r, g)]
+        assert fp8_flags.flagged_groups(f, g) == np.mean(want)
+    assert fp8_flags.flagged_groups(np.zeros((1, 0), bool), 128) == 0.0
+    one = np.zeros((1, 300), bool)
+    one[0, 299] = True  # the partial last group
+    assert fp8_flags.flagged_groups(one, 128) == 1 / 3
+
+
+def test_demo_batches():
+    """random: one batch for every step; corpus: the demo's windows, a new one per step."""
+    from benchmarks import common as fp8_flags
+
+    cfg = dict(batch=2, seq_len=16)
+    rnd = fp8_flags.demo_batches(cfg, 3, "random")
+    assert rnd(0).shape == (2, 17) and rnd(0) is rnd(2)
+    cor = fp8_flags.demo_batches(cfg, 3, "corpus")
+    a, b = np.asarray(cor(0)), np.asarray(cor(1))
+    assert a.shape == (2, 17) and a.dtype == np.int32 and not np.array_equal(a, b)
+    assert a.min() >= 0 and a.max() < 256
+    with pytest.raises(ValueError, match="data must be"):
+        fp8_flags.demo_batches(cfg, 1, "text")
 
 
 def test_fp8_flags_refuses_an_out_it_cannot_write_before_the_step(tmp_path, capsys):
@@ -259,7 +309,8 @@ def test_fp8_flags_says_when_no_operand_took_the_fp8_path(tmp_path, capsys, monk
 
 
 @pytest.mark.parametrize("script,argv", [
-    ("compile_time", ["--d-model", "100"]), ("compile_time", ["--d-model", "0"]),
+    ("compile_time", ["--d-model", "100"]), ("compile_time", ["--d-model", "0"]), ("compile_time", ["--lr", "0"]),
+    ("compile_time", ["--lr", "nan"]),
     ("train_step", ["--kernel", "--kernel-shape", "8192x100"]), ("train_step", ["--kernel", "--kernel-shape", "8192"]),
     ("train_step", ["--kernel", "--kernel-shape", "0x1024"]), ("train_step", ["--kernel", "--kernel-shape", "64x32768"])])
 def test_shape_overrides_refuse_bad_values(script, argv, capsys):
@@ -269,7 +320,7 @@ def test_shape_overrides_refuse_bad_values(script, argv, capsys):
     with pytest.raises(SystemExit):
         mod.main(argv)
     err = capsys.readouterr().err
-    assert "--d-model" in err or "--kernel-shape" in err
+    assert "--d-model" in err or "--kernel-shape" in err or "--lr" in err
 
 
 def test_fp8_encode_quick_checks_and_writes(tmp_path):

@@ -67,6 +67,11 @@ def test_cli_rejects_bad_flags(capsys):
         err = capsys.readouterr().err
         assert f"{flag} must be >=" in err, err
     assert demo.parse_args(["--eval-every", "0"]).eval_every == 0
+    for v in ("0", "-1e-3", "nan", "inf"):
+        with pytest.raises(SystemExit):
+            demo.parse_args([f"--lr={v}"])
+        assert "--lr must be a positive finite number" in capsys.readouterr().err
+    assert demo.parse_args(["--lr", "2e-4"]).lr == 2e-4 and demo.parse_args(["--size", "xl"]).size == "xl"
 
 
 def test_console_script_declared():
