@@ -192,11 +192,11 @@ def encode_rows_on(data, scale_bytes, platform: str):
     use_kernel = platform == "cuda" and env_switch(ENCODE_KERNEL_ENV)
     if not use_kernel or data.size == 0:
         return encode_rows(data, as_scale_bytes(scale_bytes))
-    from .kernels.fp8_encode import encode_rows_kernel
+    from .kernels.fp8_encode import DISPATCH_TILE, encode_rows_kernel
 
     lead, half = data.shape[:-1], data.shape[-1]
     sb = as_scale_bytes(scale_bytes)
-    codes, row_exp, row_flag = encode_rows_kernel(data.reshape(-1, half), sb.reshape(-1, sb.shape[-1]))
+    codes, row_exp, row_flag = encode_rows_kernel(data.reshape(-1, half), sb.reshape(-1, sb.shape[-1]), **DISPATCH_TILE)
     return codes.reshape(*lead, half * 2), row_exp.reshape(lead), row_flag.reshape(lead)
 
 

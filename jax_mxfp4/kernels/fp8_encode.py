@@ -119,6 +119,13 @@ def _encode_kernel(data_ref, scale_ref, codes_ref, exp_ref, flag_ref, *, n_rows,
     plgpu.store(flag_ref.at[pl.ds(r0, br)], row_flag.astype(jnp.uint8), mask=rmask)
 
 
+DISPATCH_TILE = dict(rows_per_program=1, chunk_blocks=ROW_CHUNK_BLOCKS, num_warps=8, pairs16=True)
+"""The tile :func:`jax_mxfp4.fp8.encode_rows_on` runs: fastest of nine variants at both shapes
+timed (H200 session 8 run a, benchmarks/fp8_encode.py, each checked bit for bit): 1024 x 8192
+0.0381 ms against 0.0456 for this kernel's defaults, 8192 x 8192 0.1467 against 0.1602 (one row
+per program, whole-row steps up to 8192 elements, 8 warps, the uint16 store of byte pairs)."""
+
+
 def _chunk_blocks(n_blocks: int, cap: int = MAX_CHUNK_BLOCKS) -> int:
     """Largest power of two <= cap dividing n_blocks (the loop needs equal chunks)."""
     return min(cap, n_blocks & -n_blocks)
@@ -154,7 +161,7 @@ def encode_rows_kernel(data, scale_bytes, *, rows_per_program: int | None = None
         :data:`MAX_CHUNK_BLOCKS`.
       pairs16: store the two E4M3 bytes of each packed byte as one uint16 (no interleave of the
         low- and high-nibble results in registers; the uint16 array is bit-cast to bytes after the
-        kernel); same bytes. Off by default: not yet timed on a GPU (benchmarks/fp8_encode.py).
+        kernel); same bytes. Part of :data:`DISPATCH_TILE` (timed faster in every tile).
       interpret: run the Pallas interpreter (CPU tests).
     Returns:
       (codes float8_e4m3fn [R, K], row_exp int32 [R], row_flag uint8 [R]).
