@@ -30,7 +30,7 @@ FLAG_SETS = {"default": "", "autotune0": "--xla_gpu_autotune_level=0",
 
 
 def _profile_steps(compiled, params, opt_state, batches, steps: int = 3, top: int = 25) -> dict:
-    """Device kernel time per step from the JAX profiler over ``steps`` steps (batches(6), ...): the
+    """Device kernel time per step from the JAX profiler over ``steps`` steps (batches(9), ...): the
     sum and the ``top`` kernels (``benchmarks.common.device_kernel_times``)."""
     import jax
 
@@ -39,16 +39,22 @@ def _profile_steps(compiled, params, opt_state, batches, steps: int = 3, top: in
     def run():
         p, o = params, opt_state
         for i in range(steps):
-            p, o, loss = compiled(p, o, batches(6 + i), 100 + i)
+            p, o, loss = compiled(p, o, batches(9 + i), 100 + i)
         jax.block_until_ready(loss)
 
-    per = device_kernel_times(run, per=steps)
+    timeline: dict = {}
+    per = device_kernel_times(run, per=steps, timeline=timeline)
     if not per:
         return {"error": "no GPU kernel events in the profile (not a GPU?)"}
     ranked = sorted(((name, t * 1e3) for name, t in per.items()), key=lambda kv: -kv[1])
     for name, ms in ranked[:top]:
         print(f"    {ms:8.3f} ms  {name[:90]}", flush=True)
-    return {"kernel_ms_per_step": sum(ms for _, ms in ranked), "kernels": len(per), "top": ranked[:top]}
+    if timeline:
+        print(f"  timeline per step: GPU span {timeline['span_s'] * 1e3:.2f} ms, busy {timeline['busy_s'] * 1e3:.2f}, "
+              f"idle {timeline['idle_s'] * 1e3:.2f}, {timeline['kernels']:.0f} kernel launches, host time in launch "
+              f"calls {timeline['host_launch_s'] * 1e3:.2f} ms", flush=True)
+    return {"kernel_ms_per_step": sum(ms for _, ms in ranked), "kernels": len(per), "top": ranked[:top],
+            "timeline": timeline}
 
 
 def child(size: str, recipe_name: str, layers: int | None, profile: bool = False, d_model: int | None = None,
@@ -70,7 +76,7 @@ def child(size: str, recipe_name: str, layers: int | None, profile: bool = False
     model = demo.build_model(cfg, recipe)
     from benchmarks.common import demo_batches
 
-    batches = demo_batches(cfg, 10, data)  # steps 0-5 timed, 6-8 profiled
+    batches = demo_batches(cfg, 12, data)  # steps 0-5 timed together, 6-8 one by one, 9-11 profiled
     batch = batches(0)
     params = model.init(jax.random.key(0), batch[:, :-1])
     step, opt, _ = demo.make_train_step(model, cfg, cfg["steps"], 0)  # the size's schedule (its warmup)
@@ -101,6 +107,14 @@ def child(size: str, recipe_name: str, layers: int | None, profile: bool = False
         params, opt_state, loss = compiled(params, opt_state, batches(i + 1), i + 1)
     jax.block_until_ready(loss)
     out["step_s"] = (time.perf_counter() - t0) / 5
+    each = []  # one step at a time, waited for (as the demo's loop runs): where a step's time goes
+    for i in range(3):
+        t0 = time.perf_counter()
+        params, opt_state, loss = compiled(params, opt_state, batches(6 + i), 6 + i)
+        jax.block_until_ready(loss)
+        each.append(time.perf_counter() - t0)
+    out["step_s_each_waited"] = each
+    print(f"  steps waited for one at a time: {', '.join(f'{t * 1e3:.1f}' for t in each)} ms", flush=True)
     out["loss"] = float(loss)
     if profile:
         out["profile"] = _profile_steps(compiled, params, opt_state, batches)

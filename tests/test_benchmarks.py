@@ -368,3 +368,21 @@ def test_train_step_kernel_shape_is_used_or_refused(tmp_path, capsys, monkeypatc
         with pytest.raises(Seen) as e:
             train_step.main(["--kernel", "--out", str(tmp_path)] + argv)
         assert e.value.args[0] == want, argv
+
+
+def test_fp8_fix_quick_writes_and_refuses_bad_arguments(tmp_path, capsys):
+    """benchmarks/fp8_fix.py --quick times the recompute in the interpreter and writes JSON + PNG."""
+    from benchmarks import fp8_fix
+
+    assert fp8_fix.main(["--quick", "--out", str(tmp_path)]) == 0
+    res = json.loads((tmp_path / "fp8_fix.json").read_text())
+    assert {(r["fraction"], r["group"]) for r in res["rows"]} == {(0.0, 16), (0.0, 64), (0.1, 16), (0.1, 64)}
+    assert all(r["median_s"] > 0 and r["copy_s"] > 0 for r in res["rows"])
+    _png(tmp_path / "fp8_fix.png")
+    for argv in (["--groups", "8"], ["--groups", "24"], ["--fractions", "1.5"], ["--fractions", "x"],
+                 ["--shapes", "64x64x100"], ["--shapes", "64x64"], ["--groups", ""]):
+        with pytest.raises(SystemExit):
+            fp8_fix.main(argv)
+        err = capsys.readouterr().err
+        assert "--groups" in err or "--fractions" in err or "--shapes" in err, err
+
