@@ -170,10 +170,12 @@ def backend_fn(name, m, n, k, variant):
     return (lambda a, b: be.gemm(a, b, problem)), layout
 
 
-def _profile(fn, sets, top=8):
-    """Profiler kernel times of one program over the rotating sets (``common.kernel_time``):
-    printed, and returned as {"kernel_s", "calls", "top": [[name, seconds per call], ...]}."""
-    kt = kernel_time(fn, sets)
+def _profile(fn, sets, top=8, calls=None):
+    """Profiler kernel times of one program over the rotating sets (``common.kernel_time``), with
+    ``calls`` calls (the timed program's count, so the timeline shows where its time per call
+    went): printed, and returned as {"kernel_s", "calls", "top": [[name, seconds per call], ...],
+    "timeline"}."""
+    kt = kernel_time(fn, sets, calls=calls)
     if "error" in kt:
         print(f"    profile: {kt['error']}", flush=True)
         return kt
@@ -238,7 +240,7 @@ def run(args):
                             r = time_fn(fn, sets, **timing)
                             r["status"] = "ok"
                             if args.profile:
-                                r["profile"] = _profile(fn, sets)
+                                r["profile"] = _profile(fn, sets, calls=min(r.get("calls") or len(sets), 512))
                             measured[key] = r
                             del sets
                         except Exception as e:  # record, keep going
