@@ -207,6 +207,7 @@ class RunResult:
     wall_s: float
     train_curve: list
     eval_curve: list
+    step_s: list = dataclasses.field(default_factory=list)  # seconds of each step after the first
 
 
 def make_train_step(model, cfg: dict, steps: int, seed: int):
@@ -269,7 +270,7 @@ def train_one(name, recipe, cfg, steps, seed, train_b, eval_b, starts, eval_star
     def evaluate(params):
         return float(np.mean([float(eval_loss_j(params, b)) for b in eval_batches]))
 
-    train_curve, eval_curve = [], []
+    train_curve, eval_curve, step_s = [], [], []
     t_start = time.perf_counter()
     step_time = 0.0  # training steps after the first (which includes compilation), no evals
     bar = tqdm(range(steps), desc=f"{name:>5}", unit="step", disable=quiet, dynamic_ncols=True, file=sys.stdout)
@@ -279,7 +280,8 @@ def train_one(name, recipe, cfg, steps, seed, train_b, eval_b, starts, eval_star
         params, opt_state, loss = step(params, opt_state, batch, i)
         loss = float(loss)
         if i > 0:
-            step_time += time.perf_counter() - t
+            step_s.append(time.perf_counter() - t)
+            step_time += step_s[-1]
         if not math.isfinite(loss):
             raise FloatingPointError(f"{name}: training loss became {loss} at step {i}")
         train_curve.append(loss)
@@ -292,7 +294,7 @@ def train_one(name, recipe, cfg, steps, seed, train_b, eval_b, starts, eval_star
     tok = cfg["batch"] * cfg["seq_len"]
     tps = tok * (steps - 1) / step_time if steps > 1 and step_time > 0 else float("nan")
     tail = train_curve[-max(1, min(20, steps // 5)):]
-    return RunResult(name, float(np.mean(tail)), final_eval, tps, wall, train_curve, eval_curve)
+    return RunResult(name, float(np.mean(tail)), final_eval, tps, wall, train_curve, eval_curve, step_s)
 
 
 def mxfp4_backend_used(recipe, cfg) -> str:
@@ -476,10 +478,10 @@ def run(argv=None) -> dict:
     results = {
         "bf16": {"eval_loss": bf.eval_loss, "train_loss": bf.train_loss, "tokens_per_s": bf.tokens_per_s,
                  "wall_s": bf.wall_s, "recipe": dataclasses.asdict(bf_recipe),
-                 "eval_curve": bf.eval_curve, "train_curve": bf.train_curve},
+                 "eval_curve": bf.eval_curve, "train_curve": bf.train_curve, "step_s": bf.step_s},
         "mxfp4": {"eval_loss": mx4.eval_loss, "train_loss": mx4.train_loss, "tokens_per_s": mx4.tokens_per_s,
                   "wall_s": mx4.wall_s, "recipe": dataclasses.asdict(mx_recipe),
-                  "eval_curve": mx4.eval_curve, "train_curve": mx4.train_curve},
+                  "eval_curve": mx4.eval_curve, "train_curve": mx4.train_curve, "step_s": mx4.step_s},
         "mxfp4_head": args.head,
         "via": args.via,
         "gap_pct": gap,

@@ -24,6 +24,10 @@ def test_tiny_run_writes_results_and_plot(tmp_path, capsys):
         loss = saved[name]["eval_loss"]
         assert math.isfinite(loss) and 3.0 < loss < math.log(256) + 1.0  # 3 steps: still near uniform
         assert len(saved[name]["train_curve"]) == 3
+        steps_s = saved[name]["step_s"]  # steps after the first (which compiles); tokens/s is their sum's
+        assert len(steps_s) == 2 and all(t > 0 for t in steps_s)
+        tok = res["model"]["batch"] * res["model"]["seq_len"]
+        assert saved[name]["tokens_per_s"] == pytest.approx(tok * 2 / sum(steps_s))
     gap = 100 * (saved["mxfp4"]["eval_loss"] - saved["bf16"]["eval_loss"]) / saved["bf16"]["eval_loss"]
     assert saved["gap_pct"] == pytest.approx(gap)
     assert saved["steps"] == 3 and saved["backend"] in ("xla", "ffi-cpu", "scaled_dot", "pallas", "hipblaslt")
