@@ -12,7 +12,15 @@ many buffers) is amortised to ~1-2% even where one call takes 40 us. Operands:
     two calls are identical and XLA cannot merge them (common-subexpression elimination).
 Time per call = program time / calls; the reported figure is the median over ``reps`` programs
 after a warm-up. ``kernel_time`` cross-checks one program against the profiler's device kernel
-times (sum of every kernel the program ran, divided by ``calls``).
+times (sum of every kernel the program ran, divided by ``calls``) and its timeline.
+
+What the time per call still holds (H200 session 8, ``gemm.py --profile`` with the timed
+program's own call count): the host's dispatch of the program's arguments, which grows with the
+calls (each call brings its own operands), so growing the program does not amortise it. At
+16x8192x8192 the GPU ran the calls back to back (idle < 1 us per call) in 19.75 us per call for
+the w4a16 kernel and 38.5 us for bf16, while the program time gave 36.3 and 49.5 us: ~11-16 us
+per call before the first kernel starts. Decode-size ratios from ``time_fn`` are therefore pulled
+toward 1; ``gemm.py --profile`` prints the GPU's part (the timeline span per call) beside them.
 """
 
 from __future__ import annotations

@@ -300,6 +300,18 @@ def markdown(result):
                 ratio = hit[0].get("time_ratio_vs_bf16", float("nan"))
                 cells.append(f"{hit[0]['median_s'] * 1e3:.4g} ({ratio:.2f}x)")
         lines.append(f"| {key[0]} | {key[1]}x{key[2]}x{key[3]} | " + " | ".join(cells) + " |")
+    spans = {(r["pass"], r["m"], r["n"], r["k"], r["variant"], r["backend"]): r["profile"]["timeline"]["span_s"]
+             for r in rows if r.get("status") == "ok" and r.get("profile", {}).get("timeline", {}).get("span_s")}
+    if spans:  # --profile: the GPU's own time per call, free of the host's per-argument dispatch cost
+        lines += ["", "GPU time per call (ms; profiler span of the timed program's kernels / calls) and, in "
+                  "brackets, relative to bf16's (`--profile`). At decode sizes the time per call above also "
+                  "holds the host's dispatch of each call's arguments before the program starts (~11-16 us "
+                  "per call on the H200 host, session 8): this table is the GPU's part.", "",
+                  "| pass | M x N x K | variant backend | GPU ms per call |", "|---|---|---|---|"]
+        for (ps, m, n, k, v, b), span in spans.items():
+            base = spans.get((ps, m, n, k, "bf16", "bf16"))
+            rel = f" ({span / base:.2f}x)" if base and v != "bf16" else ""
+            lines.append(f"| {ps} | {m}x{n}x{k} | {v} {b} | {span * 1e3:.4g}{rel} |")
     lines += ["", "Geometric mean of time / bf16 time (< 1 is faster), per pass and backend:", "",
               "| pass | backend | geomean time / bf16 | configs |", "|---|---|---|---|"]
     for g in result["geomeans"]:

@@ -386,3 +386,22 @@ def test_fp8_fix_quick_writes_and_refuses_bad_arguments(tmp_path, capsys):
         err = capsys.readouterr().err
         assert "--groups" in err or "--fractions" in err or "--shapes" in err, err
 
+
+def test_gemm_markdown_gpu_span_table():
+    """With profiles, gemm.py's report adds the GPU time per call (timeline span) and its ratio to
+    bf16's of the same shape; without, no such table."""
+    info = {"device": "X", "platform": "gpu", "jax": "0", "date_utc": "now"}
+
+    def row(variant, backend, median, span=None):
+        r = {"pass": "decode", "m": 16, "n": 64, "k": 64, "variant": variant, "backend": backend,
+             "status": "ok", "median_s": median, "time_ratio_vs_bf16": median / 50e-6}
+        if span is not None:
+            r["profile"] = {"timeline": {"span_s": span}}
+        return r
+
+    rows = [row("bf16", "bf16", 50e-6, 40e-6), row("w4a16", "pallas-prepared", 36e-6, 20e-6)]
+    md = gemm.markdown({"info": info, "rows": rows, "geomeans": []})
+    assert "GPU time per call" in md and "| decode | 16x64x64 | w4a16 pallas-prepared | 0.02 (0.50x) |" in md
+    md = gemm.markdown({"info": info, "rows": [row("bf16", "bf16", 50e-6)], "geomeans": []})
+    assert "GPU time per call" not in md
+
