@@ -108,7 +108,7 @@ def flagged_index(flag):
     return index, jnp.sum(flag, axis=1, dtype=jnp.int32)
 
 
-def _kernel(li_ref, lc_ref, ri_ref, rc_ref, fl_ref, ac_ref, as_ref, ae_ref, af_ref, bc_ref, bs_ref, be_ref, bf_ref,
+def _kernel(li_ref, lc_ref, ri_ref, rc_ref, ac_ref, as_ref, ae_ref, af_ref, bc_ref, bs_ref, be_ref, bf_ref,
             o_in_ref, o_ref, *, m, n, k, n_prog, cfg: FixConfig):
     del o_in_ref  # aliased with o_ref
     bi, p = pl.program_id(0), pl.program_id(1)
@@ -143,7 +143,7 @@ def _kernel(li_ref, lc_ref, ri_ref, rc_ref, fl_ref, ac_ref, as_ref, ae_ref, af_r
         acc = _dot_exact(lambda kb: _tile(lhs, bi, i0, cfg.bm, rmask, kb, cfg),
                          lambda kb: _gathered(rhs, bi, jnp.where(valid, cols, 0), kb, cfg), (cfg.bm, g), k, cfg)
         # entries of flagged rows are the row units' (one writer per entry)
-        row_free = (plgpu.load(fl_ref.at[bi, pl.ds(i0, cfg.bm)], mask=rmask, other=1) & FLAG_EXACT) == 0
+        row_free = (plgpu.load(af_ref.at[bi, pl.ds(i0, cfg.bm)], mask=rmask, other=1) & FLAG_EXACT) == 0
         plgpu.store(o_ref.at[bi, rows[:, None], jnp.where(valid, cols, n)[None, :]], acc.astype(o_ref.dtype),
                     mask=(rmask & row_free)[:, None] & valid[None, :])
 
@@ -253,8 +253,8 @@ def fix_flagged(out, a_codes, a_scales, a_exp, a_flag, b_codes, b_scales, b_exp,
     n_prog = min(cfg.max_programs, units)
     kernel = functools.partial(_kernel, m=m, n=n, k=k, n_prog=n_prog, cfg=cfg)
     u8 = lambda c, r: lax.bitcast_convert_type(c, jnp.uint8).reshape(bsz, r, nb, BLOCK_SIZE)  # noqa: E731
-    args = (pad(li), lc, pad(ri), rc, a_flag, u8(a_codes, m), a_scales, a_exp, a_flag,
-            u8(b_codes, n), b_scales, b_exp, b_flag, out)
+    args = (pad(li), lc, pad(ri), rc, u8(a_codes, m), a_scales, a_exp, a_flag, u8(b_codes, n), b_scales, b_exp,
+            b_flag, out)
     return pl.pallas_call(
         kernel,
         out_shape=jax.ShapeDtypeStruct(out.shape, out.dtype),
