@@ -138,10 +138,8 @@ def device_kernel_times(run, per: float = 1.0, timeline: dict | None = None) -> 
 
     ``timeline``: a dict filled with where the GPU's time went (all seconds / ``per``):
     "span_s" (first kernel start to last kernel end), "busy_s" (union of kernel intervals),
-    "idle_s" (span - busy: the GPU waiting between kernels, e.g. for the host to launch them),
-    "kernels" (events per ``per``) and "host_launch_s" (host time in CUDA launch API calls,
-    events on the host planes whose name starts with "cuLaunch" or "cudaLaunch", where the
-    profiler records them)."""
+    "idle_s" (span - busy: the GPU waiting between kernels, e.g. for the host to launch them) and
+    "kernels" (events per ``per``)."""
     import glob
     import tempfile
 
@@ -152,14 +150,9 @@ def device_kernel_times(run, per: float = 1.0, timeline: dict | None = None) -> 
     files = glob.glob(os.path.join(d, "**", "*.xplane.pb"), recursive=True)
     per_kernel: dict = {}
     spans: list = []
-    host_launch = 0.0
     for f in files[:1]:
         for plane in jax.profiler.ProfileData.from_file(f).planes:
             if not plane.name.startswith("/device:GPU"):
-                for line in plane.lines:
-                    for ev in line.events:
-                        if ev.name.startswith(("cuLaunch", "cudaLaunch")):
-                            host_launch += ev.duration_ns * 1e-9
                 continue
             for line in plane.lines:
                 if "stream" not in line.name.lower():
@@ -170,7 +163,7 @@ def device_kernel_times(run, per: float = 1.0, timeline: dict | None = None) -> 
     if timeline is not None and spans:
         span, busy = busy_span(spans)
         timeline.update(span_s=span * 1e-9 / per, busy_s=busy * 1e-9 / per, idle_s=(span - busy) * 1e-9 / per,
-                        kernels=len(spans) / per, host_launch_s=host_launch / per)
+                        kernels=len(spans) / per)
     return per_kernel or None
 
 

@@ -185,8 +185,7 @@ def _profile(fn, sets, top=8, calls=None):
           + "; ".join(f"{name[:60]} {t * 1e6:.2f}" for name, t in ranked[:top]), flush=True)
     if tl:
         print(f"    timeline per call: GPU span {tl['span_s'] * 1e6:.2f} us, busy {tl['busy_s'] * 1e6:.2f}, "
-              f"idle {tl['idle_s'] * 1e6:.2f}, {tl['kernels']:.2f} kernels, host launch calls "
-              f"{tl['host_launch_s'] * 1e6:.2f} us", flush=True)
+              f"idle {tl['idle_s'] * 1e6:.2f}, {tl['kernels']:.2f} kernels", flush=True)
     return {"kernel_s": kt["kernel_s"], "calls": kt["calls"], "top": [[n, t] for n, t in ranked[:top]],
             "timeline": tl}
 
