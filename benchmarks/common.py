@@ -214,7 +214,13 @@ def write_json(path, obj):
 
 
 def out_dir(path):
-    os.makedirs(path, exist_ok=True)
+    """Make the output folder ``path`` (if missing) and return it; SystemExit with the reason where
+    it cannot be one (a file in the way, no permission). Scripts call it before their work, so a
+    bad ``--out`` costs no run."""
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as e:
+        raise SystemExit(f"error: --out must name a folder (made if missing), got {path!r}: {e}") from None
     return path
 
 

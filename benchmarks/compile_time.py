@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import subprocess
 import sys
@@ -160,8 +161,12 @@ def main(argv=None) -> int:
         ap.error(f"--layers must be >= 1, got {args.layers}")
     if args.d_model is not None and (args.d_model < 32 or args.d_model % 32):
         ap.error(f"--d-model must be a positive multiple of 32, got {args.d_model}")
-    if args.lr is not None and not args.lr > 0:
-        ap.error(f"--lr must be > 0, got {args.lr}")
+    if args.lr is not None and not (args.lr > 0 and math.isfinite(args.lr)):
+        ap.error(f"--lr must be a positive finite number, got {args.lr}")
+    if args.out:  # made before the (slow) children: a file in the way failed after the first one
+        from benchmarks.common import out_dir
+
+        out_dir(args.out)
     if not args.timeout > 0:  # 0 or less cut every process before it started ("timeout" rows)
         ap.error(f"--timeout must be > 0 seconds, got {args.timeout}")
     rows = []
@@ -196,7 +201,6 @@ def main(argv=None) -> int:
             print(f"  -> {row['status']} in {row['wall_s']:.1f} s", flush=True)
             rows.append(row)
             if args.out:
-                os.makedirs(args.out, exist_ok=True)
                 with open(os.path.join(args.out, "compile_time.json"), "w") as fh:
                     json.dump(rows, fh, indent=1)
     print("\n| flags | recipe | trace s | lower s | compile s | first step s | step ms | status |")

@@ -109,6 +109,8 @@ def main(argv=None) -> int:
         shapes = [(64, 256)]
     if not shapes or any(len(s) != 2 or s[0] < 1 or s[1] < 32 or s[1] % 32 for s in shapes):
         ap.error(f"--shapes: each must be RxK with R >= 1 and K a positive multiple of 32, got {args.shapes!r}")
+    here = os.path.dirname(os.path.abspath(__file__))
+    d = out_dir(args.out or os.path.join(here, "results", "fp8_encode-quick" if args.quick else "fp8_encode"))
     interpret = current_platform() not in ("cuda", "rocm")
     timing = dict(reps=3, min_program_s=0.0) if args.quick else dict(reps=5)
     rows_out, t0 = [], time.time()
@@ -148,8 +150,6 @@ def main(argv=None) -> int:
             except Exception as e:  # record, keep going
                 record(name, "error", reason=f"{type(e).__name__}: {str(e)[:200]}")
     res = {"info": device_info(), "quick": args.quick, "method": __doc__.split("Usage")[0].strip(), "rows": rows_out}
-    here = os.path.dirname(os.path.abspath(__file__))
-    d = out_dir(args.out or os.path.join(here, "results", "fp8_encode-quick" if args.quick else "fp8_encode"))
     write_json(os.path.join(d, "fp8_encode.json"), res)
     plot(rows_out, d)
     print(f"wrote {d}/fp8_encode.json and fp8_encode.png")

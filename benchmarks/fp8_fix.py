@@ -57,14 +57,15 @@ def main(argv=None) -> int:
     ap.add_argument("--profile", action="store_true", help="also the profiler's kernel times (GPU)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args(argv)
-    try:
-        shapes = [tuple(int(v) for v in s.lower().split("x")) for s in args.shapes.split(",") if s]
-        fracs = [float(v) for v in args.fractions.split(",") if v.strip()]
-        groups = [int(v) for v in args.groups.split(",") if v.strip()]
-    except ValueError:
-        ap.error("--shapes must be MxNxK, --fractions numbers, --groups integers (comma lists)")
-    if args.quick:
-        shapes, fracs = [(64, 48, 128)], [0.0, 0.1]
+    def parse(flag, text, conv):
+        try:
+            return [conv(v) for v in text.split(",") if v.strip()]
+        except ValueError:
+            ap.error(f"{flag} must be a comma list of {conv.__name__ if flag != '--shapes' else 'MxNxK'}, got {text!r}")
+
+    shapes = parse("--shapes", args.shapes, lambda s: tuple(int(v) for v in s.lower().split("x")))
+    fracs = parse("--fractions", args.fractions, float)
+    groups = parse("--groups", args.groups, int)
     if not shapes or any(len(s) != 3 or min(s) < 1 or s[2] % 64 for s in shapes):
         ap.error(f"--shapes: each must be MxNxK, all >= 1 and K a multiple of 64, got {args.shapes!r}")
     if not fracs or any(not 0 <= f <= 1 for f in fracs):
@@ -75,6 +76,10 @@ def main(argv=None) -> int:
         ap.error(f"--groups: {e}")
     if not cfgs:
         ap.error("--groups needs at least one value")
+    if args.quick:  # checked above like any other value, then replaced by the tiny case
+        shapes, fracs = [(64, 48, 128)], [0.0, 0.1]
+    out = out_dir(args.out or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
+                                           "fp8_fix-quick" if args.quick else "fp8_fix"))
     interpret = current_platform() not in ("cuda", "rocm")
     timing = dict(reps=3, min_program_s=0.0) if args.quick else dict(reps=5)
     rows, t0 = [], time.time()
@@ -98,8 +103,6 @@ def main(argv=None) -> int:
                 rows.append(row)
                 print(f"| {m}x{n}x{k} | {frac:g} | {g} | {r['median_s'] * 1e3:.4f} | {copy['median_s'] * 1e3:.4f} | "
                       f"{row.get('kernel_s', float('nan')) * 1e3:.4f} |", flush=True)
-    out = out_dir(args.out or os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
-                                           "fp8_fix-quick" if args.quick else "fp8_fix"))
     write_json(os.path.join(out, "fp8_fix.json"), {"device": device_info(), "rows": rows, "interpret": interpret})
     import matplotlib
 

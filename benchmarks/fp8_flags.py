@@ -12,8 +12,8 @@ elements had its own exponent (how much a per-chunk exponent would help).
 
 Usage: python benchmarks/fp8_flags.py [--size large] [--d-model N] [--batch N] [--steps 1] [--chunks 4096,1024,256]
        [--data random|corpus] [--lr LR] [--out DIR]
-"blocks_128": the fraction of 128-row groups holding a flagged row (the share of the output's
-128 x 128 tiles the flagged-row kernel recomputes because of that operand).
+"blocks_128": the fraction of 128-row groups holding a flagged row (what the flagged-row kernel
+recomputed before session 8, when it walked 128 x 128 tiles; it now lists the flagged rows).
 On a CPU the FP8 path is forced (``JAX_MXFP4_BACKEND=fp8``); use a small --batch there.
 """
 
@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import math
 import os
 import sys
 
@@ -53,8 +54,8 @@ def chunk_outside(scale_bytes: np.ndarray, counted: np.ndarray, chunk_blocks: in
 
 def flagged_groups(flagged_rows: np.ndarray, group: int) -> float:
     """Fraction of ``group``-row groups (per batch element, the last one partial) holding a flagged
-    row: the share of output tile rows (or columns) that the flagged-row kernel
-    (jax_mxfp4/kernels/fp8_fix.py, 128 x 128 tiles) recomputes because of this operand."""
+    row: with 128, the share of output tile rows (or columns) that the flagged-row kernel's former
+    128 x 128 tile walk recomputed because of this operand (the kernel now lists flagged rows)."""
     f = np.asarray(flagged_rows, bool)
     if f.size == 0:
         return 0.0
@@ -82,8 +83,8 @@ def main(argv=None) -> int:
         ap.error(f"--chunks must be comma-separated integers (multiples of 32), got {args.chunks!r}")
     if any(c < 32 or c % 32 for c in chunks):
         ap.error(f"--chunks must be multiples of 32, got {args.chunks!r}")
-    if args.lr is not None and not args.lr > 0:
-        ap.error(f"--lr must be > 0, got {args.lr}")
+    if args.lr is not None and not (args.lr > 0 and math.isfinite(args.lr)):
+        ap.error(f"--lr must be a positive finite number, got {args.lr}")
     if args.steps < 1:
         ap.error(f"--steps must be >= 1, got {args.steps}")
     if args.batch is not None and args.batch < 1:
@@ -169,7 +170,7 @@ def main(argv=None) -> int:
         jax.clear_caches()  # jitted GEMMs traced here hold the recording callback
     what = "same random batch each step" if args.data == "random" else "corpus batches"
     print(f"demo size {args.size} d_model {cfg['d_model']} batch {cfg['batch']}x{cfg['seq_len']} lr {cfg['lr']}: "
-          f"step {args.steps} ({what}) loss {float(loss):.4f}")
+          f"after {args.steps} step(s) ({what}): loss {float(loss):.4f}; the table is the last step's")
     cols = ["flagged", "blocks_128", "outside_row"] + [f"outside_{c}" for c in chunks]
     print("| operand [B, rows, K] | calls | " + " | ".join(cols) + " |")
     print("|---|---|" + "---|" * len(cols))

@@ -404,6 +404,12 @@ def main(argv=None) -> int:
     return 0
 
 
+def _json_number(x: float):
+    """``x``, or None where it is not finite (tokens/s of a 1-step run has no timed step): strict
+    JSON has no NaN."""
+    return x if math.isfinite(x) else None
+
+
 def run(argv=None) -> dict:
     """Parse ``argv`` (the command-line flags), train both runs, write the outputs; returns the
     dict written to ``results.json``."""
@@ -423,10 +429,13 @@ def run(argv=None) -> dict:
         raise SystemExit(f"error: --hadamard-block {args.hadamard_block} does not divide d_model = "
                          f"{cfg['d_model']} (--size {args.size}): the rotation acts on whole blocks of "
                          "each contraction axis")
-    steps = args.steps or cfg["steps"]
+    steps = cfg["steps"] = args.steps or cfg["steps"]  # results.json's "model" shows the steps run
     eval_every = args.eval_every if args.eval_every is not None else max(1, steps // 6)
     out = pathlib.Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
+    try:  # before any training: a file in the way is a clear error, not a traceback
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise SystemExit(f"error: --out must name a folder (made if missing), got {args.out!r}: {e}") from None
 
     t0 = time.perf_counter()
     train_b, eval_b, data_info = load_corpus()
@@ -476,10 +485,11 @@ def run(argv=None) -> dict:
     print(f"MXFP4 eval loss is {gap:+.2f}% vs bf16 (target: within 3%); total wall time {total:.0f} s")
 
     results = {
-        "bf16": {"eval_loss": bf.eval_loss, "train_loss": bf.train_loss, "tokens_per_s": bf.tokens_per_s,
+        "bf16": {"eval_loss": bf.eval_loss, "train_loss": bf.train_loss, "tokens_per_s": _json_number(bf.tokens_per_s),
                  "wall_s": bf.wall_s, "recipe": dataclasses.asdict(bf_recipe),
                  "eval_curve": bf.eval_curve, "train_curve": bf.train_curve, "step_s": bf.step_s},
-        "mxfp4": {"eval_loss": mx4.eval_loss, "train_loss": mx4.train_loss, "tokens_per_s": mx4.tokens_per_s,
+        "mxfp4": {"eval_loss": mx4.eval_loss, "train_loss": mx4.train_loss,
+                  "tokens_per_s": _json_number(mx4.tokens_per_s),
                   "wall_s": mx4.wall_s, "recipe": dataclasses.asdict(mx_recipe),
                   "eval_curve": mx4.eval_curve, "train_curve": mx4.train_curve, "step_s": mx4.step_s},
         "mxfp4_head": args.head,

@@ -237,7 +237,7 @@ def test_fp8_flags_chunk_window_rule():
 
 @pytest.mark.parametrize("argv", [["--chunks", "48"], ["--chunks", "0"], ["--steps", "0"], ["--d-model", "0"],
                                   ["--batch", "-1"], ["--chunks", "abc"], ["--chunks", "1e3"], ["--chunks", "64,nan"],
-                                  ["--d-model", "100"], ["--d-model", "48"], ["--lr", "0"], ["--lr=-1e-3"], ["--lr", "nan"],
+                                  ["--d-model", "100"], ["--d-model", "48"], ["--lr", "0"], ["--lr=-1e-3"], ["--lr", "nan"], ["--lr", "inf"],
                                   ["--data", "text"]])
 def test_fp8_flags_refuses_bad_arguments(argv, capsys):
     from benchmarks import fp8_flags
@@ -310,7 +310,7 @@ def test_fp8_flags_says_when_no_operand_took_the_fp8_path(tmp_path, capsys, monk
 
 @pytest.mark.parametrize("script,argv", [
     ("compile_time", ["--d-model", "100"]), ("compile_time", ["--d-model", "0"]), ("compile_time", ["--lr", "0"]),
-    ("compile_time", ["--lr", "nan"]),
+    ("compile_time", ["--lr", "nan"]), ("compile_time", ["--lr", "inf"]),
     ("train_step", ["--kernel", "--kernel-shape", "8192x100"]), ("train_step", ["--kernel", "--kernel-shape", "8192"]),
     ("train_step", ["--kernel", "--kernel-shape", "0x1024"]), ("train_step", ["--kernel", "--kernel-shape", "64x32768"])])
 def test_shape_overrides_refuse_bad_values(script, argv, capsys):
@@ -379,12 +379,19 @@ def test_fp8_fix_quick_writes_and_refuses_bad_arguments(tmp_path, capsys):
     assert {(r["fraction"], r["group"]) for r in res["rows"]} == {(0.0, 16), (0.0, 64), (0.1, 16), (0.1, 64)}
     assert all(r["median_s"] > 0 and r["copy_s"] > 0 for r in res["rows"])
     _png(tmp_path / "fp8_fix.png")
-    for argv in (["--groups", "8"], ["--groups", "24"], ["--fractions", "1.5"], ["--fractions", "x"],
-                 ["--shapes", "64x64x100"], ["--shapes", "64x64"], ["--groups", ""]):
+    for argv, flag in ((["--groups", "8"], "--groups"), (["--groups", "24"], "--groups"), (["--groups", "abc"], "--groups"),
+                       (["--fractions", "1.5"], "--fractions"), (["--fractions", "x"], "--fractions"),
+                       (["--shapes", "64x64x100"], "--shapes"), (["--shapes", "64x64"], "--shapes"),
+                       (["--shapes", "abc"], "--shapes"), (["--groups", ""], "--groups"),
+                       (["--quick", "--fractions", "2"], "--fractions"), (["--quick", "--shapes", "0x64x64"], "--shapes")):
         with pytest.raises(SystemExit):
             fp8_fix.main(argv)
         err = capsys.readouterr().err
-        assert "--groups" in err or "--fractions" in err or "--shapes" in err, err
+        assert f"{flag}" in err, (argv, err)
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    with pytest.raises(SystemExit, match="--out must name a folder"):  # before the run, not after it
+        fp8_fix.main(["--quick", "--out", str(afile)])
 
 
 def test_gemm_markdown_gpu_span_table():
@@ -404,4 +411,24 @@ def test_gemm_markdown_gpu_span_table():
     assert "GPU time per call" in md and "| decode | 16x64x64 | w4a16 pallas-prepared | 0.02 (0.50x) |" in md
     md = gemm.markdown({"info": info, "rows": [row("bf16", "bf16", 50e-6)], "geomeans": []})
     assert "GPU time per call" not in md
+
+
+def test_out_folder_that_cannot_be_made_is_a_clear_error_before_the_work(tmp_path, capsys):
+    """common.out_dir: a file in the way is SystemExit naming --out (was a FileExistsError
+    traceback, in fp8_fix/fp8_encode after the whole run, in compile_time after a child)."""
+    from benchmarks import compile_time, fp8_encode
+    from benchmarks.common import out_dir
+
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    assert out_dir(str(tmp_path / "new" / "sub")) == str(tmp_path / "new" / "sub")
+    for bad in (afile, afile / "sub"):
+        with pytest.raises(SystemExit, match="--out must name a folder"):
+            out_dir(str(bad))
+    t0 = __import__("time").time()
+    with pytest.raises(SystemExit, match="--out must name a folder"):
+        fp8_encode.main(["--quick", "--out", str(afile)])
+    with pytest.raises(SystemExit, match="--out must name a folder"):
+        compile_time.main(["--size", "small", "--recipes", "bf16", "--flags", "default", "--out", str(afile)])
+    assert __import__("time").time() - t0 < 20  # refused before any timing or child process
 

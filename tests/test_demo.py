@@ -28,6 +28,7 @@ def test_tiny_run_writes_results_and_plot(tmp_path, capsys):
         assert len(steps_s) == 2 and all(t > 0 for t in steps_s)
         tok = res["model"]["batch"] * res["model"]["seq_len"]
         assert saved[name]["tokens_per_s"] == pytest.approx(tok * 2 / sum(steps_s))
+    assert saved["model"]["steps"] == 3  # the steps run, not the size's default
     gap = 100 * (saved["mxfp4"]["eval_loss"] - saved["bf16"]["eval_loss"]) / saved["bf16"]["eval_loss"]
     assert saved["gap_pct"] == pytest.approx(gap)
     assert saved["steps"] == 3 and saved["backend"] in ("xla", "ffi-cpu", "scaled_dot", "pallas", "hipblaslt")
@@ -36,6 +37,21 @@ def test_tiny_run_writes_results_and_plot(tmp_path, capsys):
     assert (tmp_path / "loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     out = capsys.readouterr().out
     assert "unigram byte entropy" in out and "gap vs bf16" in out and "mxfp4" in out
+
+
+def test_one_step_run_writes_strict_json_and_out_file_is_refused(tmp_path, capsys):
+    """One step has no timed step: tokens/s is null in results.json (strict JSON, no NaN); an
+    --out that names a file is refused before training with the reason."""
+    argv = [a if a != "3" else "1" for a in TINY]
+    demo.run(argv + ["--out", str(tmp_path)])
+    text = (tmp_path / "results.json").read_text()
+    saved = json.loads(text, parse_constant=lambda c: pytest.fail(f"non-strict JSON constant {c}"))
+    assert saved["bf16"]["tokens_per_s"] is None and saved["mxfp4"]["step_s"] == []
+    afile = tmp_path / "afile"
+    afile.write_text("")
+    for out in (afile, afile / "sub"):
+        with pytest.raises(SystemExit, match="--out must name a folder"):
+            demo.run(TINY + ["--out", str(out)])
 
 
 def test_data_split_is_fixed_and_disjoint():

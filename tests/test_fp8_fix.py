@@ -46,10 +46,10 @@ def test_exact_values_every_byte_and_flag():
     np.testing.assert_array_equal(np.signbit(got[keep]), np.signbit(want[keep]))  # signed zeros
 
 
-@pytest.mark.parametrize("n_flagged", [0, 1, 5, 20])  # 20: two groups of listed rows and of columns
+@pytest.mark.parametrize("n_flagged", [0, 1, 5, 20])  # 20: two groups of 16 listed rows and of columns
 @pytest.mark.parametrize("out_dtype", [jnp.float32, jnp.bfloat16])
-@pytest.mark.parametrize("max_programs", [512, 4])  # one unit per program; several units per program
-def test_fix_flagged_rows_and_columns(n_flagged, out_dtype, max_programs):
+@pytest.mark.parametrize("max_programs,group", [(512, 16), (4, 16), (4, 64)])  # several units per program; the default group
+def test_fix_flagged_rows_and_columns(n_flagged, out_dtype, max_programs, group):
     """Ragged M and N (not multiples of the tile), flagged lhs rows and rhs columns anywhere (rows
     and columns crossing): those entries equal the float64 GEMM within the float32 accumulation
     bound, every other entry is the input bit for bit; no flag: the output is the input."""
@@ -69,7 +69,7 @@ def test_fix_flagged_rows_and_columns(n_flagged, out_dtype, max_programs):
     fa, fb = _fields(a_), _fields(b_)
     assert set(np.flatnonzero(np.asarray(fa[3])[0] & FLAG_EXACT)) == set(rows.tolist())
     base = jnp.asarray(rng.standard_normal((b, m, n)), out_dtype)  # stands for the FP8 result
-    cfg = fp8_fix.FixConfig(bm=16, bn=16, bk=64, num_warps=4, max_programs=max_programs)
+    cfg = fp8_fix.FixConfig(bm=16, bn=16, bk=64, num_warps=4, max_programs=max_programs, group=group)
     got = np.asarray(fp8_fix.fix_flagged(base, *fa, *fb, cfg=cfg, interpret=True).astype(jnp.float32), np.float64)
     fix = np.zeros((b, m, n), bool)
     fix[:, rows, :] = True
@@ -126,9 +126,13 @@ def test_fix_flagged_errors_and_config():
         fp8_fix.FixConfig(max_programs=0)
     with pytest.raises(ValueError, match="bk"):
         fp8_fix.FixConfig(bk=16)
-    for bad in (8, 24, True):
-        with pytest.raises(ValueError, match="group"):
+    for bad in (8, 24, True, 16.0, np.int64(16)):
+        with pytest.raises(ValueError, match="FixConfig.group must be an int power of two >= 16"):
             fp8_fix.FixConfig(group=bad)
+    with pytest.raises(TypeError, match="bool array"):
+        fp8_fix.flagged_index(jnp.asarray([[0, 1, 2]], jnp.int32))  # counts, not a mask: was silently wrong
+    with pytest.raises(ValueError, match=r"\[B, R\]"):
+        fp8_fix.flagged_index(jnp.zeros((3,), bool))
     c = jnp.zeros((1, 4, 64), jnp.float8_e4m3fn)
     s, e, f = jnp.zeros((1, 4, 2), jnp.uint8), jnp.zeros((1, 4), jnp.int32), jnp.zeros((1, 4), jnp.uint8)
     with pytest.raises(ValueError, match="pair up"):

@@ -64,14 +64,13 @@ class FixConfig:
     # unit: 0.49 vs 1.11 ms with 1% of the rows flagged, 3.05 vs 9.45 ms with 10%, 0.42 vs 0.36 ms with 0.1%
 
     def __post_init__(self):
-        for name in ("bm", "bn", "bk", "num_warps", "group"):
+        least = {"bm": 16, "bn": 16, "group": 16, "bk": BLOCK_SIZE, "num_warps": 1}  # tensor-core tiles; whole blocks
+        for name, lo in least.items():
             v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1 or v & (v - 1):
-                raise ValueError(f"FixConfig.{name} must be a power of two, got {v!r}")
+            if isinstance(v, bool) or not isinstance(v, int) or v < lo or v & (v - 1):
+                raise ValueError(f"FixConfig.{name} must be an int power of two >= {lo}, got {v!r}")
         if isinstance(self.max_programs, bool) or not isinstance(self.max_programs, int) or self.max_programs < 1:
             raise ValueError(f"FixConfig.max_programs must be a positive int, got {self.max_programs!r}")
-        if self.bm < 16 or self.bn < 16 or self.group < 16 or self.bk < BLOCK_SIZE:
-            raise ValueError(f"FixConfig: bm, bn, group >= 16 (tensor-core tiles) and bk >= {BLOCK_SIZE}, got {self}")
 
 
 def exact_values(codes, scale_bytes, row_exp, row_flag):
@@ -99,7 +98,12 @@ units, so a result with no flag costs two count reads per program, not a launch 
 
 def flagged_index(flag):
     """``(index, count)`` of the True entries of ``flag`` bool [B, R]: ``index`` int32
-    [B, R] holds each row's True positions in increasing order, then -1; ``count`` int32 [B]."""
+    [B, R] holds each row's True positions in increasing order, then -1; ``count`` int32 [B].
+    Raises TypeError for a non-bool ``flag`` (a mask, not counts) and ValueError for a rank other than 2."""
+    if getattr(flag, "dtype", None) != jnp.bool_:
+        raise TypeError(f"flagged_index: flag must be a bool array, got {getattr(flag, 'dtype', type(flag).__name__)}")
+    if flag.ndim != 2:
+        raise ValueError(f"flagged_index: flag must be [B, R], got shape {flag.shape}")
     bsz, r = flag.shape
     pos = jnp.cumsum(flag.astype(jnp.int32), axis=1) - 1
     slot = jnp.where(flag, pos, r)  # r: out of range, dropped
