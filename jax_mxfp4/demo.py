@@ -377,6 +377,11 @@ def parse_args(argv=None):
             p.error(f"--mesh must look like DxM with positive integers (e.g. 2x1), got {args.mesh!r}")
     if args.steps is not None and args.steps < 1:
         p.error(f"--steps must be >= 1, got {args.steps}")
+    for flag, v, lo in (("--batch", args.batch, 1), ("--seq-len", args.seq_len, 1), ("--layers", args.layers, 0)):
+        if v is not None and v < lo:  # --batch 0 trained on nothing: a NaN loss at step 0
+            p.error(f"{flag} must be >= {lo}, got {v}")
+    if args.d_model is not None and (args.d_model < 32 or args.d_model % 32):  # whole 32-element MX blocks
+        p.error(f"--d-model must be a positive multiple of 32 (the MX block size), got {args.d_model}")
     if args.lr is not None and not (args.lr > 0 and math.isfinite(args.lr)):
         p.error(f"--lr must be a positive finite number, got {args.lr}")
     if args.eval_batches < 1:  # 0 averaged no batch: NaN eval losses and a NaN gap

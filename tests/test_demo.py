@@ -91,6 +91,11 @@ def test_cli_rejects_bad_flags(capsys):
         with pytest.raises(SystemExit):
             demo.parse_args([f"--lr={v}"])
         assert "--lr must be a positive finite number" in capsys.readouterr().err
+    for flag, v in (("--batch", "0"), ("--seq-len", "0"), ("--layers", "-1"), ("--d-model", "48"), ("--d-model", "0")):
+        with pytest.raises(SystemExit):
+            demo.parse_args([flag, v])
+        assert f"{flag} must be" in capsys.readouterr().err
+    assert demo.parse_args(["--layers", "0", "--d-model", "64"]).layers == 0
     assert demo.parse_args(["--lr", "2e-4"]).lr == 2e-4 and demo.parse_args(["--size", "xl"]).size == "xl"
 
 
