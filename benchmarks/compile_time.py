@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import subprocess
 import sys
 import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from jax_mxfp4.demo import learning_rate  # noqa: E402  (stdlib + NumPy at import: no JAX yet)
 
 FLAG_SETS = {"default": "", "autotune0": "--xla_gpu_autotune_level=0",
              "notriton": "--xla_gpu_enable_triton_gemm=false"}
@@ -136,7 +137,7 @@ def main(argv=None) -> int:
     ap.add_argument("--data", choices=("random", "corpus"), default="random",
                     help="random: one batch of uniform random bytes for every step; corpus: the demo's training "
                          "windows, a new batch per step (benchmarks.common.demo_batches)")
-    ap.add_argument("--lr", type=float, default=None, help="peak learning rate (default the size's)")
+    ap.add_argument("--lr", type=learning_rate, default=None, help="peak learning rate (default the size's)")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
@@ -161,8 +162,6 @@ def main(argv=None) -> int:
         ap.error(f"--layers must be >= 1, got {args.layers}")
     if args.d_model is not None and (args.d_model < 32 or args.d_model % 32):
         ap.error(f"--d-model must be a positive multiple of 32, got {args.d_model}")
-    if args.lr is not None and not (args.lr > 0 and math.isfinite(args.lr)):
-        ap.error(f"--lr must be a positive finite number, got {args.lr}")
     if args.out:  # made before the (slow) children: a file in the way failed after the first one
         from benchmarks.common import out_dir
 

@@ -22,13 +22,14 @@ from __future__ import annotations
 import argparse
 import collections
 import json
-import math
 import os
 import sys
 
 import numpy as np
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+
+from jax_mxfp4.demo import learning_rate  # noqa: E402  (stdlib + NumPy at import: no JAX yet)
 
 
 BACKEND_ENV = "JAX_MXFP4_BACKEND"
@@ -75,7 +76,7 @@ def main(argv=None) -> int:
     ap.add_argument("--data", choices=("random", "corpus"), default="random",
                     help="random: one batch of uniform random bytes, the same every step (compile_time.py's); "
                          "corpus: the demo's own training windows (stdlib source), a new batch each step")
-    ap.add_argument("--lr", type=float, default=None, help="peak learning rate (default the size's)")
+    ap.add_argument("--lr", type=learning_rate, default=None, help="peak learning rate (default the size's)")
     args = ap.parse_args(argv)
     try:
         chunks = [int(c) for c in args.chunks.split(",") if c.strip()]
@@ -83,8 +84,6 @@ def main(argv=None) -> int:
         ap.error(f"--chunks must be comma-separated integers (multiples of 32), got {args.chunks!r}")
     if any(c < 32 or c % 32 for c in chunks):
         ap.error(f"--chunks must be multiples of 32, got {args.chunks!r}")
-    if args.lr is not None and not (args.lr > 0 and math.isfinite(args.lr)):
-        ap.error(f"--lr must be a positive finite number, got {args.lr}")
     if args.steps < 1:
         ap.error(f"--steps must be >= 1, got {args.steps}")
     if args.batch is not None and args.batch < 1:
@@ -95,10 +94,12 @@ def main(argv=None) -> int:
     if args.out is not None:  # made before the (slow) step: an empty name wrote nothing, a file failed after it
         if not args.out.strip():
             ap.error(f"--out must name a folder (made if missing), got {args.out!r}")
+        from benchmarks.common import out_dir
+
         try:
-            os.makedirs(args.out, exist_ok=True)
-        except OSError as e:
-            ap.error(f"--out must name a folder (made if missing), got {args.out!r}: {e}")
+            out_dir(args.out)
+        except SystemExit as e:  # the shared rule's message, through argparse (usage and exit code 2)
+            ap.error(str(e).removeprefix("error: "))
 
     import jax
     import jax.numpy as jnp

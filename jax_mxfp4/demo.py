@@ -334,11 +334,23 @@ def plot(path, runs, unigram):
     plt.close(fig)
 
 
+def learning_rate(text: str) -> float:
+    """argparse type of ``--lr`` (the demo's and the benchmarks' that build its model): a positive
+    finite float (0, a negative, NaN or Inf trains to nothing or to NaN)."""
+    try:
+        v = float(text)
+    except ValueError:
+        v = float("nan")
+    if not (v > 0 and math.isfinite(v)):
+        raise argparse.ArgumentTypeError(f"must be a positive finite number, got {text!r}")
+    return v
+
+
 def parse_args(argv=None):
     p = argparse.ArgumentParser(prog="jax-mxfp4-demo", description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=None, help="training steps per run (default: per --size)")
     p.add_argument("--size", choices=sorted(SIZES), default="small", help="model size (default small: ~4 min for both runs on 2 CPU cores; medium: ~75 min; large, xl: GPU sizes)")
-    p.add_argument("--lr", type=float, default=None, help="peak learning rate (default: per --size)")
+    p.add_argument("--lr", type=learning_rate, default=None, help="peak learning rate (default: per --size)")
     p.add_argument("--out", default="demo_out", help="directory for results.json and loss.png")
     p.add_argument("--backend", default="auto", help="jax_mxfp4 backend of the MXFP4 run (default auto)")
     p.add_argument("--seed", type=int, default=0)
@@ -382,8 +394,6 @@ def parse_args(argv=None):
             p.error(f"{flag} must be >= {lo}, got {v}")
     if args.d_model is not None and (args.d_model < 32 or args.d_model % 32):  # whole 32-element MX blocks
         p.error(f"--d-model must be a positive multiple of 32 (the MX block size), got {args.d_model}")
-    if args.lr is not None and not (args.lr > 0 and math.isfinite(args.lr)):
-        p.error(f"--lr must be a positive finite number, got {args.lr}")
     if args.eval_batches < 1:  # 0 averaged no batch: NaN eval losses and a NaN gap
         p.error(f"--eval-batches must be >= 1, got {args.eval_batches}")
     if args.eval_every is not None and args.eval_every < 0:  # -1 evaluated after every step

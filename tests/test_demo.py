@@ -90,7 +90,7 @@ def test_cli_rejects_bad_flags(capsys):
     for v in ("0", "-1e-3", "nan", "inf"):
         with pytest.raises(SystemExit):
             demo.parse_args([f"--lr={v}"])
-        assert "--lr must be a positive finite number" in capsys.readouterr().err
+        assert "--lr: must be a positive finite number" in capsys.readouterr().err
     for flag, v in (("--batch", "0"), ("--seq-len", "0"), ("--layers", "-1"), ("--d-model", "48"), ("--d-model", "0")):
         with pytest.raises(SystemExit):
             demo.parse_args([flag, v])
