@@ -11,9 +11,12 @@ This script, on the device:
    copy of the output's bytes as the bandwidth yardstick. GB/s counts packed data + scale bytes
    read once and E4M3 bytes written.
 
-Variants: the default tile (``default_rows_per_program``, ``ROW_CHUNK_BLOCKS`` /
-``MAX_CHUNK_BLOCKS``), rows per program 1/2/8 x chunk 32/256 blocks, 4 or 8 warps, and each with
-``pairs16`` (both E4M3 bytes of a packed byte stored as one uint16: no interleave in registers).
+Variants: the tile dispatch ran until session 9 (one row per program, whole-row steps, 8 warps,
+``pairs16``: both E4M3 bytes of a packed byte stored as one uint16), the word-parallel ``swar``
+kernel (4-8 codes per integer operation; ``fast_path``: per-chunk branches past the special-block
+summary and the subnormal E4M3 cases) at several tiles, and two older tiles. Each on two operand
+kinds (``BANDS``): "narrow" scales (6 binades, like a quantized activation) and "wide" (the whole
+15-binade window: blocks with subnormal E4M3 results in every row).
 
 Usage: python benchmarks/fp8_encode.py [--quick] [--shapes 1024x8192,8192x8192] [--out DIR] [--budget-s S]
 """
@@ -21,6 +24,7 @@ Usage: python benchmarks/fp8_encode.py [--quick] [--shapes 1024x8192,8192x8192] 
 from __future__ import annotations
 
 import argparse
+import itertools
 import math
 import os
 import sys
@@ -37,26 +41,35 @@ from jax_mxfp4.dispatch import current_platform  # noqa: E402
 from jax_mxfp4.fp8 import encode_rows  # noqa: E402
 from jax_mxfp4.kernels.fp8_encode import encode_rows_kernel  # noqa: E402
 
-VARIANTS = [  # (name, keyword arguments of encode_rows_kernel); the first is the default tile
-    ("default", {}),
-    ("default pairs16", dict(pairs16=True)),
-    ("rows=1 chunk=256", dict(rows_per_program=1, chunk_blocks=256)),
-    ("rows=1 chunk=256 pairs16", dict(rows_per_program=1, chunk_blocks=256, pairs16=True)),
+VARIANTS = [  # (name, keyword arguments of encode_rows_kernel); the first is the tile dispatch runs
     ("rows=1 chunk=256 warps=8 pairs16", dict(rows_per_program=1, chunk_blocks=256, num_warps=8, pairs16=True)),
-    ("rows=2 chunk=128 pairs16", dict(rows_per_program=2, chunk_blocks=128, pairs16=True)),
-    ("rows=8 chunk=32", dict(rows_per_program=8, chunk_blocks=32)),
-    ("rows=8 chunk=32 pairs16", dict(rows_per_program=8, chunk_blocks=32, pairs16=True)),
+    ("swar fast rows=1 chunk=256 warps=8", dict(rows_per_program=1, chunk_blocks=256, num_warps=8, swar=True,
+                                                fast_path=True)),
+    ("swar rows=1 chunk=256 warps=8", dict(rows_per_program=1, chunk_blocks=256, num_warps=8, swar=True)),
+    ("swar fast rows=1 chunk=256 warps=4", dict(rows_per_program=1, chunk_blocks=256, num_warps=4, swar=True,
+                                                fast_path=True)),
+    ("swar fast rows=2 chunk=128 warps=8", dict(rows_per_program=2, chunk_blocks=128, num_warps=8, swar=True,
+                                                fast_path=True)),
+    ("swar fast rows=1 chunk=256 warps=16", dict(rows_per_program=1, chunk_blocks=256, num_warps=16, swar=True,
+                                                 fast_path=True)),
+    ("swar fast rows=8 chunk=32 warps=4", dict(rows_per_program=8, chunk_blocks=32, swar=True, fast_path=True)),
+    ("default", {}),
     ("rows=8 chunk=32 warps=8 pairs16", dict(rows_per_program=8, chunk_blocks=32, num_warps=8, pairs16=True)),
 ]
+BANDS = {  # scale bytes per operand: "narrow" like a quantized activation (6 binades), "wide" fills
+    # the 15-binade window (blocks at d = -8..-6 in every row: the subnormal E4M3 cases)
+    "narrow": (125, 131),
+    "wide": (120, 134),
+}
 
 
-def operand(key, rows: int, k: int):
-    """Random packed E2M1 bytes [rows, K/2] and scale bytes [rows, K/32] in a 30-binade band,
-    with edge rows: 0 a block 20 binades below the rest (outside the window), 1 a NaN byte,
+def operand(key, rows: int, k: int, band=BANDS["wide"]):
+    """Random packed E2M1 bytes [rows, K/2] and scale bytes [rows, K/32] in ``band`` (bytes, lower
+    inclusive, upper exclusive), with edge rows: 0 a block 20 binades below the rest (outside the window), 1 a NaN byte,
     2 byte 0x00 over nonzero codes, 3 byte 0xFE over the largest codes."""
     kd, ks = jax.random.split(key)
     data = jax.random.randint(kd, (rows, k // 2), 0, 256, jnp.int32).astype(jnp.uint8)
-    sb = jax.random.randint(ks, (rows, k // 32), 120, 134, jnp.int32).astype(jnp.uint8)
+    sb = jax.random.randint(ks, (rows, k // 32), *band, jnp.int32).astype(jnp.uint8)
     if rows >= 4:
         sb = sb.at[0, -1].set(100).at[1, 0].set(255).at[2, 0].set(0).at[3, 0].set(254)
         data = data.at[2, :16].set(0x11).at[3, :16].set(0x77).at[0, -16:].set(0x33)
@@ -78,13 +91,14 @@ def plot(rows, out):
     from benchmarks.common import save_figure
 
     ok = [x for x in rows if x["status"] == "ok"]
-    shapes = sorted({tuple(x["shape"]) for x in ok})
+    shapes = sorted({(*x["shape"], x.get("band", "")) for x in ok})
     names = list(dict.fromkeys(x["variant"] for x in ok))
     fig, ax = plt.subplots(figsize=(10, 4))
     w = 0.8 / max(1, len(shapes))
     for i, sh in enumerate(shapes):
-        vals = [next((x["gb_per_s"] for x in ok if tuple(x["shape"]) == sh and x["variant"] == n), 0) for n in names]
-        ax.bar([j + i * w for j in range(len(names))], vals, w, label=f"{sh[0]}x{sh[1]}")
+        vals = [next((x["gb_per_s"] for x in ok if (*x["shape"], x.get("band", "")) == sh and x["variant"] == n), 0)
+                for n in names]
+        ax.bar([j + i * w for j in range(len(names))], vals, w, label=f"{sh[0]}x{sh[1]} {sh[2]}")
     ax.set_xticks([j + w * (len(shapes) - 1) / 2 for j in range(len(names))], names, rotation=30, ha="right", fontsize=7)
     ax.set_ylabel("GB/s (bytes read once + written)")
     ax.set_title("MXFP4 -> E4M3 row encode, tile variants")
@@ -115,21 +129,22 @@ def main(argv=None) -> int:
     timing = dict(reps=3, min_program_s=0.0) if args.quick else dict(reps=5)
     rows_out, t0 = [], time.time()
     variants = VARIANTS[:2] if args.quick else VARIANTS
-    for r, k in shapes:
-        base = operand(jax.random.key(r + k), r, k)
+    for (r, k), band in itertools.product(shapes, ("narrow",) if args.quick else tuple(BANDS)):
+        base = operand(jax.random.key(r + k), r, k, BANDS[band])
         want = jax.jit(encode_rows)(*base)
         moved = r * (k // 2 + k // 32 + k)
         n = 2 if args.quick else n_sets_for(moved)
-        sets = [operand(jax.random.key(1000 + i), r, k) for i in range(n)]
+        sets = [operand(jax.random.key(1000 + i), r, k, BANDS[band]) for i in range(n)]
         jax.block_until_ready((want, sets))
 
         def record(name, status, **kw):
-            rows_out.append({"shape": [r, k], "variant": name, "status": status, **kw})
+            rows_out.append({"shape": [r, k], "band": band, "variant": name, "status": status, **kw})
             ms = kw.get("median_s", float("nan")) * 1e3
-            print(f"[{time.time() - t0:6.1f}s] {r}x{k} {name:36s} {ms:8.4f} ms {kw.get('gb_per_s', float('nan')):6.0f} GB/s "
-                  f"{status}{' ' + kw['reason'] if 'reason' in kw else ''}", flush=True)
+            print(f"[{time.time() - t0:6.1f}s] {r}x{k} {band:6s} {name:38s} {ms:8.4f} ms "
+                  f"{kw.get('gb_per_s', float('nan')):6.0f} GB/s {status}{' ' + kw['reason'] if 'reason' in kw else ''}",
+                  flush=True)
 
-        if time.time() - t0 < args.budget_s:  # reads K/2 bytes per row, writes K: the kernel's traffic
+        if time.time() - t0 < args.budget_s and band == "narrow":  # reads K/2 bytes per row, writes K
             c = time_fn(lambda d, s: jnp.broadcast_to(d[..., None], (r, k // 2, 2)).reshape(r, k) + jnp.uint8(1),
                         sets, **timing)
             record("copy (bytes read, each written twice + 1)", "ok", median_s=c["median_s"],

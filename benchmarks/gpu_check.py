@@ -23,6 +23,7 @@ check fails.
 from __future__ import annotations
 
 import argparse
+import itertools
 import re
 import os
 import sys
@@ -422,19 +423,24 @@ def fp8_checks():
     add("fp8 prepared weight gives the same bits", same)
     # 5b. the Pallas encode kernel (used on CUDA) equals the jnp encode_rows bit for bit, edge rows included
     from jax_mxfp4.fp8 import encode_rows
-    from jax_mxfp4.kernels.fp8_encode import encode_rows_kernel
+    from jax_mxfp4.kernels.fp8_encode import DISPATCH_TILE, encode_rows_kernel
 
     rng = np.random.default_rng(11)
-    for r_, k_ in ((4096, 8192), (1000, 96), (37, 1056)):
+    tiles = {"default tile": {}, "dispatch tile": DISPATCH_TILE}
+    # scale bands: (100, 150) flags most rows; (120, 135) keeps most inside the window, with blocks
+    # at shifts -8..-6 (subnormal E4M3 results)
+    for (r_, k_), band in itertools.product(((4096, 8192), (1000, 96), (37, 1056)), ((100, 150), (120, 135))):
         data = rng.integers(0, 256, (r_, k_ // 2), dtype=np.uint8)
-        sbytes = rng.integers(100, 150, (r_, k_ // 32)).astype(np.uint8)
+        sbytes = rng.integers(*band, (r_, k_ // 32)).astype(np.uint8)
         sbytes[0, 0], sbytes[1, 0], sbytes[2, 0], sbytes[3, 0], sbytes[4, 0] = 80, 255, 0, 254, 1
         data[5, :] = 0
         want = jax.jit(encode_rows)(jnp.asarray(data), jnp.asarray(sbytes))
-        got = encode_rows_kernel(jnp.asarray(data), jnp.asarray(sbytes))
-        same = all(np.array_equal(np.asarray(x).view(np.uint8), np.asarray(y).view(np.uint8)) for x, y in zip(want, got))
-        add(f"fp8 encode kernel == jnp encode_rows, {r_}x{k_}", same,
-            flagged_rows=int(np.sum(np.asarray(want[2]) != 0)))
+        for tile_name, tile in tiles.items():
+            got = encode_rows_kernel(jnp.asarray(data), jnp.asarray(sbytes), **tile)
+            same = all(np.array_equal(np.asarray(x).view(np.uint8), np.asarray(y).view(np.uint8))
+                       for x, y in zip(want, got))
+            add(f"fp8 encode kernel ({tile_name}) == jnp encode_rows, {r_}x{k_}, scale bytes {band}", same,
+                flagged_rows=int(np.sum(np.asarray(want[2]) != 0)))
     # 6. "auto" picks fp8 for a large a4w4 GEMM at DEFAULT and leaves it at HIGHEST
     big = jax.ShapeDtypeStruct((8192, 8192), jnp.float32)
     dn = (((1,), (1,)), ((), ()))

@@ -79,6 +79,13 @@ VARIANTS = {  # name -> MgpuConfig, in order of priority (timing stops at --budg
                                         k_split_wgs=2),
     "ks4 pairs bk512 st5 P": MgpuConfig(bk=512, split_k=1, stages=5, decode="pairs", warp_specialized=True,
                                         k_split_wgs=4),
+    # session 9: K order rotated per CTA (fewer CTAs on one x tile at a time), and other depths
+    "ks4 rot pairs bk512 st5 P": MgpuConfig(bk=512, split_k=1, stages=5, decode="pairs", warp_specialized=True,
+                                            k_split_wgs=4, k_rotate=True),
+    "ks4 pairs bk256 st8 P": MgpuConfig(bk=256, split_k=1, stages=8, decode="pairs", warp_specialized=True,
+                                        k_split_wgs=4),
+    "ks4 pairs bk512 st3 P": MgpuConfig(bk=512, split_k=1, stages=3, decode="pairs", warp_specialized=True,
+                                        k_split_wgs=4),
     "ks2 pairs bk256 st8 P": MgpuConfig(bk=256, split_k=1, stages=8, decode="pairs", warp_specialized=True,
                                         k_split_wgs=2),
     "ks2 ptx bk512 st5": MgpuConfig(bk=512, split_k=1, stages=5, decode="ptx", warp_specialized=True,
@@ -92,12 +99,13 @@ VARIANTS = {  # name -> MgpuConfig, in order of priority (timing stops at --budg
 # plgpu.kernel + emit_pipeline, "ws" = warp-specialized, "raw" = E8M0 bytes [N, K/32] read by the
 # kernel. Session 4's other "ptx" tilings and the "mul" decode: benchmarks/results/session4.
 SMOKE = ["k pairs bk256 s4 st4 P", "k pairs bk256 s4 st4 N", "k ptx bk256 s4 st4", "ws pairs bk256 s2 st4 P",
-         "ks2 pairs bk512 st5 P", "ks4 pairs bk512 st5 P", "ks2 ptx bk512 st5", "ks2 jax pairs bk512 st5 P"]
+         "ks2 pairs bk512 st5 P", "ks4 pairs bk512 st5 P", "ks2 ptx bk512 st5", "ks2 jax pairs bk512 st5 P",
+         "ks4 rot pairs bk512 st5 P"]
 
 
 def struct(c):
     """A variant's structure (same structure = same code path): decode, launcher, flags."""
-    return (c.decode, c.warp_specialized, c.raw_scales, c.launcher, c.k_split_wgs, c.k_split_pipeline)
+    return (c.decode, c.warp_specialized, c.raw_scales, c.launcher, c.k_split_wgs, c.k_split_pipeline, c.k_rotate)
 
 
 def bisect_ks(cfg):

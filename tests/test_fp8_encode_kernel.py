@@ -26,6 +26,77 @@ def test_e4m3_byte_every_code_and_shift():
     np.testing.assert_array_equal(got, want)
 
 
+@pytest.mark.parametrize("normal_only", [False, True])
+def test_e4m3_word_every_code_and_shift(normal_only):
+    """The word-parallel byte step (four codes per uint32) against ml_dtypes for every code in
+    every byte position and every shift d (normal_only: d >= -5, where it is documented to hold)."""
+    from jax_mxfp4.kernels.fp8_encode import e4m3_word
+
+    rng = np.random.default_rng()
+    for d in range(-5 if normal_only else -8, 7):
+        codes = np.concatenate([np.stack([np.roll(np.arange(16), j) for j in range(4)], 1),  # each code in each byte
+                                rng.integers(0, 16, (512, 4))])
+        y = (codes[:, 0] | codes[:, 1] << 8 | codes[:, 2] << 16 | codes[:, 3] << 24).astype(np.uint32)
+        got = np.asarray(e4m3_word(jnp.asarray(y), jnp.full(y.shape, d + 8, jnp.int32), normal_only))
+        val = np.where(codes & 8, -1.0, 1.0) * E2M1[codes & 7] * 2.0 ** d
+        want = val.astype(ml_dtypes.float8_e4m3fn).view(np.uint8)
+        np.testing.assert_array_equal(got.view(np.uint8).reshape(-1, 4), want, err_msg=f"d={d}")
+
+
+def test_spread_nibbles_is_element_order():
+    from jax_mxfp4.kernels.fp8_encode import spread_nibbles
+
+    x = np.random.default_rng().integers(0, 65536, 4096).astype(np.uint32)
+    b = x.astype(np.uint16).view(np.uint8).reshape(-1, 2)
+    want = np.stack([b[:, 0] & 15, b[:, 0] >> 4, b[:, 1] & 15, b[:, 1] >> 4], 1)
+    np.testing.assert_array_equal(np.asarray(spread_nibbles(jnp.asarray(x))).view(np.uint8).reshape(-1, 4), want)
+
+
+@pytest.mark.parametrize("fast_path", [False, True])
+@pytest.mark.parametrize("band", [(100, 150), (120, 135)])  # most rows flagged / most rows inside the window
+@pytest.mark.parametrize("rows,k,rpp,chunk", [(13, 1024, 8, 32), (7, 16384, 1, 256), (5, 96, 4, 32), (33, 1280, 8, 4)])
+def test_swar_kernel_matches_encode_rows(rows, k, rpp, chunk, band, fast_path):
+    """The word-parallel kernel equals the jnp rule bit for bit. The (120, 135) band keeps most rows
+    inside the 15-binade window, so blocks 12-14 binades below their row maximum take the
+    subnormal E4M3 cases (d = -8..-6); edge rows: a block outside the window, NaN, 0x00 over codes
+    1 (flushed), 0xFE over codes 7 (Inf), 0x01 over code 1, 0xFD over code 6, all-zero row."""
+    rng = np.random.default_rng()
+    data = rng.integers(0, 256, (rows, k // 2), dtype=np.uint8)
+    sb = rng.integers(*band, (rows, k // 32)).astype(np.uint8)
+    nb = k // 32
+    edges = [(0, nb - 1, 60, None), (1, 0, 255, None), (2, 0, 0, 0x11), (3, 0, 254, 0x77), (4, 0, 1, 0x01),
+             (5, 0, 253, 0x60)]
+    for r, blk, byte, fill in edges[:rows]:
+        sb[r, blk] = byte
+        if fill is not None:
+            data[r, blk * 16:(blk + 1) * 16] = fill
+    if rows > 6:
+        data[6] = 0
+    want = encode_rows(jnp.asarray(data), jnp.asarray(sb))
+    if band == (120, 135) and rows > 7:  # the low shifts are really there in rows that are not flagged
+        assert (np.asarray(want[2])[7:] & 1 == 0).any()
+    got = encode_rows_kernel(jnp.asarray(data), jnp.asarray(sb), rows_per_program=rpp, chunk_blocks=chunk,
+                             swar=True, fast_path=fast_path, interpret=True)
+    for w, g, name in zip(want, got, ("codes", "row_exp", "row_flag")):
+        np.testing.assert_array_equal(_as_bytes(g), _as_bytes(w), err_msg=name)
+    flags = np.asarray(want[2])
+    assert all(flags[r] & 1 for r in (0, 2, 3, 4, 5) if r < rows) and (rows < 2 or flags[1] & 2)
+
+
+def test_swar_lowers_for_cuda():
+    for fast_path in (False, True):
+        f = jax.jit(lambda d, s: encode_rows_kernel(d, s, swar=True, fast_path=fast_path, rows_per_program=1,
+                                                    chunk_blocks=256, num_warps=8))
+        txt = f.trace(jax.ShapeDtypeStruct((64, 4096), jnp.uint8), jax.ShapeDtypeStruct((64, 256), jnp.uint8)).lower(
+            lowering_platforms=("cuda",)).as_text()
+        assert "mxfp4_encode_fp8_rows_swar" in txt
+
+
+def test_fast_path_needs_swar():
+    with pytest.raises(ValueError, match="fast_path=True needs swar=True"):
+        encode_rows_kernel(jnp.zeros((4, 16), jnp.uint8), jnp.zeros((4, 1), jnp.uint8), fast_path=True, interpret=True)
+
+
 def _as_bytes(v):
     v = np.asarray(v)
     return v.view(np.uint8) if v.dtype == ml_dtypes.float8_e4m3fn else v
@@ -119,10 +190,11 @@ def test_kernel_rejects_bad_tiling(kw):
         encode_rows_kernel(jnp.zeros((4, 16), jnp.uint8), jnp.zeros((4, 1), jnp.uint8), interpret=True, **kw)
 
 
+@pytest.mark.parametrize("name", ["pairs16", "swar", "fast_path"])
 @pytest.mark.parametrize("bad", [1, "yes", None])
-def test_kernel_rejects_non_bool_pairs16(bad):
-    with pytest.raises(TypeError, match="pairs16 must be a bool"):
-        encode_rows_kernel(jnp.zeros((4, 16), jnp.uint8), jnp.zeros((4, 1), jnp.uint8), pairs16=bad, interpret=True)
+def test_kernel_rejects_non_bool_flags(bad, name):
+    with pytest.raises(TypeError, match=f"{name} must be a bool"):
+        encode_rows_kernel(jnp.zeros((4, 16), jnp.uint8), jnp.zeros((4, 1), jnp.uint8), interpret=True, **{name: bad})
 
 
 def test_pairs16_lowers_for_cuda():

@@ -475,6 +475,21 @@ def test_k_split_wgs_other_tilings_lower(m, n, k, name, odt, form):
     assert "mosaic_gpu" in _lowered_text(m, n, k, cfg, odt, "pairs" if cfg.decode == "pairs" else "natural", form)
 
 
+@pytest.mark.skipif(not _mgpu_available(), reason="Mosaic GPU lowering unavailable in this jaxlib")
+def test_k_rotate_lowers_and_is_checked():
+    """The rotated K order (each CTA starts at its own K step) lowers as one kernel; it needs the
+    module's own k_split pipeline."""
+    cfg = dataclasses.replace(KS_CFGS["ks4 pairs bk512"], k_rotate=True)
+    assert _hlo_ops(_lowered_text(16, 8192, 8192, cfg, jnp.bfloat16, "pairs")) == ["stablehlo.custom_call"]
+    with pytest.raises(ValueError, match="k_rotate applies to k_split_wgs > 1 only"):
+        wm.MgpuConfig(k_rotate=True)
+    with pytest.raises(ValueError, match='k_rotate needs k_split_pipeline="own"'):
+        wm.MgpuConfig(bk=512, split_k=1, decode="pairs", warp_specialized=True, k_split_wgs=2,
+                      k_split_pipeline="jax", k_rotate=True)
+    with pytest.raises(TypeError, match="k_rotate must be a bool"):
+        wm.MgpuConfig(k_rotate=1)
+
+
 def test_k_split_wgs_config_refused_with_the_rule():
     base = dict(bk=512, split_k=1, decode="pairs", warp_specialized=True)
     for kw, msg in ((3, r"k_split_wgs must be one of \(1, 2, 4\), got 3"), (0, "k_split_wgs must be one of")):
@@ -595,7 +610,8 @@ def test_benchmark_k_split_variants_lower_at_their_check_shapes():
     from benchmarks import wgemm_mgpu_check as bench
 
     ks = {nm: c for nm, c in bench.VARIANTS.items() if c.k_split_wgs > 1}
-    assert ks and all(nm in bench.SMOKE for nm in ks if "bk512" in nm)
+    smoke_structs = {bench.struct(bench.VARIANTS[nm]) for nm in bench.SMOKE}
+    assert ks and all(bench.struct(c) in smoke_structs for c in ks.values())  # every structure smoke-checked
     for name, cfg in ks.items():
         for m, n, k, odt, c in ((16, 256, 1024, jnp.float32, bench.edge_config(cfg)),
                                 (16, 8192, 8192, jnp.bfloat16, cfg), (1, 8192, 8192, jnp.float32, cfg),

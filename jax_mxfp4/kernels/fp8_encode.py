@@ -18,6 +18,7 @@ from __future__ import annotations
 import functools
 
 import jax
+import numpy as np
 import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
@@ -55,6 +56,156 @@ def e4m3_byte(nibble, d):
     sub = ((2 + f) << jnp.maximum(t + 9, 0)) >> 1
     mag = jnp.where(m == 0, 0, jnp.where(t >= -6, normal, sub))
     return mag | ((nibble & 8) << 4)
+
+
+_U32 = np.uint32  # numpy scalars: literals inside a kernel (a jnp constant would be captured)
+_BYTE_LSB = _U32(0x01010101)  # bit 0 of every byte of a uint32
+
+
+def spread_nibbles(x):
+    """uint32 holding one packed uint16 (4 E2M1 codes, low nibble first) -> uint32 with one code per
+    byte in element order (byte 0 = the first byte's low nibble, little-endian). 4 operations."""
+    t = (x | (x << 8)) & _U32(0x00FF00FF)
+    return (t | (t << 4)) & _U32(0x0F0F0F0F)
+
+
+def e4m3_word(y, big_d, normal_only: bool = False):
+    """:func:`e4m3_byte` for four codes at once (SWAR: one E2M1 code per byte of a uint32 ``y``).
+
+    ``big_d`` = d + 8 (int32, in [0, 14] for d in [-8, 6]), the same for the word's four codes (one
+    32-element block). Byte-wise integer arithmetic; no byte carries into its neighbour (each
+    intermediate byte stays in [0, 255], noted per step). With m = |code| (0..7):
+    - normal E4M3 (t = E + d >= -6, every code when d >= -5): m' = m with code 1's bit cleared
+      (E2M1 0.5 is its only subnormal; E4M3 mantissa 0), byte = 4 m' + 8 (D - 2) = 4 m' + 0x30 + 8d
+      (<= 28 + 96 = 124);
+    - subnormal E4M3 (codes 1 at d <= -6, 2-3 at d <= -7, 4-5 at d = -8): byte = value / 2^-9 =
+      v2(m) << D with v2 = 2 |E2M1| = m for m <= 4, 6 for m = 5 (<= 24);
+    - sign bit 3 -> bit 7, so -0.0 stays 0x80 as in ``astype(float8_e4m3fn)``.
+    ``normal_only=True`` takes D >= 3 as given (about 10 operations fewer); every case is
+    checked against ml_dtypes in tests/test_fp8_encode_kernel.py.
+    """
+    y = y.astype(jnp.uint32)
+    big_d = big_d.astype(jnp.uint32)
+    m = y & _U32(0x07070707)
+    sign = (y & _U32(0x08080808)) << 4
+    hi = (m >> 1) | (m >> 2)  # bit 0 of each byte: bit 1 or bit 2 of its code (higher bits: ignored)
+    nz = (m | hi) & _BYTE_LSB
+    m1 = m & (hi | _U32(0xFEFEFEFE))  # code 1 -> 0
+    if normal_only:
+        return ((m1 << 2) + nz * (8 * big_d - 16)) | sign
+    bit1 = (m >> 1) & _BYTE_LSB
+    bit2 = (m >> 2) & _BYTE_LSB
+    eq1 = nz & ~hi
+    sub = jnp.where(big_d == 2, eq1,
+                    jnp.where(big_d == 1, nz & ~bit2,
+                              jnp.where(big_d == 0, nz & ~(bit1 & bit2), _U32(0))))
+    eq5 = bit2 & m & ~bit1 & _BYTE_LSB
+    q = (m + eq5) << jnp.minimum(big_d, 2)  # <= 28: no carry
+    normal = nz & ~sub
+    mag_n = (m1 << 2) + normal * (8 * big_d) - (normal << 4)  # normal bytes are >= 16 before the - 16
+    return (mag_n & (normal * _U32(0xFF))) | (q & (sub * _U32(0xFF))) | sign
+
+
+def _word_block_summary(w):
+    """Per 32-element block, from its packed data as 4 uint32 words [..., 4]: (any nonzero code,
+    any nonzero magnitude <= 3, any magnitude 1, any magnitude >= 4, any magnitude >= 6), as int32
+    0/1: what :func:`jax_mxfp4.fp8.special_blocks` reads from the largest / smallest nonzero
+    magnitude (each of its four conditions is one of these), with no per-nibble unpacking."""
+    m = w & _U32(0x77777777)
+    lsb = _U32(0x11111111)
+    any_of = lambda v: jnp.max((v != 0).astype(jnp.int32), axis=-1)  # noqa: E731
+    return (any_of(m), any_of((m | (m >> 1)) & ~(m >> 2) & lsb), any_of(m & ~((m >> 1) | (m >> 2)) & lsb),
+            any_of(m & _U32(0x44444444)), any_of(m & (m << 1) & _U32(0x44444444)))
+
+
+def _special_from_summary(sb, low, one, ge4, ge6):
+    """:func:`jax_mxfp4.fp8.special_blocks` from :func:`_word_block_summary`'s flags (same four
+    conditions: flushed = b 0 with a magnitude <= 3 or b 1 with a magnitude 1; Inf = b 254 with a
+    magnitude >= 4 or b 253 with one >= 6)."""
+    return (((sb == 0) & (low != 0)) | ((sb == 1) & (one != 0))
+            | ((sb == 254) & (ge4 != 0)) | ((sb == 253) & (ge6 != 0)))
+
+
+def _encode_swar_kernel(w32_ref, h16_ref, scale_ref, codes_ref, exp_ref, flag_ref, *, n_rows, br, nbc,
+                        n_chunks, fast_path):
+    """The SWAR form of :func:`_encode_kernel` (same rules, same outputs): pass A reads the packed
+    data as uint32 words (8 codes each) and summarises each block with word operations; pass B
+    reads it as uint16 (4 codes), spreads the nibbles to bytes and writes one uint32 of four E4M3
+    bytes per uint16 (:func:`e4m3_word`): a 1:1 map, no interleave. ``fast_path``: a chunk with no
+    scale byte in {0, 1, 253, 254} skips the special-block summary, and one whose blocks all have
+    d >= -5 takes :func:`e4m3_word`'s normal-only form (``lax.cond`` on the chunk)."""
+    from .. import fp8 as rules
+
+    r0 = pl.program_id(0) * br
+    ragged = n_rows % br != 0
+    rows = r0 + lax.broadcasted_iota(jnp.int32, (br, nbc), 0)
+    mask2 = rows < n_rows if ragged else None
+
+    def load(ref, c, width, fill):
+        view = ref.at[pl.ds(r0, br), pl.ds(c * nbc, nbc), :] if width else ref.at[pl.ds(r0, br), pl.ds(c * nbc, nbc)]
+        if mask2 is None:
+            return plgpu.load(view)
+        m = jnp.broadcast_to(mask2[..., None], (br, nbc, width)) if width else mask2
+        return plgpu.load(view, mask=m, other=fill)
+
+    def pass_a(c, carry):
+        bmax, bmin, special, nan = carry
+        w = load(w32_ref, c, 4, 0)
+        sb = load(scale_ref, c, 0, 0).astype(jnp.int32)
+        is_nan = sb == E8M0_NAN
+        if fast_path:
+            any_nz = jnp.max(((w & _U32(0x77777777)) != 0).astype(jnp.int32), axis=-1)
+            extreme = jnp.max(((sb <= 1) | ((sb >= 253) & (sb <= 254))).astype(jnp.int32))
+            spec = lax.cond(extreme != 0,
+                            lambda: _special_from_summary(sb, *_word_block_summary(w)[1:]).astype(jnp.int32),
+                            lambda: jnp.zeros((br, nbc), jnp.int32))
+        else:
+            any_nz, *rest = _word_block_summary(w)
+            spec = _special_from_summary(sb, *rest).astype(jnp.int32)
+        counted = (any_nz != 0) & ~is_nan
+        bmax = jnp.maximum(bmax, jnp.max(jnp.where(counted, sb, -1), axis=-1))
+        bmin = jnp.minimum(bmin, jnp.min(jnp.where(counted, sb, 256), axis=-1))
+        special = special | jnp.max(spec, axis=-1)
+        nan = nan | jnp.max(is_nan.astype(jnp.int32), axis=-1)
+        return bmax, bmin, special, nan
+
+    init = (jnp.full((br,), -1, jnp.int32), jnp.full((br,), 256, jnp.int32),
+            jnp.zeros((br,), jnp.int32), jnp.zeros((br,), jnp.int32))
+    bmax, bmin, special, nan = lax.fori_loop(0, n_chunks, pass_a, init)
+    bmax = jnp.where(bmax < 0, rules.EMPTY_ROW_BMAX, bmax)
+    exact = (bmin < bmax - rules.WINDOW_SPAN) | (special != 0)
+
+    def pass_b(c, carry):
+        h = load(h16_ref, c, BLOCK_SIZE // 4, 0).astype(jnp.uint32)
+        sb = load(scale_ref, c, 0, 0).astype(jnp.int32)
+        big_d = rules._block_shift(sb, bmax[:, None], exact[:, None]) - rules.E4M3_D_MIN  # [br, nbc], 0..14
+        y = spread_nibbles(h)
+        dd = big_d[..., None]
+        if fast_path:
+            low = jnp.min(big_d) <= 2
+            out = lax.cond(low, lambda: e4m3_word(y, dd), lambda: e4m3_word(y, dd, normal_only=True))
+        else:
+            out = e4m3_word(y, dd)
+        view = codes_ref.at[pl.ds(r0, br), pl.ds(c * nbc, nbc), :]
+        if mask2 is None:
+            plgpu.store(view, out)
+        else:
+            plgpu.store(view, out, mask=jnp.broadcast_to(mask2[..., None], out.shape))
+        return carry
+
+    lax.fori_loop(0, n_chunks, pass_b, 0)
+    _store_row_outputs(exp_ref, flag_ref, r0, br, n_rows, bmax, exact, nan)
+
+
+def _store_row_outputs(exp_ref, flag_ref, r0, br, n_rows, bmax, exact, nan):
+    """row_exp and row_flag of a program's rows (the rule of :func:`jax_mxfp4.fp8.encode_blocks`)."""
+    from .. import fp8 as rules
+
+    row_exp = bmax - rules.ROW_EXP_OFFSET
+    row_flag = exact.astype(jnp.int32) * rules.FLAG_EXACT | jnp.where(nan != 0, rules.FLAG_NAN, 0)
+    rmask = (r0 + lax.broadcasted_iota(jnp.int32, (br,), 0)) < n_rows if n_rows % br else None
+    plgpu.store(exp_ref.at[pl.ds(r0, br)], row_exp, mask=rmask)
+    plgpu.store(flag_ref.at[pl.ds(r0, br)], row_flag.astype(jnp.uint8), mask=rmask)
 
 
 def _encode_kernel(data_ref, scale_ref, codes_ref, exp_ref, flag_ref, *, n_rows, br, nbc, n_chunks, pairs16):
@@ -112,18 +263,16 @@ def _encode_kernel(data_ref, scale_ref, codes_ref, exp_ref, flag_ref, *, n_rows,
         return carry
 
     lax.fori_loop(0, n_chunks, pass_b, 0)
-    row_exp = bmax - rules.ROW_EXP_OFFSET
-    row_flag = exact.astype(jnp.int32) * rules.FLAG_EXACT | jnp.where(nan != 0, rules.FLAG_NAN, 0)
-    rmask = (r0 + lax.broadcasted_iota(jnp.int32, (br,), 0)) < n_rows if ragged else None
-    plgpu.store(exp_ref.at[pl.ds(r0, br)], row_exp, mask=rmask)
-    plgpu.store(flag_ref.at[pl.ds(r0, br)], row_flag.astype(jnp.uint8), mask=rmask)
+    _store_row_outputs(exp_ref, flag_ref, r0, br, n_rows, bmax, exact, nan)
 
 
-DISPATCH_TILE = dict(rows_per_program=1, chunk_blocks=ROW_CHUNK_BLOCKS, num_warps=8, pairs16=True)
-"""The tile :func:`jax_mxfp4.fp8.encode_rows_on` runs: fastest of nine variants at both shapes
-timed (H200 session 8 run a, benchmarks/fp8_encode.py, each checked bit for bit): 1024 x 8192
-0.0381 ms against 0.0456 for this kernel's defaults, 8192 x 8192 0.1467 against 0.1602 (one row
-per program, whole-row steps up to 8192 elements, 8 warps, the uint16 store of byte pairs)."""
+DISPATCH_TILE = dict(rows_per_program=1, chunk_blocks=ROW_CHUNK_BLOCKS, num_warps=8, swar=True, fast_path=True)
+"""The tile :func:`jax_mxfp4.fp8.encode_rows_on` runs: the word-parallel kernel with its per-chunk
+fast path, one row per program, whole-row steps up to 8192 elements, 8 warps. History: H200
+session 8 run a (benchmarks/fp8_encode.py, each checked bit for bit) made the per-element kernel's
+tile (same rows, chunk and warps, ``pairs16``) the fastest of nine: 1024 x 8192 0.0381 ms,
+8192 x 8192 0.1467 ms (~0.7 TB/s, integer-bound); the word-parallel form replaces it (session 9,
+timed in the same script)."""
 
 
 def _chunk_blocks(n_blocks: int, cap: int = MAX_CHUNK_BLOCKS) -> int:
@@ -146,9 +295,11 @@ def default_rows_per_program(n_rows: int, chunk_blocks: int = 32) -> int:
     return rows
 
 
-@functools.partial(jax.jit, static_argnames=("rows_per_program", "num_warps", "chunk_blocks", "pairs16", "interpret"))
+@functools.partial(jax.jit, static_argnames=("rows_per_program", "num_warps", "chunk_blocks", "pairs16", "swar",
+                                             "fast_path", "interpret"))
 def encode_rows_kernel(data, scale_bytes, *, rows_per_program: int | None = None, num_warps: int = 4,
-                       chunk_blocks: int | None = None, pairs16: bool = False, interpret: bool = False):
+                       chunk_blocks: int | None = None, pairs16: bool = False, swar: bool = False,
+                       fast_path: bool = False, interpret: bool = False):
     """:func:`jax_mxfp4.fp8.encode_rows` for 2-D operands in one Pallas kernel (bit-identical).
 
     Args:
@@ -161,7 +312,13 @@ def encode_rows_kernel(data, scale_bytes, *, rows_per_program: int | None = None
         :data:`MAX_CHUNK_BLOCKS`.
       pairs16: store the two E4M3 bytes of each packed byte as one uint16 (no interleave of the
         low- and high-nibble results in registers; the uint16 array is bit-cast to bytes after the
-        kernel); same bytes. Part of :data:`DISPATCH_TILE` (timed faster in every tile).
+        kernel); same bytes. Part of :data:`DISPATCH_TILE` (timed faster in every tile). Ignored
+        with ``swar``.
+      swar: the word-parallel form (:func:`_encode_swar_kernel`: 4-8 codes per integer operation
+        instead of one; the per-element form is integer-bound: ~33 operations per element);
+        same bytes.
+      fast_path (``swar`` only): per chunk, ``lax.cond`` skips the special-block summary and the
+        subnormal E4M3 cases where the chunk has none; same bytes.
       interpret: run the Pallas interpreter (CPU tests).
     Returns:
       (codes float8_e4m3fn [R, K], row_exp int32 [R], row_flag uint8 [R]).
@@ -190,8 +347,11 @@ def encode_rows_kernel(data, scale_bytes, *, rows_per_program: int | None = None
         raise ValueError(f"rows_per_program must be a power of two >= 1, got {rows_per_program!r}")
     if isinstance(num_warps, bool) or not isinstance(num_warps, int) or num_warps < 1 or num_warps & (num_warps - 1):
         raise ValueError(f"num_warps must be a power of two >= 1 (Triton), got {num_warps!r}")
-    if not isinstance(pairs16, bool):
-        raise TypeError(f"pairs16 must be a bool, got {pairs16!r}")
+    for name, flag in (("pairs16", pairs16), ("swar", swar), ("fast_path", fast_path)):
+        if not isinstance(flag, bool):
+            raise TypeError(f"{name} must be a bool, got {flag!r}")
+    if fast_path and not swar:
+        raise ValueError("fast_path=True needs swar=True (it is a branch of the word-parallel kernel)")
     scale_bytes = as_scale_bytes(scale_bytes)  # bytes, not values (float8_e8m0fnu is bit-cast)
     n_rows, half = data.shape
     if n_rows == 0 or half == 0:  # nothing to launch; the outputs of encode_rows for empty input
@@ -201,6 +361,24 @@ def encode_rows_kernel(data, scale_bytes, *, rows_per_program: int | None = None
     n_blocks = half * 2 // BLOCK_SIZE
     br = min(rows_per_program, 1 << max(0, (n_rows - 1).bit_length()))
     nbc = _chunk_blocks(n_blocks, chunk_blocks)
+    if swar:  # the same bytes viewed as uint32 words (pass A) and uint16 halves (pass B): bit casts, no copy
+        words = lax.bitcast_convert_type(data.reshape(n_rows, n_blocks, 4, 4), jnp.uint32)
+        halves = lax.bitcast_convert_type(data.reshape(n_rows, n_blocks, 8, 2), jnp.uint16)
+        kernel = functools.partial(_encode_swar_kernel, n_rows=n_rows, br=br, nbc=nbc, n_chunks=n_blocks // nbc,
+                                   fast_path=fast_path)
+        codes, row_exp, row_flag = pl.pallas_call(
+            kernel,
+            out_shape=(jax.ShapeDtypeStruct((n_rows, n_blocks, 8), jnp.uint32),
+                       jax.ShapeDtypeStruct((n_rows,), jnp.int32),
+                       jax.ShapeDtypeStruct((n_rows,), jnp.uint8)),
+            grid=(pl.cdiv(n_rows, br),),
+            compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
+            interpret=interpret,
+            name="mxfp4_encode_fp8_rows_swar",
+        )(words, halves, scale_bytes)
+        codes = lax.bitcast_convert_type(codes, jnp.uint8)  # [R, nb, 8, 4], element order (little-endian)
+        codes = lax.bitcast_convert_type(codes.reshape(n_rows, n_blocks * BLOCK_SIZE), jnp.float8_e4m3fn)
+        return codes, row_exp, row_flag
     kernel = functools.partial(_encode_kernel, n_rows=n_rows, br=br, nbc=nbc, n_chunks=n_blocks // nbc,
                                pairs16=pairs16)
     codes_shape = ((n_rows, n_blocks, BLOCK_SIZE // 2), jnp.uint16) if pairs16 else ((n_rows, n_blocks, BLOCK_SIZE), jnp.uint8)

@@ -143,6 +143,10 @@ class MgpuConfig:
     weight bytes and of x), and their float32 partial sums are added in warpgroup order by
     warpgroup 0, which stores the transposed ``[mp, 64]`` tile by TMA (:func:`_k_split_call`).
     Needs ``warp_specialized=True``, decode "pairs" or "ptx", no ``raw_scales``.
+    k_rotate (k_split_wgs > 1, own pipeline): CTA i walks the K steps starting at step i mod steps
+    (wrapping), so that the CTAs of one wave do not all read the same x tile from L2 at once (every
+    CTA reads all of x); only the order of the float32 partial sums changes (deterministic per
+    tile). Timed against the plain order by benchmarks/wgemm_mgpu_check.py.
     k_split_pipeline (k_split_wgs > 1 only): ``"own"`` (default) = this module's warp-specialized
     pipeline (:func:`_k_split_call`: TMA warpgroup, ready/consumed barriers per stage, NO register
     reallocation), or ``"jax"`` = ``plgpu.emit_pipeline_warp_specialized``, kept for comparison and
@@ -166,13 +170,14 @@ class MgpuConfig:
     launcher: str = "pallas_call"
     k_split_wgs: int = 1
     k_split_pipeline: str = "own"
+    k_rotate: bool = False
 
     def __post_init__(self):
         for name in ("bk", "split_k", "stages", "x_swizzle", "k_split_wgs"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
                 raise TypeError(f"MgpuConfig.{name} must be an int, got {v!r}")
-        for name in ("warp_specialized", "raw_scales"):
+        for name in ("warp_specialized", "raw_scales", "k_rotate"):
             if not isinstance(getattr(self, name), (bool, np.bool_)):
                 raise TypeError(f"MgpuConfig.{name} must be a bool, got {getattr(self, name)!r}")
         if self.decode not in DECODES:
@@ -194,6 +199,8 @@ class MgpuConfig:
             raise ValueError(f"MgpuConfig.x_swizzle must be 32, got {self.x_swizzle}")
         if self.k_split_wgs not in K_SPLIT_WGS:
             raise ValueError(f"MgpuConfig.k_split_wgs must be one of {K_SPLIT_WGS}, got {self.k_split_wgs!r}")
+        if self.k_split_wgs == 1 and self.k_rotate:
+            raise ValueError("MgpuConfig.k_rotate applies to k_split_wgs > 1 only")
         if self.k_split_wgs == 1 and self.k_split_pipeline != "own":
             raise ValueError(f"MgpuConfig.k_split_pipeline applies to k_split_wgs > 1 only, got "
                              f"k_split_pipeline={self.k_split_pipeline!r} with k_split_wgs=1")
@@ -216,6 +223,9 @@ class MgpuConfig:
                         f"plgpu.emit_pipeline_warp_specialized's setmaxnreg asks {need} registers of the "
                         f"{pool} a CTA of {128 * (self.k_split_wgs + 1)} threads is launched with "
                         '(use k_split_pipeline="own")')
+            if self.k_rotate and self.k_split_pipeline != "own":
+                raise ValueError('MgpuConfig.k_rotate needs k_split_pipeline="own" (the TMA warpgroup of the '
+                                 "module's own pipeline picks the K step)")
             if self.bk % (self.k_split_wgs * _K_SLICE_MIN):
                 raise ValueError(f"MgpuConfig.k_split_wgs={self.k_split_wgs} needs bk to be a multiple of "
                                  f"{self.k_split_wgs * _K_SLICE_MIN} (each warpgroup's K slice a multiple of "
@@ -679,6 +689,8 @@ def _k_split_call(xs, w_data, scales, *, cfg: MgpuConfig, n: int, mp: int, out_d
             rows = pl.ds(tile * _WG_ROWS, _WG_ROWS)
 
             def fetch(t, slot):  # step t's tiles into ``slot``, each copy arriving on ready[slot]
+                if cfg.k_rotate:  # CTA ``tile`` starts at its own K step: fewer CTAs read one x tile at once
+                    t = lax.rem(t + tile, steps)
                 for xg, xs_ in zip(x_g, x_smem):
                     plgpu.copy_gmem_to_smem(xg.at[:, pl.ds(t * xcols, xcols)], xs_.at[slot], ready.at[slot])
                 plgpu.copy_gmem_to_smem(w_g.at[rows, pl.ds(t * hb, hb)], w_smem.at[slot], ready.at[slot])
