@@ -79,9 +79,13 @@ VARIANTS = {  # name -> MgpuConfig, in order of priority (timing stops at --budg
                                         k_split_wgs=2),
     "ks4 pairs bk512 st5 P": MgpuConfig(bk=512, split_k=1, stages=5, decode="pairs", warp_specialized=True,
                                         k_split_wgs=4),
-    # session 9: K order rotated per CTA (fewer CTAs on one x tile at a time), and other depths
-    "ks4 rot pairs bk512 st5 P": MgpuConfig(bk=512, split_k=1, stages=5, decode="pairs", warp_specialized=True,
-                                            k_split_wgs=4, k_rotate=True),
+    # session 9: other pipeline depths (run a: kernel time 20.3-21.1 us whatever the depth; a K
+    # order rotated per CTA, so that fewer CTAs read one x tile at once, changed nothing: 20.39 us,
+    # removed) and the table look-up decode
+    "ks4 lut bk512 st5 P": MgpuConfig(bk=512, split_k=1, stages=5, decode="pairs_lut", warp_specialized=True,
+                                      k_split_wgs=4),
+    "ks4 lut bk512 st3 P": MgpuConfig(bk=512, split_k=1, stages=3, decode="pairs_lut", warp_specialized=True,
+                                      k_split_wgs=4),
     "ks4 pairs bk256 st8 P": MgpuConfig(bk=256, split_k=1, stages=8, decode="pairs", warp_specialized=True,
                                         k_split_wgs=4),
     "ks4 pairs bk512 st3 P": MgpuConfig(bk=512, split_k=1, stages=3, decode="pairs", warp_specialized=True,
@@ -100,12 +104,12 @@ VARIANTS = {  # name -> MgpuConfig, in order of priority (timing stops at --budg
 # kernel. Session 4's other "ptx" tilings and the "mul" decode: benchmarks/results/session4.
 SMOKE = ["k pairs bk256 s4 st4 P", "k pairs bk256 s4 st4 N", "k ptx bk256 s4 st4", "ws pairs bk256 s2 st4 P",
          "ks2 pairs bk512 st5 P", "ks4 pairs bk512 st5 P", "ks2 ptx bk512 st5", "ks2 jax pairs bk512 st5 P",
-         "ks4 rot pairs bk512 st5 P"]
+         "ks4 lut bk512 st5 P"]
 
 
 def struct(c):
     """A variant's structure (same structure = same code path): decode, launcher, flags."""
-    return (c.decode, c.warp_specialized, c.raw_scales, c.launcher, c.k_split_wgs, c.k_split_pipeline, c.k_rotate)
+    return (c.decode, c.warp_specialized, c.raw_scales, c.launcher, c.k_split_wgs, c.k_split_pipeline)
 
 
 def bisect_ks(cfg):
