@@ -83,6 +83,38 @@ def test_fix_flagged_rows_and_columns(n_flagged, out_dtype, max_programs, group)
         assert (np.abs(got[fix] - e[fix]) <= 2.0**-8 * np.abs(e[fix]) + k * 2.0**-24 * mag[fix]).all()
 
 
+@pytest.mark.parametrize("bsz,r,group,p", [(1, 5, 1, 0.5), (2, 100, 16, 0.1), (3, 1024, 64, 0.01),
+                                          (1, 5000, 64, 0.3), (2, 8192, 64, 0.0), (1, 9000, 64, 1.0), (1, 70, 64, 1.0)])
+def test_exact_rows_index_kernel_against_numpy(bsz, r, group, p):
+    """The listing kernel: FLAG_EXACT rows (the NaN bit alone does not list a row) in increasing
+    order, then -1 up to a multiple of ``group`` slots; counts. Shapes: one row, a list across
+    several 4096-flag chunks (5000, 9000), none flagged, all flagged, R below the group."""
+    rng = np.random.default_rng()
+    f = rng.random((bsz, r)) < p
+    flag = (f * 1 | (rng.random((bsz, r)) < 0.3) * 2).astype(np.uint8)
+    idx, cnt = fp8_fix.exact_rows_index(jnp.asarray(flag), group, interpret=True)
+    idx, cnt = np.asarray(idx), np.asarray(cnt)
+    assert idx.shape == (bsz, -(-r // group) * group) and cnt.shape == (bsz,)
+    for b in range(bsz):
+        want = np.flatnonzero(f[b])
+        assert cnt[b] == len(want)
+        np.testing.assert_array_equal(idx[b, :len(want)], want)
+        assert (idx[b, len(want):] == -1).all()
+
+
+def test_exact_rows_index_lowers_for_cuda_and_checks_input():
+    f = jax.jit(lambda fl: fp8_fix.exact_rows_index(fl, 64))
+    txt = f.trace(jax.ShapeDtypeStruct((2, 8192), jnp.uint8)).lower(lowering_platforms=("cuda",)).as_text()
+    assert "mxfp4_fp8_exact_rows_index" in txt
+    with pytest.raises(TypeError, match="row_flag must be uint8"):
+        fp8_fix.exact_rows_index(jnp.zeros((1, 4), bool))
+    with pytest.raises(ValueError, match=r"row_flag must be \[B, R\]"):
+        fp8_fix.exact_rows_index(jnp.zeros((4,), jnp.uint8))
+    for bad in (0, 2.0, True):
+        with pytest.raises(ValueError, match="group must be a positive int"):
+            fp8_fix.exact_rows_index(jnp.zeros((1, 4), jnp.uint8), bad)
+
+
 def test_flagged_index_against_numpy():
     """Each batch row's True positions in increasing order, then -1; and their count."""
     rng = np.random.default_rng()

@@ -475,22 +475,6 @@ def test_k_split_wgs_other_tilings_lower(m, n, k, name, odt, form):
     assert "mosaic_gpu" in _lowered_text(m, n, k, cfg, odt, "pairs" if cfg.decode == "pairs" else "natural", form)
 
 
-@pytest.mark.skipif(not _mgpu_available(), reason="Mosaic GPU lowering unavailable in this jaxlib")
-@pytest.mark.parametrize("m", [16, 1])
-def test_pairs_lut_decode_lowers_as_one_kernel(m):
-    """The table look-up decode takes the "pairs" bytes and x as they are: one kernel per call
-    with the one-kernel tiling (M a multiple of 16), inline PTX of e2m1_asm._DECODE_PAIRS_LUT_PTX;
-    natural bytes need a "pairs" decode's x permutation, as with "pairs"."""
-    cfg = dataclasses.replace(KS_CFGS["ks4 pairs bk512"], decode="pairs_lut")
-    ops = _hlo_ops(_lowered_text(m, 8192, 8192, cfg, jnp.bfloat16, "pairs"))
-    assert ops.count("stablehlo.custom_call") == 1 and (m % 16 or ops == ["stablehlo.custom_call"]), ops
-    assert "mosaic_gpu" in _lowered_text(m, 1024, 2048, cfg, jnp.float32, "natural")
-    with pytest.raises(ValueError, match='w_order="pairs" bytes need'):
-        wm.mgpu_w4a16(jnp.zeros((16, 64), jnp.bfloat16), jnp.zeros((64, 32), jnp.uint8),
-                      jnp.zeros((2, 64), jnp.uint8), cfg=wm.MgpuConfig(bk=64, decode="ptx"),
-                      scales_form="kmajor", w_order="pairs")
-
-
 def test_k_split_wgs_config_refused_with_the_rule():
     base = dict(bk=512, split_k=1, decode="pairs", warp_specialized=True)
     for kw, msg in ((3, r"k_split_wgs must be one of \(1, 2, 4\), got 3"), (0, "k_split_wgs must be one of")):
@@ -637,7 +621,7 @@ def test_k_split_config_lowers_where_the_default_does(m, n, k):
                 assert cfg is None  # K=640: no bk of four 64-element slices divides it twice
                 continue
             assert cfg is not None and cfg.k_split_wgs == kw and k // cfg.bk >= 2
-            assert cfg.decode == (wm.PAIRS_BYTES_DECODE if order == "pairs" else "ptx")
+            assert cfg.decode == ("pairs" if order == "pairs" else "ptx")
             assert "mosaic_gpu" in _lowered_text(m, n, k, cfg, jnp.bfloat16, order), (kw, order)
     assert wm.k_split_config(16, 8192, 8192, "pairs").bk == 512
     assert wm.k_split_config(16, 1024, 128, "pairs") is None  # one K step at most
@@ -694,7 +678,7 @@ def test_default_config_by_byte_order(m, n, k):
     if one is not None:
         assert pairs == one and pairs.k_split_wgs == 4 and pairs.split_k == 1
     else:
-        assert pairs.k_split_wgs == 1 and pairs.decode == wm.PAIRS_BYTES_DECODE and k % (pairs.bk * pairs.split_k) == 0
+        assert pairs.k_split_wgs == 1 and pairs.decode == "pairs" and k % (pairs.bk * pairs.split_k) == 0
     assert natural.k_split_wgs == 1 and natural.decode == "ptx" and k % (natural.bk * natural.split_k) == 0
     assert (one is None) == (k in (640, 256))
 

@@ -121,7 +121,7 @@ class PallasBackend(Backend):
         what = "w4a16" if problem.has_float_operand else "a4w4 with the small side dequantized to bfloat16"
         if plan.kind == "mosaic":
             scales = ("weight from prepare_decode read as stored, no per-call conversion"
-                      + (" (its \"pairs\" byte order: x read as it is)" if plan.mgpu_cfg.decode in ("pairs", "pairs_lut") else "")
+                      + (" (its \"pairs\" byte order: x read as it is)" if plan.mgpu_cfg.decode == "pairs" else "")
                       if plan.w_prepared else
                       "E8M0 scales transposed to K-major per call, and the packed data too unless the weight is stored "
                       "K-last (prepare_decode does both once)")

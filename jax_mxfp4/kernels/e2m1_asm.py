@@ -79,34 +79,6 @@ _DECODE_PAIRS_PTX = (
 )
 DECODE_PAIRS_CONSTRAINTS = "=r,=r,=r,=r,r,r"
 
-# Pair decode by table look-up ("pairs_lut"): the same outputs as _DECODE_PAIRS_PTX from fewer
-# instructions. The bfloat16 of an E2M1 magnitude m (0..7: 0, 0.5, 1, 1.5, 2, 3, 4, 6) has low
-# byte LO[m] and high byte HI[m]; ``prmt`` looks up four bytes at once from an 8-byte table with
-# its selector nibbles, so the magnitudes m = q & 0x77777777 (sign bits cleared: a selector's
-# bit 3 would mean sign-replicate) index the two tables directly: 2 look-ups per 4 codes, then
-# one prmt per output register interleaves low and high bytes into (low nibble, high nibble)
-# bfloat16 lanes. Signs: byte k of q << 4 carries the low nibble's sign in bit 7 and byte k of q
-# the high nibble's, so prmt(q << 4, q) puts them at bits 15 and 31; masked and or-ed in. The
-# block scale multiplies last, as in the Marlin-style decode (so 0x00 and 0xFF scale bytes give
-# what the float32 reference gives). Per 4 bytes: 19 integer + 4 bfloat16x2 instructions
-# (_DECODE_PAIRS_PTX: 29 + 8 before ptxas fuses logic ops).
-_LUT_LO = (0xC0800000, 0xC0804000)  # low bytes of bf16(E2M1 m), m = 0..3 | 4..7
-_LUT_HI = (0x3F3F3F00, 0x40404040)  # high bytes
-_DECODE_PAIRS_LUT_PTX = (
-    "{\n.reg .b32 m, mh, l01, h01, l23, h23, q4, t, la, lb, ha, hb;\n"
-    f"mov.b32 la, {_LUT_LO[0]:#010x};\nmov.b32 lb, {_LUT_LO[1]:#010x};\n"
-    f"mov.b32 ha, {_LUT_HI[0]:#010x};\nmov.b32 hb, {_LUT_HI[1]:#010x};\n"
-    "and.b32 m, $4, 0x77777777;\nshr.u32 mh, m, 16;\nshl.b32 q4, $4, 4;\n"
-    "prmt.b32 l01, la, lb, m;\nprmt.b32 h01, ha, hb, m;\n"  # codes 0-3 (bytes 0, 1)
-    "prmt.b32 l23, la, lb, mh;\nprmt.b32 h23, ha, hb, mh;\n"  # codes 4-7 (bytes 2, 3)
-    + "".join(
-        f"prmt.b32 ${k}, {'l01' if k < 2 else 'l23'}, {'h01' if k < 2 else 'h23'}, {0x5140 if k % 2 == 0 else 0x7362:#06x};\n"
-        f"prmt.b32 t, q4, $4, {((4 + k) << 12) | (k << 8) | (k << 4) | k:#06x};\n"
-        f"and.b32 t, t, 0x80008000;\nor.b32 ${k}, ${k}, t;\nmul.rn.bf16x2 ${k}, ${k}, $5;\n"
-        for k in range(4))
-    + "}"
-)
-
 _asm_p = jax_core.Primitive("jax_mxfp4_inline_asm")
 _asm_p.multiple_results = True
 

@@ -10,8 +10,9 @@ predicate to the host before every trip (a device-to-host sync per GEMM, which s
 GEMMs that XLA's autotuner compiles for every call site (90 s to compile one FP8 GEMM with
 default flags, run a). This kernel replaces it on CUDA:
 
-- the flagged lhs rows and rhs rows (output columns) are first listed in XLA
-  (:func:`flagged_index`: their indices in order, then -1; a cumulative sum and a scatter);
+- the flagged lhs rows and rhs rows (output columns) are first listed by a small kernel
+  (:func:`exact_rows_index`: their indices in order, then -1, as the jnp rule
+  :func:`flagged_index`; in XLA that was a cumulative sum and a scatter, ~13-17 us per GEMM);
 - grid (batch, at most :data:`MAX_PROGRAMS`); the programs share two strided lists of work units
   whose lengths follow the flag counts: (a group of ``cfg.group`` listed rows, a ``bn``-column
   tile) and (a group of listed columns, a ``bm``-row tile); with no flag each program reads the
@@ -110,6 +111,76 @@ def flagged_index(flag):
     index = jnp.full((bsz, r), -1, jnp.int32).at[jnp.arange(bsz)[:, None], slot].set(
         jnp.broadcast_to(jnp.arange(r, dtype=jnp.int32), (bsz, r)), mode="drop")
     return index, jnp.sum(flag, axis=1, dtype=jnp.int32)
+
+
+INDEX_CHUNK = 4096
+"""Flags per loop step of :func:`exact_rows_index` (at most; a power of two)."""
+
+
+def _index_kernel(flag_ref, idx_ref, cnt_ref, *, r: int, rp: int, chunk: int):
+    """One program per batch element: the count of FLAG_EXACT rows (loop 1), then per chunk their
+    positions in the list (running offset + cumulative sum) scattered as row indices, and -1 in the
+    list's slots at or past the count (loop 2: disjoint addresses from the scatter, no race)."""
+    b = pl.program_id(0)
+    lanes = lax.broadcasted_iota(jnp.int32, (chunk,), 0)
+
+    def exact(c):
+        rows = c * chunk + lanes
+        f = plgpu.load(flag_ref.at[b, pl.ds(c * chunk, chunk)], mask=rows < r, other=0)
+        return rows, ((f.astype(jnp.int32) & FLAG_EXACT) != 0).astype(jnp.int32)
+
+    n_chunks = pl.cdiv(rp, chunk)
+    total = lax.fori_loop(0, n_chunks, lambda c, t: t + jnp.sum(exact(c)[1]), jnp.int32(0))
+
+    def fill(c, off):
+        rows, f = exact(c)
+        pos = off + jnp.cumsum(f) - 1
+        listed = f != 0
+        # masked-off lanes name slot rp (past the end): no two lanes of a store name one entry
+        plgpu.store(idx_ref.at[b, jnp.where(listed, pos, rp)], rows, mask=listed)
+        empty = (rows >= total) & (rows < rp)  # list slots (numbered like rows) past the count
+        plgpu.store(idx_ref.at[b, jnp.where(empty, rows, rp)], jnp.full((chunk,), -1, jnp.int32), mask=empty)
+        return off + jnp.sum(f)
+
+    lax.fori_loop(0, n_chunks, fill, jnp.int32(0))
+    plgpu.store(cnt_ref.at[pl.ds(b, 1)], jnp.full((1,), total, jnp.int32))
+
+
+def exact_rows_index(row_flag, group: int = 1, *, interpret: bool = False):
+    """:func:`flagged_index` of ``(row_flag & FLAG_EXACT) != 0`` in one Pallas kernel, its list
+    padded with -1 to a multiple of ``group`` slots.
+
+    Why: in XLA the list is a cumulative sum (a reduce_window over the whole row: O(R^2) work),
+    a scatter, a sum and a pad, ~13-17 us per FP8-path GEMM on an H200 with no row flagged
+    (session 9 run b profile of 1024x8192x8192 ``fp8-prepared``: 2 reduce_window + a convert/reduce
+    + a copy, 13.4 us of a 122 us call); here one launch reads the flags twice.
+
+    Args:
+      row_flag: uint8 [B, R] (the encode's row flags). group: pad the list to a multiple of it.
+      interpret: run the Pallas interpreter (CPU tests).
+    Returns:
+      (index int32 [B, ceil(R / group) * group]: the FLAG_EXACT rows in increasing order, then -1;
+      count int32 [B]).
+    Raises:
+      TypeError: ``row_flag`` not uint8. ValueError: not 2-D, or ``group`` not a positive int.
+    """
+    if getattr(row_flag, "dtype", None) != jnp.uint8:
+        raise TypeError(f"exact_rows_index: row_flag must be uint8, got {getattr(row_flag, 'dtype', type(row_flag))}")
+    if row_flag.ndim != 2:
+        raise ValueError(f"exact_rows_index: row_flag must be [B, R], got shape {row_flag.shape}")
+    if isinstance(group, bool) or not isinstance(group, int) or group < 1:
+        raise ValueError(f"exact_rows_index: group must be a positive int, got {group!r}")
+    bsz, r = row_flag.shape
+    rp = -(-r // group) * group
+    chunk = min(INDEX_CHUNK, max(16, 1 << max(0, (rp - 1).bit_length())))
+    return pl.pallas_call(
+        functools.partial(_index_kernel, r=r, rp=rp, chunk=chunk),
+        out_shape=(jax.ShapeDtypeStruct((bsz, rp), jnp.int32), jax.ShapeDtypeStruct((bsz,), jnp.int32)),
+        grid=(bsz,),
+        compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=1),
+        interpret=interpret,
+        name="mxfp4_fp8_exact_rows_index",
+    )(row_flag)
 
 
 def _kernel(li_ref, lc_ref, ri_ref, rc_ref, ac_ref, as_ref, ae_ref, af_ref, bc_ref, bs_ref, be_ref, bf_ref,
@@ -250,14 +321,12 @@ def fix_flagged(out, a_codes, a_scales, a_exp, a_flag, b_codes, b_scales, b_exp,
         fix = ((a_flag & FLAG_EXACT) != 0)[:, :, None] | ((b_flag & FLAG_EXACT) != 0)[:, None, :]
         return jnp.where(fix, jnp.zeros((), out.dtype), out)
     nb, g = k // BLOCK_SIZE, cfg.group
-    fl, fr = (a_flag & FLAG_EXACT) != 0, (b_flag & FLAG_EXACT) != 0
-    (li, lc), (ri, rc) = flagged_index(fl), flagged_index(fr)
-    pad = lambda ix: jnp.pad(ix, ((0, 0), (0, (-ix.shape[1]) % g)), constant_values=-1)  # noqa: E731  whole groups
+    (li, lc), (ri, rc) = (exact_rows_index(f, g, interpret=interpret) for f in (a_flag, b_flag))
     units = max(pl.cdiv(m, g) * pl.cdiv(n, cfg.bn), pl.cdiv(n, g) * pl.cdiv(m, cfg.bm))
     n_prog = min(cfg.max_programs, units)
     kernel = functools.partial(_kernel, m=m, n=n, k=k, n_prog=n_prog, cfg=cfg)
     u8 = lambda c, r: lax.bitcast_convert_type(c, jnp.uint8).reshape(bsz, r, nb, BLOCK_SIZE)  # noqa: E731
-    args = (pad(li), lc, pad(ri), rc, u8(a_codes, m), a_scales, a_exp, a_flag, u8(b_codes, n), b_scales, b_exp,
+    args = (li, lc, ri, rc, u8(a_codes, m), a_scales, a_exp, a_flag, u8(b_codes, n), b_scales, b_exp,
             b_flag, out)
     return pl.pallas_call(
         kernel,

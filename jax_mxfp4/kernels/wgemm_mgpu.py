@@ -22,9 +22,6 @@ x arrive by TMA; the bytes are loaded into registers and decoded there:
   every 16-byte block, done once by :func:`jax_mxfp4.prepare_decode`); one x tile and one WGMMA
   per step, no per-call work on x. Natural-order bytes work too, with x permuted per call
   (:func:`permute_x_pairs`);
-- ``decode="pairs_lut"`` (session 9): the "pairs" outputs from byte-table look-ups (``prmt``
-  on two 8-byte tables of the bfloat16 bytes of the 8 E2M1 magnitudes; e2m1_asm explains):
-  19 integer + 4 bfloat16x2 instructions per 4 bytes instead of 29 + 8; same bits;
 - ``decode="mul"`` / ``"select"`` (portable Pallas operations, one 32-element block at a time):
   E2M1 code c -> bfloat16 bits ``sign << 15 | (c & 7) << 6`` = value x 2^-126, times 2^126
   (``"mul"``; the E2M1 0.5 passes through a bfloat16 subnormal), or ``(c & 7) << 6 + 0x3F00``
@@ -76,13 +73,8 @@ from ..decode_prepared import pair_order_bytes
 from ..mx_format import BLOCK_SIZE, as_scale_bytes, e8m0_to_bf16_bits
 from . import e2m1_asm
 
-DECODES = ("mul", "select", "ptx", "pairs", "pairs_lut")
-_PTX_DECODES = ("ptx", "pairs", "pairs_lut")  # the decodes that load bytes in WGMMA_LAYOUT_8BIT and run inline PTX
-_PAIR_DECODES = ("pairs", "pairs_lut")  # one [64, bk] fragment per step, x in its natural order for "pairs" bytes
-PAIRS_BYTES_DECODE = "pairs_lut"
-"""The decode :func:`default_mgpu_config` takes for "pairs" bytes (what prepare_decode stores):
-the table look-up form of the "pairs" decode (same bits; fewer instructions), pending its H200
-timing in session 9 run b against "pairs" (benchmarks/wgemm_mgpu_check.py)."""
+DECODES = ("mul", "select", "ptx", "pairs")
+_PTX_DECODES = ("ptx", "pairs")  # the decodes that load bytes in WGMMA_LAYOUT_8BIT and run inline PTX
 W_ORDERS = ("natural", "pairs")  # byte order of the packed weight (pair_order_bytes)
 _WG_ROWS = 64  # rows of one warpgroup's WGMMA tile (M side)
 _BF16_2P126 = 0x7E80  # bfloat16 bits of 2^126
@@ -134,7 +126,7 @@ class MgpuConfig:
 
     bk: K elements per pipeline step (multiple of 32, divides K / split_k); split_k: K ranges
     summed afterwards; stages: pipeline depth (``max_concurrent_steps``; lowered where shared
-    memory would not fit); decode: ``"pairs"``, ``"pairs_lut"``, ``"ptx"``, ``"mul"`` or ``"select"`` (module doc); x_swizzle: shared-memory swizzle of x's tiles in bytes (32: each
+    memory would not fit); decode: ``"pairs"``, ``"ptx"``, ``"mul"`` or ``"select"`` (module doc); x_swizzle: shared-memory swizzle of x's tiles in bytes (32: each
     16-element block is one tile); warp_specialized: ``plgpu.kernel`` with two compute warpgroups
     (128 weight rows per CTA) fed by a TMA warpgroup (``emit_pipeline_warp_specialized``) instead
     of the one-warpgroup ``pallas_call`` pipeline ("ptx"/"pairs" decodes only); raw_scales (warp_specialized
@@ -321,16 +313,14 @@ def permute_x_pairs(x):
     return pair_order_bytes(x.reshape(m, k // 2, 2), axis=1).reshape(m, k)  # element pairs as "bytes"
 
 
-def _decode_ptx(byt, s_ref, hb: int, raw: bool = False, pairs: bool = False, lut: bool = False):
+def _decode_ptx(byt, s_ref, hb: int, raw: bool = False, pairs: bool = False):
     """Packed bytes uint8 [64, hb] (WGMMA_LAYOUT_8BIT) and the scale block bfloat16 [hb/16, 64]
     (shared memory) -> bfloat16 (lo, hi) [64, hb] in the WGMMA layout, by the inline PTX of
     :mod:`jax_mxfp4.kernels.e2m1_asm` (the same instructions the Triton kernel runs): one 32-bit
     register of 4 bytes -> 4 bfloat16x2 registers (low / high nibbles of bytes 0,1 and 2,3).
     ``pairs``: one bfloat16 [64, 2 hb] fragment instead, each byte -> one bfloat16x2 register
     (its two elements in order; ``e2m1_asm._DECODE_PAIRS_PTX``): byte t of a thread's register for
-    block b fills fragment column group 4b + t (columns 32b + 8t + 2g, +1). ``lut`` (with ``pairs``):
-    the same outputs from ``e2m1_asm._DECODE_PAIRS_LUT_PTX`` (byte-table look-ups, fewer
-    instructions)."""
+    block b fills fragment column group 4b + t (columns 32b + 8t + 2g, +1)."""
     plgpu = _plgpu()
     nb = hb // (BLOCK_SIZE // 2)
     ret = plgpu.ShapeDtypeStruct((_WG_ROWS, hb), jnp.bfloat16, layout=plgpu.Layout.WGMMA)
@@ -375,8 +365,7 @@ def _decode_ptx(byt, s_ref, hb: int, raw: bool = False, pairs: bool = False, lut
             s2 = arith.ori(s32, arith.shli(s32, arith.constant(i32, 16)))
             q = mgpu.utils.bitcast(regs[ridx], i32)
             if pairs:
-                asm = e2m1_asm._DECODE_PAIRS_LUT_PTX if lut else e2m1_asm._DECODE_PAIRS_PTX
-                res = llvm.inline_asm(struct, [q, s2], asm, e2m1_asm.DECODE_PAIRS_CONSTRAINTS)
+                res = llvm.inline_asm(struct, [q, s2], e2m1_asm._DECODE_PAIRS_PTX, e2m1_asm.DECODE_PAIRS_CONSTRAINTS)
                 for t in range(4):
                     lo[0, 4 * b + t, 0, 0, rh, 0, 0, 0, 0] = mgpu.utils.bitcast(llvm.extractvalue(i32, res, [t]), bf2)
                 continue
@@ -396,10 +385,9 @@ def _wgmma_step(x_refs, byt, s_ref, acc_ref, hb: int, decode: str, raw: bool = F
     """Decode one [64, hb] byte tile in registers and issue its WGMMAs ("ptx": ``lo @ x_lo^T +
     hi @ x_hi^T`` over the two halves of x; "pairs": ``w @ x^T`` over x's [mp, 2 hb] tile)."""
     plgpu = _plgpu()
-    if decode in _PAIR_DECODES:
+    if decode == "pairs":
         (x_ref,) = x_refs
-        frag = _decode_ptx(byt, s_ref, hb, raw, pairs=True, lut=decode == "pairs_lut")
-        plgpu.wgmma(acc_ref, frag, plgpu.transpose_ref(x_ref, (1, 0)))
+        plgpu.wgmma(acc_ref, _decode_ptx(byt, s_ref, hb, raw, pairs=True), plgpu.transpose_ref(x_ref, (1, 0)))
         return
     xe_ref, xo_ref = x_refs
     lo, hi = _decode_ptx(byt, s_ref, hb, raw)
@@ -851,9 +839,8 @@ def mgpu_w4a16(x, w_data, w_scales, out_dtype=jnp.bfloat16, cfg: MgpuConfig | No
         raise ValueError("mgpu_w4a16: K must be > 0 (an empty contraction is an exact zero: no kernel to run)")
     if w_order not in W_ORDERS:
         raise ValueError(f"mgpu_w4a16: w_order must be one of {W_ORDERS}, got {w_order!r}")
-    if w_order == "pairs" and cfg.decode not in _PAIR_DECODES:
-        raise ValueError(f'mgpu_w4a16: w_order="pairs" bytes need MgpuConfig(decode="pairs" or "pairs_lut"), '
-                         f"got {cfg.decode!r}")
+    if w_order == "pairs" and cfg.decode != "pairs":
+        raise ValueError(f'mgpu_w4a16: w_order="pairs" bytes need MgpuConfig(decode="pairs"), got {cfg.decode!r}')
     if scales_form not in SCALE_FORMS:
         raise ValueError(f"mgpu_w4a16: scales_form must be one of {SCALE_FORMS}, got {scales_form!r}")
     if scales_form != "bf16" and w_scales.dtype == jnp.float8_e8m0fnu:
@@ -879,7 +866,7 @@ def mgpu_w4a16(x, w_data, w_scales, out_dtype=jnp.bfloat16, cfg: MgpuConfig | No
     sbytes = jnp.dtype(scales.dtype).itemsize
     mp = -(-m // 16) * 16
     xp = jnp.pad(x, ((0, mp - m), (0, 0))) if mp != m else x
-    if cfg.decode in _PAIR_DECODES:  # one x operand, natural order for "pairs" bytes
+    if cfg.decode == "pairs":  # one x operand, natural order for "pairs" bytes
         xs = (xp if w_order == "pairs" else permute_x_pairs(xp),)
     else:
         xs = split_x(xp, cfg.decode)
@@ -979,7 +966,7 @@ def default_mgpu_config(m: int, n: int, k: int, w_order: str = "natural") -> Mgp
             split //= 2
         else:
             bk //= 2
-    decode = PAIRS_BYTES_DECODE if w_order == "pairs" else "ptx"
+    decode = "pairs" if w_order == "pairs" else "ptx"
     return MgpuConfig(bk=bk, split_k=split, stages=4, decode=decode, launcher="kernel")
 
 
@@ -1006,7 +993,7 @@ def k_split_config(m: int, n: int, k: int, w_order: str = "natural", k_split_wgs
         per_stage, fixed = _k_split_smem(mp, bk, k_split_wgs, 4, 2)  # float32 output, bf16 scales: the largest
         if (bk % (k_split_wgs * _K_SLICE_MIN) == 0 and k % bk == 0 and k // bk >= 2
                 and _SMEM_BUDGET - fixed >= 2 * per_stage):
-            return MgpuConfig(bk=bk, split_k=1, stages=5, decode=PAIRS_BYTES_DECODE if w_order == "pairs" else "ptx",
+            return MgpuConfig(bk=bk, split_k=1, stages=5, decode="pairs" if w_order == "pairs" else "ptx",
                               warp_specialized=True, k_split_wgs=k_split_wgs)
     return None
 
