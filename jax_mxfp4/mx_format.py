@@ -246,10 +246,16 @@ def pack_nibbles(codes: jax.Array) -> jax.Array:
 
 
 def unpack_nibbles(data: jax.Array) -> jax.Array:
-    """Inverse of :func:`pack_nibbles`: uint8 [..., n] -> 4-bit codes uint8 [..., 2n]."""
-    lo = data & 0xF
-    hi = data >> 4
-    return jnp.stack([lo, hi], axis=-1).reshape(*data.shape[:-1], data.shape[-1] * 2)
+    """Inverse of :func:`pack_nibbles`: uint8 [..., n] -> 4-bit codes uint8 [..., 2n].
+
+    Element j is byte j // 2 shifted right by 4 (j % 2): a broadcast and an elementwise shift, which
+    XLA fuses with what follows (the former ``stack`` of the two nibble arrays became a separate
+    concatenate kernel on CPU and GPU: 1.55 us of the 16x8192 activation's dequantization per
+    a4w4 decode-size call on an H200, session 8 run d profile)."""
+    n2 = data.shape[-1] * 2
+    rep = jnp.broadcast_to(data[..., None], (*data.shape, 2)).reshape(*data.shape[:-1], n2)
+    shift = (lax.broadcasted_iota(jnp.uint8, rep.shape, rep.ndim - 1) & 1) << 2
+    return (rep >> shift) & 0xF
 
 
 def dequantize_blocks(codes: jax.Array, scale_bytes: jax.Array) -> jax.Array:
