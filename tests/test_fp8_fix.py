@@ -92,7 +92,9 @@ def test_exact_rows_index_kernel_against_numpy(bsz, r, group, p):
     rng = np.random.default_rng()
     f = rng.random((bsz, r)) < p
     flag = (f * 1 | (rng.random((bsz, r)) < 0.3) * 2).astype(np.uint8)
-    idx, cnt = fp8_fix.exact_rows_index(jnp.asarray(flag), group, interpret=True)
+    other = (rng.random((bsz, 37)) < 0.5).astype(np.uint8)  # a second operand in the same launch
+    (idx, cnt), (idx2, cnt2) = fp8_fix.exact_rows_index(jnp.asarray(flag), jnp.asarray(other), group=group,
+                                                        interpret=True)
     idx, cnt = np.asarray(idx), np.asarray(cnt)
     assert idx.shape == (bsz, -(-r // group) * group) and cnt.shape == (bsz,)
     for b in range(bsz):
@@ -100,11 +102,16 @@ def test_exact_rows_index_kernel_against_numpy(bsz, r, group, p):
         assert cnt[b] == len(want)
         np.testing.assert_array_equal(idx[b, :len(want)], want)
         assert (idx[b, len(want):] == -1).all()
+        want2 = np.flatnonzero(other[b] & 1)
+        assert np.asarray(cnt2)[b] == len(want2)
+        np.testing.assert_array_equal(np.asarray(idx2)[b, :len(want2)], want2)
+        assert (np.asarray(idx2)[b, len(want2):] == -1).all() and np.asarray(idx2).shape[1] == -(-37 // group) * group
 
 
 def test_exact_rows_index_lowers_for_cuda_and_checks_input():
-    f = jax.jit(lambda fl: fp8_fix.exact_rows_index(fl, 64))
-    txt = f.trace(jax.ShapeDtypeStruct((2, 8192), jnp.uint8)).lower(lowering_platforms=("cuda",)).as_text()
+    f = jax.jit(lambda a, b: fp8_fix.exact_rows_index(a, b, group=64))
+    txt = f.trace(jax.ShapeDtypeStruct((2, 8192), jnp.uint8), jax.ShapeDtypeStruct((2, 1024), jnp.uint8)).lower(
+        lowering_platforms=("cuda",)).as_text()
     assert "mxfp4_fp8_exact_rows_index" in txt
     with pytest.raises(TypeError, match="row_flag must be uint8"):
         fp8_fix.exact_rows_index(jnp.zeros((1, 4), bool))
@@ -112,7 +119,11 @@ def test_exact_rows_index_lowers_for_cuda_and_checks_input():
         fp8_fix.exact_rows_index(jnp.zeros((4,), jnp.uint8))
     for bad in (0, 2.0, True):
         with pytest.raises(ValueError, match="group must be a positive int"):
-            fp8_fix.exact_rows_index(jnp.zeros((1, 4), jnp.uint8), bad)
+            fp8_fix.exact_rows_index(jnp.zeros((1, 4), jnp.uint8), group=bad)
+    with pytest.raises(ValueError, match="must share B"):
+        fp8_fix.exact_rows_index(jnp.zeros((1, 4), jnp.uint8), jnp.zeros((2, 4), jnp.uint8))
+    with pytest.raises(ValueError, match="at least one"):
+        fp8_fix.exact_rows_index()
 
 
 def test_flagged_index_against_numpy():

@@ -113,74 +113,92 @@ def flagged_index(flag):
     return index, jnp.sum(flag, axis=1, dtype=jnp.int32)
 
 
-INDEX_CHUNK = 4096
-"""Flags per loop step of :func:`exact_rows_index` (at most; a power of two)."""
+INDEX_CHUNK = 8192
+"""Flags per loop step of :func:`exact_rows_index` (at most; a power of two): one step for up to
+8192 rows."""
 
 
-def _index_kernel(flag_ref, idx_ref, cnt_ref, *, r: int, rp: int, chunk: int):
-    """One program per batch element: the count of FLAG_EXACT rows (loop 1), then per chunk their
-    positions in the list (running offset + cumulative sum) scattered as row indices, and -1 in the
-    list's slots at or past the count (loop 2: disjoint addresses from the scatter, no race)."""
-    b = pl.program_id(0)
+def _index_kernel(*refs, sizes, chunk: int):
+    """Program (s, b): operand s's batch element b. The count of its FLAG_EXACT rows (loop 1),
+    then per chunk their positions in the list (running offset + cumulative sum) scattered as row
+    indices, and -1 in the list's slots at or past the count (loop 2: addresses disjoint from the
+    scatter's, so no race between the two stores)."""
+    n_ops = len(sizes)
+    flag_refs, idx_refs, cnt_refs = refs[:n_ops], refs[n_ops:2 * n_ops], refs[2 * n_ops:]
+    side, b = pl.program_id(0), pl.program_id(1)
     lanes = lax.broadcasted_iota(jnp.int32, (chunk,), 0)
 
-    def exact(c):
-        rows = c * chunk + lanes
-        f = plgpu.load(flag_ref.at[b, pl.ds(c * chunk, chunk)], mask=rows < r, other=0)
-        return rows, ((f.astype(jnp.int32) & FLAG_EXACT) != 0).astype(jnp.int32)
+    for s_, (flag_ref, idx_ref, cnt_ref, (r, rp)) in enumerate(zip(flag_refs, idx_refs, cnt_refs, sizes)):
+        @pl.when(side == s_)
+        def _(flag_ref=flag_ref, idx_ref=idx_ref, cnt_ref=cnt_ref, r=r, rp=rp):
+            def exact(c):
+                rows = c * chunk + lanes
+                f = plgpu.load(flag_ref.at[b, pl.ds(c * chunk, chunk)], mask=rows < r, other=0)
+                return rows, ((f.astype(jnp.int32) & FLAG_EXACT) != 0).astype(jnp.int32)
 
-    n_chunks = pl.cdiv(rp, chunk)
-    total = lax.fori_loop(0, n_chunks, lambda c, t: t + jnp.sum(exact(c)[1]), jnp.int32(0))
+            n_chunks = pl.cdiv(rp, chunk)
+            total = lax.fori_loop(0, n_chunks, lambda c, t: t + jnp.sum(exact(c)[1]), jnp.int32(0))
 
-    def fill(c, off):
-        rows, f = exact(c)
-        pos = off + jnp.cumsum(f) - 1
-        listed = f != 0
-        # masked-off lanes name slot rp (past the end): no two lanes of a store name one entry
-        plgpu.store(idx_ref.at[b, jnp.where(listed, pos, rp)], rows, mask=listed)
-        empty = (rows >= total) & (rows < rp)  # list slots (numbered like rows) past the count
-        plgpu.store(idx_ref.at[b, jnp.where(empty, rows, rp)], jnp.full((chunk,), -1, jnp.int32), mask=empty)
-        return off + jnp.sum(f)
+            def fill(c, off):
+                rows, f = exact(c)
+                pos = off + jnp.cumsum(f) - 1
+                listed = f != 0
+                # masked-off lanes name slot rp (past the end): no two lanes of a store name one entry
+                plgpu.store(idx_ref.at[b, jnp.where(listed, pos, rp)], rows, mask=listed)
+                empty = (rows >= total) & (rows < rp)  # list slots (numbered like rows) past the count
+                plgpu.store(idx_ref.at[b, jnp.where(empty, rows, rp)], jnp.full((chunk,), -1, jnp.int32),
+                            mask=empty)
+                return off + jnp.sum(f)
 
-    lax.fori_loop(0, n_chunks, fill, jnp.int32(0))
-    plgpu.store(cnt_ref.at[pl.ds(b, 1)], jnp.full((1,), total, jnp.int32))
+            lax.fori_loop(0, n_chunks, fill, jnp.int32(0))
+            plgpu.store(cnt_ref.at[pl.ds(b, 1)], jnp.full((1,), total, jnp.int32))
 
 
-def exact_rows_index(row_flag, group: int = 1, *, interpret: bool = False):
-    """:func:`flagged_index` of ``(row_flag & FLAG_EXACT) != 0`` in one Pallas kernel, its list
-    padded with -1 to a multiple of ``group`` slots.
+def exact_rows_index(*row_flags, group: int = 1, interpret: bool = False):
+    """:func:`flagged_index` of ``(row_flag & FLAG_EXACT) != 0`` for each of ``row_flags`` (the
+    lhs and rhs of a GEMM: one launch for all), each list padded with -1 to a multiple of
+    ``group`` slots.
 
     Why: in XLA the list is a cumulative sum (a reduce_window over the whole row: O(R^2) work),
     a scatter, a sum and a pad, ~13-17 us per FP8-path GEMM on an H200 with no row flagged
     (session 9 run b profile of 1024x8192x8192 ``fp8-prepared``: 2 reduce_window + a convert/reduce
-    + a copy, 13.4 us of a 122 us call); here one launch reads the flags twice.
+    + a copy, 13.4 us of a 122 us call); here one launch reads each flag array twice.
 
     Args:
-      row_flag: uint8 [B, R] (the encode's row flags). group: pad the list to a multiple of it.
-      interpret: run the Pallas interpreter (CPU tests).
+      row_flags: one or more uint8 [B, R_i] (the encode's row flags), the same B.
+      group: pad each list to a multiple of it. interpret: run the Pallas interpreter (CPU tests).
     Returns:
-      (index int32 [B, ceil(R / group) * group]: the FLAG_EXACT rows in increasing order, then -1;
-      count int32 [B]).
+      one ``(index int32 [B, ceil(R_i / group) * group]`` (the FLAG_EXACT rows in increasing
+      order, then -1), ``count int32 [B])`` per flag array, in order.
     Raises:
-      TypeError: ``row_flag`` not uint8. ValueError: not 2-D, or ``group`` not a positive int.
+      TypeError: a flag array not uint8. ValueError: none given, not 2-D, batch sizes that differ,
+      or ``group`` not a positive int.
     """
-    if getattr(row_flag, "dtype", None) != jnp.uint8:
-        raise TypeError(f"exact_rows_index: row_flag must be uint8, got {getattr(row_flag, 'dtype', type(row_flag))}")
-    if row_flag.ndim != 2:
-        raise ValueError(f"exact_rows_index: row_flag must be [B, R], got shape {row_flag.shape}")
+    if not row_flags:
+        raise ValueError("exact_rows_index: give at least one row_flag array")
+    for f in row_flags:
+        if getattr(f, "dtype", None) != jnp.uint8:
+            raise TypeError(f"exact_rows_index: row_flag must be uint8, got {getattr(f, 'dtype', type(f))}")
+        if f.ndim != 2:
+            raise ValueError(f"exact_rows_index: row_flag must be [B, R], got shape {f.shape}")
+    if len({f.shape[0] for f in row_flags}) != 1:
+        raise ValueError(f"exact_rows_index: the row_flag arrays must share B, got {[f.shape for f in row_flags]}")
     if isinstance(group, bool) or not isinstance(group, int) or group < 1:
         raise ValueError(f"exact_rows_index: group must be a positive int, got {group!r}")
-    bsz, r = row_flag.shape
-    rp = -(-r // group) * group
-    chunk = min(INDEX_CHUNK, max(16, 1 << max(0, (rp - 1).bit_length())))
-    return pl.pallas_call(
-        functools.partial(_index_kernel, r=r, rp=rp, chunk=chunk),
-        out_shape=(jax.ShapeDtypeStruct((bsz, rp), jnp.int32), jax.ShapeDtypeStruct((bsz,), jnp.int32)),
-        grid=(bsz,),
-        compiler_params=plgpu.CompilerParams(num_warps=4, num_stages=1),
+    bsz = row_flags[0].shape[0]
+    sizes = tuple((f.shape[1], -(-f.shape[1] // group) * group) for f in row_flags)
+    chunk = min(INDEX_CHUNK, max(16, 1 << max(0, (max(rp for _, rp in sizes) - 1).bit_length())))
+    outs = pl.pallas_call(
+        functools.partial(_index_kernel, sizes=sizes, chunk=chunk),
+        out_shape=(tuple(jax.ShapeDtypeStruct((bsz, rp), jnp.int32) for _, rp in sizes)
+                   + tuple(jax.ShapeDtypeStruct((bsz,), jnp.int32) for _ in sizes)),
+        grid=(len(sizes), bsz),
+        compiler_params=plgpu.CompilerParams(num_warps=8, num_stages=1),
         interpret=interpret,
         name="mxfp4_fp8_exact_rows_index",
-    )(row_flag)
+    )(*row_flags)
+    n = len(sizes)
+    return tuple(zip(outs[:n], outs[n:]))
 
 
 def _kernel(li_ref, lc_ref, ri_ref, rc_ref, ac_ref, as_ref, ae_ref, af_ref, bc_ref, bs_ref, be_ref, bf_ref,
@@ -321,7 +339,7 @@ def fix_flagged(out, a_codes, a_scales, a_exp, a_flag, b_codes, b_scales, b_exp,
         fix = ((a_flag & FLAG_EXACT) != 0)[:, :, None] | ((b_flag & FLAG_EXACT) != 0)[:, None, :]
         return jnp.where(fix, jnp.zeros((), out.dtype), out)
     nb, g = k // BLOCK_SIZE, cfg.group
-    (li, lc), (ri, rc) = (exact_rows_index(f, g, interpret=interpret) for f in (a_flag, b_flag))
+    (li, lc), (ri, rc) = exact_rows_index(a_flag, b_flag, group=g, interpret=interpret)
     units = max(pl.cdiv(m, g) * pl.cdiv(n, cfg.bn), pl.cdiv(n, g) * pl.cdiv(m, cfg.bm))
     n_prog = min(cfg.max_programs, units)
     kernel = functools.partial(_kernel, m=m, n=n, k=k, n_prog=n_prog, cfg=cfg)
