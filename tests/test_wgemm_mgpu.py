@@ -475,6 +475,20 @@ def test_k_split_wgs_other_tilings_lower(m, n, k, name, odt, form):
     assert "mosaic_gpu" in _lowered_text(m, n, k, cfg, odt, "pairs" if cfg.decode == "pairs" else "natural", form)
 
 
+@pytest.mark.skipif(not _mgpu_available(), reason="Mosaic GPU lowering unavailable in this jaxlib")
+@pytest.mark.parametrize("m", [1, 5, 8, 9, 16])
+def test_one_kernel_tiling_pads_few_rows_to_8(m):
+    """Token-generation sizes (M <= 8) run 8 x rows (WGMMA N = 8) with the one-kernel tiling, half
+    the x tiles of the 16-row padding; other launchers and larger M keep multiples of 16. Lowers
+    as one kernel with a pad and a slice around it where M is not the padded size."""
+    ks, split = KS_CFGS["ks4 pairs bk512"], wm.MgpuConfig(bk=256, split_k=4, decode="pairs", launcher="kernel")
+    assert wm.padded_rows(m, ks) == (8 if m <= 8 else -(-m // 16) * 16)
+    assert wm.padded_rows(m, split) == -(-m // 16) * 16
+    ops = _hlo_ops(_lowered_text(m, 8192, 8192, ks, jnp.bfloat16, "pairs"))
+    assert ops.count("stablehlo.custom_call") == 1
+    assert ("stablehlo.pad" in ops) == (wm.padded_rows(m, ks) != m)
+
+
 def test_k_split_wgs_config_refused_with_the_rule():
     base = dict(bk=512, split_k=1, decode="pairs", warp_specialized=True)
     for kw, msg in ((3, r"k_split_wgs must be one of \(1, 2, 4\), got 3"), (0, "k_split_wgs must be one of")):

@@ -3,7 +3,7 @@
 Computes ``out = x · Wᵀ`` for a bfloat16 activation x [M, K] (M <= 256, decode sizes) and an
 MXFP4 weight W (packed E2M1 bytes [N, K/2], E8M0 scale bytes [N, K/32]) as ``outᵀ = W · xᵀ``:
 the weight's rows are the WGMMA M side (64 rows per warpgroup) and its decoded tile is the
-REGISTER A operand; the activation rows (padded to a multiple of 16) are the WGMMA N side, read
+REGISTER A operand; the activation rows (padded to a multiple of 16, or to 8: :func:`padded_rows`) are the WGMMA N side, read
 from shared memory as the B operand. Per K step the weight bytes, the scales and the two halves of
 x arrive by TMA; the bytes are loaded into registers and decoded there:
 
@@ -247,6 +247,15 @@ def _k_split_smem(mp: int, bk: int, kw: int, out_itemsize: int, scale_itemsize: 
     per_stage = mp * bk * 2 + _WG_ROWS * (bk // 2) + (bk // BLOCK_SIZE) * _WG_ROWS * scale_itemsize
     fixed = (kw - 1) * _WG_ROWS * mp * 4 + mp * _WG_ROWS * out_itemsize
     return per_stage, fixed
+
+
+def padded_rows(m: int, cfg: MgpuConfig) -> int:
+    """x rows the kernel runs (the WGMMA N side): a multiple of 16, or 8 for M <= 8 with the
+    one-kernel tiling (``k_split_wgs`` > 1: WGMMA takes N = 8), which halves the x tiles every CTA
+    reads at token-generation sizes."""
+    if cfg.k_split_wgs > 1 and m <= 8:
+        return 8
+    return -(-m // 16) * 16
 
 
 def _swizzle(row_bytes: int) -> int:
@@ -813,7 +822,7 @@ def mgpu_w4a16(x, w_data, w_scales, out_dtype=jnp.bfloat16, cfg: MgpuConfig | No
         decode other than "pairs"; ``cfg.k_split_wgs`` > 1 with fewer than two K steps or
         without shared memory for two pipeline stages.
     With ``cfg.k_split_wgs`` > 1 the kernel writes the result itself (``[M, N]`` of
-    ``out_dtype``; sliced to M rows afterwards when M is not a multiple of 16): one kernel per
+    ``out_dtype``; sliced to M rows afterwards when M is not the padded row count, :func:`padded_rows`): one kernel per
     call for "kmajor" scales, x rows a multiple of 16, "pairs" bytes and decode (other forms add
     their per-call XLA work on x or the scales: the "ptx" x split, the "pairs" x permutation for
     natural bytes, the "rows" scale transpose).
@@ -864,7 +873,7 @@ def mgpu_w4a16(x, w_data, w_scales, out_dtype=jnp.bfloat16, cfg: MgpuConfig | No
     if cfg.decode not in _PTX_DECODES and scales.dtype == jnp.uint8:  # the "mul"/"select" decodes load bfloat16 scales
         scales = lax.bitcast_convert_type(e8m0_to_bf16_bits(scales), jnp.bfloat16)
     sbytes = jnp.dtype(scales.dtype).itemsize
-    mp = -(-m // 16) * 16
+    mp = padded_rows(m, cfg)
     xp = jnp.pad(x, ((0, mp - m), (0, 0))) if mp != m else x
     if cfg.decode == "pairs":  # one x operand, natural order for "pairs" bytes
         xs = (xp if w_order == "pairs" else permute_x_pairs(xp),)
