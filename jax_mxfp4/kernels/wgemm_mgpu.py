@@ -823,7 +823,7 @@ def mgpu_w4a16(x, w_data, w_scales, out_dtype=jnp.bfloat16, cfg: MgpuConfig | No
         without shared memory for two pipeline stages.
     With ``cfg.k_split_wgs`` > 1 the kernel writes the result itself (``[M, N]`` of
     ``out_dtype``; sliced to M rows afterwards when M is not the padded row count, :func:`padded_rows`): one kernel per
-    call for "kmajor" scales, x rows a multiple of 16, "pairs" bytes and decode (other forms add
+    call for "kmajor" scales, x rows already padded (:func:`padded_rows`), "pairs" bytes and decode (other forms add
     their per-call XLA work on x or the scales: the "ptx" x split, the "pairs" x permutation for
     natural bytes, the "rows" scale transpose).
     """
