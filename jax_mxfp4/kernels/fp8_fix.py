@@ -11,8 +11,8 @@ GEMMs that XLA's autotuner compiles for every call site (90 s to compile one FP8
 default flags, run a). This kernel replaces it on CUDA:
 
 - the flagged lhs rows and rhs rows (output columns) are first listed by a small kernel
-  (:func:`exact_rows_index`: their indices in order, then -1, as the jnp rule
-  :func:`flagged_index`; in XLA that was a cumulative sum and a scatter, ~13-17 us per GEMM);
+  (:func:`exact_rows_index`: their indices in order, then -1; in XLA that was a cumulative sum
+  and a scatter, ~13-17 us per GEMM);
 - grid (batch, at most :data:`MAX_PROGRAMS`); the programs share two strided lists of work units
   whose lengths follow the flag counts: (a group of ``cfg.group`` listed rows, a ``bn``-column
   tile) and (a group of listed columns, a ``bm``-row tile); with no flag each program reads the
@@ -97,22 +97,6 @@ MAX_PROGRAMS = FixConfig.max_programs
 units, so a result with no flag costs two count reads per program, not a launch per tile."""
 
 
-def flagged_index(flag):
-    """``(index, count)`` of the True entries of ``flag`` bool [B, R]: ``index`` int32
-    [B, R] holds each row's True positions in increasing order, then -1; ``count`` int32 [B].
-    Raises TypeError for a non-bool ``flag`` (a mask, not counts) and ValueError for a rank other than 2."""
-    if getattr(flag, "dtype", None) != jnp.bool_:
-        raise TypeError(f"flagged_index: flag must be a bool array, got {getattr(flag, 'dtype', type(flag).__name__)}")
-    if flag.ndim != 2:
-        raise ValueError(f"flagged_index: flag must be [B, R], got shape {flag.shape}")
-    bsz, r = flag.shape
-    pos = jnp.cumsum(flag.astype(jnp.int32), axis=1) - 1
-    slot = jnp.where(flag, pos, r)  # r: out of range, dropped
-    index = jnp.full((bsz, r), -1, jnp.int32).at[jnp.arange(bsz)[:, None], slot].set(
-        jnp.broadcast_to(jnp.arange(r, dtype=jnp.int32), (bsz, r)), mode="drop")
-    return index, jnp.sum(flag, axis=1, dtype=jnp.int32)
-
-
 INDEX_CHUNK = 8192
 """Flags per loop step of :func:`exact_rows_index` (at most; a power of two): one step for up to
 8192 rows."""
@@ -155,9 +139,9 @@ def _index_kernel(*refs, sizes, chunk: int):
 
 
 def exact_rows_index(*row_flags, group: int = 1, interpret: bool = False):
-    """:func:`flagged_index` of ``(row_flag & FLAG_EXACT) != 0`` for each of ``row_flags`` (the
-    lhs and rhs of a GEMM: one launch for all), each list padded with -1 to a multiple of
-    ``group`` slots.
+    """The rows with FLAG_EXACT set, listed: for each of ``row_flags`` (the lhs and rhs of a GEMM:
+    one launch for all) and each batch element, the row indices in increasing order, then -1 up
+    to a multiple of ``group`` slots, and their count.
 
     Why: in XLA the list is a cumulative sum (a reduce_window over the whole row: O(R^2) work),
     a scatter, a sum and a pad, ~13-17 us per FP8-path GEMM on an H200 with no row flagged
@@ -187,6 +171,9 @@ def exact_rows_index(*row_flags, group: int = 1, interpret: bool = False):
         raise ValueError(f"exact_rows_index: group must be a positive int, got {group!r}")
     bsz = row_flags[0].shape[0]
     sizes = tuple((f.shape[1], -(-f.shape[1] // group) * group) for f in row_flags)
+    if bsz == 0 or any(r == 0 for r, _ in sizes):  # nothing to launch over (a zero-size grid does not lower)
+        return tuple((jnp.full((bsz, rp), -1, jnp.int32),
+                      jnp.sum((f & FLAG_EXACT) != 0, axis=1, dtype=jnp.int32)) for f, (_, rp) in zip(row_flags, sizes))
     chunk = min(INDEX_CHUNK, max(16, 1 << max(0, (max(rp for _, rp in sizes) - 1).bit_length())))
     outs = pl.pallas_call(
         functools.partial(_index_kernel, sizes=sizes, chunk=chunk),
