@@ -127,6 +127,36 @@ def _special_from_summary(sb, low, one, ge4, ge6):
             | ((sb == 254) & (ge4 != 0)) | ((sb == 253) & (ge6 != 0)))
 
 
+def _row_rule_init(br):
+    """Pass A's running row state (:func:`_row_rule_step`): largest and smallest counted scale byte
+    (-1 / 256 where none yet), any special block, any NaN byte."""
+    return (jnp.full((br,), -1, jnp.int32), jnp.full((br,), 256, jnp.int32),
+            jnp.zeros((br,), jnp.int32), jnp.zeros((br,), jnp.int32))
+
+
+def _row_rule_step(carry, sb, any_nonzero, spec):
+    """One chunk of pass A, from its scale bytes ``sb`` int32 [br, nbc], whether each block holds a
+    nonzero code and whether it is special (:func:`jax_mxfp4.fp8.special_blocks`): the rule of
+    :func:`jax_mxfp4.fp8.encode_blocks` (NaN blocks are not counted)."""
+    bmax, bmin, special, nan = carry
+    is_nan = sb == E8M0_NAN
+    counted = any_nonzero & ~is_nan
+    bmax = jnp.maximum(bmax, jnp.max(jnp.where(counted, sb, -1), axis=-1))
+    bmin = jnp.minimum(bmin, jnp.min(jnp.where(counted, sb, 256), axis=-1))
+    special = special | jnp.max(spec.astype(jnp.int32), axis=-1)
+    nan = nan | jnp.max(is_nan.astype(jnp.int32), axis=-1)
+    return bmax, bmin, special, nan
+
+
+def _row_rule_finish(bmax, bmin, special):
+    """(b_max, exact) per row after pass A: an empty row takes EMPTY_ROW_BMAX; a row is exact when
+    a counted block lies more than WINDOW_SPAN binades below b_max or a block is special."""
+    from .. import fp8 as rules
+
+    bmax = jnp.where(bmax < 0, rules.EMPTY_ROW_BMAX, bmax)
+    return bmax, (bmin < bmax - rules.WINDOW_SPAN) | (special != 0)
+
+
 def _encode_swar_kernel(w32_ref, h16_ref, scale_ref, codes_ref, exp_ref, flag_ref, *, n_rows, br, nbc,
                         n_chunks, fast_path):
     """The SWAR form of :func:`_encode_kernel` (same rules, same outputs): pass A reads the packed
@@ -150,10 +180,8 @@ def _encode_swar_kernel(w32_ref, h16_ref, scale_ref, codes_ref, exp_ref, flag_re
         return plgpu.load(view, mask=m, other=fill)
 
     def pass_a(c, carry):
-        bmax, bmin, special, nan = carry
         w = load(w32_ref, c, 4, 0)
         sb = load(scale_ref, c, 0, 0).astype(jnp.int32)
-        is_nan = sb == E8M0_NAN
         if fast_path:
             any_nz = jnp.max(((w & _U32(0x77777777)) != 0).astype(jnp.int32), axis=-1)
             extreme = jnp.max(((sb <= 1) | ((sb >= 253) & (sb <= 254))).astype(jnp.int32))
@@ -162,19 +190,11 @@ def _encode_swar_kernel(w32_ref, h16_ref, scale_ref, codes_ref, exp_ref, flag_re
                             lambda: jnp.zeros((br, nbc), jnp.int32))
         else:
             any_nz, *rest = _word_block_summary(w)
-            spec = _special_from_summary(sb, *rest).astype(jnp.int32)
-        counted = (any_nz != 0) & ~is_nan
-        bmax = jnp.maximum(bmax, jnp.max(jnp.where(counted, sb, -1), axis=-1))
-        bmin = jnp.minimum(bmin, jnp.min(jnp.where(counted, sb, 256), axis=-1))
-        special = special | jnp.max(spec, axis=-1)
-        nan = nan | jnp.max(is_nan.astype(jnp.int32), axis=-1)
-        return bmax, bmin, special, nan
+            spec = _special_from_summary(sb, *rest)
+        return _row_rule_step(carry, sb, any_nz != 0, spec)
 
-    init = (jnp.full((br,), -1, jnp.int32), jnp.full((br,), 256, jnp.int32),
-            jnp.zeros((br,), jnp.int32), jnp.zeros((br,), jnp.int32))
-    bmax, bmin, special, nan = lax.fori_loop(0, n_chunks, pass_a, init)
-    bmax = jnp.where(bmax < 0, rules.EMPTY_ROW_BMAX, bmax)
-    exact = (bmin < bmax - rules.WINDOW_SPAN) | (special != 0)
+    bmax, bmin, special, nan = lax.fori_loop(0, n_chunks, pass_a, _row_rule_init(br))
+    bmax, exact = _row_rule_finish(bmax, bmin, special)
 
     def pass_b(c, carry):
         h = load(h16_ref, c, BLOCK_SIZE // 4, 0).astype(jnp.uint32)
@@ -187,15 +207,20 @@ def _encode_swar_kernel(w32_ref, h16_ref, scale_ref, codes_ref, exp_ref, flag_re
             out = lax.cond(low, lambda: e4m3_word(y, dd), lambda: e4m3_word(y, dd, normal_only=True))
         else:
             out = e4m3_word(y, dd)
-        view = codes_ref.at[pl.ds(r0, br), pl.ds(c * nbc, nbc), :]
-        if mask2 is None:
-            plgpu.store(view, out)
-        else:
-            plgpu.store(view, out, mask=jnp.broadcast_to(mask2[..., None], out.shape))
+        _store_chunk(codes_ref, r0, br, c, nbc, out, mask2)
         return carry
 
     lax.fori_loop(0, n_chunks, pass_b, 0)
     _store_row_outputs(exp_ref, flag_ref, r0, br, n_rows, bmax, exact, nan)
+
+
+def _store_chunk(codes_ref, r0, br, c, nbc, out, mask2):
+    """Pass B's output for chunk ``c`` of the program's rows (rows past the end masked off)."""
+    view = codes_ref.at[pl.ds(r0, br), pl.ds(c * nbc, nbc), :]
+    if mask2 is None:
+        plgpu.store(view, out)
+    else:
+        plgpu.store(view, out, mask=jnp.broadcast_to(mask2[..., None], out.shape))
 
 
 def _store_row_outputs(exp_ref, flag_ref, r0, br, n_rows, bmax, exact, nan):
@@ -227,25 +252,15 @@ def _encode_kernel(data_ref, scale_ref, codes_ref, exp_ref, flag_ref, *, n_rows,
                 plgpu.load(sview, mask=mask2, other=0).astype(jnp.int32))
 
     def pass_a(c, carry):
-        bmax, bmin, special, nan = carry
         d, sb = load(c)
         lo, hi = d & 7, (d >> 4) & 7
         mx = jnp.max(jnp.maximum(lo, hi), axis=-1)
         nz_min = lambda v: jnp.where(v != 0, v, 8)  # noqa: E731
         mn = jnp.min(jnp.minimum(nz_min(lo), nz_min(hi)), axis=-1)
-        is_nan = sb == E8M0_NAN
-        counted = (mx != 0) & ~is_nan
-        bmax = jnp.maximum(bmax, jnp.max(jnp.where(counted, sb, -1), axis=-1))
-        bmin = jnp.minimum(bmin, jnp.min(jnp.where(counted, sb, 256), axis=-1))
-        special = special | jnp.max(rules.special_blocks(sb, mx, mn).astype(jnp.int32), axis=-1)
-        nan = nan | jnp.max(is_nan.astype(jnp.int32), axis=-1)
-        return bmax, bmin, special, nan
+        return _row_rule_step(carry, sb, mx != 0, rules.special_blocks(sb, mx, mn))
 
-    init = (jnp.full((br,), -1, jnp.int32), jnp.full((br,), 256, jnp.int32),
-            jnp.zeros((br,), jnp.int32), jnp.zeros((br,), jnp.int32))
-    bmax, bmin, special, nan = lax.fori_loop(0, n_chunks, pass_a, init)
-    bmax = jnp.where(bmax < 0, rules.EMPTY_ROW_BMAX, bmax)
-    exact = (bmin < bmax - rules.WINDOW_SPAN) | (special != 0)
+    bmax, bmin, special, nan = lax.fori_loop(0, n_chunks, pass_a, _row_rule_init(br))
+    bmax, exact = _row_rule_finish(bmax, bmin, special)
 
     def pass_b(c, carry):
         d, sb = load(c)
@@ -256,11 +271,7 @@ def _encode_kernel(data_ref, scale_ref, codes_ref, exp_ref, flag_ref, *, n_rows,
             out = (lo | (hi << 8)).astype(jnp.uint16)
         else:
             out = jnp.stack([lo, hi], axis=-1).reshape(br, nbc, BLOCK_SIZE).astype(jnp.uint8)
-        view = codes_ref.at[pl.ds(r0, br), pl.ds(c * nbc, nbc), :]
-        if mask2 is None:
-            plgpu.store(view, out)
-        else:
-            plgpu.store(view, out, mask=jnp.broadcast_to(mask2[..., None], out.shape))
+        _store_chunk(codes_ref, r0, br, c, nbc, out, mask2)
         return carry
 
     lax.fori_loop(0, n_chunks, pass_b, 0)
