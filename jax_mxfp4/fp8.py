@@ -168,7 +168,9 @@ def check_packed_rows(data, scale_bytes) -> None:
     """
     if getattr(data, "dtype", None) != jnp.uint8:
         raise TypeError(f"data must be uint8 packed E2M1 pairs, got {getattr(data, 'dtype', type(data))}")
-    as_scale_bytes(scale_bytes)  # TypeError for other dtypes
+    if getattr(scale_bytes, "dtype", None) not in (jnp.uint8, jnp.float8_e8m0fnu):
+        raise TypeError(f"scale_bytes: scales must be float8_e8m0fnu or uint8 E8M0 bytes, got "
+                        f"{getattr(scale_bytes, 'dtype', type(scale_bytes).__name__)}")
     if (data.ndim < 1 or scale_bytes.shape[:-1] != data.shape[:-1] or (data.shape[-1] * 2) % BLOCK_SIZE
             or scale_bytes.shape[-1] != data.shape[-1] * 2 // BLOCK_SIZE):
         raise ValueError(f"data [..., K/2] and scale_bytes [..., K/32] with K % 32 == 0 expected, got "

@@ -92,6 +92,27 @@ def test_swar_lowers_for_cuda():
         assert "mxfp4_encode_fp8_rows_swar" in txt
 
 
+def test_kernel_names_bad_containers_and_takes_numpy_tiles():
+    """A list or None is named (was an AttributeError on .ndim); numpy ints are tile sizes like
+    ints; ``interpret`` must be a bool; spread_nibbles takes a uint16 without losing its high byte."""
+    from jax_mxfp4.kernels.fp8_encode import spread_nibbles
+
+    s = jnp.zeros((1, 1), jnp.uint8)
+    with pytest.raises(TypeError, match="data must be uint8"):
+        encode_rows_kernel([[1] * 16], s, swar=True, interpret=True)
+    with pytest.raises(TypeError, match="scale_bytes: scales must be"):
+        encode_rows_kernel(jnp.zeros((1, 16), jnp.uint8), [[127]], swar=True, interpret=True)
+    with pytest.raises(TypeError, match="interpret must be a bool"):
+        encode_rows_kernel(jnp.zeros((1, 16), jnp.uint8), s, interpret="yes")
+    rng = np.random.default_rng()
+    data = jnp.asarray(rng.integers(0, 256, (4, 16), dtype=np.uint8))
+    sb = jnp.asarray(rng.integers(120, 130, (4, 1)).astype(np.uint8))
+    got = encode_rows_kernel(data, sb, rows_per_program=np.int64(2), num_warps=np.int32(4), swar=True,
+                             interpret=True)
+    np.testing.assert_array_equal(_as_bytes(got[0]), _as_bytes(encode_rows(data, sb)[0]))
+    assert int(spread_nibbles(jnp.uint16(0xABCD))) == 0x0A0B0C0D
+
+
 def test_fast_path_needs_swar():
     with pytest.raises(ValueError, match="fast_path=True needs swar=True"):
         encode_rows_kernel(jnp.zeros((4, 16), jnp.uint8), jnp.zeros((4, 1), jnp.uint8), fast_path=True, interpret=True)

@@ -113,9 +113,9 @@ def test_exact_rows_index_lowers_for_cuda_and_checks_input():
     txt = f.trace(jax.ShapeDtypeStruct((2, 8192), jnp.uint8), jax.ShapeDtypeStruct((2, 1024), jnp.uint8)).lower(
         lowering_platforms=("cuda",)).as_text()
     assert "mxfp4_fp8_exact_rows_index" in txt
-    with pytest.raises(TypeError, match="row_flag must be uint8"):
+    with pytest.raises(TypeError, match=r"row_flags\[0\] must be uint8"):
         fp8_fix.exact_rows_index(jnp.zeros((1, 4), bool))
-    with pytest.raises(ValueError, match=r"row_flag must be \[B, R\]"):
+    with pytest.raises(ValueError, match=r"row_flags\[0\] must be \[B, R\]"):
         fp8_fix.exact_rows_index(jnp.zeros((4,), jnp.uint8))
     for bad in (0, 2.0, True):
         with pytest.raises(ValueError, match="group must be a positive int"):

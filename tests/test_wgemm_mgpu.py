@@ -485,7 +485,12 @@ def test_one_kernel_tiling_pads_few_rows_to_8(m):
     as one kernel with a pad and a slice around it where M is not the padded size."""
     ks, split = KS_CFGS["ks4 pairs bk512"], wm.MgpuConfig(bk=256, split_k=4, decode="pairs", launcher="kernel")
     assert wm.padded_rows(m, ks) == (8 if m <= 8 else -(-m // 16) * 16)
-    assert wm.padded_rows(m, split) == -(-m // 16) * 16
+    assert wm.padded_rows(m, split) == -(-m // 16) * 16 == wm.padded_rows(m)
+    for bad, err in ((0, ValueError), (-1, ValueError), (2.5, TypeError), (True, TypeError)):
+        with pytest.raises(err, match="padded_rows: m must be"):
+            wm.padded_rows(bad, ks)
+    with pytest.raises(TypeError, match="cfg must be an MgpuConfig"):
+        wm.padded_rows(m, "ks4")
     ops = _hlo_ops(_lowered_text(m, 8192, 8192, ks, jnp.bfloat16, "pairs"))
     assert ops.count("stablehlo.custom_call") == 1
     # rows fewer than 8 or a multiple of 8 go in and out as they are (TMA zero-fills the box past

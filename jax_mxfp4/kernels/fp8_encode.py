@@ -66,6 +66,7 @@ _BYTE_LSB = _U32(0x01010101)  # bit 0 of every byte of a uint32
 def spread_nibbles(x):
     """uint32 holding one packed uint16 (4 E2M1 codes, low nibble first) -> uint32 with one code per
     byte in element order (byte 0 = the first byte's low nibble, little-endian). 4 operations."""
+    x = x.astype(jnp.uint32)  # a uint16 argument would lose its high byte in x << 8
     t = (x | (x << 8)) & _U32(0x00FF00FF)
     return (t | (t << 4)) & _U32(0x0F0F0F0F)
 
@@ -310,6 +311,11 @@ def default_rows_per_program(n_rows: int, chunk_blocks: int = 32) -> int:
     return rows
 
 
+def _plain_int(v):
+    """A numpy integer as a Python int (tile sizes may come from numpy); anything else unchanged."""
+    return int(v) if isinstance(v, np.integer) else v
+
+
 @functools.partial(jax.jit, static_argnames=("rows_per_program", "num_warps", "chunk_blocks", "pairs16", "swar",
                                              "fast_path", "interpret"))
 def encode_rows_kernel(data, scale_bytes, *, rows_per_program: int | None = None, num_warps: int = 4,
@@ -327,8 +333,7 @@ def encode_rows_kernel(data, scale_bytes, *, rows_per_program: int | None = None
         :data:`MAX_CHUNK_BLOCKS`.
       pairs16: store the two E4M3 bytes of each packed byte as one uint16 (no interleave of the
         low- and high-nibble results in registers; the uint16 array is bit-cast to bytes after the
-        kernel); same bytes. Part of :data:`DISPATCH_TILE` (timed faster in every tile). Ignored
-        with ``swar``.
+        kernel); same bytes (session 8's dispatch tile). Ignored with ``swar``.
       swar: the word-parallel form (:func:`_encode_swar_kernel`: 4-8 codes per integer operation
         instead of one; the per-element form is integer-bound: ~33 operations per element);
         same bytes.
@@ -340,29 +345,33 @@ def encode_rows_kernel(data, scale_bytes, *, rows_per_program: int | None = None
     Raises:
       TypeError: data not uint8, scales not uint8/float8_e8m0fnu (:func:`jax_mxfp4.fp8.check_packed_rows`).
       ValueError: shapes that are not [R, K/2] and [R, K/32]; a bad ``rows_per_program``,
-        ``chunk_blocks`` or ``num_warps`` (each a power of two).
+        ``chunk_blocks`` or ``num_warps`` (each a power of two); ``fast_path`` without ``swar``.
+      TypeError: ``pairs16``, ``swar``, ``fast_path`` or ``interpret`` not a bool.
     """
     from ..fp8 import check_packed_rows
     from ..mx_format import as_scale_bytes
 
+    check_packed_rows(data, scale_bytes)  # types first: a list or None is named, not an AttributeError
     if data.ndim != 2:
         raise ValueError(f"encode_rows_kernel: data must be 2-D [R, K/2], got shape {data.shape}")
-    check_packed_rows(data, scale_bytes)
     n_blk = max(1, data.shape[-1] * 2 // BLOCK_SIZE)
     if chunk_blocks is None:
         one_row = rows_per_program == 1 or (rows_per_program is None and default_rows_per_program(
             data.shape[0], _chunk_blocks(n_blk)) == 1)
         chunk_blocks = ROW_CHUNK_BLOCKS if one_row else MAX_CHUNK_BLOCKS
+    chunk_blocks = _plain_int(chunk_blocks)
     if isinstance(chunk_blocks, bool) or not isinstance(chunk_blocks, int) or chunk_blocks < 1 or chunk_blocks & (chunk_blocks - 1):
         raise ValueError(f"chunk_blocks must be a power of two >= 1, got {chunk_blocks!r}")
+    rows_per_program = _plain_int(rows_per_program)
     if rows_per_program is None:
         rows_per_program = default_rows_per_program(data.shape[0], _chunk_blocks(n_blk, chunk_blocks))
     if (isinstance(rows_per_program, bool) or not isinstance(rows_per_program, int) or rows_per_program < 1
             or rows_per_program & (rows_per_program - 1)):
         raise ValueError(f"rows_per_program must be a power of two >= 1, got {rows_per_program!r}")
+    num_warps = _plain_int(num_warps)
     if isinstance(num_warps, bool) or not isinstance(num_warps, int) or num_warps < 1 or num_warps & (num_warps - 1):
         raise ValueError(f"num_warps must be a power of two >= 1 (Triton), got {num_warps!r}")
-    for name, flag in (("pairs16", pairs16), ("swar", swar), ("fast_path", fast_path)):
+    for name, flag in (("pairs16", pairs16), ("swar", swar), ("fast_path", fast_path), ("interpret", interpret)):
         if not isinstance(flag, bool):
             raise TypeError(f"{name} must be a bool, got {flag!r}")
     if fast_path and not swar:

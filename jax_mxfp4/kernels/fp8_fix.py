@@ -160,11 +160,13 @@ def exact_rows_index(*row_flags, group: int = 1, interpret: bool = False):
     """
     if not row_flags:
         raise ValueError("exact_rows_index: give at least one row_flag array")
-    for f in row_flags:
+    for i, f in enumerate(row_flags):
         if getattr(f, "dtype", None) != jnp.uint8:
-            raise TypeError(f"exact_rows_index: row_flag must be uint8, got {getattr(f, 'dtype', type(f))}")
+            raise TypeError(f"exact_rows_index: row_flags[{i}] must be uint8, got {getattr(f, 'dtype', type(f))}")
         if f.ndim != 2:
-            raise ValueError(f"exact_rows_index: row_flag must be [B, R], got shape {f.shape}")
+            raise ValueError(f"exact_rows_index: row_flags[{i}] must be [B, R], got shape {f.shape}")
+    if not isinstance(interpret, bool):
+        raise TypeError(f"exact_rows_index: interpret must be a bool, got {interpret!r}")
     if len({f.shape[0] for f in row_flags}) != 1:
         raise ValueError(f"exact_rows_index: the row_flag arrays must share B, got {[f.shape for f in row_flags]}")
     if isinstance(group, bool) or not isinstance(group, int) or group < 1:

@@ -249,10 +249,19 @@ def _k_split_smem(mp: int, bk: int, kw: int, out_itemsize: int, scale_itemsize: 
     return per_stage, fixed
 
 
-def padded_rows(m: int, cfg: MgpuConfig) -> int:
+def padded_rows(m: int, cfg: MgpuConfig | None = None) -> int:
     """x rows the kernel runs (the WGMMA N side): a multiple of 16, or 8 for M <= 8 with the
     one-kernel tiling (``k_split_wgs`` > 1: WGMMA takes N = 8), which halves the x tiles every CTA
-    reads at token-generation sizes."""
+    reads at token-generation sizes. ``cfg`` None: MgpuConfig() (as :func:`mgpu_w4a16`).
+    Raises TypeError for a non-int ``m`` (bool included) or a ``cfg`` that is not an MgpuConfig,
+    ValueError for ``m`` < 1."""
+    cfg = MgpuConfig() if cfg is None else cfg
+    if not isinstance(cfg, MgpuConfig):
+        raise TypeError(f"padded_rows: cfg must be an MgpuConfig or None, got {type(cfg).__name__}")
+    if isinstance(m, (bool, np.bool_)) or not isinstance(m, (int, np.integer)):
+        raise TypeError(f"padded_rows: m must be an int (activation rows), got {m!r}")
+    if m < 1:
+        raise ValueError(f"padded_rows: m must be >= 1, got {m}")
     if cfg.k_split_wgs > 1 and m <= 8:
         return 8
     return -(-m // 16) * 16
