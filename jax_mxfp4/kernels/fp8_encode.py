@@ -121,11 +121,14 @@ def _word_block_summary(w):
 
 
 def _special_from_summary(sb, low, one, ge4, ge6):
-    """:func:`jax_mxfp4.fp8.special_blocks` from :func:`_word_block_summary`'s flags (same four
-    conditions: flushed = b 0 with a magnitude <= 3 or b 1 with a magnitude 1; Inf = b 254 with a
-    magnitude >= 4 or b 253 with one >= 6)."""
-    return (((sb == 0) & (low != 0)) | ((sb == 1) & (one != 0))
-            | ((sb == 254) & (ge4 != 0)) | ((sb == 253) & (ge6 != 0)))
+    """:func:`jax_mxfp4.fp8.special_blocks` from :func:`_word_block_summary`'s flags: the rule reads
+    only whether the smallest nonzero magnitude is 1 or <= 3 and the largest >= 4 or >= 6, so
+    stand-ins with those answers (1 / 3 / 8, and 7 / 4 / 0) give its result."""
+    from .. import fp8 as rules
+
+    min_mag = jnp.where(one != 0, 1, jnp.where(low != 0, 3, 8))
+    max_mag = jnp.where(ge6 != 0, 7, jnp.where(ge4 != 0, 4, 0))
+    return rules.special_blocks(sb, max_mag, min_mag)
 
 
 def _row_rule_init(br):

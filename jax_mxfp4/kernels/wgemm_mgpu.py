@@ -888,7 +888,10 @@ def mgpu_w4a16(x, w_data, w_scales, out_dtype=jnp.bfloat16, cfg: MgpuConfig | No
         scales = lax.bitcast_convert_type(e8m0_to_bf16_bits(scales), jnp.bfloat16)
     sbytes = jnp.dtype(scales.dtype).itemsize
     mp = padded_rows(m, cfg)
-    xp = jnp.pad(x, ((0, mp - m), (0, 0))) if mp != m else x
+    # the one-kernel route takes x and writes out unpadded where Mosaic GPU's TMA takes their rows
+    # (fewer than its 8-row tile, or whole tiles): TMA reads rows past M as zeros and stores none
+    as_is = cfg.k_split_wgs > 1 and cfg.k_split_pipeline == "own" and (m < 8 or m % 8 == 0)
+    xp = x if as_is or mp == m else jnp.pad(x, ((0, mp - m), (0, 0)))
     if cfg.decode == "pairs":  # one x operand, natural order for "pairs" bytes
         xs = (xp if w_order == "pairs" else permute_x_pairs(xp),)
     else:
@@ -903,13 +906,8 @@ def mgpu_w4a16(x, w_data, w_scales, out_dtype=jnp.bfloat16, cfg: MgpuConfig | No
     w_tr = _tiled(wsw, 1) if cfg.decode in _PTX_DECODES else ()
     x_spec = plgpu.BlockSpec((mp, xcols), lambda i, s, t: (0, s * steps + t), transforms=x_tr)
     if cfg.k_split_wgs > 1:  # one kernel, its output final: no sum, transpose or cast after it
-        # x and out as they are where Mosaic GPU's TMA takes their rows (fewer than its 8-row tile, or
-        # whole tiles): TMA reads rows past M as zeros and stores none; else the padded copies
-        if cfg.k_split_pipeline == "own" and (m < 8 or m % 8 == 0):
-            xs = (x if w_order == "pairs" else permute_x_pairs(x),) if cfg.decode == "pairs" else split_x(x, cfg.decode)
-            return _k_split_call(xs, w_data, scales, cfg=cfg, n=n, mp=mp, out_dtype=out_dtype)
         out = _k_split_call(xs, w_data, scales, cfg=cfg, n=n, mp=mp, out_dtype=out_dtype)
-        return out if mp == m else out[:m]
+        return out if out.shape[0] == m else out[:m]
     if cfg.warp_specialized:
         out = _warp_specialized_call(xs, w_data, scales, cfg=cfg, n=n, mp=mp)
         out = out.reshape(cfg.split_k, n, mp).sum(axis=0)
