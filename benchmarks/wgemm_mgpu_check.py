@@ -48,7 +48,7 @@ import jax_mxfp4 as mx  # noqa: E402
 from benchmarks.gpu_check import bound_check, rand  # noqa: E402
 from benchmarks.common import device_info, kernel_time, n_sets_for, out_dir, time_fn, write_json  # noqa: E402
 from jax_mxfp4.decode_prepared import pair_order_bytes  # noqa: E402
-from jax_mxfp4.kernels.wgemm_mgpu import MgpuConfig, mgpu_w4a16  # noqa: E402
+from jax_mxfp4.kernels.wgemm_mgpu import MgpuConfig, mgpu_w4a16, tile_major_layout  # noqa: E402
 from jax_mxfp4.mx_format import as_e8m0, as_scale_bytes  # noqa: E402
 
 DIMS2 = (((1,), (1,)), ((), ()))
@@ -85,6 +85,17 @@ VARIANTS = {  # name -> MgpuConfig, in order of priority (timing stops at --budg
     # table look-up decode with a third fewer instructions per byte (prmt on the bfloat16 bytes of
     # the 8 E2M1 magnitudes: 21.69 vs 20.09 us, M = 1 24.03 vs 22.35): the decode's instruction
     # count is not what limits this kernel
+    # session 10: each CTA's per-step weight block contiguous in memory ("tm": tile_major_layout,
+    # one 16 KiB run per step instead of 64 row segments), and x's tiles multicast by TMA to a
+    # cluster of 2 or 4 CTAs ("c2"/"c4": each CTA reads 1/2 or 1/4 of them from L2)
+    "ks4 tm pairs bk512 st5 P": MgpuConfig(bk=512, split_k=1, stages=5, decode="pairs", warp_specialized=True,
+                                           k_split_wgs=4, tile_major=True),
+    "ks4 c2 pairs bk512 st5 P": MgpuConfig(bk=512, split_k=1, stages=5, decode="pairs", warp_specialized=True,
+                                           k_split_wgs=4, cluster=2),
+    "ks4 c2 tm pairs bk512 st5 P": MgpuConfig(bk=512, split_k=1, stages=5, decode="pairs", warp_specialized=True,
+                                              k_split_wgs=4, cluster=2, tile_major=True),
+    "ks4 c4 tm pairs bk512 st5 P": MgpuConfig(bk=512, split_k=1, stages=5, decode="pairs", warp_specialized=True,
+                                              k_split_wgs=4, cluster=4, tile_major=True),
     "ks4 pairs bk256 st8 P": MgpuConfig(bk=256, split_k=1, stages=8, decode="pairs", warp_specialized=True,
                                         k_split_wgs=4),
     "ks4 pairs bk512 st3 P": MgpuConfig(bk=512, split_k=1, stages=3, decode="pairs", warp_specialized=True,
@@ -102,12 +113,15 @@ VARIANTS = {  # name -> MgpuConfig, in order of priority (timing stops at --budg
 # plgpu.kernel + emit_pipeline, "ws" = warp-specialized, "raw" = E8M0 bytes [N, K/32] read by the
 # kernel. Session 4's other "ptx" tilings and the "mul" decode: benchmarks/results/session4.
 SMOKE = ["k pairs bk256 s4 st4 P", "k pairs bk256 s4 st4 N", "k ptx bk256 s4 st4", "ws pairs bk256 s2 st4 P",
-         "ks2 pairs bk512 st5 P", "ks4 pairs bk512 st5 P", "ks2 ptx bk512 st5", "ks2 jax pairs bk512 st5 P"]
+         "ks2 pairs bk512 st5 P", "ks4 pairs bk512 st5 P", "ks2 ptx bk512 st5", "ks2 jax pairs bk512 st5 P",
+         "ks4 tm pairs bk512 st5 P", "ks4 c2 pairs bk512 st5 P", "ks4 c2 tm pairs bk512 st5 P",
+         "ks4 c4 tm pairs bk512 st5 P"]
 
 
 def struct(c):
     """A variant's structure (same structure = same code path): decode, launcher, flags."""
-    return (c.decode, c.warp_specialized, c.raw_scales, c.launcher, c.k_split_wgs, c.k_split_pipeline)
+    return (c.decode, c.warp_specialized, c.raw_scales, c.launcher, c.k_split_wgs, c.k_split_pipeline, c.cluster,
+            c.tile_major)
 
 
 def bisect_ks(cfg):
@@ -132,6 +146,17 @@ def w_order(name):
 def stored(data, name):
     """The packed weight bytes as the variant ``name`` reads them."""
     return pair_order_bytes(data) if w_order(name) == "pairs" else data
+
+
+def call_args(name, cfg, data, scale_rows):
+    """(weight bytes, scales, scales_form) of ``mgpu_w4a16`` for the variant: the bytes in its
+    byte order; the E8M0 scale bytes [N, K/32] as given ("rows"), or for ``tile_major`` both
+    rearranged by ``tile_major_layout`` (K-major scales)."""
+    d = stored(data, name)
+    if cfg.tile_major:
+        d, s = tile_major_layout(d, scale_rows.T, cfg.bk)
+        return d, s, "kmajor"
+    return d, scale_rows, "rows"
 
 
 def k_split_diagnosis(got, x, q, cfg, odt):
@@ -260,8 +285,8 @@ def main(argv=None):
             operands[(m, n, k)] = (rand(100 + m + k, (m, k)).astype(jnp.bfloat16),
                                    mx.quantize(rand(200 + m + k, (n, k)), 1))
         x, q = operands[(m, n, k)]
-        got = jax.jit(lambda a, d, s: mgpu_w4a16(a, d, s, odt, cfg, w_order=w_order(name)))(
-            x, stored(q.data, name), as_scale_bytes(q.scales))
+        d, s, form = call_args(name, cfg, q.data, as_scale_bytes(q.scales))
+        got = jax.jit(lambda a, d, s: mgpu_w4a16(a, d, s, odt, cfg, scales_form=form, w_order=w_order(name)))(x, d, s)
         ref = mx.dot_general(x, q, DIMS2, recipe=XLA_W4A16, preferred_element_type=odt)
         r = bound_check(got, ref, jnp.abs(x.astype(jnp.float32)), jnp.abs(mx.dequantize(q)), k,
                         odt == jnp.bfloat16)
@@ -279,8 +304,9 @@ def main(argv=None):
         sb[17, 3] = 255
         x = jnp.asarray(rng.standard_normal((m, k)) * 2.0**-10, jnp.bfloat16)
         cfg = edge_config(cfg)
-        got = np.asarray(jax.jit(lambda a, d, s: mgpu_w4a16(a, d, s, jnp.float32, cfg, w_order=w_order(name)))(
-            x, stored(jnp.asarray(data), name), jnp.asarray(sb)), np.float64)
+        d, s, form = call_args(name, cfg, jnp.asarray(data), jnp.asarray(sb))
+        got = np.asarray(jax.jit(lambda a, d, s: mgpu_w4a16(a, d, s, jnp.float32, cfg, scales_form=form,
+                                                            w_order=w_order(name)))(x, d, s), np.float64)
         codes = np.stack([data & 15, data >> 4], -1).reshape(n, k)
         e2m1 = np.array([0, .5, 1, 1.5, 2, 3, 4, 6, -0., -.5, -1, -1.5, -2, -3, -4, -6])
         sc = np.where(sb == 255, np.nan, 2.0 ** (sb.astype(np.float64) - 127))
@@ -386,20 +412,22 @@ def main(argv=None):
                     "kernel_ratio": kt.get("kernel_s", float("nan")) / base["k"],
                     "detail": {kk: v * 1e6 for kk, v in kt.get("kernels", {}).items()}})
 
-        prepared = None
-        for name in (best if m == 16 else best[:3]):
+        prepared = {}
+        for name in (best if m == 16 else best[:4]):
             cfg = VARIANTS[name]
             if cfg.raw_scales:  # E8M0 bytes as stored, converted in the kernel
                 guarded("time", f"mgpu {name} M={m}", lambda cfg=cfg, name=name: timed(
                     f"mgpu {name} (raw scale bytes)", lambda a, d, s: mgpu_w4a16(a, d, s, jnp.bfloat16, cfg), sets))
                 continue
-            if prepared is None:  # E8M0 bytes in the kernel's K-major layout, data in both byte orders
-                prepared = {o: [(x, pair_order_bytes(d) if o == "pairs" else d, s.T) for x, d, s in sets]
-                            for o in ("natural", "pairs")}
-            guarded("time", f"mgpu {name} M={m}", lambda cfg=cfg, name=name: timed(
+            layout = (w_order(name), cfg.bk if cfg.tile_major else None)
+            if layout not in prepared:  # E8M0 bytes in the kernel's K-major layout, data in the variant's order
+                prepared[layout] = [
+                    (x, *(tile_major_layout(stored(d, name), s.T, cfg.bk) if cfg.tile_major else (stored(d, name), s.T)))
+                    for x, d, s in sets]
+            guarded("time", f"mgpu {name} M={m}", lambda cfg=cfg, name=name, layout=layout: timed(
                 f"mgpu {name} (kmajor scale bytes)", lambda a, d, s: mgpu_w4a16(
                     a, d, s, jnp.bfloat16, cfg, scales_form="kmajor", w_order=w_order(name)),
-                prepared[w_order(name)]))
+                prepared[layout]))
         wcfg = default_wconfig(m, n, k)
         if m == 16:
             guarded("time", f"triton M={m}", lambda: timed(

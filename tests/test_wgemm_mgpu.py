@@ -626,11 +626,15 @@ def test_benchmark_k_split_variants_lower_at_their_check_shapes():
         for m, n, k, odt, c in ((16, 256, 1024, jnp.float32, bench.edge_config(cfg)),
                                 (16, 8192, 8192, jnp.bfloat16, cfg), (1, 8192, 8192, jnp.float32, cfg),
                                 (40, 1024, 4096, jnp.float32, cfg)):
-            assert "mosaic_gpu" in _lowered_text(m, n, k, c, odt, bench.w_order(name), "rows"), (name, m)
+            form = "kmajor" if cfg.tile_major else "rows"  # what bench.call_args passes
+            if not wm.multicast_splits(wm.padded_rows(m, c), c.bk, c.cluster):
+                continue  # refused with a ValueError (test_cluster_and_tile_major_lower_for_cuda)
+            assert "mosaic_gpu" in _lowered_text(m, n, k, c, odt, bench.w_order(name), form), (name, m)
         bisect = bench.bisect_ks(cfg)  # K steps = stages, stages + 1, 2 stages + 1 (preflight child)
         assert [k // cfg.bk for _, _, k in bisect] == [cfg.stages, cfg.stages + 1, 2 * cfg.stages + 1]
         for m, n, k in bisect:
-            assert "mosaic_gpu" in _lowered_text(m, n, k, cfg, jnp.float32, bench.w_order(name), "rows"), (name, k)
+            assert "mosaic_gpu" in _lowered_text(m, n, k, cfg, jnp.float32, bench.w_order(name),
+                                                 "kmajor" if cfg.tile_major else "rows"), (name, k)
 
 
 @pytest.mark.skipif(not _mgpu_available(), reason="Mosaic GPU lowering unavailable in this jaxlib")
@@ -861,3 +865,80 @@ def test_interpreter_run_catches_a_deadlocking_barrier_count():
 
     with pytest.raises(subprocess.TimeoutExpired):
         _run_toy(["4:6:5:5"], timeout=20)
+
+
+# ---- session 10: tile-major weight layout and x multicast across a CTA cluster
+KS4 = dict(bk=512, split_k=1, stages=5, decode="pairs", warp_specialized=True, k_split_wgs=4)
+
+
+@pytest.mark.parametrize("n,k,bk", [(64, 1024, 512), (192, 2048, 512), (128, 512, 256)])
+def test_tile_major_layout_puts_each_step_block_together(n, k, bk):
+    """Byte (tile i, step t, row r, column b) of the rearranged weight is w[64 i + r, t bk/2 + b],
+    scale (i, t, block j, row r) is s[t bk/32 + j, 64 i + r], one contiguous run per (i, t);
+    checked against an independent NumPy index computation on fresh random bytes."""
+    rng = np.random.default_rng()
+    w = rng.integers(0, 256, (n, k // 2), dtype=np.uint8)
+    s = rng.integers(0, 256, (k // 32, n), dtype=np.uint8)
+    wt, st = (np.asarray(a) for a in wm.tile_major_layout(jnp.asarray(w), jnp.asarray(s), bk))
+    assert wt.shape == w.shape and st.shape == s.shape
+    hb, nb, steps = bk // 2, bk // 32, k // bk
+    flat_w, flat_s = wt.reshape(-1), st.reshape(-1)
+    for i in range(n // 64):
+        for t in range(steps):
+            blk = flat_w[(i * steps + t) * 64 * hb:(i * steps + t + 1) * 64 * hb].reshape(64, hb)
+            np.testing.assert_array_equal(blk, w[64 * i:64 * (i + 1), t * hb:(t + 1) * hb])
+            sblk = flat_s[(i * steps + t) * nb * 64:(i * steps + t + 1) * nb * 64].reshape(nb, 64)
+            np.testing.assert_array_equal(sblk, s[t * nb:(t + 1) * nb, 64 * i:64 * (i + 1)])
+    assert sorted(flat_w.tolist()) == sorted(w.reshape(-1).tolist())  # a permutation
+
+
+def test_tile_major_layout_refuses_mismatched_shapes():
+    with pytest.raises(ValueError, match="tile_major_layout"):
+        wm.tile_major_layout(jnp.zeros((100, 512), jnp.uint8), jnp.zeros((32, 100), jnp.uint8), 512)
+    with pytest.raises(ValueError, match="tile_major_layout"):
+        wm.tile_major_layout(jnp.zeros((64, 512), jnp.uint8), jnp.zeros((32, 128), jnp.uint8), 512)
+
+
+@pytest.mark.parametrize("mp,xcols,cluster,ok", [
+    (8, 512, 2, True), (8, 512, 4, True), (16, 512, 2, True), (16, 512, 4, True), (48, 512, 2, True),
+    (48, 512, 4, False), (24, 128, 2, False), (16, 128, 4, True), (8, 64, 4, True), (40, 64, 2, False), (32, 512, 4, True)])
+def test_multicast_splits(mp, xcols, cluster, ok):
+    """Mosaic GPU's split of a multicast tile: leading dims of [mp/8, xcols/64, 8, 64] in order."""
+    assert wm.multicast_splits(mp, xcols, cluster) is ok
+
+
+def test_cluster_and_tile_major_config_rules():
+    with pytest.raises(ValueError, match="MgpuConfig.cluster must be one of"):
+        wm.MgpuConfig(**KS4, cluster=3)
+    with pytest.raises(TypeError, match="MgpuConfig.cluster must be an int"):
+        wm.MgpuConfig(**KS4, cluster=2.0)
+    with pytest.raises(TypeError, match="MgpuConfig.tile_major must be a bool"):
+        wm.MgpuConfig(**KS4, tile_major=1)
+    with pytest.raises(ValueError, match="need the one-kernel tiling"):
+        wm.MgpuConfig(bk=256, split_k=4, decode="pairs", launcher="kernel", cluster=2)
+    with pytest.raises(ValueError, match="need the one-kernel tiling"):
+        wm.MgpuConfig(**{**KS4, "k_split_wgs": 2}, k_split_pipeline="jax", tile_major=True)
+
+
+@pytest.mark.skipif(not _mgpu_available(), reason="Mosaic GPU lowering unavailable in this jaxlib")
+@pytest.mark.parametrize("m", [16, 1, 40])
+@pytest.mark.parametrize("cluster,tile_major", [(1, True), (2, False), (2, True), (4, True)])
+def test_cluster_and_tile_major_lower_for_cuda(m, cluster, tile_major):
+    """One kernel per call (M = 1, 16; M = 40 padded: pad and slice around it) with the x tiles
+    multicast across the cluster and/or the tile-major weight; refusals: tile_major with "rows"
+    scales, N/64 not a multiple of the cluster."""
+    cfg = wm.MgpuConfig(**KS4, cluster=cluster, tile_major=tile_major)
+    if not wm.multicast_splits(wm.padded_rows(m, cfg), 512, cluster):  # 48 rows: 6 row tiles, 4 CTAs
+        with pytest.raises(ValueError, match="cannot split x's"):
+            _lowered_text(m, 8192, 8192, cfg, jnp.bfloat16, "pairs")
+        return
+    ops = _hlo_ops(_lowered_text(m, 8192, 8192, cfg, jnp.bfloat16, "pairs"))
+    assert ops.count("stablehlo.custom_call") == 1, ops
+    if m in (1, 16):  # the tile-major operands' 2-D views are reshapes (free: no data movement)
+        assert [op for op in ops if op != "stablehlo.reshape"] == ["stablehlo.custom_call"], ops
+    if tile_major:
+        with pytest.raises(ValueError, match="tile_major=True"):
+            _lowered_text(m, 8192, 8192, cfg, jnp.bfloat16, "pairs", form="rows")
+    if cluster > 1:
+        with pytest.raises(ValueError, match="multiple of the cluster size"):
+            _lowered_text(m, 64 * (cluster + 1), 8192, cfg, jnp.bfloat16, "pairs")

@@ -82,6 +82,7 @@ _SMEM_BUDGET = 200 * 1024  # bytes of shared memory the pipeline may take (sm_90
 K_SPLIT_WGS = (1, 2, 4)  # MgpuConfig.k_split_wgs: compute warpgroups sharing one 64-row tile's K steps
 _K_SLICE_MIN = 64  # K elements of one warpgroup's slice of a step: 32 weight bytes, 128 bytes of x
 K_SPLIT_PIPELINES = ("own", "jax")  # MgpuConfig.k_split_pipeline
+CLUSTERS = (1, 2, 4)  # MgpuConfig.cluster: CTAs of one cluster sharing each x tile by TMA multicast
 _MEMORY_REGISTERS = 40  # per-thread registers of the TMA warpgroup (memory_registers) in emit_pipeline_warp_specialized
 
 
@@ -166,13 +167,15 @@ class MgpuConfig:
     launcher: str = "pallas_call"
     k_split_wgs: int = 1
     k_split_pipeline: str = "own"
+    cluster: int = 1
+    tile_major: bool = False
 
     def __post_init__(self):
-        for name in ("bk", "split_k", "stages", "x_swizzle", "k_split_wgs"):
+        for name in ("bk", "split_k", "stages", "x_swizzle", "k_split_wgs", "cluster"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
                 raise TypeError(f"MgpuConfig.{name} must be an int, got {v!r}")
-        for name in ("warp_specialized", "raw_scales"):
+        for name in ("warp_specialized", "raw_scales", "tile_major"):
             if not isinstance(getattr(self, name), (bool, np.bool_)):
                 raise TypeError(f"MgpuConfig.{name} must be a bool, got {getattr(self, name)!r}")
         if self.decode not in DECODES:
@@ -216,10 +219,16 @@ class MgpuConfig:
                         f"plgpu.emit_pipeline_warp_specialized's setmaxnreg asks {need} registers of the "
                         f"{pool} a CTA of {128 * (self.k_split_wgs + 1)} threads is launched with "
                         '(use k_split_pipeline="own")')
-            if self.bk % (self.k_split_wgs * _K_SLICE_MIN):
-                raise ValueError(f"MgpuConfig.k_split_wgs={self.k_split_wgs} needs bk to be a multiple of "
-                                 f"{self.k_split_wgs * _K_SLICE_MIN} (each warpgroup's K slice a multiple of "
-                                 f"{_K_SLICE_MIN}: whole swizzle tiles), got bk={self.bk}")
+        if self.cluster not in CLUSTERS:
+            raise ValueError(f"MgpuConfig.cluster must be one of {CLUSTERS}, got {self.cluster!r}")
+        if (self.cluster > 1 or self.tile_major) and (self.k_split_wgs == 1 or self.k_split_pipeline != "own"):
+            raise ValueError("MgpuConfig.cluster > 1 and tile_major need the one-kernel tiling (k_split_wgs > 1) "
+                             f'with k_split_pipeline="own", got k_split_wgs={self.k_split_wgs}, '
+                             f"k_split_pipeline={self.k_split_pipeline!r}")
+        if self.k_split_wgs > 1 and self.bk % (self.k_split_wgs * _K_SLICE_MIN):
+            raise ValueError(f"MgpuConfig.k_split_wgs={self.k_split_wgs} needs bk to be a multiple of "
+                             f"{self.k_split_wgs * _K_SLICE_MIN} (each warpgroup's K slice a multiple of "
+                             f"{_K_SLICE_MIN}: whole swizzle tiles), got bk={self.bk}")
 
 
 def _tiled(swizzle_bytes: int, itemsize: int):
@@ -695,17 +704,30 @@ def _k_split_call(xs, w_data, scales, *, cfg: MgpuConfig, n: int, mp: int, out_d
             ready=plgpu.Barrier(num_arrivals=nx + 2, num_barriers=stages),  # one arrival per TMA copy
             consumed=plgpu.Barrier(num_arrivals=kw, num_barriers=stages))  # one per compute warpgroup
 
+        if cfg.cluster > 1:  # every CTA of a cluster waits until all of them consumed a slot (x is multicast)
+            scratch["consumed"] = plgpu.ClusterBarrier(collective_axes=("cluster",), num_arrivals=kw,
+                                                       num_barriers=stages)
+
         def body(*refs, part_smem, o_smem, sum_bar, x_smem, w_smem, s_smem, ready, consumed):
             x_g, (w_g, s_g, out_g) = refs[:nx], refs[nx:]
             tile = lax.axis_index("cta")
+            if cfg.cluster > 1:
+                tile = tile * cfg.cluster + lax.axis_index("cluster")
             wg = lax.axis_index("wg")
             rows = pl.ds(tile * _WG_ROWS, _WG_ROWS)
+            multicast = "cluster" if cfg.cluster > 1 else None
 
             def fetch(t, slot):  # step t's tiles into ``slot``, each copy arriving on ready[slot]
                 for xg, xs_ in zip(x_g, x_smem):
-                    plgpu.copy_gmem_to_smem(xg.at[pl.ds(0, mp), pl.ds(t * xcols, xcols)], xs_.at[slot], ready.at[slot])
-                plgpu.copy_gmem_to_smem(w_g.at[rows, pl.ds(t * hb, hb)], w_smem.at[slot], ready.at[slot])
-                plgpu.copy_gmem_to_smem(s_g.at[pl.ds(t * nb, nb), rows], s_smem.at[slot], ready.at[slot])
+                    plgpu.copy_gmem_to_smem(xg.at[pl.ds(0, mp), pl.ds(t * xcols, xcols)], xs_.at[slot], ready.at[slot],
+                                            collective_axes=multicast)
+                if cfg.tile_major:  # step t of this tile: one contiguous [64, hb] block, [nb, 64] scales
+                    tt = tile * steps + t
+                    plgpu.copy_gmem_to_smem(w_g.at[pl.ds(tt * _WG_ROWS, _WG_ROWS)], w_smem.at[slot], ready.at[slot])
+                    plgpu.copy_gmem_to_smem(s_g.at[pl.ds(tt * nb, nb)], s_smem.at[slot], ready.at[slot])
+                else:
+                    plgpu.copy_gmem_to_smem(w_g.at[rows, pl.ds(t * hb, hb)], w_smem.at[slot], ready.at[slot])
+                    plgpu.copy_gmem_to_smem(s_g.at[pl.ds(t * nb, nb), rows], s_smem.at[slot], ready.at[slot])
 
             def step(slot, acc_ref):
                 mma(wg, [r.at[slot] for r in x_smem], w_smem.at[slot], s_smem.at[slot], acc_ref)
@@ -745,16 +767,41 @@ def _k_split_call(xs, w_data, scales, *, cfg: MgpuConfig, n: int, mp: int, out_d
             rows = pl.ds(tile * _WG_ROWS, _WG_ROWS)
             pipeline(*x_g, w_g.at[rows], s_g.at[:, rows])
 
+    if nt % cfg.cluster:
+        raise ValueError(f"mgpu_w4a16: MgpuConfig.cluster={cfg.cluster} needs N/64 = {nt} weight tiles to be a "
+                         "multiple of the cluster size")
+    if not multicast_splits(mp, xcols, cfg.cluster):
+        raise ValueError(f"mgpu_w4a16: MgpuConfig.cluster={cfg.cluster} cannot split x's [{mp}, {xcols}] tile "
+                         f"among the cluster's CTAs ({mp // 8} row tiles x {xcols // 64} column tiles of [8, 64])")
+    if cfg.tile_major:  # the [N, K/2] bytes / [K/32, N] scales hold tile_major_layout's order: 2-D views of it
+        w_data = w_data.reshape(nt * steps * _WG_ROWS, hb)
+        scales = scales.reshape(nt * steps * nb, _WG_ROWS)
     _check_eager_device(xs[0])
+    clusters = dict(cluster=(cfg.cluster,), cluster_names=("cluster",)) if cfg.cluster > 1 else {}
     f = plgpu.kernel(
         body,
         out_type=jax.ShapeDtypeStruct((xs[0].shape[0], n), out_dtype),
-        grid=(nt,), grid_names=("cta",),
+        grid=(nt // cfg.cluster,), grid_names=("cta",), **clusters,
         num_threads=kw + 1, thread_name="wg",
         compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Lane),
         scratch_types=scratch,
     )
     return f(*xs, w_data, scales)
+
+
+def multicast_splits(mp: int, xcols: int, cluster: int) -> bool:
+    """Whether Mosaic GPU's TMA multicast can split x's [mp, xcols] bfloat16 tile (8-row tiles 64
+    columns wide, 128-byte swizzle) among ``cluster`` CTAs: each CTA issues one part; the parts
+    come from the leading dimensions of the tiled shape [mp/8, xcols/64, 8, 64] in order, each
+    taken whole or divided (the rule of ``LaunchContext.async_copy``, jax 0.10-0.11)."""
+    rem = cluster
+    for size in (mp // 8, xcols // 64, 8):
+        if size % rem == 0:
+            return True
+        if rem % size:
+            return False
+        rem //= size
+    return rem == 1
 
 
 def _k_split_own_pipeline(wg, kw: int, steps: int, stages: int, *, fetch, step, ready, consumed, compute_context):
@@ -806,6 +853,23 @@ def _k_split_own_pipeline(wg, kw: int, steps: int, stages: int, *, fetch, step, 
 
 
 SCALE_FORMS = ("rows", "kmajor", "bf16")
+
+
+def tile_major_layout(w_data, scales_kmajor, bk: int):
+    """The packed weight bytes [N, K/2] and their K-major E8M0 scales [K/32, N] rearranged for
+    ``MgpuConfig(tile_major=True)`` with the same ``bk``: every (64-row tile, K step) block of the
+    bytes ([64, bk/2]) and of the scales ([bk/32, 64]) contiguous, tiles outer, steps inner, so
+    each pipeline step's TMA copy reads one contiguous run of memory (16 KiB at bk 512) instead
+    of 64 row segments 64 bytes apart. Same shapes and dtypes; an exact permutation of bytes."""
+    n, hk = w_data.shape
+    nt, hb, nb = n // _WG_ROWS, bk // 2, bk // BLOCK_SIZE
+    steps = hk // hb
+    if n % _WG_ROWS or hk % hb or scales_kmajor.shape != (steps * nb, n):
+        raise ValueError(f"tile_major_layout: w_data [N, K/2] with N % 64 == 0 and K % bk == 0, scales [K/32, N]; "
+                         f"got {w_data.shape}, {scales_kmajor.shape}, bk={bk}")
+    w = w_data.reshape(nt, _WG_ROWS, steps, hb).transpose(0, 2, 1, 3).reshape(n, hk)
+    s = scales_kmajor.reshape(steps, nb, nt, _WG_ROWS).transpose(2, 0, 1, 3).reshape(steps * nb, n)
+    return w, s
 
 
 def mgpu_w4a16(x, w_data, w_scales, out_dtype=jnp.bfloat16, cfg: MgpuConfig | None = None,
@@ -879,6 +943,9 @@ def mgpu_w4a16(x, w_data, w_scales, out_dtype=jnp.bfloat16, cfg: MgpuConfig | No
         raise ValueError(f"mgpu_w4a16: M={m} must be in [1, 256] (decode sizes)")
     if k % (cfg.bk * cfg.split_k):
         raise ValueError(f"mgpu_w4a16: K={k} is not a multiple of bk*split_k={cfg.bk * cfg.split_k}")
+    if cfg.tile_major and scales_form != "kmajor":
+        raise ValueError(f"mgpu_w4a16: MgpuConfig(tile_major=True) takes the bytes and K-major scale bytes of "
+                         f"tile_major_layout (scales_form 'kmajor'), got {scales_form!r}")
     if cfg.raw_scales and scales_form != "rows":
         raise ValueError(f"mgpu_w4a16: raw_scales takes the E8M0 bytes [N, K/32] (scales_form 'rows'), "
                          f"got {scales_form!r}")
