@@ -48,7 +48,7 @@ import jax_mxfp4 as mx  # noqa: E402
 from benchmarks.gpu_check import bound_check, rand  # noqa: E402
 from benchmarks.common import device_info, kernel_time, n_sets_for, out_dir, time_fn, write_json  # noqa: E402
 from jax_mxfp4.decode_prepared import pair_order_bytes  # noqa: E402
-from jax_mxfp4.kernels.wgemm_mgpu import MgpuConfig, mgpu_w4a16, tile_major_layout  # noqa: E402
+from jax_mxfp4.kernels.wgemm_mgpu import MgpuConfig, kernel_scales, mgpu_w4a16, tile_major_layout  # noqa: E402
 from jax_mxfp4.mx_format import as_e8m0, as_scale_bytes  # noqa: E402
 
 DIMS2 = (((1,), (1,)), ((), ()))
@@ -96,6 +96,20 @@ VARIANTS = {  # name -> MgpuConfig, in order of priority (timing stops at --budg
                                               k_split_wgs=4, cluster=2, tile_major=True),
     "ks4 c4 tm pairs bk512 st5 P": MgpuConfig(bk=512, split_k=1, stages=5, decode="pairs", warp_specialized=True,
                                               k_split_wgs=4, cluster=4, tile_major=True),
+    # session 10, after run b (the compute, not the data movement, limits: benchmarks/decode_probe.py):
+    # each warpgroup's tile decoded in parts, each part's WGMMAs issued before the next decodes
+    # ("ch2"/"ch4"); " B" = scales given as bfloat16 [K/32, N] (kernel_scales: no E8M0 conversion
+    # in the kernel, 2 bytes per block)
+    "ks4 ch2 pairs bk512 st5 P": MgpuConfig(bk=512, split_k=1, stages=5, decode="pairs", warp_specialized=True,
+                                            k_split_wgs=4, chunks=2),
+    "ks2 ch2 pairs bk512 st5 P": MgpuConfig(bk=512, split_k=1, stages=5, decode="pairs", warp_specialized=True,
+                                            k_split_wgs=2, chunks=2),
+    "ks2 ch4 pairs bk512 st5 P": MgpuConfig(bk=512, split_k=1, stages=5, decode="pairs", warp_specialized=True,
+                                            k_split_wgs=2, chunks=4),
+    "ks4 pairs bk512 st5 P B": MgpuConfig(bk=512, split_k=1, stages=5, decode="pairs", warp_specialized=True,
+                                          k_split_wgs=4),
+    "ks4 ch2 pairs bk512 st5 P B": MgpuConfig(bk=512, split_k=1, stages=5, decode="pairs", warp_specialized=True,
+                                              k_split_wgs=4, chunks=2),
     "ks4 pairs bk256 st8 P": MgpuConfig(bk=256, split_k=1, stages=8, decode="pairs", warp_specialized=True,
                                         k_split_wgs=4),
     "ks4 pairs bk512 st3 P": MgpuConfig(bk=512, split_k=1, stages=3, decode="pairs", warp_specialized=True,
@@ -115,7 +129,8 @@ VARIANTS = {  # name -> MgpuConfig, in order of priority (timing stops at --budg
 SMOKE = ["k pairs bk256 s4 st4 P", "k pairs bk256 s4 st4 N", "k ptx bk256 s4 st4", "ws pairs bk256 s2 st4 P",
          "ks2 pairs bk512 st5 P", "ks4 pairs bk512 st5 P", "ks2 ptx bk512 st5", "ks2 jax pairs bk512 st5 P",
          "ks4 tm pairs bk512 st5 P", "ks4 c2 pairs bk512 st5 P", "ks4 c2 tm pairs bk512 st5 P",
-         "ks4 c4 tm pairs bk512 st5 P"]
+         "ks4 c4 tm pairs bk512 st5 P", "ks4 ch2 pairs bk512 st5 P", "ks2 ch2 pairs bk512 st5 P",
+         "ks2 ch4 pairs bk512 st5 P"]
 
 
 def struct(c):
@@ -140,7 +155,12 @@ def edge_config(cfg):
 
 def w_order(name):
     """The byte order a variant's weight is stored in (``mgpu_w4a16(w_order=...)``)."""
-    return "pairs" if name.endswith(" P") else "natural"
+    return "pairs" if name.endswith(" P") or name.endswith(" P B") else "natural"
+
+
+def bf16_scales(name):
+    """Whether the variant takes its scales as bfloat16 [K/32, N] (``kernel_scales``)."""
+    return name.endswith(" B")
 
 
 def stored(data, name):
@@ -153,6 +173,8 @@ def call_args(name, cfg, data, scale_rows):
     byte order; the E8M0 scale bytes [N, K/32] as given ("rows"), or for ``tile_major`` both
     rearranged by ``tile_major_layout`` (K-major scales)."""
     d = stored(data, name)
+    if bf16_scales(name):
+        return d, kernel_scales(scale_rows), "bf16"
     if cfg.tile_major:
         d, s = tile_major_layout(d, scale_rows.T, cfg.bk)
         return d, s, "kmajor"
@@ -413,20 +435,19 @@ def main(argv=None):
                     "detail": {kk: v * 1e6 for kk, v in kt.get("kernels", {}).items()}})
 
         prepared = {}
-        for name in (best if m == 16 else best[:4]):
+        for name in (best if m == 16 or names else best[:4]):
             cfg = VARIANTS[name]
             if cfg.raw_scales:  # E8M0 bytes as stored, converted in the kernel
                 guarded("time", f"mgpu {name} M={m}", lambda cfg=cfg, name=name: timed(
                     f"mgpu {name} (raw scale bytes)", lambda a, d, s: mgpu_w4a16(a, d, s, jnp.bfloat16, cfg), sets))
                 continue
-            layout = (w_order(name), cfg.bk if cfg.tile_major else None)
-            if layout not in prepared:  # E8M0 bytes in the kernel's K-major layout, data in the variant's order
-                prepared[layout] = [
-                    (x, *(tile_major_layout(stored(d, name), s.T, cfg.bk) if cfg.tile_major else (stored(d, name), s.T)))
-                    for x, d, s in sets]
-            guarded("time", f"mgpu {name} M={m}", lambda cfg=cfg, name=name, layout=layout: timed(
-                f"mgpu {name} (kmajor scale bytes)", lambda a, d, s: mgpu_w4a16(
-                    a, d, s, jnp.bfloat16, cfg, scales_form="kmajor", w_order=w_order(name)),
+            layout = (w_order(name), cfg.bk if cfg.tile_major else None, bf16_scales(name))
+            if layout not in prepared:  # the scales in the kernel's K-major layout, data in the variant's order
+                prepared[layout] = [(x, *call_args(name, cfg, d, s)[:2]) for x, d, s in sets]
+            form = "bf16" if bf16_scales(name) else "kmajor"
+            guarded("time", f"mgpu {name} M={m}", lambda cfg=cfg, name=name, layout=layout, form=form: timed(
+                f"mgpu {name} ({form} scales)", lambda a, d, s: mgpu_w4a16(
+                    a, d, s, jnp.bfloat16, cfg, scales_form=form, w_order=w_order(name)),
                 prepared[layout]))
         wcfg = default_wconfig(m, n, k)
         if m == 16:

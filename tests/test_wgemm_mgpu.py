@@ -942,3 +942,26 @@ def test_cluster_and_tile_major_lower_for_cuda(m, cluster, tile_major):
     if cluster > 1:
         with pytest.raises(ValueError, match="multiple of the cluster size"):
             _lowered_text(m, 64 * (cluster + 1), 8192, cfg, jnp.bfloat16, "pairs")
+
+
+def test_chunks_config_rules():
+    """chunks: the one-kernel tiling with the pairs decode, and parts of whole 64-element slices."""
+    assert wm.MgpuConfig(**KS4, chunks=2).chunks == 2
+    with pytest.raises(ValueError, match="chunks=4 must divide"):
+        wm.MgpuConfig(**KS4, chunks=4)  # 128 K columns per warpgroup: 2 parts at most
+    with pytest.raises(ValueError, match="chunks > 1 needs the one-kernel tiling"):
+        wm.MgpuConfig(bk=256, split_k=4, decode="pairs", launcher="kernel", chunks=2)
+    with pytest.raises(ValueError, match="chunks=3 must divide"):
+        wm.MgpuConfig(**{**KS4, "k_split_wgs": 2}, chunks=3)
+    with pytest.raises(TypeError, match="MgpuConfig.chunks must be an int"):
+        wm.MgpuConfig(**KS4, chunks=2.0)
+
+
+@pytest.mark.skipif(not _mgpu_available(), reason="Mosaic GPU lowering unavailable in this jaxlib")
+@pytest.mark.parametrize("m", [16, 1])
+@pytest.mark.parametrize("kw,chunks", [(4, 2), (2, 2), (2, 4)])
+def test_chunks_lower_for_cuda(m, kw, chunks):
+    cfg = wm.MgpuConfig(**{**KS4, "k_split_wgs": kw}, chunks=chunks)
+    for form in ("kmajor", "bf16"):
+        ops = _hlo_ops(_lowered_text(m, 8192, 8192, cfg, jnp.bfloat16, "pairs", form=form))
+        assert ops == ["stablehlo.custom_call"], ops

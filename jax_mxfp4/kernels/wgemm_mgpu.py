@@ -169,9 +169,10 @@ class MgpuConfig:
     k_split_pipeline: str = "own"
     cluster: int = 1
     tile_major: bool = False
+    chunks: int = 1
 
     def __post_init__(self):
-        for name in ("bk", "split_k", "stages", "x_swizzle", "k_split_wgs", "cluster"):
+        for name in ("bk", "split_k", "stages", "x_swizzle", "k_split_wgs", "cluster", "chunks"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
                 raise TypeError(f"MgpuConfig.{name} must be an int, got {v!r}")
@@ -225,6 +226,15 @@ class MgpuConfig:
             raise ValueError("MgpuConfig.cluster > 1 and tile_major need the one-kernel tiling (k_split_wgs > 1) "
                              f'with k_split_pipeline="own", got k_split_wgs={self.k_split_wgs}, '
                              f"k_split_pipeline={self.k_split_pipeline!r}")
+        if self.chunks != 1:
+            if self.k_split_wgs == 1 or self.decode != "pairs":
+                raise ValueError(f'MgpuConfig.chunks > 1 needs the one-kernel tiling (k_split_wgs > 1) and decode="pairs", '
+                                 f"got chunks={self.chunks}, k_split_wgs={self.k_split_wgs}, decode={self.decode!r}")
+            slice_k = self.bk // self.k_split_wgs  # one warpgroup's K per step
+            if self.chunks < 1 or slice_k % (self.chunks * _K_SLICE_MIN):
+                raise ValueError(f"MgpuConfig.chunks={self.chunks} must divide each warpgroup's {slice_k} K columns "
+                                 f"per step into parts of a multiple of {_K_SLICE_MIN} (whole 128-byte swizzle "
+                                 "tiles of x)")
         if self.k_split_wgs > 1 and self.bk % (self.k_split_wgs * _K_SLICE_MIN):
             raise ValueError(f"MgpuConfig.k_split_wgs={self.k_split_wgs} needs bk to be a multiple of "
                              f"{self.k_split_wgs * _K_SLICE_MIN} (each warpgroup's K slice a multiple of "
@@ -340,18 +350,25 @@ def permute_x_pairs(x):
     return pair_order_bytes(x.reshape(m, k // 2, 2), axis=1).reshape(m, k)  # element pairs as "bytes"
 
 
-def _decode_ptx(byt, s_ref, hb: int, raw: bool = False, pairs: bool = False):
+def _decode_ptx(byt, s_ref, hb: int, raw: bool = False, pairs: bool = False, blocks: tuple[int, int] | None = None):
     """Packed bytes uint8 [64, hb] (WGMMA_LAYOUT_8BIT) and the scale block bfloat16 [hb/16, 64]
     (shared memory) -> bfloat16 (lo, hi) [64, hb] in the WGMMA layout, by the inline PTX of
     :mod:`jax_mxfp4.kernels.e2m1_asm` (the same instructions the Triton kernel runs): one 32-bit
     register of 4 bytes -> 4 bfloat16x2 registers (low / high nibbles of bytes 0,1 and 2,3).
     ``pairs``: one bfloat16 [64, 2 hb] fragment instead, each byte -> one bfloat16x2 register
     (its two elements in order; ``e2m1_asm._DECODE_PAIRS_PTX``): byte t of a thread's register for
-    block b fills fragment column group 4b + t (columns 32b + 8t + 2g, +1)."""
+    block b fills fragment column group 4b + t (columns 32b + 8t + 2g, +1).
+    ``blocks`` ("pairs" only): decode only the 32-element blocks b0 <= b < b1 of the tile, as a
+    [64, 32 (b1 - b0)] fragment (:attr:`MgpuConfig.chunks`: a tile decoded in parts, each part's
+    WGMMAs issued before the next part is decoded)."""
     plgpu = _plgpu()
     nb = hb // (BLOCK_SIZE // 2)
+    b0, b1 = (0, nb) if blocks is None else blocks
+    if not pairs and (b0, b1) != (0, nb):
+        raise ValueError("_decode_ptx: a block range needs the pairs decode")
     ret = plgpu.ShapeDtypeStruct((_WG_ROWS, hb), jnp.bfloat16, layout=plgpu.Layout.WGMMA)
-    rets = (plgpu.ShapeDtypeStruct((_WG_ROWS, 2 * hb), jnp.bfloat16, layout=plgpu.Layout.WGMMA),) if pairs else (ret, ret)
+    rets = ((plgpu.ShapeDtypeStruct((_WG_ROWS, BLOCK_SIZE * (b1 - b0)), jnp.bfloat16, layout=plgpu.Layout.WGMMA),)
+            if pairs else (ret, ret))
 
     @plgpu.inline_mgpu(arg_types=(plgpu.Layout.WGMMA_8BIT, plgpu.RefType()), return_type=rets)
     def decode(ctx, fa, sref):
@@ -365,36 +382,40 @@ def _decode_ptx(byt, s_ref, hb: int, raw: bool = False, pairs: bool = False):
         index = ir.IndexType.get()
         kmajor_bytes = not raw and ir.MemRefType(sref.type).element_type == ir.IntegerType.get_signless(8)
 
-        def _e8m0_bits(sb):
-            """E8M0 byte (i32) -> bfloat16 bits of 2^(b-127), the rule of mx_format.e8m0_to_bf16_bits
-            (0x00 -> 2^-127, a bfloat16 subnormal; 0xFF -> NaN)."""
-            bits = arith.shli(sb, arith.constant(i32, 7))
+        def _e8m0_pair(sb):
+            """E8M0 byte (i32) -> the bfloat16x2 bits of 2^(b-127) in both lanes, the rule of
+            mx_format.e8m0_to_bf16_bits (0x00 -> 2^-127, a bfloat16 subnormal; 0xFF -> NaN):
+            one multiply places b << 7 in both 16-bit lanes, two selects for the two exceptions."""
+            bits = arith.muli(sb, arith.constant(i32, 0x00800080))
             bits = arith.select(arith.cmpi(arith.CmpIPredicate.eq, sb, arith.constant(i32, 0)),
-                                arith.constant(i32, 0x0040), bits)
+                                arith.constant(i32, 0x00400040), bits)
             return arith.select(arith.cmpi(arith.CmpIPredicate.eq, sb, arith.constant(i32, 255)),
-                                arith.constant(i32, 0x7FC0), bits)
+                                arith.constant(i32, 0x7FC07FC0), bits)
         bf2 = ir.VectorType.get((2,), ir.BF16Type.get())
         regs = fa.registers
         assert regs.shape == (1, nb, 1, 1, 2, 1, 1, 1, 1), regs.shape
-        out_shape = (1, (4 if pairs else 2) * nb, 1, 1, 2, 1, 1, 1, 1)
+        out_shape = (1, (4 if pairs else 2) * (b1 - b0), 1, 1, 2, 1, 1, 1, 1)
         lo = np.empty(out_shape, dtype=object)
         hi = np.empty(out_shape, dtype=object)
         struct = llvm.StructType.get_literal([i32] * 4)
         for (row, _col), ridx in zip(fa.layout.thread_idxs(fa.shape), np.ndindex(regs.shape)):
             b, rh = ridx[1], ridx[4]
+            if not b0 <= b < b1:
+                continue
             if raw:
-                s32 = _e8m0_bits(arith.extui(i32, memref.load(sref, [row, arith.constant(index, b)])))
+                s2 = _e8m0_pair(arith.extui(i32, memref.load(sref, [row, arith.constant(index, b)])))
             elif kmajor_bytes:  # E8M0 bytes [nb, 64]: one byte per (block, row), same rule
-                s32 = _e8m0_bits(arith.extui(i32, memref.load(sref, [arith.constant(index, b), row])))
+                s2 = _e8m0_pair(arith.extui(i32, memref.load(sref, [arith.constant(index, b), row])))
             else:
                 sc = memref.load(sref, [arith.constant(index, b), row])
                 s32 = arith.extui(i32, arith.bitcast(i16, sc))
-            s2 = arith.ori(s32, arith.shli(s32, arith.constant(i32, 16)))
+                s2 = arith.ori(s32, arith.shli(s32, arith.constant(i32, 16)))
             q = mgpu.utils.bitcast(regs[ridx], i32)
             if pairs:
                 res = llvm.inline_asm(struct, [q, s2], e2m1_asm._DECODE_PAIRS_PTX, e2m1_asm.DECODE_PAIRS_CONSTRAINTS)
                 for t in range(4):
-                    lo[0, 4 * b + t, 0, 0, rh, 0, 0, 0, 0] = mgpu.utils.bitcast(llvm.extractvalue(i32, res, [t]), bf2)
+                    lo[0, 4 * (b - b0) + t, 0, 0, rh, 0, 0, 0, 0] = mgpu.utils.bitcast(
+                        llvm.extractvalue(i32, res, [t]), bf2)
                 continue
             res = llvm.inline_asm(struct, [q, s2, s2], e2m1_asm._DECODE_PTX, "=r,=r,=r,=r,r,r,r")
             outs = [mgpu.utils.bitcast(llvm.extractvalue(i32, res, [t]), bf2) for t in range(4)]
@@ -408,13 +429,21 @@ def _decode_ptx(byt, s_ref, hb: int, raw: bool = False, pairs: bool = False):
     return out[0] if pairs else out
 
 
-def _wgmma_step(x_refs, byt, s_ref, acc_ref, hb: int, decode: str, raw: bool = False):
+def _wgmma_step(x_refs, byt, s_ref, acc_ref, hb: int, decode: str, raw: bool = False, chunks: int = 1):
     """Decode one [64, hb] byte tile in registers and issue its WGMMAs ("ptx": ``lo @ x_lo^T +
-    hi @ x_hi^T`` over the two halves of x; "pairs": ``w @ x^T`` over x's [mp, 2 hb] tile)."""
+    hi @ x_hi^T`` over the two halves of x; "pairs": ``w @ x^T`` over x's [mp, 2 hb] tile).
+    ``chunks`` ("pairs"): the tile's blocks in that many parts, each part's WGMMAs issued (async)
+    before the next part is decoded, so the tensor cores work while the next part decodes."""
     plgpu = _plgpu()
     if decode == "pairs":
         (x_ref,) = x_refs
-        plgpu.wgmma(acc_ref, _decode_ptx(byt, s_ref, hb, raw, pairs=True), plgpu.transpose_ref(x_ref, (1, 0)))
+        nb = hb // (BLOCK_SIZE // 2)
+        per = nb // chunks
+        for c in range(chunks):
+            blocks = (c * per, (c + 1) * per) if chunks > 1 else None
+            xc = x_ref.at[:, pl.ds(c * per * BLOCK_SIZE, per * BLOCK_SIZE)] if chunks > 1 else x_ref
+            plgpu.wgmma(acc_ref, _decode_ptx(byt, s_ref, hb, raw, pairs=True, blocks=blocks),
+                        plgpu.transpose_ref(xc, (1, 0)))
         return
     xe_ref, xo_ref = x_refs
     lo, hi = _decode_ptx(byt, s_ref, hb, raw)
@@ -670,7 +699,7 @@ def _k_split_call(xs, w_data, scales, *, cfg: MgpuConfig, n: int, mp: int, out_d
         (b0, bn), (s0, sn), (x0, xn) = _wg_k_slice(wg, cfg.bk, kw, nx)
         x_w = tuple(r.at[:, pl.ds(x0, xn)] for r in x_s)
         byt = _load(w_s.at[:, pl.ds(b0, bn)], plgpu.Layout.WGMMA_8BIT)
-        _wgmma_step(x_w, byt, s_s.at[pl.ds(s0, sn)], acc_ref, bn, cfg.decode)
+        _wgmma_step(x_w, byt, s_s.at[pl.ds(s0, sn)], acc_ref, bn, cfg.decode, chunks=cfg.chunks)
         plgpu.wgmma_wait(0)
 
     def finish(wg, acc, part_smem, o_smem, sum_bar, out_g, tile):
