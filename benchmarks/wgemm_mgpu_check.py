@@ -168,17 +168,19 @@ def stored(data, name):
     return pair_order_bytes(data) if w_order(name) == "pairs" else data
 
 
-def call_args(name, cfg, data, scale_rows):
+def call_args(name, cfg, data, scale_rows, kmajor=False):
     """(weight bytes, scales, scales_form) of ``mgpu_w4a16`` for the variant: the bytes in its
-    byte order; the E8M0 scale bytes [N, K/32] as given ("rows"), or for ``tile_major`` both
-    rearranged by ``tile_major_layout`` (K-major scales)."""
+    byte order; the E8M0 scale bytes [N, K/32] as given ("rows"; ``kmajor``: transposed once to
+    the kernel's K-major layout, as prepare_decode stores them, what the timing runs), bfloat16
+    [K/32, N] for the " B" variants, or for ``tile_major`` both rearranged by
+    ``tile_major_layout`` (K-major scales)."""
     d = stored(data, name)
     if bf16_scales(name):
         return d, kernel_scales(scale_rows), "bf16"
     if cfg.tile_major:
         d, s = tile_major_layout(d, scale_rows.T, cfg.bk)
         return d, s, "kmajor"
-    return d, scale_rows, "rows"
+    return (d, scale_rows.T, "kmajor") if kmajor else (d, scale_rows, "rows")
 
 
 def k_split_diagnosis(got, x, q, cfg, odt):
@@ -443,8 +445,8 @@ def main(argv=None):
                 continue
             layout = (w_order(name), cfg.bk if cfg.tile_major else None, bf16_scales(name))
             if layout not in prepared:  # the scales in the kernel's K-major layout, data in the variant's order
-                prepared[layout] = [(x, *call_args(name, cfg, d, s)[:2]) for x, d, s in sets]
-            form = "bf16" if bf16_scales(name) else "kmajor"
+                prepared[layout] = [(x, *call_args(name, cfg, d, s, kmajor=True)[:2]) for x, d, s in sets]
+            form = "bf16" if bf16_scales(name) else "kmajor"  # call_args(..., kmajor=True)'s form
             guarded("time", f"mgpu {name} M={m}", lambda cfg=cfg, name=name, layout=layout, form=form: timed(
                 f"mgpu {name} ({form} scales)", lambda a, d, s: mgpu_w4a16(
                     a, d, s, jnp.bfloat16, cfg, scales_form=form, w_order=w_order(name)),
