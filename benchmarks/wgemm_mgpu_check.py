@@ -47,7 +47,7 @@ from jax import lax  # noqa: E402
 import jax_mxfp4 as mx  # noqa: E402
 from benchmarks.gpu_check import bound_check, rand  # noqa: E402
 from benchmarks.common import device_info, kernel_time, n_sets_for, out_dir, time_fn, write_json  # noqa: E402
-from jax_mxfp4.decode_prepared import pair_order_bytes  # noqa: E402
+from jax_mxfp4.decode_prepared import lanes_order_bytes, pair_order_bytes  # noqa: E402
 from jax_mxfp4.kernels.wgemm_mgpu import MgpuConfig, kernel_scales, mgpu_w4a16, tile_major_layout  # noqa: E402
 from jax_mxfp4.mx_format import as_e8m0, as_scale_bytes  # noqa: E402
 
@@ -110,6 +110,14 @@ VARIANTS = {  # name -> MgpuConfig, in order of priority (timing stops at --budg
                                           k_split_wgs=4),
     "ks4 ch2 pairs bk512 st5 P B": MgpuConfig(bk=512, split_k=1, stages=5, decode="pairs", warp_specialized=True,
                                               k_split_wgs=4, chunks=2),
+    # the "lanes" decode (weight nibbles regrouped per 32-bit word, lanes_order_bytes: a mask and a
+    # multiply per bfloat16x2 register instead of a byte permute and two shifts); " L" = lanes bytes
+    "ks4 lanes bk512 st5 L": MgpuConfig(bk=512, split_k=1, stages=5, decode="lanes", warp_specialized=True,
+                                        k_split_wgs=4),
+    "ks4 ch2 lanes bk512 st5 L": MgpuConfig(bk=512, split_k=1, stages=5, decode="lanes", warp_specialized=True,
+                                            k_split_wgs=4, chunks=2),
+    "ks2 ch2 lanes bk512 st5 L": MgpuConfig(bk=512, split_k=1, stages=5, decode="lanes", warp_specialized=True,
+                                            k_split_wgs=2, chunks=2),
     "ks4 pairs bk256 st8 P": MgpuConfig(bk=256, split_k=1, stages=8, decode="pairs", warp_specialized=True,
                                         k_split_wgs=4),
     "ks4 pairs bk512 st3 P": MgpuConfig(bk=512, split_k=1, stages=3, decode="pairs", warp_specialized=True,
@@ -130,7 +138,8 @@ SMOKE = ["k pairs bk256 s4 st4 P", "k pairs bk256 s4 st4 N", "k ptx bk256 s4 st4
          "ks2 pairs bk512 st5 P", "ks4 pairs bk512 st5 P", "ks2 ptx bk512 st5", "ks2 jax pairs bk512 st5 P",
          "ks4 tm pairs bk512 st5 P", "ks4 c2 pairs bk512 st5 P", "ks4 c2 tm pairs bk512 st5 P",
          "ks4 c4 tm pairs bk512 st5 P", "ks4 ch2 pairs bk512 st5 P", "ks2 ch2 pairs bk512 st5 P",
-         "ks2 ch4 pairs bk512 st5 P"]
+         "ks2 ch4 pairs bk512 st5 P", "ks4 lanes bk512 st5 L", "ks4 ch2 lanes bk512 st5 L",
+         "ks2 ch2 lanes bk512 st5 L"]
 
 
 def struct(c):
@@ -155,6 +164,8 @@ def edge_config(cfg):
 
 def w_order(name):
     """The byte order a variant's weight is stored in (``mgpu_w4a16(w_order=...)``)."""
+    if name.endswith(" L"):
+        return "lanes"
     return "pairs" if name.endswith(" P") or name.endswith(" P B") else "natural"
 
 
@@ -165,6 +176,8 @@ def bf16_scales(name):
 
 def stored(data, name):
     """The packed weight bytes as the variant ``name`` reads them."""
+    if w_order(name) == "lanes":
+        return lanes_order_bytes(pair_order_bytes(data))
     return pair_order_bytes(data) if w_order(name) == "pairs" else data
 
 

@@ -42,7 +42,7 @@ from .prepared import PreparedWeight
 from .mx_format import BLOCK_SIZE
 
 
-BYTE_ORDERS = ("natural", "pairs")
+BYTE_ORDERS = ("natural", "pairs", "lanes")
 
 
 def pair_order_bytes(data, axis: int = -1):
@@ -60,6 +60,29 @@ def pair_order_bytes(data, axis: int = -1):
     grouped = data.reshape(data.shape[:axis] + (n // 16, 4, 4) + data.shape[axis + 1:])
     swap = np.swapaxes if isinstance(data, np.ndarray) else jnp.swapaxes
     return swap(grouped, axis + 1, axis + 2).reshape(data.shape)
+
+
+def lanes_order_bytes(data, inverse: bool = False):
+    """The "lanes" order of packed E2M1 bytes along the last axis, from the "pairs" order
+    (``inverse``: back to it): in every 32-bit little-endian word (4 bytes, 8 nibbles), the low
+    nibble of pairs byte t moves to bits 4t..4t+3 and its high nibble to bits 16 + 4t..16 + 4t + 3.
+    Why: the Mosaic GPU kernel's "lanes" decode (``e2m1_asm._DECODE_LANES_PTX``) then builds each
+    bfloat16x2 register of two elements (the pairs decode's output t) with a mask and a multiply
+    instead of a byte permute and two shifts. An exact permutation of the nibbles within each
+    word; jnp or NumPy uint8 arrays whose last axis is a multiple of 4."""
+    n = data.shape[-1]
+    if n % 4:
+        raise ValueError(f"lanes_order_bytes: the last axis has {n} bytes, not whole 32-bit words")
+    xp = np if isinstance(data, np.ndarray) else jnp
+    b = data.reshape(data.shape[:-1] + (n // 4, 4)).astype(xp.uint32)
+    w = b[..., 0] | (b[..., 1] << 8) | (b[..., 2] << 16) | (b[..., 3] << 24)
+    out = xp.zeros_like(w)
+    for t in range(4):
+        lo_src, hi_src = (8 * t, 8 * t + 4) if not inverse else (4 * t, 16 + 4 * t)
+        lo_dst, hi_dst = (4 * t, 16 + 4 * t) if not inverse else (8 * t, 8 * t + 4)
+        out = out | (((w >> lo_src) & 0xF) << lo_dst) | (((w >> hi_src) & 0xF) << hi_dst)
+    parts = [((out >> (8 * j)) & 0xFF).astype(xp.uint8) for j in range(4)]
+    return xp.stack(parts, axis=-1).reshape(data.shape)
 
 
 def order_of(x) -> str | bool:
@@ -101,7 +124,8 @@ class DecodePrepared(PreparedWeight):
     MXFP4Array it came from (``hadamard``: the ``(block, seed)`` rotation its values carry, as in
     MXFP4Array; :func:`jax_mxfp4.dot_general` rotates a float operand facing it the same way);
     ``byte_order``: "pairs" (default; :func:`pair_order_bytes` applied along the last axis, what
-    :func:`prepare_decode` makes) or "natural" (byte j of a row = elements 2j, 2j+1).
+    :func:`prepare_decode` makes), "natural" (byte j of a row = elements 2j, 2j+1) or "lanes"
+    (:func:`lanes_order_bytes` of the "pairs" bytes).
 
     Memory: the same 17/32 bytes per element as an MXFP4Array in the plain layout.
     A pytree: ``jit``, ``device_put``/sharding and orbax handle it like a pair of arrays. It
@@ -225,7 +249,11 @@ class DecodePrepared(PreparedWeight):
         """The MXFP4Array this was prepared from, bit for bit (plain scale layout)."""
         self._check_children()
         plain = plain_from_kmajor(self.scales)
-        data = pair_order_bytes(self.data) if self.byte_order == "pairs" else self.data
+        data = self.data
+        if self.byte_order == "lanes":
+            data = lanes_order_bytes(data, inverse=True)
+        if self.byte_order in ("pairs", "lanes"):
+            data = pair_order_bytes(data)
         return MXFP4Array(jnp.moveaxis(data, -1, self.axis), jnp.moveaxis(plain, -1, self.axis),
                           self.axis, self.shape, self.dtype, self.scale_mode, "plain", self.hadamard)
 
@@ -239,7 +267,9 @@ def prepare_decode(w: MXFP4Array, byte_order: str = "pairs") -> DecodePrepared:
         :func:`jax_mxfp4.flax.quantize_params` makes it).
       byte_order: "pairs" (default: the packed bytes of each 32-element block in the order the
         Mosaic GPU kernel decodes with the activation unpermuted, :func:`pair_order_bytes`) or
-        "natural" (the bytes as in ``w``; that kernel then permutes the activation per call).
+        "natural" (the bytes as in ``w``; that kernel then permutes the activation per call),
+        or "lanes" (the "pairs" bytes with the nibbles of each 32-bit word regrouped by
+        :func:`lanes_order_bytes`, for the kernel's "lanes" decode: fewer integer operations).
     Returns:
       :class:`DecodePrepared`: data uint8 [*rest, K/2] (quantized axis moved last) and scales
       float8_e8m0fnu [*rest[:-1], K/32, rest[-1]] (K-major; [K/32, N] for a 2-D weight), the
@@ -258,8 +288,10 @@ def prepare_decode(w: MXFP4Array, byte_order: str = "pairs") -> DecodePrepared:
     if not isinstance(byte_order, str) or byte_order not in BYTE_ORDERS:  # str first: `in` on an array is ambiguous
         raise ValueError(f"prepare_decode: byte_order must be one of {BYTE_ORDERS}, got {byte_order!r}")
     data = jnp.moveaxis(w.data, w.axis, -1)
-    if byte_order == "pairs":
+    if byte_order in ("pairs", "lanes"):
         data = pair_order_bytes(data)
+    if byte_order == "lanes":
+        data = lanes_order_bytes(data)
     scales = kmajor_from_plain(jnp.moveaxis(w.plain_scales(), w.axis, -1))
     return DecodePrepared(data, scales, w.axis, w.shape, w.dtype, w.scale_mode, w.hadamard, byte_order)
 

@@ -45,10 +45,20 @@ def u8(a):
 
 
 # ------------------------------------------------------------------ layout and round trip
+def lanes_ref(pairs_bytes):
+    """The "lanes" nibble order from the "pairs" bytes, by nibble lists: in each 4-byte word with
+    nibbles n0..n7 (n_2t, n_2t+1 = low, high nibble of byte t) the new nibble sequence is
+    n0 n2 n4 n6 n1 n3 n5 n7 (nibble i at bits 4i)."""
+    b = np.asarray(pairs_bytes).reshape(-1, 4)
+    n = np.stack([b & 15, b >> 4], -1).reshape(-1, 8)
+    m = np.concatenate([n[:, 0::2], n[:, 1::2]], axis=1)
+    return (m[:, 0::2] | (m[:, 1::2] << 4)).astype(np.uint8).reshape(np.shape(pairs_bytes))
+
+
 @pytest.mark.parametrize("shape,axis", [((96, 40), 0), ((40, 96), 1), ((64, 5, 7), 0), ((3, 64, 7), 1),
                                         ((3, 5, 64), 2), ((256,), 0)])
 @pytest.mark.parametrize("layout", ["plain", "swizzled"])
-@pytest.mark.parametrize("byte_order", ["pairs", "natural"])
+@pytest.mark.parametrize("byte_order", ["pairs", "natural", "lanes"])
 def test_layout_and_round_trip_bit_exact_every_e8m0_byte(shape, axis, layout, byte_order):
     rng = np.random.default_rng()
     q, codes, sb = mk(rng, shape, axis, every_byte=True)
@@ -58,8 +68,10 @@ def test_layout_and_round_trip_bit_exact_every_e8m0_byte(shape, axis, layout, by
     assert p.byte_order == byte_order
     # layout (module docstring), from NumPy moves of the bytes
     want_data = np.moveaxis(pack_ref(codes, axis), axis, -1)
-    if byte_order == "pairs":  # stored byte 16b + 4g + t = natural byte 16b + g + 4t
+    if byte_order in ("pairs", "lanes"):  # stored byte 16b + 4g + t = natural byte 16b + g + 4t
         want_data = want_data[..., pairs_source_index(want_data.shape[-1])]
+    if byte_order == "lanes":
+        want_data = lanes_ref(want_data)
     want_scales = np.moveaxis(sb, axis, -1)
     if want_scales.ndim >= 2:
         want_scales = np.swapaxes(want_scales, -1, -2)
@@ -153,9 +165,11 @@ def test_dot_general_equals_the_mxfp4array_product_xla(case):
         "[K,N] axis 0", "[K,H,D] axis 0") else None
     if want is not None:
         np.testing.assert_allclose(got.reshape(want.shape), want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
-    # w4a16 (x kept float): same equality
+    # w4a16 (x kept float): same equality; the "lanes" byte order too
     w4 = mx.Recipe(backend="xla", quantize_activations=False)
     np.testing.assert_array_equal(np.asarray(mx.dot_general(x, p, dn, recipe=w4)),
+                                  np.asarray(mx.dot_general(x, q, dn, recipe=w4)))
+    np.testing.assert_array_equal(np.asarray(mx.dot_general(x, prepare_decode(q, "lanes"), dn, recipe=w4)),
                                   np.asarray(mx.dot_general(x, q, dn, recipe=w4)))
 
 
@@ -258,9 +272,9 @@ def test_unknown_byte_order_is_a_value_error(bad):
     rng = np.random.default_rng(0)
     q, _, _ = mk(rng, (64, 64), 0)
     p = prepare_decode(q, "natural")
-    with pytest.raises(ValueError, match=r"prepare_decode: byte_order must be one of \('natural', 'pairs'\)"):
+    with pytest.raises(ValueError, match=r"prepare_decode: byte_order must be one of \('natural', 'pairs', 'lanes'\)"):
         prepare_decode(q, byte_order=bad)
-    with pytest.raises(ValueError, match=r"DecodePrepared byte_order must be one of \('natural', 'pairs'\)"):
+    with pytest.raises(ValueError, match=r"DecodePrepared byte_order must be one of \('natural', 'pairs', 'lanes'\)"):
         DecodePrepared(p.data, p.scales, 0, (64, 64), jnp.float32, byte_order=bad)
     assert DecodePrepared(p.data, p.scales, 0, (64, 64), jnp.float32, byte_order="natural").byte_order == "natural"
 
@@ -467,3 +481,18 @@ def test_children_sharded_along_different_dims_are_named():
                 f(x, put(dspec, sspec))
             with pytest.raises(ValueError, match="DecodePrepared.scales are sharded"):
                 jax.jit(lambda b: b.to_mxfp4().dequantize())(put(dspec, sspec))
+
+
+def test_lanes_order_bytes_round_trip_and_refusal():
+    """lanes_order_bytes and its inverse undo each other on fresh random bytes (NumPy and jnp give
+    the same bytes); a last axis that is not whole 32-bit words is a ValueError naming the rule."""
+    from jax_mxfp4.decode_prepared import lanes_order_bytes
+
+    rng = np.random.default_rng()
+    b = rng.integers(0, 256, (3, 5, 64), dtype=np.uint8)
+    fwd = lanes_order_bytes(b)
+    np.testing.assert_array_equal(fwd, lanes_ref(b))
+    np.testing.assert_array_equal(np.asarray(lanes_order_bytes(jnp.asarray(b))), fwd)
+    np.testing.assert_array_equal(lanes_order_bytes(fwd, inverse=True), b)
+    with pytest.raises(ValueError, match="not whole 32-bit words"):
+        lanes_order_bytes(np.zeros((4, 6), np.uint8))

@@ -60,6 +60,8 @@ def run_ptx(asm: str, inputs: dict[int, int]) -> dict[int, int]:
                 if sel & 8:  # sign-replicate mode
                     byte = 0xFF if byte & 0x80 else 0
                 r |= byte << (8 * i)
+        elif op == "mul.lo.u32":
+            r = (a[0] * a[1]) & 0xFFFFFFFF
         elif op == "mov.b32":
             r = a[0]
         elif op == "shl.b32":
@@ -131,6 +133,26 @@ def test_pairs_asm_decode_every_byte_pattern(scale_byte):
                 continue
             np.testing.assert_array_equal(got, want)
             np.testing.assert_array_equal(np.signbit(got), np.signbit(want))
+
+
+@pytest.mark.parametrize("scale_byte", [0, 1, 100, 127, 128, 129, 200, 254, 255])
+def test_lanes_asm_decode_equals_pairs_on_regrouped_words(scale_byte):
+    """The "lanes" PTX on a word regrouped by lanes_order_bytes gives, output for output and bit
+    for bit, what the "pairs" PTX gives on the original word (every byte value in every position,
+    fresh random words, each scale edge); so the "lanes" kernel computes the same product."""
+    from jax_mxfp4.decode_prepared import lanes_order_bytes
+
+    rng = np.random.default_rng()
+    sbits = int(np.asarray(e8m0_to_bf16_bits(jnp.uint8(scale_byte))))
+    words = [int(v) for v in rng.integers(0, 2**32, 200, dtype=np.uint64)]
+    words += [b * 0x01010101 for b in range(256)] + [b << (8 * (b % 4)) for b in range(256)]
+    as_bytes = np.array(words, np.uint32).view(np.uint8).reshape(-1, 4)  # little-endian bytes per word
+    regrouped = lanes_order_bytes(as_bytes).reshape(-1).view(np.uint32)
+    for q, ql in zip(words, regrouped.tolist()):
+        want = run_ptx(e2m1_asm._DECODE_PAIRS_PTX, {4: q, 5: sbits | (sbits << 16)})
+        got = run_ptx(e2m1_asm._DECODE_LANES_PTX, {4: ql, 5: sbits | (sbits << 16)})
+        for k in range(4):
+            assert got[f"${k}"] == want[f"${k}"], (hex(q), hex(ql), k)
 
 
 def test_even_odd_split_pairs_with_nibbles():

@@ -965,3 +965,21 @@ def test_chunks_lower_for_cuda(m, kw, chunks):
     for form in ("kmajor", "bf16"):
         ops = _hlo_ops(_lowered_text(m, 8192, 8192, cfg, jnp.bfloat16, "pairs", form=form))
         assert ops == ["stablehlo.custom_call"], ops
+
+
+@pytest.mark.skipif(not _mgpu_available(), reason="Mosaic GPU lowering unavailable in this jaxlib")
+@pytest.mark.parametrize("m", [16, 1, 40])
+def test_lanes_decode_lowers_and_pairs_with_lanes_bytes_only(m):
+    """default_mgpu_config for "lanes" bytes: the one-kernel tiling with the "lanes" decode, one
+    kernel per call at M = 1 and 16; the "lanes" decode refuses other byte orders and "lanes"
+    bytes refuse other decodes (a wrong pairing would be a silently wrong product)."""
+    cfg = wm.default_mgpu_config(m, 8192, 8192, "lanes")
+    assert cfg.decode == "lanes" and cfg.k_split_wgs == 4
+    ops = _hlo_ops(_lowered_text(m, 8192, 8192, cfg, jnp.bfloat16, "lanes"))
+    assert ops.count("stablehlo.custom_call") == 1, ops
+    if m in (1, 16):
+        assert ops == ["stablehlo.custom_call"], ops
+    with pytest.raises(ValueError, match='"lanes" decode reads w_order="lanes" bytes only'):
+        _lowered_text(m, 8192, 8192, cfg, jnp.bfloat16, "pairs")
+    with pytest.raises(ValueError, match='"lanes" decode reads w_order="lanes" bytes only'):
+        _lowered_text(m, 8192, 8192, wm.default_mgpu_config(m, 8192, 8192, "pairs"), jnp.bfloat16, "lanes")

@@ -73,9 +73,10 @@ from ..decode_prepared import pair_order_bytes
 from ..mx_format import BLOCK_SIZE, as_scale_bytes, e8m0_to_bf16_bits
 from . import e2m1_asm
 
-DECODES = ("mul", "select", "ptx", "pairs")
-_PTX_DECODES = ("ptx", "pairs")  # the decodes that load bytes in WGMMA_LAYOUT_8BIT and run inline PTX
-W_ORDERS = ("natural", "pairs")  # byte order of the packed weight (pair_order_bytes)
+DECODES = ("mul", "select", "ptx", "pairs", "lanes")
+_PTX_DECODES = ("ptx", "pairs", "lanes")  # the decodes that load bytes in WGMMA_LAYOUT_8BIT and run inline PTX
+_PAIR_DECODES = ("pairs", "lanes")  # one bfloat16x2 register per two elements in order: x read as it is
+W_ORDERS = ("natural", "pairs", "lanes")  # byte order of the packed weight (pair_order_bytes, lanes_order_bytes)
 _WG_ROWS = 64  # rows of one warpgroup's WGMMA tile (M side)
 _BF16_2P126 = 0x7E80  # bfloat16 bits of 2^126
 _SMEM_BUDGET = 200 * 1024  # bytes of shared memory the pipeline may take (sm_90: 227 KiB)
@@ -227,8 +228,8 @@ class MgpuConfig:
                              f'with k_split_pipeline="own", got k_split_wgs={self.k_split_wgs}, '
                              f"k_split_pipeline={self.k_split_pipeline!r}")
         if self.chunks != 1:
-            if self.k_split_wgs == 1 or self.decode != "pairs":
-                raise ValueError(f'MgpuConfig.chunks > 1 needs the one-kernel tiling (k_split_wgs > 1) and decode="pairs", '
+            if self.k_split_wgs == 1 or self.decode not in _PAIR_DECODES:
+                raise ValueError(f'MgpuConfig.chunks > 1 needs the one-kernel tiling (k_split_wgs > 1) and decode="pairs" or "lanes", '
                                  f"got chunks={self.chunks}, k_split_wgs={self.k_split_wgs}, decode={self.decode!r}")
             slice_k = self.bk // self.k_split_wgs  # one warpgroup's K per step
             if self.chunks < 1 or slice_k % (self.chunks * _K_SLICE_MIN):
@@ -350,7 +351,8 @@ def permute_x_pairs(x):
     return pair_order_bytes(x.reshape(m, k // 2, 2), axis=1).reshape(m, k)  # element pairs as "bytes"
 
 
-def _decode_ptx(byt, s_ref, hb: int, raw: bool = False, pairs: bool = False, blocks: tuple[int, int] | None = None):
+def _decode_ptx(byt, s_ref, hb: int, raw: bool = False, pairs: bool = False, blocks: tuple[int, int] | None = None,
+                lanes: bool = False):
     """Packed bytes uint8 [64, hb] (WGMMA_LAYOUT_8BIT) and the scale block bfloat16 [hb/16, 64]
     (shared memory) -> bfloat16 (lo, hi) [64, hb] in the WGMMA layout, by the inline PTX of
     :mod:`jax_mxfp4.kernels.e2m1_asm` (the same instructions the Triton kernel runs): one 32-bit
@@ -411,8 +413,9 @@ def _decode_ptx(byt, s_ref, hb: int, raw: bool = False, pairs: bool = False, blo
                 s32 = arith.extui(i32, arith.bitcast(i16, sc))
                 s2 = arith.ori(s32, arith.shli(s32, arith.constant(i32, 16)))
             q = mgpu.utils.bitcast(regs[ridx], i32)
-            if pairs:
-                res = llvm.inline_asm(struct, [q, s2], e2m1_asm._DECODE_PAIRS_PTX, e2m1_asm.DECODE_PAIRS_CONSTRAINTS)
+            if pairs:  # "lanes": the same outputs from bytes in lanes_order_bytes' nibble order
+                asm = e2m1_asm._DECODE_LANES_PTX if lanes else e2m1_asm._DECODE_PAIRS_PTX
+                res = llvm.inline_asm(struct, [q, s2], asm, e2m1_asm.DECODE_PAIRS_CONSTRAINTS)
                 for t in range(4):
                     lo[0, 4 * (b - b0) + t, 0, 0, rh, 0, 0, 0, 0] = mgpu.utils.bitcast(
                         llvm.extractvalue(i32, res, [t]), bf2)
@@ -435,14 +438,14 @@ def _wgmma_step(x_refs, byt, s_ref, acc_ref, hb: int, decode: str, raw: bool = F
     ``chunks`` ("pairs"): the tile's blocks in that many parts, each part's WGMMAs issued (async)
     before the next part is decoded, so the tensor cores work while the next part decodes."""
     plgpu = _plgpu()
-    if decode == "pairs":
+    if decode in _PAIR_DECODES:
         (x_ref,) = x_refs
         nb = hb // (BLOCK_SIZE // 2)
         per = nb // chunks
         for c in range(chunks):
             blocks = (c * per, (c + 1) * per) if chunks > 1 else None
             xc = x_ref.at[:, pl.ds(c * per * BLOCK_SIZE, per * BLOCK_SIZE)] if chunks > 1 else x_ref
-            plgpu.wgmma(acc_ref, _decode_ptx(byt, s_ref, hb, raw, pairs=True, blocks=blocks),
+            plgpu.wgmma(acc_ref, _decode_ptx(byt, s_ref, hb, raw, pairs=True, blocks=blocks, lanes=decode == "lanes"),
                         plgpu.transpose_ref(xc, (1, 0)))
         return
     xe_ref, xo_ref = x_refs
@@ -955,6 +958,9 @@ def mgpu_w4a16(x, w_data, w_scales, out_dtype=jnp.bfloat16, cfg: MgpuConfig | No
         raise ValueError("mgpu_w4a16: K must be > 0 (an empty contraction is an exact zero: no kernel to run)")
     if w_order not in W_ORDERS:
         raise ValueError(f"mgpu_w4a16: w_order must be one of {W_ORDERS}, got {w_order!r}")
+    if (w_order == "lanes") != (cfg.decode == "lanes"):
+        raise ValueError(f'mgpu_w4a16: the "lanes" decode reads w_order="lanes" bytes only (and they need it), got '
+                         f"w_order={w_order!r} with decode={cfg.decode!r}")
     if w_order == "pairs" and cfg.decode != "pairs":
         raise ValueError(f'mgpu_w4a16: w_order="pairs" bytes need MgpuConfig(decode="pairs"), got {cfg.decode!r}')
     if scales_form not in SCALE_FORMS:
@@ -988,8 +994,8 @@ def mgpu_w4a16(x, w_data, w_scales, out_dtype=jnp.bfloat16, cfg: MgpuConfig | No
     # (fewer than its 8-row tile, or whole tiles): TMA reads rows past M as zeros and stores none
     as_is = cfg.k_split_wgs > 1 and cfg.k_split_pipeline == "own" and (m < 8 or m % 8 == 0)
     xp = x if as_is or mp == m else jnp.pad(x, ((0, mp - m), (0, 0)))
-    if cfg.decode == "pairs":  # one x operand, natural order for "pairs" bytes
-        xs = (xp if w_order == "pairs" else permute_x_pairs(xp),)
+    if cfg.decode in _PAIR_DECODES:  # one x operand, natural order for "pairs"/"lanes" bytes
+        xs = (xp if w_order in _PAIR_DECODES else permute_x_pairs(xp),)
     else:
         xs = split_x(xp, cfg.decode)
     steps = k // (cfg.bk * cfg.split_k)
@@ -1078,7 +1084,7 @@ def default_mgpu_config(m: int, n: int, k: int, w_order: str = "natural") -> Mgp
       ValueError: ``m`` or ``n`` < 1; ``k`` not a positive multiple of 64; ``w_order`` not one
         of :data:`W_ORDERS`. (M > 64 and N % 64 are :func:`unsupported_reason`'s to report.)"""
     _check_config_args("default_mgpu_config", m, n, k, w_order)
-    if w_order == "pairs":
+    if w_order in _PAIR_DECODES:
         one_kernel = k_split_config(m, n, k, w_order, k_split_wgs=4)
         if one_kernel is not None:
             return one_kernel
@@ -1088,7 +1094,7 @@ def default_mgpu_config(m: int, n: int, k: int, w_order: str = "natural") -> Mgp
             split //= 2
         else:
             bk //= 2
-    decode = "pairs" if w_order == "pairs" else "ptx"
+    decode = w_order if w_order in _PAIR_DECODES else "ptx"
     return MgpuConfig(bk=bk, split_k=split, stages=4, decode=decode, launcher="kernel")
 
 
@@ -1115,7 +1121,7 @@ def k_split_config(m: int, n: int, k: int, w_order: str = "natural", k_split_wgs
         per_stage, fixed = _k_split_smem(mp, bk, k_split_wgs, 4, 2)  # float32 output, bf16 scales: the largest
         if (bk % (k_split_wgs * _K_SLICE_MIN) == 0 and k % bk == 0 and k // bk >= 2
                 and _SMEM_BUDGET - fixed >= 2 * per_stage):
-            return MgpuConfig(bk=bk, split_k=1, stages=5, decode="pairs" if w_order == "pairs" else "ptx",
+            return MgpuConfig(bk=bk, split_k=1, stages=5, decode=w_order if w_order in _PAIR_DECODES else "ptx",
                               warp_specialized=True, k_split_wgs=k_split_wgs)
     return None
 
