@@ -4,7 +4,8 @@ compute removed, beside XLA's bf16 GEMM of the same shape.
 
 Probes (kernel time per call, ``benchmarks.common.kernel_time``: one program over distinct operand
 sets > 3x L2):
-  * "full": the kernel as dispatch runs it (``default_mgpu_config`` for "pairs" bytes);
+  * "full": the kernel as dispatch runs it (``default_mgpu_config`` for --order's bytes: random
+    bytes, so the byte order changes nothing but the decode);
   * "no compute": the same kernel with each compute warpgroup's decode and WGMMAs removed
     (``_wgmma_step`` patched to nothing, for this probe only): the TMA pipeline (x, weight bytes,
     scales per step, ready/consumed barriers), the partial-sum exchange and the output store
@@ -14,6 +15,7 @@ epilogue) from the per-byte cost; "full" close to "no compute" says the memory p
 far above it says the per-step compute does.
 
 Usage: python benchmarks/decode_probe.py --out DIR [--m 16,1] [--n 8192] [--ks 2048,4096,8192,16384]
+       [--order lanes|pairs]
 Writes decode_probe.json and decode_probe.png; prints a table (us per call; ratio = time / bf16).
 """
 
@@ -63,6 +65,8 @@ def main(argv=None):
     ap.add_argument("--m", default="16,1")
     ap.add_argument("--n", type=int, default=8192)
     ap.add_argument("--ks", default="2048,4096,8192,16384")
+    ap.add_argument("--order", default="lanes", choices=("lanes", "pairs"),
+                    help="the weight's byte order (prepare_decode's), which picks the decode")
     args = ap.parse_args(argv)
     out = out_dir(args.out)
     ms = [int(v) for v in args.m.split(",")]
@@ -87,9 +91,9 @@ def main(argv=None):
             for name in PROBES:
                 try:
                     with probe(name) as wm:
-                        cfg = wm.default_mgpu_config(m, n, k, "pairs")
+                        cfg = wm.default_mgpu_config(m, n, k, args.order)
                         f = lambda a, d, sc, cfg=cfg, wm=wm: wm.mgpu_w4a16(  # noqa: E731
-                            a, d, sc, jnp.bfloat16, cfg, scales_form="kmajor", w_order="pairs")
+                            a, d, sc, jnp.bfloat16, cfg, scales_form="kmajor", w_order=args.order)
                         kt = kernel_time(f, list(zip(x, w, s)))
                     us = kt.get("kernel_s", float("nan")) * 1e6
                     row = {"m": m, "k": k, "n": n, "probe": name, "kernel_us": us, "bf16_kernel_us": bf16_us,

@@ -95,10 +95,31 @@ def pairs_source_index(kh: int) -> np.ndarray:
     return 16 * (p // 16) + (p % 16) // 4 + 4 * (p % 4)
 
 
+def lanes_ref(pairs_bytes):
+    """The "lanes" nibble order from the "pairs" bytes, by nibble lists: in each 4-byte word with
+    nibbles n0..n7 (n_2t, n_2t+1 = low, high nibble of byte t) the new nibble sequence is
+    n0 n2 n4 n6 n1 n3 n5 n7 (nibble i at bits 4i)."""
+    b = np.asarray(pairs_bytes).reshape(-1, 4)
+    n = np.stack([b & 15, b >> 4], -1).reshape(-1, 8)
+    m = np.concatenate([n[:, 0::2], n[:, 1::2]], axis=1)
+    return (m[:, 0::2] | (m[:, 1::2] << 4)).astype(np.uint8).reshape(np.shape(pairs_bytes))
+
+
+def pairs_from_lanes_ref(lanes_bytes):
+    """Inverse of :func:`lanes_ref` (nibble lists again: n[0::2] = m[0:4], n[1::2] = m[4:8])."""
+    b = np.asarray(lanes_bytes).reshape(-1, 4)
+    m = np.stack([b & 15, b >> 4], -1).reshape(-1, 8)
+    n = np.empty_like(m)
+    n[:, 0::2], n[:, 1::2] = m[:, :4], m[:, 4:]
+    return (n[:, 0::2] | (n[:, 1::2] << 4)).astype(np.uint8).reshape(np.shape(lanes_bytes))
+
+
 def natural_from_stored(data: np.ndarray, byte_order: str) -> np.ndarray:
     """Packed bytes [..., K/2] of a DecodePrepared back in natural order (byte j = elements 2j, 2j+1)."""
     if byte_order == "natural":
         return np.asarray(data)
+    if byte_order == "lanes":
+        data = pairs_from_lanes_ref(data)
     out = np.empty_like(np.asarray(data))
     out[..., pairs_source_index(data.shape[-1])] = data
     return out

@@ -20,7 +20,7 @@ import pytest
 import jax_mxfp4 as mx
 from jax_mxfp4 import checkpoint
 from jax_mxfp4.decode_prepared import DecodePrepared, canonical, prepare_decode
-from mx_reference import dequantize_ref, pack_ref, pairs_source_index, qdq
+from mx_reference import dequantize_ref, lanes_ref, pack_ref, pairs_from_lanes_ref, pairs_source_index, qdq
 
 XLA = mx.Recipe(backend="xla")
 W4A16_PALLAS = mx.Recipe(backend="pallas", quantize_activations=False)
@@ -45,16 +45,6 @@ def u8(a):
 
 
 # ------------------------------------------------------------------ layout and round trip
-def lanes_ref(pairs_bytes):
-    """The "lanes" nibble order from the "pairs" bytes, by nibble lists: in each 4-byte word with
-    nibbles n0..n7 (n_2t, n_2t+1 = low, high nibble of byte t) the new nibble sequence is
-    n0 n2 n4 n6 n1 n3 n5 n7 (nibble i at bits 4i)."""
-    b = np.asarray(pairs_bytes).reshape(-1, 4)
-    n = np.stack([b & 15, b >> 4], -1).reshape(-1, 8)
-    m = np.concatenate([n[:, 0::2], n[:, 1::2]], axis=1)
-    return (m[:, 0::2] | (m[:, 1::2] << 4)).astype(np.uint8).reshape(np.shape(pairs_bytes))
-
-
 @pytest.mark.parametrize("shape,axis", [((96, 40), 0), ((40, 96), 1), ((64, 5, 7), 0), ((3, 64, 7), 1),
                                         ((3, 5, 64), 2), ((256,), 0)])
 @pytest.mark.parametrize("layout", ["plain", "swizzled"])
@@ -63,7 +53,7 @@ def test_layout_and_round_trip_bit_exact_every_e8m0_byte(shape, axis, layout, by
     rng = np.random.default_rng()
     q, codes, sb = mk(rng, shape, axis, every_byte=True)
     q = q.with_scale_layout(layout)
-    p = prepare_decode(q, byte_order=byte_order) if byte_order != "pairs" else prepare_decode(q)  # "pairs": the default
+    p = prepare_decode(q, byte_order=byte_order) if byte_order != "lanes" else prepare_decode(q)  # "lanes": the default
     assert isinstance(p, DecodePrepared) and (p.shape, p.axis, p.dtype) == (q.shape, q.axis, q.dtype)
     assert p.byte_order == byte_order
     # layout (module docstring), from NumPy moves of the bytes
@@ -494,5 +484,6 @@ def test_lanes_order_bytes_round_trip_and_refusal():
     np.testing.assert_array_equal(fwd, lanes_ref(b))
     np.testing.assert_array_equal(np.asarray(lanes_order_bytes(jnp.asarray(b))), fwd)
     np.testing.assert_array_equal(lanes_order_bytes(fwd, inverse=True), b)
+    np.testing.assert_array_equal(pairs_from_lanes_ref(fwd), b)
     with pytest.raises(ValueError, match="not whole 32-bit words"):
         lanes_order_bytes(np.zeros((4, 6), np.uint8))

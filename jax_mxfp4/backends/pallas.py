@@ -121,7 +121,8 @@ class PallasBackend(Backend):
         what = "w4a16" if problem.has_float_operand else "a4w4 with the small side dequantized to bfloat16"
         if plan.kind == "mosaic":
             scales = ("weight from prepare_decode read as stored, no per-call conversion"
-                      + (" (its \"pairs\" byte order: x read as it is)" if plan.mgpu_cfg.decode == "pairs" else "")
+                      + (f" (its \"{plan.mgpu_cfg.decode}\" byte order: x read as it is)"
+                         if plan.mgpu_cfg.decode in ("pairs", "lanes") else "")
                       if plan.w_prepared else
                       "E8M0 scales transposed to K-major per call, and the packed data too unless the weight is stored "
                       "K-last (prepare_decode does both once)")
@@ -222,7 +223,7 @@ def _mosaic_gpu_config(problem: GemmProblem, rows: int, wrows: int, w_order: str
     None: CUDA, device 0 of compute capability 9.0 (WGMMA), and a shape it takes. a4w4 problems
     come here with their small side already dequantized exactly to bfloat16 (the same input the
     Triton weight-stationary kernel gets), so the kernel serves both. ``w_order``: the weight's
-    byte order ("pairs" for a DecodePrepared from prepare_decode), which picks the decode."""
+    byte order ("lanes" for a DecodePrepared from prepare_decode), which picks the decode."""
     if problem.platform != "cuda" or not mosaic_w4a16_enabled():
         return None
     from ..kernels import wgemm_mgpu

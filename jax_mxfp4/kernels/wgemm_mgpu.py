@@ -1121,8 +1121,12 @@ def k_split_config(m: int, n: int, k: int, w_order: str = "natural", k_split_wgs
         per_stage, fixed = _k_split_smem(mp, bk, k_split_wgs, 4, 2)  # float32 output, bf16 scales: the largest
         if (bk % (k_split_wgs * _K_SLICE_MIN) == 0 and k % bk == 0 and k // bk >= 2
                 and _SMEM_BUDGET - fixed >= 2 * per_stage):
-            return MgpuConfig(bk=bk, split_k=1, stages=5, decode=w_order if w_order in _PAIR_DECODES else "ptx",
-                              warp_specialized=True, k_split_wgs=k_split_wgs)
+            decode = w_order if w_order in _PAIR_DECODES else "ptx"
+            # decode in two parts where each part is whole x swizzle tiles (H200 session 10 run d,
+            # "lanes" 16x8192x8192: kernel 17.78 vs 18.33 us; M = 1 16.91 vs 16.75: a wash there)
+            chunks = 2 if decode in _PAIR_DECODES and (bk // k_split_wgs) % (2 * _K_SLICE_MIN) == 0 else 1
+            return MgpuConfig(bk=bk, split_k=1, stages=5, decode=decode, warp_specialized=True,
+                              k_split_wgs=k_split_wgs, chunks=chunks)
     return None
 
 
