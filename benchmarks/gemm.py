@@ -22,7 +22,9 @@ no scales), the ceiling of any FP8 route. Rows "pallas-KxN", "pallas-NxK" and "p
 time the whole dispatch path (``jax_mxfp4.dot_general``, backend "pallas") with the weight stored
 like a Flax kernel ([K, N] quantized along axis 0: its packed bytes are transposed per call), stored
 [N, K] along axis 1 (its scales moved per call), and [K, N] arranged once by
-:func:`jax_mxfp4.prepare_decode` (read as stored on the Mosaic GPU route). Timing: benchmarks/common.py (median of many samples after warm-up, rotating operand
+:func:`jax_mxfp4.prepare_decode` (read as stored on the Mosaic GPU route); "pallas-prepared-q"
+(a4w4 only): the same prepared weight with the activation given in bfloat16 and quantized to
+MXFP4 inside every call (``Recipe(quantize_activations=True)``), the per-call-quantized case. Timing: benchmarks/common.py (median of many samples after warm-up, rotating operand
 sets past the L2). Output: JSON, a markdown table and PNG figures in --out.
 
 Usage: python benchmarks/gemm.py [--quick] [--tune] [--profile] [--only NAME,...] [--out DIR]
@@ -59,7 +61,7 @@ QUICK_LAYERS = [(64, 64, 128)]
 
 BACKENDS = {  # variant -> backends tried (each skipped with its reason where unavailable)
     "a4w4": ["xla", "scaled_dot", "pallas", "fp8", "fp8-prepared", "fp8-high", "fp8-nofallback",
-             "hipblaslt", "hipblaslt-swizzled", "pallas-KxN", "pallas-NxK", "pallas-prepared"],
+             "hipblaslt", "hipblaslt-swizzled", "pallas-KxN", "pallas-NxK", "pallas-prepared", "pallas-prepared-q"],
     "w4a16": ["xla", "pallas", "pallas-KxN", "pallas-NxK", "pallas-prepared"],
     "e4m3": ["xla-fp8"],  # the peer: XLA's FP8 GEMM without any MXFP4 work
 }
@@ -102,7 +104,7 @@ def make_sets(m, n, k, variant, seed, scale_layout="plain"):
     return sets
 
 
-DISPATCH_ROWS = ("pallas-KxN", "pallas-NxK", "pallas-prepared")
+DISPATCH_ROWS = ("pallas-KxN", "pallas-NxK", "pallas-prepared", "pallas-prepared-q")
 """Backend "pallas" timed through ``jax_mxfp4.dot_general`` with the weight in a stored layout."""
 
 
@@ -117,9 +119,10 @@ def dispatch_sets(m, n, k, variant, seed, name):
         a = jax.random.normal(ka, (m, k), jnp.bfloat16)
         b = jax.random.normal(kb, (k, n), jnp.bfloat16)
         w = quantize(b.T, 1) if name == "pallas-NxK" else quantize(b, 0)
-        if name == "pallas-prepared":
+        if name.startswith("pallas-prepared"):
             w = mx.prepare_decode(w)
-        sets.append((quantize(a, 1) if variant == "a4w4" else a, w))
+        # "pallas-prepared-q": the a4w4 activation given as bf16 and quantized inside every call
+        sets.append((quantize(a, 1) if variant == "a4w4" and name != "pallas-prepared-q" else a, w))
     jax.block_until_ready(sets)
     return sets
 
