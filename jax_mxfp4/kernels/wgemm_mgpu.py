@@ -22,6 +22,13 @@ x arrive by TMA; the bytes are loaded into registers and decoded there:
   every 16-byte block, done once by :func:`jax_mxfp4.prepare_decode`); one x tile and one WGMMA
   per step, no per-call work on x. Natural-order bytes work too, with x permuted per call
   (:func:`permute_x_pairs`);
+- ``decode="lanes"`` (since 2026-12-01 session 10, the default for prepared weights): the "pairs"
+  decode's outputs from weight bytes whose 32-bit words have their nibbles regrouped by bfloat16
+  lane (:func:`jax_mxfp4.decode_prepared.lanes_order_bytes`, what :func:`jax_mxfp4.prepare_decode`
+  stores by default): a mask and one multiply per output register (``e2m1_asm._DECODE_LANES_PTX``)
+  instead of a byte permute and two shifts. H200 session 10: the kernel is compute-bound
+  (benchmarks/decode_probe.py: 11.8 us of data movement vs 20.3 us whole at 16x8192x8192 with
+  "pairs"); "lanes" 18.3 us, decoded in two parts (:attr:`MgpuConfig.chunks`) 17.8;
 - ``decode="mul"`` / ``"select"`` (portable Pallas operations, one 32-element block at a time):
   E2M1 code c -> bfloat16 bits ``sign << 15 | (c & 7) << 6`` = value x 2^-126, times 2^126
   (``"mul"``; the E2M1 0.5 passes through a bfloat16 subnormal), or ``(c & 7) << 6 + 0x3F00``
@@ -156,6 +163,15 @@ class MgpuConfig:
     128 (40 + 2 x 232) = 64512 of a pool of 384 x 168 = 64512 (fits exactly); 4 ask 128 (40 +
     4 x 112) = 62464 of 640 x 96 = 61440, so the 4th compute warpgroup waits forever (the hang of
     the 2026-12-01 H200 run), whatever K is; no ``memory_registers`` value fits (:func:`_ws_register_demand`).
+    cluster (one-kernel tiling, "own" pipeline): 1, 2 or 4 CTAs per cluster sharing each x tile by
+    TMA multicast (each issues a part; the consumed barrier spans the cluster), N/64 a multiple of
+    it and x's tile splittable (:func:`multicast_splits`); measured no faster (H200 session 10).
+    tile_major (same tiling): the weight bytes and K-major scale bytes are given in
+    :func:`tile_major_layout`'s order for this ``bk`` (one contiguous block per CTA and step);
+    measured 2% faster at most (session 10), not a default. chunks (same tiling, "pairs"/"lanes"
+    decodes): each warpgroup decodes its slice of a step in this many parts, issuing each part's
+    WGMMAs before decoding the next (parts of whole 64-element x swizzle tiles);
+    :func:`k_split_config` takes 2 where allowed.
     """
 
     bk: int = 256
