@@ -57,6 +57,12 @@ XLA_W4A16 = mx.Recipe(backend="xla", quantize_activations=False)
 
 
 
+def _one_kernel(decode="pairs", k_split_wgs=4, **more):
+    """A one-kernel tiling (bk 512, 5 stages, warp-specialized) with ``more`` of MgpuConfig's fields."""
+    return MgpuConfig(bk=512, split_k=1, stages=5, decode=decode, warp_specialized=True, k_split_wgs=k_split_wgs,
+                      **more)
+
+
 VARIANTS = {  # name -> MgpuConfig, in order of priority (timing stops at --budget)
     # "pairs" decode (2026-12-01 default): one x operand; "P" = weight bytes in the "pairs" order
     # (what prepare_decode stores; x read as it is), "N" = natural bytes (x permuted per call)
@@ -87,37 +93,29 @@ VARIANTS = {  # name -> MgpuConfig, in order of priority (timing stops at --budg
     # count is not what limits this kernel
     # session 10: each CTA's per-step weight block contiguous in memory ("tm": tile_major_layout,
     # one 16 KiB run per step instead of 64 row segments), and x's tiles multicast by TMA to a
-    # cluster of 2 or 4 CTAs ("c2"/"c4": each CTA reads 1/2 or 1/4 of them from L2)
-    "ks4 tm pairs bk512 st5 P": MgpuConfig(bk=512, split_k=1, stages=5, decode="pairs", warp_specialized=True,
-                                           k_split_wgs=4, tile_major=True),
-    "ks4 c2 pairs bk512 st5 P": MgpuConfig(bk=512, split_k=1, stages=5, decode="pairs", warp_specialized=True,
-                                           k_split_wgs=4, cluster=2),
-    "ks4 c2 tm pairs bk512 st5 P": MgpuConfig(bk=512, split_k=1, stages=5, decode="pairs", warp_specialized=True,
-                                              k_split_wgs=4, cluster=2, tile_major=True),
-    "ks4 c4 tm pairs bk512 st5 P": MgpuConfig(bk=512, split_k=1, stages=5, decode="pairs", warp_specialized=True,
-                                              k_split_wgs=4, cluster=4, tile_major=True),
+    # cluster of 2 or 4 CTAs ("c2"/"c4": each CTA reads 1/2 or 1/4 of them from L2). H200 run a
+    # (kernel, 16x8192x8192): 20.53 us base, tm 20.17, c2 20.55, c2 tm 20.49, c4 tm 37.23: neither limits
+    "ks4 tm pairs bk512 st5 P": _one_kernel(tile_major=True),
+    "ks4 c2 pairs bk512 st5 P": _one_kernel(cluster=2),
+    "ks4 c2 tm pairs bk512 st5 P": _one_kernel(cluster=2, tile_major=True),
+    "ks4 c4 tm pairs bk512 st5 P": _one_kernel(cluster=4, tile_major=True),
     # session 10, after run b (the compute, not the data movement, limits: benchmarks/decode_probe.py):
     # each warpgroup's tile decoded in parts, each part's WGMMAs issued before the next decodes
     # ("ch2"/"ch4"); " B" = scales given as bfloat16 [K/32, N] (kernel_scales: no E8M0 conversion
     # in the kernel, 2 bytes per block)
-    "ks4 ch2 pairs bk512 st5 P": MgpuConfig(bk=512, split_k=1, stages=5, decode="pairs", warp_specialized=True,
-                                            k_split_wgs=4, chunks=2),
-    "ks2 ch2 pairs bk512 st5 P": MgpuConfig(bk=512, split_k=1, stages=5, decode="pairs", warp_specialized=True,
-                                            k_split_wgs=2, chunks=2),
-    "ks2 ch4 pairs bk512 st5 P": MgpuConfig(bk=512, split_k=1, stages=5, decode="pairs", warp_specialized=True,
-                                            k_split_wgs=2, chunks=4),
-    "ks4 pairs bk512 st5 P B": MgpuConfig(bk=512, split_k=1, stages=5, decode="pairs", warp_specialized=True,
-                                          k_split_wgs=4),
-    "ks4 ch2 pairs bk512 st5 P B": MgpuConfig(bk=512, split_k=1, stages=5, decode="pairs", warp_specialized=True,
-                                              k_split_wgs=4, chunks=2),
+    "ks4 ch2 pairs bk512 st5 P": _one_kernel(chunks=2),
+    "ks2 ch2 pairs bk512 st5 P": _one_kernel(k_split_wgs=2, chunks=2),
+    "ks2 ch4 pairs bk512 st5 P": _one_kernel(k_split_wgs=2, chunks=4),
+    "ks4 pairs bk512 st5 P B": _one_kernel(),
+    "ks4 ch2 pairs bk512 st5 P B": _one_kernel(chunks=2),
     # the "lanes" decode (weight nibbles regrouped per 32-bit word, lanes_order_bytes: a mask and a
-    # multiply per bfloat16x2 register instead of a byte permute and two shifts); " L" = lanes bytes
-    "ks4 lanes bk512 st5 L": MgpuConfig(bk=512, split_k=1, stages=5, decode="lanes", warp_specialized=True,
-                                        k_split_wgs=4),
-    "ks4 ch2 lanes bk512 st5 L": MgpuConfig(bk=512, split_k=1, stages=5, decode="lanes", warp_specialized=True,
-                                            k_split_wgs=4, chunks=2),
-    "ks2 ch2 lanes bk512 st5 L": MgpuConfig(bk=512, split_k=1, stages=5, decode="lanes", warp_specialized=True,
-                                            k_split_wgs=2, chunks=2),
+    # multiply per bfloat16x2 register instead of a byte permute and two shifts); " L" = lanes bytes.
+    # H200 run d (kernel, M = 16 / 1): pairs 20.22 / 19.31, lanes 18.33 / 16.75, lanes ch2 17.78 /
+    # 16.91 (the dispatch default since), ks2 lanes ch2 17.65 / 16.99; pairs ch2 20.42 / 19.41,
+    # pairs B 20.29 / 18.85
+    "ks4 lanes bk512 st5 L": _one_kernel("lanes"),
+    "ks4 ch2 lanes bk512 st5 L": _one_kernel("lanes", chunks=2),
+    "ks2 ch2 lanes bk512 st5 L": _one_kernel("lanes", k_split_wgs=2, chunks=2),
     "ks4 pairs bk256 st8 P": MgpuConfig(bk=256, split_k=1, stages=8, decode="pairs", warp_specialized=True,
                                         k_split_wgs=4),
     "ks4 pairs bk512 st3 P": MgpuConfig(bk=512, split_k=1, stages=3, decode="pairs", warp_specialized=True,
