@@ -59,19 +59,34 @@ def fit(ks, us):
     return float(a), float(b)
 
 
+def _positive_ints(text):
+    """argparse type: a comma list of positive ints."""
+    try:
+        vals = [int(v) for v in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a comma list of positive ints, got {text!r}") from None
+    if not vals or min(vals) < 1:
+        raise argparse.ArgumentTypeError(f"expected a comma list of positive ints, got {text!r}")
+    return vals
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default="results/decode_probe")
-    ap.add_argument("--m", default="16,1")
-    ap.add_argument("--n", type=int, default=8192)
-    ap.add_argument("--ks", default="2048,4096,8192,16384")
+    ap.add_argument("--m", type=_positive_ints, default=[16, 1], help="comma list of activation rows")
+    ap.add_argument("--n", type=_positive_ints, default=[8192], help="weight rows (one value)")
+    ap.add_argument("--ks", type=_positive_ints, default=[2048, 4096, 8192, 16384], help="comma list of K")
     ap.add_argument("--order", default="lanes", choices=("lanes", "pairs"),
                     help="the weight's byte order (prepare_decode's), which picks the decode")
     args = ap.parse_args(argv)
     out = out_dir(args.out)
-    ms = [int(v) for v in args.m.split(",")]
-    ks = [int(v) for v in args.ks.split(",")]
-    n = args.n
+    ms, ks = args.m, args.ks
+    if len(args.n) != 1:
+        ap.error(f"--n takes one value, got {args.n}")
+    n = args.n[0]
+    if jax.devices()[0].platform != "gpu":
+        print(f"note: no GPU here ({jax.devices()[0].platform}): every row reports the kernel's error "
+              "(the Mosaic GPU kernel needs an NVIDIA Hopper GPU)", flush=True)
     rows = []
     info = device_info()
     print(f"{'M':>3} {'K':>6} {'probe':12} {'kernel us':>10} {'bf16 us':>9} {'ratio':>6}", flush=True)
@@ -134,7 +149,8 @@ def main(argv=None):
     ax.set_xlabel(f"K (N = {n})")
     ax.set_ylabel("kernel time per call (us)")
     ax.set_title(f"decode kernel probes, {info['device']}")
-    ax.legend(fontsize=7)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7)
     save_figure(fig, out, "decode_probe.png")
 
 

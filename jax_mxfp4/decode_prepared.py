@@ -46,6 +46,18 @@ from .mx_format import BLOCK_SIZE
 BYTE_ORDERS = ("natural", "pairs", "lanes")
 
 
+def _check_bytes_array(fn: str, data, need_uint8: bool = False) -> None:
+    """``data`` must be a NumPy or jax array with at least one axis (uint8 where ``need_uint8``:
+    a function that splits bytes into nibbles would silently drop the high bits of wider
+    integers). TypeError / ValueError naming ``fn`` and the rule."""
+    if not hasattr(data, "shape") or not hasattr(data, "dtype"):
+        raise TypeError(f"{fn}: data must be a NumPy or jax array, got {type(data).__name__}")
+    if len(data.shape) < 1:
+        raise ValueError(f"{fn}: data must have at least one axis, got a 0-d array")
+    if need_uint8 and data.dtype != np.uint8:
+        raise TypeError(f"{fn}: data must be uint8 packed E2M1 bytes, got {data.dtype}")
+
+
 def pair_order_bytes(data, axis: int = -1):
     """The "pairs" byte order of packed E2M1 bytes along ``axis`` (natural <-> pairs; an involution):
     within every 16-byte group (one 32-element block) a 4x4 transpose, stored byte 4g + t = natural
@@ -54,6 +66,7 @@ def pair_order_bytes(data, axis: int = -1):
     8t + 2g, 8t + 2g + 1; with the bytes in this order, decoding byte t into slot t gives the
     weight in natural K order (jax_mxfp4/kernels/wgemm_mgpu.py, decode "pairs"). Nibbles stay in
     their bytes. jnp or NumPy arrays; ``axis`` of a length that is a multiple of 16."""
+    _check_bytes_array("pair_order_bytes", data)  # any dtype: a permutation (x's element pairs too)
     axis = axis % data.ndim
     n = data.shape[axis]
     if n % (BLOCK_SIZE // 2):
@@ -71,6 +84,9 @@ def lanes_order_bytes(data, inverse: bool = False):
     bfloat16x2 register of two elements (the pairs decode's output t) with a mask and a multiply
     instead of a byte permute and two shifts. An exact permutation of the nibbles within each
     word; jnp or NumPy uint8 arrays whose last axis is a multiple of 4."""
+    _check_bytes_array("lanes_order_bytes", data, need_uint8=True)
+    if not isinstance(inverse, (bool, np.bool_)):
+        raise TypeError(f"lanes_order_bytes: inverse must be a bool, got {inverse!r}")
     n = data.shape[-1]
     if n % 4:
         raise ValueError(f"lanes_order_bytes: the last axis has {n} bytes, not whole 32-bit words")

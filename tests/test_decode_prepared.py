@@ -19,7 +19,7 @@ import pytest
 
 import jax_mxfp4 as mx
 from jax_mxfp4 import checkpoint
-from jax_mxfp4.decode_prepared import DecodePrepared, canonical, prepare_decode
+from jax_mxfp4.decode_prepared import DecodePrepared, canonical, pair_order_bytes, prepare_decode
 from mx_reference import dequantize_ref, lanes_ref, pack_ref, pairs_from_lanes_ref, pairs_source_index, qdq
 
 XLA = mx.Recipe(backend="xla")
@@ -487,3 +487,28 @@ def test_lanes_order_bytes_round_trip_and_refusal():
     np.testing.assert_array_equal(pairs_from_lanes_ref(fwd), b)
     with pytest.raises(ValueError, match="not whole 32-bit words"):
         lanes_order_bytes(np.zeros((4, 6), np.uint8))
+
+
+@pytest.mark.parametrize("data,kw,err,msg", [
+    (np.arange(8, dtype=np.int32), {}, TypeError, "must be uint8"),
+    (np.array([-1, 2, 3, 4], np.int8), {}, TypeError, "must be uint8"),
+    (np.zeros(8, np.float32), {}, TypeError, "must be uint8"),
+    (np.uint8(3), {}, ValueError, "at least one axis"),
+    ([1, 2, 3, 4], {}, TypeError, "must be a NumPy or jax array"),
+    (None, {}, TypeError, "must be a NumPy or jax array"),
+    (np.zeros(8, np.uint8), {"inverse": "no"}, TypeError, "inverse must be a bool"),
+])
+def test_lanes_order_bytes_bad_input_is_named(data, kw, err, msg):
+    """(helper trial, session 10: wider integers lost their high bits silently, 0-d arrays and
+    lists were IndexError / AttributeError, any truthy ``inverse`` ran the inverse)"""
+    from jax_mxfp4.decode_prepared import lanes_order_bytes
+
+    with pytest.raises(err, match=f"lanes_order_bytes: .*{msg}"):
+        lanes_order_bytes(data, **kw)
+
+
+def test_pair_order_bytes_bad_input_is_named():
+    with pytest.raises(ValueError, match="pair_order_bytes: data must have at least one axis"):
+        pair_order_bytes(np.uint8(3))
+    with pytest.raises(TypeError, match="pair_order_bytes: data must be a NumPy or jax array"):
+        pair_order_bytes(list(range(16)))

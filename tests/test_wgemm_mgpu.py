@@ -983,3 +983,28 @@ def test_lanes_decode_lowers_and_pairs_with_lanes_bytes_only(m):
         _lowered_text(m, 8192, 8192, cfg, jnp.bfloat16, "pairs")
     with pytest.raises(ValueError, match='"lanes" decode reads w_order="lanes" bytes only'):
         _lowered_text(m, 8192, 8192, wm.default_mgpu_config(m, 8192, 8192, "pairs"), jnp.bfloat16, "lanes")
+
+
+@pytest.mark.parametrize("args,err,msg", [
+    ((np.zeros((64, 512), np.uint8), np.zeros((32, 64), np.uint8), 0), ValueError, "bk must be a positive multiple"),
+    ((np.zeros((64, 512), np.uint8), np.zeros((32, 64), np.uint8), True), ValueError, "bk must be a positive multiple"),
+    ((np.zeros((64, 512), np.uint8), np.zeros((32, 64), np.uint8), 512.0), ValueError, "bk must be a positive multiple"),
+    ((np.zeros((64, 512), np.uint8), np.zeros((32, 64), np.uint8), 48), ValueError, "bk must be a positive multiple"),
+    ((np.zeros((64,), np.uint8), np.zeros((32, 64), np.uint8), 512), ValueError, "w_data must be a 2-D array"),
+    (([1, 2], np.zeros((32, 64), np.uint8), 512), ValueError, "w_data must be a 2-D array"),
+    ((np.zeros((64, 512), np.uint8), None, 512), ValueError, "scales_kmajor must be a 2-D array"),
+])
+def test_tile_major_layout_bad_arguments_are_named(args, err, msg):
+    """(helper trial, session 10: these were ZeroDivisionError / unpacking / attribute errors)"""
+    with pytest.raises(err, match=msg):
+        wm.tile_major_layout(*args)
+
+
+@pytest.mark.parametrize("args,err", [((8, 64, 0), ValueError), ((8, 64, -2), ValueError), ((0, 256, 2), ValueError),
+                                      ((12, 256, 2), ValueError), ((16, 100, 2), ValueError), ((8, 32, 2), ValueError),
+                                      ((4, 64, 4), ValueError), ((16.0, 256, 2), TypeError),
+                                      ((16, 256, True), TypeError)])
+def test_multicast_splits_refuses_nonsense(args, err):
+    """(helper trial, session 10: these returned True or divided by zero)"""
+    with pytest.raises(err, match="multicast_splits"):
+        wm.multicast_splits(*args)

@@ -135,7 +135,7 @@ class MgpuConfig:
 
     bk: K elements per pipeline step (multiple of 32, divides K / split_k); split_k: K ranges
     summed afterwards; stages: pipeline depth (``max_concurrent_steps``; lowered where shared
-    memory would not fit); decode: ``"pairs"``, ``"ptx"``, ``"mul"`` or ``"select"`` (module doc); x_swizzle: shared-memory swizzle of x's tiles in bytes (32: each
+    memory would not fit); decode: ``"lanes"``, ``"pairs"``, ``"ptx"``, ``"mul"`` or ``"select"`` (module doc); x_swizzle: shared-memory swizzle of x's tiles in bytes (32: each
     16-element block is one tile); warp_specialized: ``plgpu.kernel`` with two compute warpgroups
     (128 weight rows per CTA) fed by a TMA warpgroup (``emit_pipeline_warp_specialized``) instead
     of the one-warpgroup ``pallas_call`` pipeline ("ptx"/"pairs" decodes only); raw_scales (warp_specialized
@@ -818,7 +818,7 @@ def _k_split_call(xs, w_data, scales, *, cfg: MgpuConfig, n: int, mp: int, out_d
     if nt % cfg.cluster:
         raise ValueError(f"mgpu_w4a16: MgpuConfig.cluster={cfg.cluster} needs N/64 = {nt} weight tiles to be a "
                          "multiple of the cluster size")
-    if not multicast_splits(mp, xcols, cfg.cluster):
+    if cfg.cluster > 1 and not multicast_splits(mp, xcols, cfg.cluster):
         raise ValueError(f"mgpu_w4a16: MgpuConfig.cluster={cfg.cluster} cannot split x's [{mp}, {xcols}] tile "
                          f"among the cluster's CTAs ({mp // 8} row tiles x {xcols // 64} column tiles of [8, 64])")
     if cfg.tile_major:  # the [N, K/2] bytes / [K/32, N] scales hold tile_major_layout's order: 2-D views of it
@@ -841,7 +841,15 @@ def multicast_splits(mp: int, xcols: int, cluster: int) -> bool:
     """Whether Mosaic GPU's TMA multicast can split x's [mp, xcols] bfloat16 tile (8-row tiles 64
     columns wide, 128-byte swizzle) among ``cluster`` CTAs: each CTA issues one part; the parts
     come from the leading dimensions of the tiled shape [mp/8, xcols/64, 8, 64] in order, each
-    taken whole or divided (the rule of ``LaunchContext.async_copy``, jax 0.10-0.11)."""
+    taken whole or divided (the rule of ``LaunchContext.async_copy``, jax 0.10-0.11).
+    Raises TypeError for non-int arguments (bool included), ValueError for ``mp`` not a positive
+    multiple of 8, ``xcols`` not a positive multiple of 64 or ``cluster`` not in :data:`CLUSTERS`."""
+    for name, v in (("mp", mp), ("xcols", xcols), ("cluster", cluster)):
+        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
+            raise TypeError(f"multicast_splits: {name} must be an int, got {v!r}")
+    if mp < 8 or mp % 8 or xcols < 64 or xcols % 64 or cluster not in CLUSTERS:
+        raise ValueError(f"multicast_splits: mp must be a positive multiple of 8, xcols of 64 and cluster one of "
+                         f"{CLUSTERS}, got mp={mp}, xcols={xcols}, cluster={cluster}")
     rem = cluster
     for size in (mp // 8, xcols // 64, 8):
         if size % rem == 0:
@@ -909,6 +917,12 @@ def tile_major_layout(w_data, scales_kmajor, bk: int):
     bytes ([64, bk/2]) and of the scales ([bk/32, 64]) contiguous, tiles outer, steps inner, so
     each pipeline step's TMA copy reads one contiguous run of memory (16 KiB at bk 512) instead
     of 64 row segments 64 bytes apart. Same shapes and dtypes; an exact permutation of bytes."""
+    for name, v in (("w_data", w_data), ("scales_kmajor", scales_kmajor)):
+        if not hasattr(v, "shape") or len(v.shape) != 2:
+            raise ValueError(f"tile_major_layout: {name} must be a 2-D array, got "
+                             f"{getattr(v, 'shape', type(v).__name__)}")
+    if isinstance(bk, (bool, np.bool_)) or not isinstance(bk, (int, np.integer)) or bk < BLOCK_SIZE or bk % BLOCK_SIZE:
+        raise ValueError(f"tile_major_layout: bk must be a positive multiple of {BLOCK_SIZE} (an int), got {bk!r}")
     n, hk = w_data.shape
     nt, hb, nb = n // _WG_ROWS, bk // 2, bk // BLOCK_SIZE
     steps = hk // hb
@@ -934,18 +948,22 @@ def mgpu_w4a16(x, w_data, w_scales, out_dtype=jnp.bfloat16, cfg: MgpuConfig | No
         :func:`kernel_scales` (measurement only). "rows" and "kmajor" also take the same bytes as
         ``float8_e8m0fnu`` (e.g. ``DecodePrepared.scales``; a bitcast). ``cfg.raw_scales`` takes "rows".
       out_dtype: float32, bfloat16 or float16. cfg: :class:`MgpuConfig` (default MgpuConfig()).
-      w_order: byte order of ``w_data``: "natural" (byte j = elements 2j, 2j+1) or "pairs"
-        (:func:`pair_order_bytes`, what :func:`jax_mxfp4.prepare_decode` stores): the "pairs"
-        decode then reads x as it is; with "natural" bytes it reads x permuted per call
-        (:func:`permute_x_pairs`, one small XLA pass). The other decodes take "natural" only.
+      w_order: byte order of ``w_data``: "natural" (byte j = elements 2j, 2j+1), "pairs"
+        (:func:`pair_order_bytes`): the "pairs" decode then reads x as it is (with "natural"
+        bytes it reads x permuted per call, :func:`permute_x_pairs`, one small XLA pass), or
+        "lanes" (:func:`jax_mxfp4.decode_prepared.lanes_order_bytes` of "pairs" bytes, what
+        :func:`jax_mxfp4.prepare_decode` stores by default): read by the "lanes" decode only,
+        and only it reads them. The other decodes take "natural" only.
     Runs only on an NVIDIA Hopper GPU (sm_90a) through Mosaic GPU.
     Raises:
       TypeError: ``cfg`` not an MgpuConfig; ``x``, ``w_data`` or ``w_scales`` not arrays.
       RuntimeError: called eagerly with ``x`` on a device other than a GPU (traced calls are
         checked when lowered: Pallas refuses other platforms).
       ValueError: ranks, shapes, dtypes (``out_dtype`` included), K = 0, a K that is not a
-        multiple of ``cfg.bk * cfg.split_k``, an unknown ``w_order`` or "pairs" bytes with a
-        decode other than "pairs"; ``cfg.k_split_wgs`` > 1 with fewer than two K steps or
+        multiple of ``cfg.bk * cfg.split_k``, an unknown ``w_order``, "pairs" bytes with a
+        decode other than "pairs", "lanes" bytes and the "lanes" decode not paired with each
+        other; ``cfg.tile_major`` with scales other than "kmajor"; ``cfg.cluster`` with N/64 not
+        a multiple of it or an x tile it cannot split (:func:`multicast_splits`); ``cfg.k_split_wgs`` > 1 with fewer than two K steps or
         without shared memory for two pipeline stages.
     With ``cfg.k_split_wgs`` > 1 the kernel writes the result itself (``[M, N]`` of
     ``out_dtype``; sliced to M rows afterwards when M is not the padded row count, :func:`padded_rows`): one kernel per
