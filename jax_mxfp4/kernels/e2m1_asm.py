@@ -40,6 +40,14 @@ import jax
 import jax.numpy as jnp
 from jax._src import core as jax_core
 
+def _scaled(out, scale):
+    """PTX: register ``a`` (bfloat16x2 of E2M1 x 2^-126 per lane) x 2^126 (register ``k``) x ``scale``
+    into ``out``; exact in bfloat16 (the E2M1 0.5 passes through the subnormal 2^-127)."""
+    return f"""mul.rn.bf16x2 a, a, k;
+mul.rn.bf16x2 {out}, a, {scale};
+"""
+
+
 def _lanes(out, src, sign_shift, mag_shift, scale):
     """PTX for one lane pair: the nibble at bits [shift..shift+3] of each 16-bit lane of ``src``
     -> bfloat16 E2M1 x 2^-126 (sign to bit 15, magnitude e1 e0 m to bits 8..6), x 2^126, x scale."""
@@ -48,9 +56,7 @@ shl.b32 b, {src}, {mag_shift};
 and.b32 a, a, 0x80008000;
 and.b32 b, b, 0x01C001C0;
 or.b32 a, a, b;
-mul.rn.bf16x2 a, a, k;
-mul.rn.bf16x2 {out}, a, {scale};
-"""
+""" + _scaled(out, scale)
 
 
 _DECODE_PTX = (
@@ -84,20 +90,19 @@ def _lane_pair(out, src, mask, mult):
     """PTX for one output of the "lanes" decode: the two nibbles of ``src`` under ``mask`` (one per
     16-bit lane, at bits 0-3 or 4-7 of the lane) times ``mult`` (0x1040 = shifts 12 and 6, 0x104
     = shifts 8 and 2, no overlapping copies, so no carries): the sign lands on bit 15, the
-    magnitude e1 e0 m on bits 8..6 of each lane; then x 2^126 and x scale as :func:`_lanes`."""
+    magnitude e1 e0 m on bits 8..6 of each lane; then x 2^126 and x scale (:func:`_scaled`)."""
     return f"""and.b32 u, {src}, {mask:#010x};
 mul.lo.u32 a, u, {mult:#x};
 and.b32 a, a, 0x81C081C0;
-mul.rn.bf16x2 a, a, k;
-mul.rn.bf16x2 {out}, a, $5;
-"""
+""" + _scaled(out, "$5")
 
 
 # "lanes" (the Mosaic GPU kernel's decode for weights stored in the "lanes" nibble order,
 # jax_mxfp4.decode_prepared.lanes_order_bytes): the register holds the low-lane nibbles of its four
 # outputs at bits 0-15 (output k at bits 4k..4k+3) and the high-lane nibbles at bits 16-31, so each
 # output is a mask and one multiply away (outputs 2, 3 from the register shifted right by 8): 13
-# integer operations per register against 21 for "pairs" (prmt and two shifts per output).
+# PTX integer instructions per register against 25 for "pairs" (a prmt, two shifts and three
+# logic operations per output; ptxas may merge the logic into LOP3s).
 _DECODE_LANES_PTX = (
     "{\n.reg .b32 q8, u, a, k;\nmov.b32 k, 0x7E807E80;\nshr.u32 q8, $4, 8;\n"
     + _lane_pair("$0", "$4", 0x000F000F, 0x1040) + _lane_pair("$1", "$4", 0x00F000F0, 0x104)
