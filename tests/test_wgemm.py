@@ -155,6 +155,39 @@ def test_lanes_asm_decode_equals_pairs_on_regrouped_words(scale_byte):
             assert got[f"${k}"] == want[f"${k}"], (hex(q), hex(ql), k)
 
 
+def test_fold_scale_bits_are_two_to_the_b_minus_one():
+    """fold_scale_bits(b) (the kernel's b x FOLD_SCALE_MUL + FOLD_SCALE_ADD) is the bfloat16 of
+    2^(b-1) in both lanes for every E8M0 byte b in 0..FOLD_MAX_BYTE (float64 reference through
+    ml_dtypes); bytes above refused (2^(b-1) would overflow bfloat16)."""
+    for b in range(e2m1_asm.FOLD_MAX_BYTE + 1):
+        bits = e2m1_asm.fold_scale_bits(b)
+        np.testing.assert_array_equal(_bf16_pair_values(bits), [2.0 ** (b - 1)] * 2)
+    assert e2m1_asm.FOLD_MAX_BYTE == 128  # 2^127 is bfloat16's largest power of two
+    for b in (129, 255, -1):
+        with pytest.raises(ValueError, match="E8M0 byte must be in 0..128"):
+            e2m1_asm.fold_scale_bits(b)
+
+
+@pytest.mark.parametrize("scale_byte", [0, 1, 2, 64, 100, 126, 127, 128, "random"])
+def test_lanes_fold_asm_equals_lanes_bit_for_bit(scale_byte):
+    """The folded "lanes" PTX (one multiply by 2^(b-1)) gives the two-multiply "lanes" PTX's
+    outputs bit for bit (signs, the E2M1 0.5 at the smallest scales where the product is a
+    bfloat16 subnormal) on every byte value in every position and fresh random words, for the
+    E8M0 bytes it is used for (b <= 128)."""
+    rng = np.random.default_rng()
+    if scale_byte == "random":
+        scale_byte = int(rng.integers(0, e2m1_asm.FOLD_MAX_BYTE + 1))
+    sbits = int(np.asarray(e8m0_to_bf16_bits(jnp.uint8(scale_byte))))
+    words = [int(v) for v in rng.integers(0, 2**32, 200, dtype=np.uint64)]
+    words += [b * 0x01010101 for b in range(256)] + [b << (8 * (b % 4)) for b in range(256)]
+    fold = e2m1_asm.fold_scale_bits(scale_byte)
+    for q in words:
+        want = run_ptx(e2m1_asm._DECODE_LANES_PTX, {4: q, 5: sbits | (sbits << 16)})
+        got = run_ptx(e2m1_asm._DECODE_LANES_FOLD_PTX, {4: q, 5: fold})
+        for k in range(4):
+            assert got[f"${k}"] == want[f"${k}"], (hex(q), scale_byte, k)
+
+
 def test_even_odd_split_pairs_with_nibbles():
     """split_even_odd(x) meets the (lo, hi) nibble tiles: the split dot equals the natural one
     (exactly, on small integers)."""

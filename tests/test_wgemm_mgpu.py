@@ -848,8 +848,13 @@ def test_k_split_own_pipeline_schedule_runs_in_the_interpreter():
     """The "own" pipeline's schedule (the real ``_k_split_own_pipeline``) in jax's Mosaic GPU
     interpreter (tests/mgpu_pipeline_toy.py): 2 and 4 compute warpgroups, K steps = 2 with 2
     stages (the smoke case), = stages, stages + 1 and 2 stages + 1 (slots reused once, twice);
-    every result exact, no deadlock (a child process with a time limit)."""
-    cases = ["2:2:2", "4:2:2", "2:5:5", "4:6:5", "2:11:5", "4:11:5"]
+    every result exact, no deadlock (a child process with a time limit). Also the delayed release
+    (MgpuConfig.delay_release) with a payload that reads each slot one step late, as a WGMMA
+    still in flight does: a slot released early is refilled before that read and the sum is
+    wrong (checked by hand: the undelayed release with the late reads mismatches in all of
+    2:11:2, 2:11:3, 4:11:2)."""
+    cases = ["2:2:2", "4:2:2", "2:5:5", "4:6:5", "2:11:5", "4:11:5",
+             "2:2:2:d", "4:6:5:d", "2:11:5:d", "4:11:2:d"]  # d: delayed release (reads one step late)
     r = _run_toy(cases, timeout=600)
     lines = [ln for ln in r.stdout.splitlines() if ln.startswith(("OK", "MISMATCH"))]
     assert r.returncode == 0, r.stderr[-3000:]
@@ -1008,3 +1013,37 @@ def test_multicast_splits_refuses_nonsense(args, err):
     """(helper trial, session 10: these returned True or divided by zero)"""
     with pytest.raises(err, match="multicast_splits"):
         wm.multicast_splits(*args)
+
+
+# ---- session 11: one multiply for x 2^126 x scale (fold_scale), WGMMAs waited one step late (delay_release)
+def test_fold_and_delay_config_rules():
+    lanes = dict(KS4, decode="lanes", chunks=2)
+    cfg = wm.MgpuConfig(**lanes, fold_scale=True, delay_release=True)
+    assert cfg.fold_scale and cfg.delay_release
+    with pytest.raises(ValueError, match='fold_scale needs decode="lanes"'):
+        wm.MgpuConfig(**KS4, fold_scale=True)  # pairs
+    with pytest.raises(ValueError, match='fold_scale needs decode="lanes"'):
+        wm.MgpuConfig(bk=256, split_k=4, decode="lanes", launcher="kernel", fold_scale=True)
+    with pytest.raises(ValueError, match="delay_release needs the one-kernel tiling"):
+        wm.MgpuConfig(bk=256, split_k=4, decode="pairs", launcher="kernel", delay_release=True)
+    with pytest.raises(ValueError, match="delay_release needs the one-kernel tiling"):
+        wm.MgpuConfig(**{**lanes, "k_split_wgs": 2}, k_split_pipeline="jax", delay_release=True)
+    for field in ("fold_scale", "delay_release"):
+        with pytest.raises(TypeError, match=f"MgpuConfig.{field} must be a bool"):
+            wm.MgpuConfig(**lanes, **{field: 1})
+
+
+@pytest.mark.skipif(not _mgpu_available(), reason="Mosaic GPU lowering unavailable in this jaxlib")
+@pytest.mark.parametrize("m", [16, 1])
+@pytest.mark.parametrize("kw,fold,delay", [(4, True, False), (4, False, True), (4, True, True), (2, True, True)])
+def test_fold_and_delay_lower_for_cuda(m, kw, fold, delay):
+    """One kernel per call with either option or both; fold_scale refuses bfloat16 scales (it
+    reads the E8M0 bytes)."""
+    cfg = wm.MgpuConfig(**{**KS4, "k_split_wgs": kw, "decode": "lanes"}, chunks=2, fold_scale=fold,
+                        delay_release=delay)
+    for form in ("kmajor", "rows") if m == 16 else ("kmajor",):
+        ops = _hlo_ops(_lowered_text(m, 8192, 8192, cfg, jnp.bfloat16, "lanes", form=form))
+        assert ops.count("stablehlo.custom_call") == 1, ops
+    if fold:
+        with pytest.raises(ValueError, match="fold_scale=True\\) reads the E8M0 bytes"):
+            _lowered_text(m, 8192, 8192, cfg, jnp.bfloat16, "lanes", form="bf16")

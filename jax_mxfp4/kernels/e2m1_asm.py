@@ -86,15 +86,16 @@ _DECODE_PAIRS_PTX = (
 DECODE_PAIRS_CONSTRAINTS = "=r,=r,=r,=r,r,r"
 
 
-def _lane_pair(out, src, mask, mult):
+def _lane_pair(out, src, mask, mult, fold=False):
     """PTX for one output of the "lanes" decode: the two nibbles of ``src`` under ``mask`` (one per
     16-bit lane, at bits 0-3 or 4-7 of the lane) times ``mult`` (0x1040 = shifts 12 and 6, 0x104
     = shifts 8 and 2, no overlapping copies, so no carries): the sign lands on bit 15, the
-    magnitude e1 e0 m on bits 8..6 of each lane; then x 2^126 and x scale (:func:`_scaled`)."""
+    magnitude e1 e0 m on bits 8..6 of each lane; then x 2^126 and x scale (:func:`_scaled`), or
+    (``fold``) one multiply by ``$5`` = 2^126 x scale (:data:`FOLD_MAX_BYTE`)."""
     return f"""and.b32 u, {src}, {mask:#010x};
 mul.lo.u32 a, u, {mult:#x};
 and.b32 a, a, 0x81C081C0;
-""" + _scaled(out, "$5")
+""" + (f"mul.rn.bf16x2 {out}, a, $5;\n" if fold else _scaled(out, "$5"))
 
 
 # "lanes" (the Mosaic GPU kernel's decode for weights stored in the "lanes" nibble order,
@@ -109,6 +110,32 @@ _DECODE_LANES_PTX = (
     + _lane_pair("$2", "q8", 0x000F000F, 0x1040) + _lane_pair("$3", "q8", 0x00F000F0, 0x104)
     + "}"
 )
+
+
+# "lanes" with the two multiplies folded into one (the Mosaic GPU kernel's MgpuConfig.fold_scale):
+# $5 = the bfloat16x2 of 2^126 x 2^(b-127) = 2^(b-1), exact and finite for E8M0 bytes b <= 128
+# (b = 0 gives 2^-1 = 0x3F00: no exception to select), built as b x FOLD_SCALE_MUL +
+# FOLD_SCALE_ADD; E2M1 x 2^-126 (a subnormal for the 0.5) times 2^(b-1) is E2M1 x 2^(b-127) exactly,
+# the value of the two-multiply form, for every such b (tests/test_wgemm.py, PTX model). Bytes
+# above 128 (scales > 2) take the two-multiply form: 2^(b-1) would overflow bfloat16.
+FOLD_MAX_BYTE = 128
+FOLD_SCALE_MUL = 0x00800080  # b << 7 in both 16-bit lanes
+FOLD_SCALE_ADD = 0x3F003F00  # + 126 << 7: the exponent field of 2^(b-1)
+_DECODE_LANES_FOLD_PTX = (
+    "{\n.reg .b32 q8, u, a;\nshr.u32 q8, $4, 8;\n"
+    + _lane_pair("$0", "$4", 0x000F000F, 0x1040, True) + _lane_pair("$1", "$4", 0x00F000F0, 0x104, True)
+    + _lane_pair("$2", "q8", 0x000F000F, 0x1040, True) + _lane_pair("$3", "q8", 0x00F000F0, 0x104, True)
+    + "}"
+)
+
+
+def fold_scale_bits(b: int) -> int:
+    """bfloat16x2 bits (both lanes) of 2^(b-1) for an E8M0 byte 0 <= b <= FOLD_MAX_BYTE: the
+    ``$5`` of ``_DECODE_LANES_FOLD_PTX`` (the kernel computes the same with two integer operations)."""
+    if not 0 <= b <= FOLD_MAX_BYTE:
+        raise ValueError(f"fold_scale_bits: E8M0 byte must be in 0..{FOLD_MAX_BYTE}, got {b}")
+    return (b * FOLD_SCALE_MUL + FOLD_SCALE_ADD) & 0xFFFFFFFF
+
 
 _asm_p = jax_core.Primitive("jax_mxfp4_inline_asm")
 _asm_p.multiple_results = True

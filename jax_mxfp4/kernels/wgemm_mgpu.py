@@ -172,6 +172,12 @@ class MgpuConfig:
     decodes): each warpgroup decodes its slice of a step in this many parts, issuing each part's
     WGMMAs before decoding the next (parts of whole 64-element x swizzle tiles);
     :func:`k_split_config` takes 2 where allowed.
+    fold_scale ("lanes" decode, one-kernel tiling, E8M0 byte scales): x 2^126 and x scale as one
+    bfloat16x2 multiply by 2^(b-1) wherever a thread's E8M0 bytes of a step are all <= 128 (scales
+    <= 2), the two-multiply form otherwise (:func:`_decode_lanes_folded`); same bits.
+    delay_release (one-kernel tiling, "own" pipeline): each step's WGMMAs are waited for only
+    after the next step's are issued, and its slot released then (:func:`_k_split_own_pipeline`'s
+    ``drain``), so a step's decode overlaps the previous step's WGMMAs.
     """
 
     bk: int = 256
@@ -187,13 +193,15 @@ class MgpuConfig:
     cluster: int = 1
     tile_major: bool = False
     chunks: int = 1
+    fold_scale: bool = False
+    delay_release: bool = False
 
     def __post_init__(self):
         for name in ("bk", "split_k", "stages", "x_swizzle", "k_split_wgs", "cluster", "chunks"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
                 raise TypeError(f"MgpuConfig.{name} must be an int, got {v!r}")
-        for name in ("warp_specialized", "raw_scales", "tile_major"):
+        for name in ("warp_specialized", "raw_scales", "tile_major", "fold_scale", "delay_release"):
             if not isinstance(getattr(self, name), (bool, np.bool_)):
                 raise TypeError(f"MgpuConfig.{name} must be a bool, got {getattr(self, name)!r}")
         if self.decode not in DECODES:
@@ -252,6 +260,13 @@ class MgpuConfig:
                 raise ValueError(f"MgpuConfig.chunks={self.chunks} must divide each warpgroup's {slice_k} K columns "
                                  f"per step into parts of a multiple of {_K_SLICE_MIN} (whole 128-byte swizzle "
                                  "tiles of x)")
+        if self.fold_scale and (self.decode != "lanes" or self.k_split_wgs == 1):
+            raise ValueError(f'MgpuConfig.fold_scale needs decode="lanes" with the one-kernel tiling (k_split_wgs > 1), '
+                             f"got decode={self.decode!r}, k_split_wgs={self.k_split_wgs}")
+        if self.delay_release and (self.k_split_wgs == 1 or self.k_split_pipeline != "own"):
+            raise ValueError('MgpuConfig.delay_release needs the one-kernel tiling (k_split_wgs > 1) with '
+                             f'k_split_pipeline="own", got k_split_wgs={self.k_split_wgs}, '
+                             f"k_split_pipeline={self.k_split_pipeline!r}")
         if self.k_split_wgs > 1 and self.bk % (self.k_split_wgs * _K_SLICE_MIN):
             raise ValueError(f"MgpuConfig.k_split_wgs={self.k_split_wgs} needs bk to be a multiple of "
                              f"{self.k_split_wgs * _K_SLICE_MIN} (each warpgroup's K slice a multiple of "
@@ -367,8 +382,78 @@ def permute_x_pairs(x):
     return pair_order_bytes(x.reshape(m, k // 2, 2), axis=1).reshape(m, k)  # element pairs as "bytes"
 
 
+def _e8m0_pair(sb):
+    """E8M0 byte (i32 MLIR value) -> the bfloat16x2 bits of 2^(b-127) in both lanes, the rule of
+    mx_format.e8m0_to_bf16_bits (0x00 -> 2^-127, a bfloat16 subnormal; 0xFF -> NaN): one
+    multiply places b << 7 in both 16-bit lanes, two selects for the two exceptions. Inside an
+    ``inline_mgpu`` body only."""
+    from jaxlib.mlir import ir
+    from jaxlib.mlir.dialects import arith
+
+    i32 = ir.IntegerType.get_signless(32)
+    bits = arith.muli(sb, arith.constant(i32, 0x00800080))
+    bits = arith.select(arith.cmpi(arith.CmpIPredicate.eq, sb, arith.constant(i32, 0)),
+                        arith.constant(i32, 0x00400040), bits)
+    return arith.select(arith.cmpi(arith.CmpIPredicate.eq, sb, arith.constant(i32, 255)),
+                        arith.constant(i32, 0x7FC07FC0), bits)
+
+
+def _decode_lanes_folded(fa, sref, raw: bool, b0: int, b1: int, out):
+    """The "lanes" decode of a thread's registers for blocks b0 <= b < b1 with the two bfloat16
+    multiplies folded into one where they can be (:attr:`MgpuConfig.fold_scale`): when every E8M0
+    byte the thread reads here is <= ``e2m1_asm.FOLD_MAX_BYTE`` (scales <= 2, what trained weights
+    have), one multiply by 2^(b-1) per output register (``e2m1_asm._DECODE_LANES_FOLD_PTX``),
+    else the two-multiply form (x 2^126, x scale, :func:`_e8m0_pair`'s rule): one branch per
+    thread (``scf.if``; a warp whose threads disagree runs both sides, still exact). Fills
+    ``out`` (the numpy array of output registers of :func:`_decode_ptx`'s "pairs" form)."""
+    import jax.experimental.mosaic.gpu as mgpu
+    from jaxlib.mlir import ir
+    from jaxlib.mlir.dialects import arith, llvm, memref, scf
+
+    i32 = ir.IntegerType.get_signless(32)
+    index = ir.IndexType.get()
+    bf2 = ir.VectorType.get((2,), ir.BF16Type.get())
+    struct = llvm.StructType.get_literal([i32] * 4)
+    regs = fa.registers
+    items = []  # (output slot of register t = 0, the 32-bit word, the E8M0 byte as i32)
+    for (row, _col), ridx in zip(fa.layout.thread_idxs(fa.shape), np.ndindex(regs.shape)):
+        b, rh = ridx[1], ridx[4]
+        if not b0 <= b < b1:
+            continue
+        where = [row, arith.constant(index, b)] if raw else [arith.constant(index, b), row]
+        sb = arith.extui(i32, memref.load(sref, where))
+        items.append(((4 * (b - b0), rh), mgpu.utils.bitcast(regs[ridx], i32), sb))
+    top = items[0][2]
+    for _, _, sb in items[1:]:
+        top = arith.maxui(top, sb)
+    small = arith.cmpi(arith.CmpIPredicate.ule, top, arith.constant(i32, e2m1_asm.FOLD_MAX_BYTE))
+    branch = scf.IfOp(small, [bf2] * (4 * len(items)), has_else=True)
+
+    def side(fold: bool):
+        vals = []
+        for _, q, sb in items:
+            if fold:  # 2^(b-1) = 2^126 x 2^(b-127): b x FOLD_SCALE_MUL + FOLD_SCALE_ADD
+                s = arith.addi(arith.muli(sb, arith.constant(i32, e2m1_asm.FOLD_SCALE_MUL)),
+                               arith.constant(i32, e2m1_asm.FOLD_SCALE_ADD))
+                asm = e2m1_asm._DECODE_LANES_FOLD_PTX
+            else:
+                s, asm = _e8m0_pair(sb), e2m1_asm._DECODE_LANES_PTX
+            res = llvm.inline_asm(struct, [q, s], asm, e2m1_asm.DECODE_PAIRS_CONSTRAINTS)
+            vals += [mgpu.utils.bitcast(llvm.extractvalue(i32, res, [t]), bf2) for t in range(4)]
+        scf.YieldOp(vals)
+
+    with ir.InsertionPoint(branch.then_block):
+        side(True)
+    with ir.InsertionPoint(branch.else_block):
+        side(False)
+    results = list(branch.results)
+    for j, ((col, rh), _, _) in enumerate(items):
+        for t in range(4):
+            out[0, col + t, 0, 0, rh, 0, 0, 0, 0] = results[4 * j + t]
+
+
 def _decode_ptx(byt, s_ref, hb: int, raw: bool = False, pairs: bool = False, blocks: tuple[int, int] | None = None,
-                lanes: bool = False):
+                lanes: bool = False, fold: bool = False):
     """Packed bytes uint8 [64, hb] (WGMMA_LAYOUT_8BIT) and the scale block bfloat16 [hb/16, 64]
     (shared memory) -> bfloat16 (lo, hi) [64, hb] in the WGMMA layout, by the inline PTX of
     :mod:`jax_mxfp4.kernels.e2m1_asm` (the same instructions the Triton kernel runs): one 32-bit
@@ -384,6 +469,8 @@ def _decode_ptx(byt, s_ref, hb: int, raw: bool = False, pairs: bool = False, blo
     b0, b1 = (0, nb) if blocks is None else blocks
     if not pairs and (b0, b1) != (0, nb):
         raise ValueError("_decode_ptx: a block range needs the pairs decode")
+    if fold and not (lanes and pairs):
+        raise ValueError("_decode_ptx: fold needs the lanes decode")
     ret = plgpu.ShapeDtypeStruct((_WG_ROWS, hb), jnp.bfloat16, layout=plgpu.Layout.WGMMA)
     rets = ((plgpu.ShapeDtypeStruct((_WG_ROWS, BLOCK_SIZE * (b1 - b0)), jnp.bfloat16, layout=plgpu.Layout.WGMMA),)
             if pairs else (ret, ret))
@@ -399,16 +486,9 @@ def _decode_ptx(byt, s_ref, hb: int, raw: bool = False, pairs: bool = False, blo
         i16, i32 = ir.IntegerType.get_signless(16), ir.IntegerType.get_signless(32)
         index = ir.IndexType.get()
         kmajor_bytes = not raw and ir.MemRefType(sref.type).element_type == ir.IntegerType.get_signless(8)
+        if fold and not (raw or kmajor_bytes):
+            raise ValueError("_decode_ptx: fold needs the scales as E8M0 bytes")
 
-        def _e8m0_pair(sb):
-            """E8M0 byte (i32) -> the bfloat16x2 bits of 2^(b-127) in both lanes, the rule of
-            mx_format.e8m0_to_bf16_bits (0x00 -> 2^-127, a bfloat16 subnormal; 0xFF -> NaN):
-            one multiply places b << 7 in both 16-bit lanes, two selects for the two exceptions."""
-            bits = arith.muli(sb, arith.constant(i32, 0x00800080))
-            bits = arith.select(arith.cmpi(arith.CmpIPredicate.eq, sb, arith.constant(i32, 0)),
-                                arith.constant(i32, 0x00400040), bits)
-            return arith.select(arith.cmpi(arith.CmpIPredicate.eq, sb, arith.constant(i32, 255)),
-                                arith.constant(i32, 0x7FC07FC0), bits)
         bf2 = ir.VectorType.get((2,), ir.BF16Type.get())
         regs = fa.registers
         assert regs.shape == (1, nb, 1, 1, 2, 1, 1, 1, 1), regs.shape
@@ -416,6 +496,10 @@ def _decode_ptx(byt, s_ref, hb: int, raw: bool = False, pairs: bool = False, blo
         lo = np.empty(out_shape, dtype=object)
         hi = np.empty(out_shape, dtype=object)
         struct = llvm.StructType.get_literal([i32] * 4)
+        if fold:
+            _decode_lanes_folded(fa, sref, raw, b0, b1, lo)
+            mk = lambda r: mgpu.FragmentedArray(_registers=r, _layout=mgpu.WGMMA_LAYOUT, _is_signed=None)
+            return (mk(lo),)
         for (row, _col), ridx in zip(fa.layout.thread_idxs(fa.shape), np.ndindex(regs.shape)):
             b, rh = ridx[1], ridx[4]
             if not b0 <= b < b1:
@@ -448,11 +532,14 @@ def _decode_ptx(byt, s_ref, hb: int, raw: bool = False, pairs: bool = False, blo
     return out[0] if pairs else out
 
 
-def _wgmma_step(x_refs, byt, s_ref, acc_ref, hb: int, decode: str, raw: bool = False, chunks: int = 1):
+def _wgmma_step(x_refs, byt, s_ref, acc_ref, hb: int, decode: str, raw: bool = False, chunks: int = 1,
+                fold: bool = False):
     """Decode one [64, hb] byte tile in registers and issue its WGMMAs ("ptx": ``lo @ x_lo^T +
     hi @ x_hi^T`` over the two halves of x; "pairs": ``w @ x^T`` over x's [mp, 2 hb] tile).
     ``chunks`` ("pairs"): the tile's blocks in that many parts, each part's WGMMAs issued (async)
-    before the next part is decoded, so the tensor cores work while the next part decodes."""
+    before the next part is decoded, so the tensor cores work while the next part decodes.
+    ``fold`` ("lanes", E8M0 byte scales): :func:`_decode_lanes_folded`. Returns the number of
+    WGMMA groups committed (for ``wgmma_wait``)."""
     plgpu = _plgpu()
     if decode in _PAIR_DECODES:
         (x_ref,) = x_refs
@@ -461,13 +548,15 @@ def _wgmma_step(x_refs, byt, s_ref, acc_ref, hb: int, decode: str, raw: bool = F
         for c in range(chunks):
             blocks = (c * per, (c + 1) * per) if chunks > 1 else None
             xc = x_ref.at[:, pl.ds(c * per * BLOCK_SIZE, per * BLOCK_SIZE)] if chunks > 1 else x_ref
-            plgpu.wgmma(acc_ref, _decode_ptx(byt, s_ref, hb, raw, pairs=True, blocks=blocks, lanes=decode == "lanes"),
+            plgpu.wgmma(acc_ref, _decode_ptx(byt, s_ref, hb, raw, pairs=True, blocks=blocks, lanes=decode == "lanes",
+                                             fold=fold),
                         plgpu.transpose_ref(xc, (1, 0)))
-        return
+        return chunks
     xe_ref, xo_ref = x_refs
     lo, hi = _decode_ptx(byt, s_ref, hb, raw)
     plgpu.wgmma(acc_ref, lo, plgpu.transpose_ref(xe_ref, (1, 0)))
     plgpu.wgmma(acc_ref, hi, plgpu.transpose_ref(xo_ref, (1, 0)))
+    return 2
 
 
 def _step(x_refs, w_ref, s_ref, acc_ref, cfg: MgpuConfig):
@@ -713,13 +802,16 @@ def _k_split_call(xs, w_data, scales, *, cfg: MgpuConfig, n: int, mp: int, out_d
     stages = _ws_stages(cfg, steps, per_stage, fixed, f"k_split_wgs={kw} with bk={cfg.bk}, K={2 * k_half} and "
                         f"{mp} padded rows")
 
-    def mma(wg, x_s, w_s, s_s, acc_ref):
-        """Compute warpgroup ``wg``'s slice of one step (tiles of one slot), waited for."""
+    def mma(wg, x_s, w_s, s_s, acc_ref, delay=False):
+        """Compute warpgroup ``wg``'s slice of one step (tiles of one slot), waited for; ``delay``
+        (MgpuConfig.delay_release): waited only down to this step's own WGMMA groups, so the
+        previous step's are done (its slot may be released) and this step's run on."""
         (b0, bn), (s0, sn), (x0, xn) = _wg_k_slice(wg, cfg.bk, kw, nx)
         x_w = tuple(r.at[:, pl.ds(x0, xn)] for r in x_s)
         byt = _load(w_s.at[:, pl.ds(b0, bn)], plgpu.Layout.WGMMA_8BIT)
-        _wgmma_step(x_w, byt, s_s.at[pl.ds(s0, sn)], acc_ref, bn, cfg.decode, chunks=cfg.chunks)
-        plgpu.wgmma_wait(0)
+        groups = _wgmma_step(x_w, byt, s_s.at[pl.ds(s0, sn)], acc_ref, bn, cfg.decode, chunks=cfg.chunks,
+                             fold=cfg.fold_scale)
+        plgpu.wgmma_wait(groups if delay else 0)
 
     def finish(wg, acc, part_smem, o_smem, sum_bar, out_g, tile):
         """The partial sums of warpgroups 1..kw-1 into warpgroup 0's, in order; its TMA store."""
@@ -778,7 +870,8 @@ def _k_split_call(xs, w_data, scales, *, cfg: MgpuConfig, n: int, mp: int, out_d
                     plgpu.copy_gmem_to_smem(s_g.at[pl.ds(t * nb, nb), rows], s_smem.at[slot], ready.at[slot])
 
             def step(slot, acc_ref):
-                mma(wg, [r.at[slot] for r in x_smem], w_smem.at[slot], s_smem.at[slot], acc_ref)
+                mma(wg, [r.at[slot] for r in x_smem], w_smem.at[slot], s_smem.at[slot], acc_ref,
+                    delay=cfg.delay_release)
 
             def compute_context(run):
                 @functools.partial(pl.run_scoped, acc_ref=plgpu.ACC((_WG_ROWS, mp), jnp.float32))
@@ -787,7 +880,8 @@ def _k_split_call(xs, w_data, scales, *, cfg: MgpuConfig, n: int, mp: int, out_d
                     finish(wg, acc_ref[...], part_smem, o_smem, sum_bar, out_g, tile)
 
             _k_split_own_pipeline(wg, kw, steps, stages, fetch=fetch, step=step, ready=ready, consumed=consumed,
-                                  compute_context=compute_context)
+                                  compute_context=compute_context,
+                                  drain=(lambda _: plgpu.wgmma_wait(0)) if cfg.delay_release else None)
 
     else:
         def body(*refs, part_smem, o_smem, sum_bar):
@@ -860,7 +954,8 @@ def multicast_splits(mp: int, xcols: int, cluster: int) -> bool:
     return rem == 1
 
 
-def _k_split_own_pipeline(wg, kw: int, steps: int, stages: int, *, fetch, step, ready, consumed, compute_context):
+def _k_split_own_pipeline(wg, kw: int, steps: int, stages: int, *, fetch, step, ready, consumed, compute_context,
+                          drain=None):
     """The warp-specialized pipeline of :func:`_k_split_call` (``k_split_pipeline="own"``): the
     schedule of ``plgpu.emit_pipeline_warp_specialized`` (jax 0.11, automatic barriers, no
     delay_release) without its ``setmaxnreg`` (MgpuConfig.k_split_pipeline says why that
@@ -877,7 +972,11 @@ def _k_split_own_pipeline(wg, kw: int, steps: int, stages: int, *, fetch, step, 
     every barrier is waited once by every waiting thread, in order (Mosaic GPU keeps the parity
     per thread). Warpgroups 0..kw-1: ``compute_context(run)``, which calls ``run(carry)`` once;
     ``run`` does, per step t: wait ready[t % stages], ``step(slot, carry)`` (its reads of the slot
-    finished when it returns), arrive on consumed[t % stages]."""
+    finished when it returns), arrive on consumed[t % stages]. With ``drain`` (the delayed
+    release of MgpuConfig.delay_release): ``step(slot, carry)`` may leave its reads of the slot
+    in flight but returns only when the previous step's have finished (WGMMAs waited down to its
+    own groups), so step t arrives on consumed[(t - 1) % stages] instead (t >= 1), and after the
+    last step ``drain(carry)`` (finishes every read) and the last slot's arrival."""
     plgpu = _plgpu()
 
     @pl.when(wg == kw)
@@ -903,7 +1002,16 @@ def _k_split_own_pipeline(wg, kw: int, steps: int, stages: int, *, fetch, step, 
                 slot = lax.rem(t, stages)
                 plgpu.barrier_wait(ready.at[slot])
                 step(slot, carry)
-                plgpu.barrier_arrive(consumed.at[slot])
+                if drain is None:
+                    plgpu.barrier_arrive(consumed.at[slot])
+                else:
+                    @pl.when(t > 0)
+                    def _():
+                        plgpu.barrier_arrive(consumed.at[lax.rem(t + stages - 1, stages)])
+
+            if drain is not None:
+                drain(carry)
+                plgpu.barrier_arrive(consumed.at[(steps - 1) % stages])
 
         compute_context(run)
 
@@ -1015,6 +1123,9 @@ def mgpu_w4a16(x, w_data, w_scales, out_dtype=jnp.bfloat16, cfg: MgpuConfig | No
     if cfg.tile_major and scales_form != "kmajor":
         raise ValueError(f"mgpu_w4a16: MgpuConfig(tile_major=True) takes the bytes and K-major scale bytes of "
                          f"tile_major_layout (scales_form 'kmajor'), got {scales_form!r}")
+    if cfg.fold_scale and scales_form == "bf16":
+        raise ValueError("mgpu_w4a16: MgpuConfig(fold_scale=True) reads the E8M0 bytes (scales_form 'rows' or "
+                         "'kmajor'), got 'bf16'")
     if cfg.raw_scales and scales_form != "rows":
         raise ValueError(f"mgpu_w4a16: raw_scales takes the E8M0 bytes [N, K/32] (scales_form 'rows'), "
                          f"got {scales_form!r}")
