@@ -122,6 +122,8 @@ VARIANTS = {  # name -> MgpuConfig, in order of priority (timing stops at --budg
     "ks4 ch2 lanes delay L": _one_kernel("lanes", chunks=2, delay_release=True),
     "ks4 ch2 lanes fold delay L": _one_kernel("lanes", chunks=2, fold_scale=True, delay_release=True),
     "ks2 ch2 lanes fold delay L": _one_kernel("lanes", k_split_wgs=2, chunks=2, fold_scale=True, delay_release=True),
+    "ks2 ch2 lanes fold L": _one_kernel("lanes", k_split_wgs=2, chunks=2, fold_scale=True),
+    "ks2 ch2 lanes delay L": _one_kernel("lanes", k_split_wgs=2, chunks=2, delay_release=True),
     "ks4 pairs bk256 st8 P": MgpuConfig(bk=256, split_k=1, stages=8, decode="pairs", warp_specialized=True,
                                         k_split_wgs=4),
     "ks4 pairs bk512 st3 P": MgpuConfig(bk=512, split_k=1, stages=3, decode="pairs", warp_specialized=True,
@@ -144,7 +146,7 @@ SMOKE = ["k pairs bk256 s4 st4 P", "k pairs bk256 s4 st4 N", "k ptx bk256 s4 st4
          "ks4 c4 tm pairs bk512 st5 P", "ks4 ch2 pairs bk512 st5 P", "ks2 ch2 pairs bk512 st5 P",
          "ks2 ch4 pairs bk512 st5 P", "ks4 lanes bk512 st5 L", "ks4 ch2 lanes bk512 st5 L",
          "ks2 ch2 lanes bk512 st5 L", "ks4 ch2 lanes fold L", "ks4 ch2 lanes delay L", "ks4 ch2 lanes fold delay L",
-         "ks2 ch2 lanes fold delay L"]
+         "ks2 ch2 lanes fold delay L", "ks2 ch2 lanes fold L", "ks2 ch2 lanes delay L"]
 
 
 def struct(c):

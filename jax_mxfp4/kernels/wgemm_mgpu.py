@@ -1270,8 +1270,11 @@ def k_split_config(m: int, n: int, k: int, w_order: str = "natural", k_split_wgs
             # decode in two parts where each part is whole x swizzle tiles (H200 session 10 run d,
             # "lanes" 16x8192x8192: kernel 17.78 vs 18.33 us; M = 1 16.91 vs 16.75: a wash there)
             chunks = 2 if decode in _PAIR_DECODES and (bk // k_split_wgs) % (2 * _K_SLICE_MIN) == 0 else 1
+            # one multiply for x 2^126 x scale (H200 session 11 run a, 4 warpgroups: kernel 16.54 vs
+            # 17.90 us at 16x8192x8192, 15.41 vs 16.90 at M = 1; checked there on every E8M0 byte)
+            fold = decode == "lanes" and k_split_wgs == 4
             return MgpuConfig(bk=bk, split_k=1, stages=5, decode=decode, warp_specialized=True,
-                              k_split_wgs=k_split_wgs, chunks=chunks)
+                              k_split_wgs=k_split_wgs, chunks=chunks, fold_scale=fold)
     return None
 
 
