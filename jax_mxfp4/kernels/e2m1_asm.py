@@ -129,6 +129,11 @@ _DECODE_LANES_FOLD_PTX = (
 )
 
 
+# $0 = 1 if $1 != 0 in every thread of the warp, else 0 (all 32 threads must execute it)
+WARP_ALL_PTX = ("{\n.reg .pred p, q;\nsetp.ne.u32 p, $1, 0;\nvote.sync.all.pred q, p, 0xffffffff;\n"
+                "selp.u32 $0, 1, 0, q;\n}")
+
+
 def fold_scale_bits(b: int) -> int:
     """bfloat16x2 bits (both lanes) of 2^(b-1) for an E8M0 byte 0 <= b <= FOLD_MAX_BYTE: the
     ``$5`` of ``_DECODE_LANES_FOLD_PTX`` (the kernel computes the same with two integer operations)."""

@@ -263,6 +263,9 @@ class MgpuConfig:
         if self.fold_scale and (self.decode != "lanes" or self.k_split_wgs == 1):
             raise ValueError(f'MgpuConfig.fold_scale needs decode="lanes" with the one-kernel tiling (k_split_wgs > 1), '
                              f"got decode={self.decode!r}, k_split_wgs={self.k_split_wgs}")
+        if self.delay_release and self.fold_scale:
+            raise ValueError("MgpuConfig.delay_release with fold_scale: wrong results on the H200 (session 11 run a, "
+                             "2 warpgroups; each alone passed there); not supported together")
         if self.delay_release and (self.k_split_wgs == 1 or self.k_split_pipeline != "own"):
             raise ValueError('MgpuConfig.delay_release needs the one-kernel tiling (k_split_wgs > 1) with '
                              f'k_split_pipeline="own", got k_split_wgs={self.k_split_wgs}, '
@@ -404,7 +407,8 @@ def _decode_lanes_folded(fa, sref, raw: bool, b0: int, b1: int, out):
     byte the thread reads here is <= ``e2m1_asm.FOLD_MAX_BYTE`` (scales <= 2, what trained weights
     have), one multiply by 2^(b-1) per output register (``e2m1_asm._DECODE_LANES_FOLD_PTX``),
     else the two-multiply form (x 2^126, x scale, :func:`_e8m0_pair`'s rule): one branch per
-    thread (``scf.if``; a warp whose threads disagree runs both sides, still exact). Fills
+    warp (``scf.if`` on a ``vote.sync.all`` of the threads' tests: the fold only where every
+    thread of the warp can take it, so a warp never runs both sides). Fills
     ``out`` (the numpy array of output registers of :func:`_decode_ptx`'s "pairs" form)."""
     import jax.experimental.mosaic.gpu as mgpu
     from jaxlib.mlir import ir
@@ -427,6 +431,10 @@ def _decode_lanes_folded(fa, sref, raw: bool, b0: int, b1: int, out):
     for _, _, sb in items[1:]:
         top = arith.maxui(top, sb)
     small = arith.cmpi(arith.CmpIPredicate.ule, top, arith.constant(i32, e2m1_asm.FOLD_MAX_BYTE))
+    # one side per warp (vote.sync.all): a warp whose threads disagreed would run both sides
+    # (H200 session 11 run b, decode_probe with bytes 120..129: 24.3 us against 17.7 unfolded)
+    voted = llvm.inline_asm(i32, [arith.extui(i32, small)], e2m1_asm.WARP_ALL_PTX, "=r,r")
+    small = arith.cmpi(arith.CmpIPredicate.ne, voted, arith.constant(i32, 0))
     branch = scf.IfOp(small, [bf2] * (4 * len(items)), has_else=True)
 
     def side(fold: bool):
