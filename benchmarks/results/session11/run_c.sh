@@ -9,7 +9,7 @@ timeout 170 python benchmarks/wgemm_mgpu_check.py --only "ks4 ch2 lanes bk512 st
 grep "^preflight\|^  M=\|FAIL" $OUT/c_wgemm.txt | cut -c1-220 | head -12; grep -c "ok=True" $OUT/c_wgemm.txt
 timeout 110 python benchmarks/gpu_check.py --decode-only --out /tmp/gcd > $OUT/c_gpu_check_decode.txt 2>&1
 tail -1 $OUT/c_gpu_check_decode.txt; grep FAIL $OUT/c_gpu_check_decode.txt | cut -c1-300 | head -3
-timeout 80 python benchmarks/decode_probe.py --m 16 --k 8192 --out $OUT/probe > $OUT/c_probe.txt 2>&1
+timeout 80 python benchmarks/decode_probe.py --m 16 --ks 8192,16384 --out $OUT/probe > $OUT/c_probe.txt 2>&1
 grep -v Warning $OUT/c_probe.txt | head -6
 timeout 190 python benchmarks/gemm.py --decode-m 16,1 --layers none --only pallas-prepared --profile --out $OUT/gd > $OUT/c_gemm_decode.txt 2>&1
 grep "timeline\|^\[" $OUT/c_gemm_decode.txt | head -24
