@@ -194,13 +194,16 @@ def wgemm_checks():
     w = mx.quantize(rand(302, (768, 1024)), 1)
     dims = (((1,), (1,)), ((), ()))
     rec = mx.Recipe(quantize_activations=False)
-    out = mx.dot_general(x, w, dims, recipe=rec, preferred_element_type=jnp.float32)
     ref = mx.dot_general(x, w, dims, recipe=mx.Recipe(backend="xla", quantize_activations=False),
                          preferred_element_type=jnp.float32)
-    r = bound_check(out[None], ref[None], jnp.abs(x.astype(jnp.float32))[None], jnp.abs(mx.dequantize(w))[None], 1024, False)
-    r["case"] = f"w4a16 512x768x1024 via auto ({mx.explain(x, w, dims, recipe=rec).backend})"
-    res.append(r)
-    print(("PASS" if r["ok"] else "FAIL"), r["case"], flush=True)
+    for odt in (jnp.float32, jnp.bfloat16):  # bfloat16: XLA's GEMM writes it itself (session 11)
+        out = mx.dot_general(x, w, dims, recipe=rec, preferred_element_type=odt)
+        r = bound_check(out[None].astype(jnp.float32), ref[None], jnp.abs(x.astype(jnp.float32))[None],
+                        jnp.abs(mx.dequantize(w))[None], 1024, odt == jnp.bfloat16)
+        r["case"] = (f"w4a16 512x768x1024 {jnp.dtype(odt).name} via auto "
+                     f"({mx.explain(x, w, dims, recipe=rec).backend})")
+        res.append(r)
+        print(("PASS" if r["ok"] else "FAIL"), r["case"], flush=True)
     res += decode_dispatch_checks()
     return res
 
