@@ -22,7 +22,8 @@ float32 accumulation: |error| <= 2 K 2^-24 sum|x||w|) before it is timed. Timing
 (``common.time_fn``) and the profiler (``common.kernel_time``: kernel names show whether the
 decode was fused). Writes JSON and a PNG.
 
-Usage: python benchmarks/xla_dequant_probe.py [--shapes 1024x8192x8192,...] [--out DIR]
+Usage: python benchmarks/xla_dequant_probe.py [--shapes 1024x8192x8192,...] [--only bf16,pallas,...]
+[--out DIR] [--check-only] (bf16 is always timed first: the base of every ratio)
 (shapes MxKxN; on CPU use small ones, e.g. --shapes 64x256x128: timings there mean nothing).
 """
 
@@ -104,22 +105,25 @@ def main():
     ap.add_argument("--shapes", default="1024x8192x8192,8192x8192x8192", help="comma list of MxKxN")
     ap.add_argument("--only", default="", help="comma list of variants (default: all)")
     ap.add_argument("--out", default="results/xla_dequant_probe")
+    ap.add_argument("--check-only", action="store_true", help="check every variant's values, time nothing")
     args = ap.parse_args()
     try:
         shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
-        assert all(len(s) == 3 and min(s) > 0 and s[1] % 64 == 0 for s in shapes)
-    except (ValueError, AssertionError):
+        if not all(len(s) == 3 and min(s) > 0 and s[1] % 64 == 0 for s in shapes):
+            raise ValueError(args.shapes)
+    except ValueError:
         ap.error(f"--shapes: comma list of MxKxN with K a multiple of 64, got {args.shapes!r}")
     names = [v for v in args.only.split(",") if v] or list(VARIANTS)
     if any(v not in VARIANTS for v in names):
         ap.error(f"--only: choose from {VARIANTS}")
+    names = ["bf16"] + [v for v in dict.fromkeys(names) if v != "bf16"]  # bf16 first: every ratio's base
     import jax_mxfp4 as mx
 
     out = out_dir(args.out)
     rows, info = [], device_info()
     print(f"{'shape':>18} {'variant':14} {'ok':>4} {'fair ms':>9} {'kernel ms':>10} {'ratio':>6}  kernels", flush=True)
     for m, k, n in shapes:
-        nsets = n_sets_for(2 * n * k + 2 * m * k)
+        nsets = 1 if args.check_only else n_sets_for(2 * n * k + 2 * m * k)
         keys = [jax.random.split(jax.random.key(7 + i)) for i in range(nsets)]
         xs = [jax.random.normal(a, (m, k), jnp.bfloat16) for a, _ in keys]
         wb = [jax.random.normal(b, (n, k), jnp.bfloat16) for _, b in keys]
@@ -137,8 +141,8 @@ def main():
                 row["ok"] = bool(name == "bf16" or np.all(np.abs(got - ref) <= 2 * k * 2.0**-24 * mag + 2.0**-126))
                 fn = variant_fn(name, jnp.bfloat16)
                 sets = list(zip(xs, wb if name == "bf16" else wq))
-                row["fair_s"] = time_fn(fn, sets)["median_s"]
-                kt = kernel_time(fn, sets)
+                row["fair_s"] = None if args.check_only else time_fn(fn, sets)["median_s"]
+                kt = {"error": "--check-only"} if args.check_only else kernel_time(fn, sets)
                 if "error" not in kt:
                     row["kernel_s"] = kt["kernel_s"]
                     row["kernels"] = sorted(kt["kernels"].items(), key=lambda kv: -kv[1])[:4]
@@ -151,7 +155,7 @@ def main():
             rows.append(row)
             ks = "; ".join(f"{kn[:40]} {kv * 1e3:.3f}" for kn, kv in row.get("kernels", []))
             print(f"{'x'.join(map(str, (m, k, n))):>18} {name:14} {str(row.get('ok', '-')):>4} "
-                  f"{row.get('fair_s', float('nan')) * 1e3:9.4f} {row.get('kernel_s', float('nan')) * 1e3:10.4f} "
+                  f"{(row.get('fair_s') or float('nan')) * 1e3:9.4f} {row.get('kernel_s', float('nan')) * 1e3:10.4f} "
                   f"{row['ratio'] or float('nan'):6.3f}  {ks or row.get('error', '')}", flush=True)
     write_json(os.path.join(out, "xla_dequant_probe.json"), {"device": info, "rows": rows,
                                                              "ratio": "kernel time (else fair) / bf16's, same run"})

@@ -433,3 +433,23 @@ def test_out_folder_that_cannot_be_made_is_a_clear_error_before_the_work(tmp_pat
         compile_time.main(["--size", "small", "--recipes", "bf16", "--flags", "default", "--out", str(afile)])
     assert __import__("time").time() - t0 < 20  # refused before any timing or child process
 
+
+
+def test_xla_dequant_probe_checks_every_variant_and_refuses_bad_arguments(tmp_path, capsys, monkeypatch):
+    """benchmarks/xla_dequant_probe.py (session 11): every formulation of the w4a16 product it
+    times equals a float64 reference on CPU (--check-only: values, no timing), JSON written; bad
+    --shapes / --only are argparse errors (a refusal, not an AssertionError that -O would skip)."""
+    from benchmarks import xla_dequant_probe as probe
+
+    for argv in (["--shapes", "16x100x64"], ["--shapes", "0x64x64"], ["--shapes", "1x2"], ["--shapes", "axbxc"],
+                 ["--only", "bf16,nope"]):
+        with pytest.raises(SystemExit):
+            monkeypatch.setattr(sys, "argv", ["xla_dequant_probe.py", *argv, "--out", str(tmp_path / "bad")])
+            probe.main()
+        assert "error:" in capsys.readouterr().err
+    monkeypatch.setattr(sys, "argv", ["xla_dequant_probe.py", "--shapes", "8x128x64", "--check-only", "--out",
+                                      str(tmp_path / "ok")])
+    probe.main()
+    rows = json.load(open(tmp_path / "ok" / "xla_dequant_probe.json"))["rows"]
+    assert [r["variant"] for r in rows] == list(probe.VARIANTS)
+    assert all(r.get("ok") is True for r in rows), rows

@@ -163,9 +163,14 @@ def test_fold_scale_bits_are_two_to_the_b_minus_one():
         bits = e2m1_asm.fold_scale_bits(b)
         np.testing.assert_array_equal(_bf16_pair_values(bits), [2.0 ** (b - 1)] * 2)
     assert e2m1_asm.FOLD_MAX_BYTE == 128  # 2^127 is bfloat16's largest power of two
-    for b in (129, 255, -1):
+    for b in (129, 255, -1, np.uint8(200)):
         with pytest.raises(ValueError, match="E8M0 byte must be in 0..128"):
             e2m1_asm.fold_scale_bits(b)
+    # a NumPy byte is taken (helper trial, session 11: np.uint8 overflowed in the multiply)
+    assert e2m1_asm.fold_scale_bits(np.uint8(128)) == e2m1_asm.fold_scale_bits(128) == 0x7F007F00
+    for bad in (True, np.bool_(False), 1.0, np.float32(3), "5", None):
+        with pytest.raises(TypeError, match="E8M0 byte must be an int"):
+            e2m1_asm.fold_scale_bits(bad)
 
 
 @pytest.mark.parametrize("scale_byte", [0, 1, 2, 64, 100, 126, 127, 128, "random"])

@@ -1039,8 +1039,8 @@ def test_fold_and_delay_config_rules():
 @pytest.mark.parametrize("m", [16, 1])
 @pytest.mark.parametrize("kw,fold,delay", [(4, True, False), (4, False, True), (2, True, False), (2, False, True)])
 def test_fold_and_delay_lower_for_cuda(m, kw, fold, delay):
-    """One kernel per call with either option or both; fold_scale refuses bfloat16 scales (it
-    reads the E8M0 bytes)."""
+    """One kernel per call with either option (both together are refused by MgpuConfig);
+    fold_scale refuses bfloat16 scales (it reads the E8M0 bytes)."""
     cfg = wm.MgpuConfig(**{**KS4, "k_split_wgs": kw, "decode": "lanes"}, chunks=2, fold_scale=fold,
                         delay_release=delay)
     for form in ("kmajor", "rows") if m == 16 else ("kmajor",):

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax._src import core as jax_core
 
 def _scaled(out, scale):
@@ -136,7 +137,12 @@ WARP_ALL_PTX = ("{\n.reg .pred p, q;\nsetp.ne.u32 p, $1, 0;\nvote.sync.all.pred 
 
 def fold_scale_bits(b: int) -> int:
     """bfloat16x2 bits (both lanes) of 2^(b-1) for an E8M0 byte 0 <= b <= FOLD_MAX_BYTE: the
-    ``$5`` of ``_DECODE_LANES_FOLD_PTX`` (the kernel computes the same with two integer operations)."""
+    ``$5`` of ``_DECODE_LANES_FOLD_PTX`` (the kernel computes the same with two integer operations).
+    Raises TypeError for a non-int (bool included; NumPy integers are taken), ValueError outside
+    0..FOLD_MAX_BYTE (2^(b-1) would overflow bfloat16)."""
+    if isinstance(b, (bool, np.bool_)) or not isinstance(b, (int, np.integer)):
+        raise TypeError(f"fold_scale_bits: E8M0 byte must be an int, got {b!r}")
+    b = int(b)  # a NumPy uint8 byte would overflow in b x FOLD_SCALE_MUL
     if not 0 <= b <= FOLD_MAX_BYTE:
         raise ValueError(f"fold_scale_bits: E8M0 byte must be in 0..{FOLD_MAX_BYTE}, got {b}")
     return (b * FOLD_SCALE_MUL + FOLD_SCALE_ADD) & 0xFFFFFFFF

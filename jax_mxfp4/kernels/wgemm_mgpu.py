@@ -173,8 +173,10 @@ class MgpuConfig:
     WGMMAs before decoding the next (parts of whole 64-element x swizzle tiles);
     :func:`k_split_config` takes 2 where allowed.
     fold_scale ("lanes" decode, one-kernel tiling, E8M0 byte scales): x 2^126 and x scale as one
-    bfloat16x2 multiply by 2^(b-1) wherever a thread's E8M0 bytes of a step are all <= 128 (scales
-    <= 2), the two-multiply form otherwise (:func:`_decode_lanes_folded`); same bits.
+    bfloat16x2 multiply by 2^(b-1) wherever every thread of a warp has all its E8M0 bytes of the
+    decoded part (a step, or a part of it with ``chunks``) <= 128 (scales <= 2; one
+    ``vote.sync.all`` per warp), the two-multiply form otherwise (:func:`_decode_lanes_folded`);
+    same bits. Not with ``delay_release`` (wrong on the H200 at 2 warpgroups, session 11).
     delay_release (one-kernel tiling, "own" pipeline): each step's WGMMAs are waited for only
     after the next step's are issued, and its slot released then (:func:`_k_split_own_pipeline`'s
     ``drain``), so a step's decode overlaps the previous step's WGMMAs.
