@@ -403,6 +403,30 @@ def _e8m0_pair(sb):
                         arith.constant(i32, 0x7FC07FC0), bits)
 
 
+def _scale_byte(sref, raw: bool, row, b: int):
+    """The E8M0 byte (i32 MLIR value) of weight row ``row`` (an index value) and block ``b`` from
+    the scales in shared memory: uint8 [64, nb] as stored (``raw``) or K-major [nb, 64]."""
+    from jaxlib.mlir import ir
+    from jaxlib.mlir.dialects import arith, memref
+
+    blk = arith.constant(ir.IndexType.get(), b)
+    return arith.extui(ir.IntegerType.get_signless(32), memref.load(sref, [row, blk] if raw else [blk, row]))
+
+
+def _pair_registers(q, s2, asm: str) -> list:
+    """The four bfloat16x2 registers that the "pairs"/"lanes" PTX ``asm`` of
+    :mod:`jax_mxfp4.kernels.e2m1_asm` makes from a 32-bit weight word ``q`` and its bfloat16x2
+    scale operand ``s2`` (i32 MLIR values; inside an ``inline_mgpu`` body)."""
+    import jax.experimental.mosaic.gpu as mgpu
+    from jaxlib.mlir import ir
+    from jaxlib.mlir.dialects import llvm
+
+    i32 = ir.IntegerType.get_signless(32)
+    bf2 = ir.VectorType.get((2,), ir.BF16Type.get())
+    res = llvm.inline_asm(llvm.StructType.get_literal([i32] * 4), [q, s2], asm, e2m1_asm.DECODE_PAIRS_CONSTRAINTS)
+    return [mgpu.utils.bitcast(llvm.extractvalue(i32, res, [t]), bf2) for t in range(4)]
+
+
 def _decode_lanes_folded(fa, sref, raw: bool, b0: int, b1: int, out):
     """The "lanes" decode of a thread's registers for blocks b0 <= b < b1 with the two bfloat16
     multiplies folded into one where they can be (:attr:`MgpuConfig.fold_scale`): when every E8M0
@@ -414,21 +438,17 @@ def _decode_lanes_folded(fa, sref, raw: bool, b0: int, b1: int, out):
     ``out`` (the numpy array of output registers of :func:`_decode_ptx`'s "pairs" form)."""
     import jax.experimental.mosaic.gpu as mgpu
     from jaxlib.mlir import ir
-    from jaxlib.mlir.dialects import arith, llvm, memref, scf
+    from jaxlib.mlir.dialects import arith, llvm, scf
 
     i32 = ir.IntegerType.get_signless(32)
-    index = ir.IndexType.get()
     bf2 = ir.VectorType.get((2,), ir.BF16Type.get())
-    struct = llvm.StructType.get_literal([i32] * 4)
     regs = fa.registers
     items = []  # (output slot of register t = 0, the 32-bit word, the E8M0 byte as i32)
     for (row, _col), ridx in zip(fa.layout.thread_idxs(fa.shape), np.ndindex(regs.shape)):
         b, rh = ridx[1], ridx[4]
         if not b0 <= b < b1:
             continue
-        where = [row, arith.constant(index, b)] if raw else [arith.constant(index, b), row]
-        sb = arith.extui(i32, memref.load(sref, where))
-        items.append(((4 * (b - b0), rh), mgpu.utils.bitcast(regs[ridx], i32), sb))
+        items.append(((4 * (b - b0), rh), mgpu.utils.bitcast(regs[ridx], i32), _scale_byte(sref, raw, row, b)))
     top = items[0][2]
     for _, _, sb in items[1:]:
         top = arith.maxui(top, sb)
@@ -448,8 +468,7 @@ def _decode_lanes_folded(fa, sref, raw: bool, b0: int, b1: int, out):
                 asm = e2m1_asm._DECODE_LANES_FOLD_PTX
             else:
                 s, asm = _e8m0_pair(sb), e2m1_asm._DECODE_LANES_PTX
-            res = llvm.inline_asm(struct, [q, s], asm, e2m1_asm.DECODE_PAIRS_CONSTRAINTS)
-            vals += [mgpu.utils.bitcast(llvm.extractvalue(i32, res, [t]), bf2) for t in range(4)]
+            vals += _pair_registers(q, s, asm)
         scf.YieldOp(vals)
 
     with ir.InsertionPoint(branch.then_block):
@@ -514,10 +533,8 @@ def _decode_ptx(byt, s_ref, hb: int, raw: bool = False, pairs: bool = False, blo
             b, rh = ridx[1], ridx[4]
             if not b0 <= b < b1:
                 continue
-            if raw:
-                s2 = _e8m0_pair(arith.extui(i32, memref.load(sref, [row, arith.constant(index, b)])))
-            elif kmajor_bytes:  # E8M0 bytes [nb, 64]: one byte per (block, row), same rule
-                s2 = _e8m0_pair(arith.extui(i32, memref.load(sref, [arith.constant(index, b), row])))
+            if raw or kmajor_bytes:  # E8M0 bytes [64, nb] as stored or K-major [nb, 64]
+                s2 = _e8m0_pair(_scale_byte(sref, raw, row, b))
             else:
                 sc = memref.load(sref, [arith.constant(index, b), row])
                 s32 = arith.extui(i32, arith.bitcast(i16, sc))
@@ -525,10 +542,8 @@ def _decode_ptx(byt, s_ref, hb: int, raw: bool = False, pairs: bool = False, blo
             q = mgpu.utils.bitcast(regs[ridx], i32)
             if pairs:  # "lanes": the same outputs from bytes in lanes_order_bytes' nibble order
                 asm = e2m1_asm._DECODE_LANES_PTX if lanes else e2m1_asm._DECODE_PAIRS_PTX
-                res = llvm.inline_asm(struct, [q, s2], asm, e2m1_asm.DECODE_PAIRS_CONSTRAINTS)
-                for t in range(4):
-                    lo[0, 4 * (b - b0) + t, 0, 0, rh, 0, 0, 0, 0] = mgpu.utils.bitcast(
-                        llvm.extractvalue(i32, res, [t]), bf2)
+                for t, reg in enumerate(_pair_registers(q, s2, asm)):
+                    lo[0, 4 * (b - b0) + t, 0, 0, rh, 0, 0, 0, 0] = reg
                 continue
             res = llvm.inline_asm(struct, [q, s2, s2], e2m1_asm._DECODE_PTX, "=r,=r,=r,=r,r,r,r")
             outs = [mgpu.utils.bitcast(llvm.extractvalue(i32, res, [t]), bf2) for t in range(4)]
