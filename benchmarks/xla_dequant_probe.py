@@ -15,15 +15,23 @@ GPU compiler may fuse it into the GEMM's operand (a Triton GEMM fusion with a pr
     (``wgemm_mgpu.decode_e2m1_bits``, "select": no bfloat16 subnormal, which XLA may flush) into
     two [N, K/2] halves concatenated along K, x permuted the same way (even elements, then odd):
     one GEMM, no nibble interleave;
-  * "xla-int-2dot": the same halves in two GEMMs of K/2 (float32 sums added).
+  * "xla-int-2dot": the same halves in two GEMMs of K/2 (float32 sums added);
+  * "tiles[-MTxBK][-sS][-cC][-nofold]": the Mosaic GPU kernel with the decode in a large-tile
+    GEMM's K loop (:mod:`jax_mxfp4.kernels.wgemm_tiles_mgpu`) on the weight prepared once by
+    ``prepare_decode`` (outside the timed calls: the serving form), default tiling or
+    ``TilesConfig(mt=MT, bk=BK, stages=S, chunks=C, fold_scale=not nofold)``;
+  * "pallas-prepared": ``jax_mxfp4.dot_general`` (backend "pallas") with that prepared weight:
+    the route dispatch gives a prepared weight.
 
 Each variant is checked against a float64 reference of x · dequantize(W)ᵀ (bf16 products exact,
-float32 accumulation: |error| <= 2 K 2^-24 sum|x||w|) before it is timed. Timing: fair
+float32 accumulation: |error| <= 2 K 2^-24 sum|x||w|) before it is timed, on activation rows
+spread over every 128-row tile (the first and last 8 rows and 3 rows of each tile), all N
+columns. Timing: fair
 (``common.time_fn``) and the profiler (``common.kernel_time``: kernel names show whether the
 decode was fused). Writes JSON and a PNG.
 
 Usage: python benchmarks/xla_dequant_probe.py [--shapes 1024x8192x8192,...] [--only bf16,pallas,...]
-[--out DIR] [--check-only] (bf16 is always timed first: the base of every ratio)
+[--out DIR] [--check-only] [--w-exp E] (bf16 is always timed first: the base of every ratio)
 (shapes MxKxN; on CPU use small ones, e.g. --shapes 64x256x128: timings there mean nothing).
 """
 
@@ -31,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
@@ -43,7 +52,37 @@ from jax import lax  # noqa: E402
 from benchmarks.common import device_info, kernel_time, n_sets_for, out_dir, save_figure, time_fn, write_json  # noqa: E402
 
 DIMS2 = (((1,), (1,)), ((), ()))
-VARIANTS = ("bf16", "pallas", "xla-f4", "xla-int-cat", "xla-int-2dot")
+VARIANTS = ("bf16", "pallas", "xla-f4", "xla-int-cat", "xla-int-2dot", "tiles", "pallas-prepared")
+PREPARED = ("tiles", "pallas-prepared")  # variants that take the weight from prepare_decode
+
+
+def tiles_config(name):
+    """TilesConfig of a "tiles[-MTxBK][-sS][-cC][-nofold]" variant name (None: the default
+    tiling); ValueError for a name that does not parse."""
+    from jax_mxfp4.kernels.wgemm_tiles_mgpu import TilesConfig
+
+    parts = name.split("-")
+    if parts[0] != "tiles":
+        raise ValueError(name)
+    if len(parts) == 1:
+        return None
+    kw = {}
+    for p in parts[1:]:
+        if re.fullmatch(r"\d+x\d+", p):
+            kw["mt"], kw["bk"] = map(int, p.split("x"))
+            kw.setdefault("chunks", kw["bk"] // 64 if kw["bk"] <= 128 else 2)
+        elif re.fullmatch(r"[sc]\d+", p):
+            kw["stages" if p[0] == "s" else "chunks"] = int(p[1:])
+        elif p == "nofold":
+            kw["fold_scale"] = False
+        else:
+            raise ValueError(name)
+    return TilesConfig(**kw)
+
+
+def base_variant(name):
+    """The VARIANTS entry a name belongs to ("tiles-..." -> "tiles")."""
+    return "tiles" if name.startswith("tiles") else name
 
 
 def _scale_bf16(scales):
@@ -78,6 +117,14 @@ def variant_fn(name, out_dtype):
     if name == "pallas":
         recipe = mx.Recipe(backend="pallas", quantize_activations=False)
         return lambda x, w: mx.dot_general(x, w, DIMS2, preferred_element_type=out_dtype, recipe=recipe)
+    if name.startswith("tiles"):
+        from jax_mxfp4.kernels.wgemm_tiles_mgpu import mgpu_w4a16_tiles
+
+        cfg = tiles_config(name)
+        return lambda x, w: mgpu_w4a16_tiles(x, w.data, w.scales, out_dtype, cfg)
+    if name == "pallas-prepared":
+        recipe = mx.Recipe(backend="pallas", quantize_activations=False)
+        return lambda x, w: mx.dot_general(x, w, DIMS2, preferred_element_type=out_dtype, recipe=recipe)
     if name == "xla-f4":
         return lambda x, w: lax.dot_general(x, dequant_f4(w.data, w.scales), DIMS2, preferred_element_type=out_dtype)
 
@@ -106,6 +153,9 @@ def main():
     ap.add_argument("--only", default="", help="comma list of variants (default: all)")
     ap.add_argument("--out", default="results/xla_dequant_probe")
     ap.add_argument("--check-only", action="store_true", help="check every variant's values, time nothing")
+    ap.add_argument("--w-exp", type=int, default=0,
+                    help="weights times 2^E (E8M0 scale bytes near 127 + E: E > 1 takes the kernels' two-multiply "
+                         "decode instead of the folded one)")
     args = ap.parse_args()
     try:
         shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")]
@@ -114,22 +164,31 @@ def main():
     except ValueError:
         ap.error(f"--shapes: comma list of MxKxN with K a multiple of 64, got {args.shapes!r}")
     names = [v for v in args.only.split(",") if v] or list(VARIANTS)
-    if any(v not in VARIANTS for v in names):
-        ap.error(f"--only: choose from {VARIANTS}")
+    try:
+        for v in names:
+            if base_variant(v) not in VARIANTS:
+                raise ValueError(v)
+            if v.startswith("tiles"):
+                tiles_config(v)
+    except (ValueError, TypeError) as e:
+        ap.error(f"--only: choose from {VARIANTS} (tiles as tiles[-MTxBK][-sS][-cC][-nofold]); {e}")
     names = ["bf16"] + [v for v in dict.fromkeys(names) if v != "bf16"]  # bf16 first: every ratio's base
     import jax_mxfp4 as mx
 
     out = out_dir(args.out)
     rows, info = [], device_info()
-    print(f"{'shape':>18} {'variant':14} {'ok':>4} {'fair ms':>9} {'kernel ms':>10} {'ratio':>6}  kernels", flush=True)
+    print(f"{'shape':>18} {'variant':22} {'ok':>4} {'fair ms':>9} {'kernel ms':>10} {'ratio':>6}  kernels", flush=True)
     for m, k, n in shapes:
         nsets = 1 if args.check_only else n_sets_for(2 * n * k + 2 * m * k)
         keys = [jax.random.split(jax.random.key(7 + i)) for i in range(nsets)]
         xs = [jax.random.normal(a, (m, k), jnp.bfloat16) for a, _ in keys]
-        wb = [jax.random.normal(b, (n, k), jnp.bfloat16) for _, b in keys]
+        wb = [jax.random.normal(b, (n, k), jnp.bfloat16) * jnp.bfloat16(2.0**args.w_exp) for _, b in keys]
         wq = [mx.quantize(w, 1) for w in wb]
-        # check: float64 reference on a few rows of the first set
-        xr = np.asarray(xs[0][:8], np.float64)
+        wp = [mx.prepare_decode(w) for w in wq] if any(base_variant(v) in PREPARED for v in names) else None
+        # check: float64 reference on rows spread over every 128-row tile (first and last 8, 3 per tile)
+        check_rows = np.unique(np.concatenate([np.arange(min(8, m)), np.arange(max(0, m - 8), m)] + [
+            np.clip(t + np.array([0, 61, 127]), 0, m - 1) for t in range(0, m, 128)]))
+        xr = np.asarray(xs[0], np.float64)[check_rows]
         wr = np.asarray(mx.dequantize(wq[0]), np.float64)
         ref, mag = xr @ wr.T, np.abs(xr) @ np.abs(wr).T
         base = None
@@ -137,10 +196,17 @@ def main():
             row = {"shape": [m, k, n], "variant": name}
             try:
                 f32 = variant_fn(name, jnp.float32)
-                got = np.asarray(jax.jit(f32)(xs[0], wb[0] if name == "bf16" else wq[0])[:8], np.float64)
-                row["ok"] = bool(name == "bf16" or np.all(np.abs(got - ref) <= 2 * k * 2.0**-24 * mag + 2.0**-126))
+                wsets = wb if name == "bf16" else wp if base_variant(name) in PREPARED else wq
+                got = np.asarray(jax.jit(f32)(xs[0], wsets[0]), np.float64)[check_rows]
+                bad = ~(np.abs(got - ref) <= 2 * k * 2.0**-24 * mag + 2.0**-126)
+                row["ok"] = bool(name == "bf16" or not bad.any())
+                if not row["ok"]:  # where: which activation rows / weight columns (tiles of 128)
+                    r, c = np.nonzero(bad)
+                    row["bad"] = {"count": int(bad.sum()), "of": int(bad.size), "rows": sorted(set(
+                        check_rows[r].tolist()))[:16], "col_tiles": sorted(set((c // 128).tolist()))[:16]}
+                    print(f"  {name}: {row['bad']}", flush=True)
                 fn = variant_fn(name, jnp.bfloat16)
-                sets = list(zip(xs, wb if name == "bf16" else wq))
+                sets = list(zip(xs, wsets))
                 row["fair_s"] = None if args.check_only else time_fn(fn, sets)["median_s"]
                 kt = {"error": "--check-only"} if args.check_only else kernel_time(fn, sets)
                 if "error" not in kt:
@@ -154,7 +220,7 @@ def main():
             row["ratio"] = t / tb if t and tb else None
             rows.append(row)
             ks = "; ".join(f"{kn[:40]} {kv * 1e3:.3f}" for kn, kv in row.get("kernels", []))
-            print(f"{'x'.join(map(str, (m, k, n))):>18} {name:14} {str(row.get('ok', '-')):>4} "
+            print(f"{'x'.join(map(str, (m, k, n))):>18} {name:22} {str(row.get('ok', '-')):>4} "
                   f"{(row.get('fair_s') or float('nan')) * 1e3:9.4f} {row.get('kernel_s', float('nan')) * 1e3:10.4f} "
                   f"{row['ratio'] or float('nan'):6.3f}  {ks or row.get('error', '')}", flush=True)
     write_json(os.path.join(out, "xla_dequant_probe.json"), {"device": info, "rows": rows,

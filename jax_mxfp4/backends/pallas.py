@@ -115,6 +115,10 @@ class PallasBackend(Backend):
         if plan.kind == "tiled":
             return "a4w4 tiled kernel (both operands decoded in the K loop)" + _converted_note(problem)
         decode = decode_for(problem.platform)
+        if plan.kind == "tiles":
+            return (f"Mosaic GPU large-tile kernel, w4a16 with {plan.rows} activation rows >= "
+                    f"{W4A16_TWO_PASS_MIN_ROWS}: the weight from prepare_decode decoded inside the GEMM's K loop "
+                    f"(\"lanes\" decode, WGMMA with the decoded tile in registers), {plan.mgpu_cfg}")
         if plan.kind == "two-pass":
             return (f"two-pass w4a16: {plan.rows} activation rows >= {W4A16_TWO_PASS_MIN_ROWS}, weight decoded "
                     f"to bfloat16 once ({decode} decode), then XLA's bfloat16 GEMM" + _converted_note(problem))
@@ -135,7 +139,7 @@ class PallasBackend(Backend):
     def takes_decode_prepared(self, problem: GemmProblem) -> tuple[bool, bool]:
         """The weight side of the Mosaic GPU route, when it is a DecodePrepared (read as stored)."""
         plan = _plan(problem)
-        if plan.kind != "mosaic":
+        if plan.kind not in ("mosaic", "tiles"):
             return (False, False)
         return (plan.swap and problem.lhs_decode_prepared, not plan.swap and problem.rhs_decode_prepared)
 
@@ -191,10 +195,13 @@ def _decoded_bf16(w: MXFP4Array, platform: str) -> jax.Array:
 @dataclasses.dataclass(frozen=True)
 class _Plan:
     """Which path of this backend a problem takes (the one place that decides it): ``kind``
-    "tiled" (a4w4, both sides large), "two-pass" (large-M w4a16 on a GPU), "mosaic" (the Mosaic GPU
-    kernel) or "triton" (the weight-stationary kernel); ``swap``: the lhs is the weight (the side
-    decoded in the K loop); ``rows``/``wrows``: activation / weight rows; ``mgpu_cfg`` for
-    "mosaic"; ``w_prepared``: the weight is a DecodePrepared (read as stored on "mosaic")."""
+    "tiled" (a4w4, both sides large), "tiles" (large-M w4a16 on Hopper with a "lanes"
+    DecodePrepared weight: the large-tile Mosaic GPU kernel), "two-pass" (other large-M w4a16 on a
+    GPU), "mosaic" (the decode-size Mosaic GPU kernel) or "triton" (the weight-stationary kernel);
+    ``swap``: the lhs is the weight (the side decoded in the K loop); ``rows``/``wrows``:
+    activation / weight rows; ``mgpu_cfg``: the MgpuConfig of "mosaic", the TilesConfig of
+    "tiles"; ``w_prepared``: the weight is a DecodePrepared (read as stored on "mosaic" and
+    "tiles")."""
 
     kind: str
     swap: bool = False
@@ -213,6 +220,9 @@ def _plan(problem: GemmProblem) -> _Plan:
     w_order = problem.lhs_decode_prepared if swap else problem.rhs_decode_prepared  # False, or the byte order
     w_prepared = bool(w_order)
     if problem.has_float_operand and rows >= W4A16_TWO_PASS_MIN_ROWS and problem.platform != "cpu":
+        tcfg = _tiles_config(problem, rows, wrows, w_order)
+        if tcfg is not None:
+            return _Plan("tiles", swap, rows, wrows, tcfg, w_prepared)
         return _Plan("two-pass", swap, rows, wrows, None, w_prepared)
     mcfg = _mosaic_gpu_config(problem, rows, wrows, w_order or "natural")
     return _Plan("mosaic" if mcfg is not None else "triton", swap, rows, wrows, mcfg, w_prepared)
@@ -234,6 +244,21 @@ def _mosaic_gpu_config(problem: GemmProblem, rows: int, wrows: int, w_order: str
     return wgemm_mgpu.default_mgpu_config(rows, wrows, problem.k, w_order)
 
 
+def _tiles_config(problem: GemmProblem, rows: int, wrows: int, w_order):
+    """The large-tile Mosaic GPU kernel's tiling (:mod:`jax_mxfp4.kernels.wgemm_tiles_mgpu`: the
+    decode inside the GEMM's K loop) where it takes this many-row w4a16 problem, else None: the
+    weight a "lanes" DecodePrepared (prepare_decode's default), CUDA device 0 of compute
+    capability 9.0, the Mosaic switch on (``W4A16_MOSAIC_GPU``) and a shape it tiles."""
+    if w_order != "lanes" or problem.platform != "cuda" or not mosaic_w4a16_enabled():
+        return None
+    from ..kernels import wgemm_tiles_mgpu
+    from .fp8 import _compute_capability
+
+    if _compute_capability() != (9, 0):
+        return None
+    return wgemm_tiles_mgpu.default_tiles_config(rows, wrows, problem.k, problem.out_dtype)
+
+
 def _weight_stationary(lhs, rhs, problem: GemmProblem, plan: _Plan | None = None) -> jax.Array:
     """w4a16, and a4w4 with one small side: the MXFP4 operand with more rows is the weight
     (decoded inside the kernel's K loop); the other side is bfloat16 (a4w4: its exact dequantized
@@ -248,8 +273,8 @@ def _weight_stationary(lhs, rhs, problem: GemmProblem, plan: _Plan | None = None
     if isinstance(x, MXFP4Array):
         x = dequantize(x, jnp.bfloat16)
     x = x.astype(jnp.bfloat16)
-    if plan.kind != "mosaic":
-        w = _plain(w)  # only the Mosaic GPU route reads a DecodePrepared as stored
+    if plan.kind not in ("mosaic", "tiles"):
+        w = _plain(w)  # only the Mosaic GPU routes read a DecodePrepared as stored
     if plan.kind == "two-pass":
         wf = _decoded_bf16(w, problem.platform)
         # the GEMM writes bfloat16 / float32 itself (one rounding of its float32 accumulator, as a
@@ -258,6 +283,12 @@ def _weight_stationary(lhs, rhs, problem: GemmProblem, plan: _Plan | None = None
         pet = problem.out_dtype if problem.out_dtype in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float32)) else jnp.float32
         out = jax.lax.dot_general(x, wf, (((2,), (2,)), ((0,), (0,))),
                                   preferred_element_type=pet).astype(problem.out_dtype)
+    elif plan.kind == "tiles":  # a "lanes" DecodePrepared: data [B, N, K/2], K-major scales [B, K/32, N]
+        from ..kernels.wgemm_tiles_mgpu import mgpu_w4a16_tiles
+
+        sbytes = as_scale_bytes(w.scales)
+        out = jnp.stack([mgpu_w4a16_tiles(x[i], w.data[i], sbytes[i], problem.out_dtype, plan.mgpu_cfg)
+                         for i in range(problem.batch)])
     elif plan.kind == "mosaic":
         from ..kernels.wgemm_mgpu import mgpu_w4a16
 
