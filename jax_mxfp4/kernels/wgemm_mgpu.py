@@ -980,7 +980,7 @@ def multicast_splits(mp: int, xcols: int, cluster: int) -> bool:
 
 
 def _k_split_own_pipeline(wg, kw: int, steps: int, stages: int, *, fetch, step, ready, consumed, compute_context,
-                          drain=None):
+                          drain=None, registers: tuple[int, int] | None = None):
     """The warp-specialized pipeline of :func:`_k_split_call` (``k_split_pipeline="own"``): the
     schedule of ``plgpu.emit_pipeline_warp_specialized`` (jax 0.11, automatic barriers, no
     delay_release) without its ``setmaxnreg`` (MgpuConfig.k_split_pipeline says why that
@@ -1001,11 +1001,22 @@ def _k_split_own_pipeline(wg, kw: int, steps: int, stages: int, *, fetch, step, 
     release of MgpuConfig.delay_release): ``step(slot, carry)`` may leave its reads of the slot
     in flight but returns only when the previous step's have finished (WGMMAs waited down to its
     own groups), so step t arrives on consumed[(t - 1) % stages] instead (t >= 1), and after the
-    last step ``drain(carry)`` (finishes every read) and the last slot's arrival."""
+    last step ``drain(carry)`` (finishes every read) and the last slot's arrival.
+    ``registers`` (memory, compute): per-thread registers the TMA warpgroup gives up and each
+    compute warpgroup asks for first (``setmaxnreg``); the caller keeps ``128 (memory + kw
+    compute)`` within the CTA's pool (:func:`_ws_register_demand`'s rule: ``setmaxnreg.inc``
+    waits forever otherwise); None: no reallocation."""
     plgpu = _plgpu()
+    if registers is not None:
+        need, pool = 128 * (registers[0] + kw * registers[1]), _ws_register_demand(kw, 0)[1]
+        if need > pool:
+            raise ValueError(f"_k_split_own_pipeline: registers={registers} ask {need} of the {pool} a CTA of "
+                             f"{128 * (kw + 1)} threads is launched with (setmaxnreg.inc would wait forever)")
 
     @pl.when(wg == kw)
     def _memory():
+        if registers is not None:
+            plgpu.set_max_registers(registers[0], action="decrease")
         for t in range(stages):  # prologue: stages <= steps (_ws_stages)
             fetch(t, t)
 
@@ -1021,6 +1032,9 @@ def _k_split_own_pipeline(wg, kw: int, steps: int, stages: int, *, fetch, step, 
 
     @pl.when(wg < kw)
     def _compute():
+        if registers is not None:
+            plgpu.set_max_registers(registers[1], action="increase")
+
         def run(carry):
             @pl.loop(0, steps)
             def _(t):

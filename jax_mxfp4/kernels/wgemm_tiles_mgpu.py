@@ -50,7 +50,8 @@ from ..mx_format import BLOCK_SIZE, as_scale_bytes
 from .wgemm_mgpu import (_WG_ROWS, _check_eager_device, _k_split_own_pipeline, _load, _plgpu, _swizzle, _tiled,
                          _wgmma_step)
 
-ROWS_PER_CTA = 2 * _WG_ROWS  # weight rows of one CTA: two compute warpgroups of 64
+WNS = (1, 2)  # TilesConfig.wn: 64-row weight tiles per compute warpgroup (two compute warpgroups per CTA)
+REGISTERS = (40, 232)  # TilesConfig.registers: setmaxnreg of the TMA / each compute warpgroup (as jax's pipeline)
 MTS = (64, 128, 256)  # TilesConfig.mt: activation rows per CTA (the WGMMA N side, <= 256)
 SMEM_LIMIT = 227 * 1024  # shared memory one CTA may take on sm_90 (H100/H200: 227 KiB)
 _SMEM_RESERVE = 2 * 1024  # barriers and Mosaic GPU's own scratch
@@ -66,7 +67,13 @@ class TilesConfig:
     fits in shared memory (at least 2); chunks: each warpgroup decodes a step's tile in this many
     parts, issuing each part's WGMMAs before decoding the next (parts of whole 64-column x
     swizzle tiles: ``bk / chunks`` a multiple of 64); fold_scale: the one-multiply "lanes" decode
-    where a warp's E8M0 bytes are <= 128 (:attr:`jax_mxfp4.kernels.wgemm_mgpu.MgpuConfig.fold_scale`).
+    where a warp's E8M0 bytes are <= 128 (:attr:`jax_mxfp4.kernels.wgemm_mgpu.MgpuConfig.fold_scale`);
+    wn: 64-row weight tiles per compute warpgroup, one of :data:`WNS` (a CTA's weight rows are
+    128 wn; each tile its own [64, mt] accumulator); registers: the TMA warpgroup gives up
+    registers and the compute warpgroups take them (``setmaxnreg`` :data:`REGISTERS`, 40 + 2 x 232
+    of the 3 x 168 a CTA of 384 threads has: jax's ``emit_pipeline_warp_specialized`` does the
+    same), for accumulators of 128 registers per thread (mt 256, or wn 2 with mt 128), which
+    spill at 168 (H200 session 12 run a: mt 256 used 166 registers and spilled).
     Raises TypeError / ValueError naming the field and the rule."""
 
     mt: int = 128
@@ -74,14 +81,19 @@ class TilesConfig:
     stages: int = 4
     chunks: int = 2
     fold_scale: bool = True
+    wn: int = 1
+    registers: bool = False
 
     def __post_init__(self):
-        for name in ("mt", "bk", "stages", "chunks"):
+        for name in ("mt", "bk", "stages", "chunks", "wn"):
             v = getattr(self, name)
             if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
                 raise TypeError(f"TilesConfig.{name} must be an int, got {v!r}")
-        if not isinstance(self.fold_scale, (bool, np.bool_)):
-            raise TypeError(f"TilesConfig.fold_scale must be a bool, got {self.fold_scale!r}")
+        for name in ("fold_scale", "registers"):
+            if not isinstance(getattr(self, name), (bool, np.bool_)):
+                raise TypeError(f"TilesConfig.{name} must be a bool, got {getattr(self, name)!r}")
+        if self.wn not in WNS:
+            raise ValueError(f"TilesConfig.wn must be one of {WNS} (64-row weight tiles per warpgroup), got {self.wn}")
         if self.mt not in MTS:
             raise ValueError(f"TilesConfig.mt must be one of {MTS} (the WGMMA N side), got {self.mt}")
         if self.bk < 64 or self.bk % 64:
@@ -94,13 +106,19 @@ class TilesConfig:
             raise ValueError(f"TilesConfig.chunks={self.chunks} must split bk={self.bk} into parts of a multiple of "
                              "64 columns (whole x swizzle tiles)")
 
+    @property
+    def cta_rows(self) -> int:
+        """Weight rows of one CTA: two compute warpgroups of ``wn`` 64-row tiles."""
+        return 2 * self.wn * _WG_ROWS
+
 
 def smem_bytes(cfg: TilesConfig, out_itemsize: int) -> tuple[int, int]:
     """(bytes per pipeline stage, fixed bytes) of shared memory for ``cfg``: per stage x's
-    [mt, bk] bfloat16 tile, the [128, bk/2] weight bytes and [bk/32, 128] scale bytes; fixed, the
-    two warpgroups' [mt, 64] output tiles of ``out_itemsize`` bytes."""
-    per_stage = cfg.mt * cfg.bk * 2 + ROWS_PER_CTA * cfg.bk // 2 + cfg.bk // BLOCK_SIZE * ROWS_PER_CTA
-    return per_stage, 2 * cfg.mt * _WG_ROWS * out_itemsize
+    [mt, bk] bfloat16 tile, the [cta_rows, bk/2] weight bytes and [bk/32, cta_rows] scale bytes;
+    fixed, the [mt, 64] output tiles (2 wn) of ``out_itemsize`` bytes."""
+    rows = cfg.cta_rows
+    per_stage = cfg.mt * cfg.bk * 2 + rows * cfg.bk // 2 + cfg.bk // BLOCK_SIZE * rows
+    return per_stage, 2 * cfg.wn * cfg.mt * _WG_ROWS * out_itemsize
 
 
 def fitted_stages(cfg: TilesConfig, out_itemsize: int, steps: int) -> int:
@@ -161,7 +179,7 @@ def mgpu_w4a16_tiles(x, w_data, w_scales, out_dtype=jnp.bfloat16, cfg: TilesConf
     if w_scales.dtype != jnp.uint8 or tuple(w_scales.shape) != (k // BLOCK_SIZE, n):
         raise ValueError(f"mgpu_w4a16_tiles: w_scales must be the E8M0 bytes K-major, uint8 or float8_e8m0fnu "
                          f"[{k // BLOCK_SIZE}, {n}], got {w_scales.dtype} {tuple(w_scales.shape)}")
-    why = unsupported_reason(m, n, k, cfg)
+    why = unsupported_reason(m, n, k, cfg)  # N a multiple of cfg.cta_rows
     if why:
         raise ValueError(f"mgpu_w4a16_tiles: {why}")
     osize = jnp.dtype(out_dtype).itemsize
@@ -174,10 +192,10 @@ def _tiles_call(x, w_data, scales, *, cfg: TilesConfig, stages: int, out_dtype):
     plgpu = _plgpu()
     m, k = x.shape
     n = w_data.shape[0]
-    mt, bk = cfg.mt, cfg.bk
+    mt, bk, wn, rows = cfg.mt, cfg.bk, cfg.wn, cfg.cta_rows
     hb, nb = bk // 2, bk // BLOCK_SIZE
     steps = k // bk
-    n_tiles, m_tiles = n // ROWS_PER_CTA, -(-m // mt)
+    n_tiles, m_tiles = n // rows, -(-m // mt)
     x_tr, w_tr = _tiled(_swizzle(bk * 2), 2), _tiled(_swizzle(hb), 1)
     osize = jnp.dtype(out_dtype).itemsize
     # the transposed store of each warpgroup's tile, as _k_split_call's finish does it
@@ -187,7 +205,7 @@ def _tiles_call(x, w_data, scales, *, cfg: TilesConfig, stages: int, out_dtype):
         cta = lax.axis_index("cta")
         n_tile, m_tile = lax.div(cta, m_tiles), lax.rem(cta, m_tiles)  # a weight tile's CTAs adjacent
         wg = lax.axis_index("wg")
-        cols = pl.ds(n_tile * ROWS_PER_CTA, ROWS_PER_CTA)
+        cols = pl.ds(n_tile * rows, rows)
         xrows = pl.ds(m_tile * mt, mt)
 
         def fetch(t, slot):  # step t's tiles into ``slot``, three copies arriving on ready[slot]
@@ -195,27 +213,32 @@ def _tiles_call(x, w_data, scales, *, cfg: TilesConfig, stages: int, out_dtype):
             plgpu.copy_gmem_to_smem(w_g.at[cols, pl.ds(t * hb, hb)], w_smem.at[slot], ready.at[slot])
             plgpu.copy_gmem_to_smem(s_g.at[pl.ds(t * nb, nb), cols], s_smem.at[slot], ready.at[slot])
 
-        wrows = pl.ds(wg * _WG_ROWS, _WG_ROWS)
+        def tile_rows(j):  # the j-th 64-row weight tile of this warpgroup, inside the CTA's rows
+            return pl.ds((wg * wn + j) * _WG_ROWS, _WG_ROWS)
 
-        def step(slot, acc_ref):
-            byt = _load(w_smem.at[slot].at[wrows], plgpu.Layout.WGMMA_8BIT)
-            _wgmma_step((x_smem.at[slot],), byt, s_smem.at[slot].at[:, wrows], acc_ref, hb, "lanes",
-                        chunks=cfg.chunks, fold=cfg.fold_scale)
+        def step(slot, accs):
+            for j, acc_ref in enumerate(accs):  # tile j+1's decode overlaps tile j's WGMMAs
+                byt = _load(w_smem.at[slot].at[tile_rows(j)], plgpu.Layout.WGMMA_8BIT)
+                _wgmma_step((x_smem.at[slot],), byt, s_smem.at[slot].at[:, tile_rows(j)], acc_ref, hb, "lanes",
+                            chunks=cfg.chunks, fold=cfg.fold_scale)
             plgpu.wgmma_wait(0)
 
         def compute_context(run):
-            @functools.partial(pl.run_scoped, acc_ref=plgpu.ACC((_WG_ROWS, mt), jnp.float32))
-            def _(acc_ref):
-                run(acc_ref)
-                out_t = plgpu.layout_cast(acc_ref[...].astype(out_dtype), plgpu.Layout.WGMMA_TRANSPOSED)
-                plgpu.transpose_ref(o_smem.at[wg], (1, 0))[...] = out_t
+            def scope(*accs):
+                run(accs)
+                for j, acc_ref in enumerate(accs):
+                    out_t = plgpu.layout_cast(acc_ref[...].astype(out_dtype), plgpu.Layout.WGMMA_TRANSPOSED)
+                    plgpu.transpose_ref(o_smem.at[wg * wn + j], (1, 0))[...] = out_t
                 plgpu.commit_smem()
-                plgpu.copy_smem_to_gmem(o_smem.at[wg],
-                                        out_g.at[xrows, pl.ds(n_tile * ROWS_PER_CTA + wg * _WG_ROWS, _WG_ROWS)])
+                for j in range(wn):
+                    plgpu.copy_smem_to_gmem(o_smem.at[wg * wn + j],
+                                            out_g.at[xrows, pl.ds(n_tile * rows + (wg * wn + j) * _WG_ROWS, _WG_ROWS)])
                 plgpu.wait_smem_to_gmem(0)
 
+            pl.run_scoped(scope, *[plgpu.ACC((_WG_ROWS, mt), jnp.float32) for _ in range(wn)])
+
         _k_split_own_pipeline(wg, 2, steps, stages, fetch=fetch, step=step, ready=ready, consumed=consumed,
-                              compute_context=compute_context)
+                              compute_context=compute_context, registers=REGISTERS if cfg.registers else None)
 
     _check_eager_device(x)
     f = plgpu.kernel(
@@ -226,9 +249,9 @@ def _tiles_call(x, w_data, scales, *, cfg: TilesConfig, stages: int, out_dtype):
         compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Lane),
         scratch_types=dict(
             x_smem=plgpu.SMEM((stages, mt, bk), jnp.bfloat16, transforms=x_tr),
-            w_smem=plgpu.SMEM((stages, ROWS_PER_CTA, hb), jnp.uint8, transforms=w_tr),
-            s_smem=plgpu.SMEM((stages, nb, ROWS_PER_CTA), jnp.uint8),
-            o_smem=plgpu.SMEM((2, mt, _WG_ROWS), out_dtype, transforms=o_tr),
+            w_smem=plgpu.SMEM((stages, rows, hb), jnp.uint8, transforms=w_tr),
+            s_smem=plgpu.SMEM((stages, nb, rows), jnp.uint8),
+            o_smem=plgpu.SMEM((2 * wn, mt, _WG_ROWS), out_dtype, transforms=o_tr),
             ready=plgpu.Barrier(num_arrivals=3, num_barriers=stages),  # one arrival per TMA copy
             consumed=plgpu.Barrier(num_arrivals=2, num_barriers=stages)),  # one per compute warpgroup
     )
@@ -240,8 +263,9 @@ def unsupported_reason(m: int, n: int, k: int, cfg: TilesConfig | None = None) -
     :class:`TilesConfig` bk of 128 or 64), else the rule it breaks."""
     if m % 8:
         return f"M={m} is not a multiple of 8 (Mosaic GPU's TMA tiles of 8 activation rows)"
-    if n % ROWS_PER_CTA:
-        return f"N={n} is not a multiple of {ROWS_PER_CTA} weight rows (two warpgroups of 64 per CTA)"
+    rows = cfg.cta_rows if cfg is not None else 2 * _WG_ROWS
+    if n % rows:
+        return f"N={n} is not a multiple of {rows} weight rows (a CTA's two compute warpgroups)"
     bks = (cfg.bk,) if cfg is not None else (128, 64)
     if not any(k % bk == 0 and k // bk >= 2 for bk in bks):
         return f"K={k} is not at least two steps of bk={' or '.join(map(str, bks))}"
