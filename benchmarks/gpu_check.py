@@ -205,6 +205,84 @@ def wgemm_checks():
         res.append(r)
         print(("PASS" if r["ok"] else "FAIL"), r["case"], flush=True)
     res += decode_dispatch_checks()
+    res += tiles_checks()
+    return res
+
+
+def tiles_checks():
+    """Many-row w4a16 (the large-tile Mosaic GPU kernel on Hopper, the two-pass route elsewhere
+    and at >= W4A16_TILES_MAX_ROWS rows) through ``mx.dot_general`` ("auto") against backend
+    "xla", the weight as stored and prepared once, partial tiles, batch, a [K, N] weight, both
+    output widths, and the rows that fall back; then the kernel itself on every E8M0 byte (0x00
+    .. 0xFE) and a NaN byte, against a float64 reference."""
+    from jax_mxfp4.backends.pallas import W4A16_TILES_MAX_ROWS
+
+    res = []
+    cases = [  # act rows, weight rows, K, batch, weight transposed ([K, N] rhs), out dtype
+        (1024, 2048, 4096, 0, False, jnp.bfloat16), (1024, 2048, 4096, 0, False, jnp.float32),
+        (1000, 768, 1024, 0, False, jnp.float32), (520, 1024, 2048, 2, True, jnp.bfloat16),
+        (256, 8192, 1024, 0, False, jnp.bfloat16), (1028, 512, 1024, 0, False, jnp.float32),
+        (W4A16_TILES_MAX_ROWS, 512, 1024, 0, False, jnp.bfloat16)]
+    for i, (m, n, k, batch, w_t, odt) in enumerate(cases):
+        bs = (batch,) if batch else ()
+        x = rand(600 + i, bs + (m, k)).astype(jnp.bfloat16)
+        w = mx.quantize(rand(700 + i, bs + ((k, n) if w_t else (n, k))), len(bs) + (0 if w_t else 1))
+        bd = ((0,), (0,)) if batch else ((), ())
+        dims = (((len(bs) + 1,), (len(bs) + (0 if w_t else 1),)), bd)
+        rec = mx.Recipe(quantize_activations=False)
+        ref = mx.dot_general(x, w, dims, recipe=mx.Recipe(backend="xla", quantize_activations=False),
+                             preferred_element_type=jnp.float32)
+        db = mx.dequantize(w)
+        db = jnp.swapaxes(db, -1, -2) if w_t else db
+        da = x.astype(jnp.float32)
+        if not batch:
+            ref, da, db = ref[None], da[None], db[None]
+        for tag, wx in (("", w), (" prepared", mx.prepare_decode(w))):
+            d = mx.explain(x, wx, dims, recipe=rec)
+            out = mx.dot_general(x, wx, dims, recipe=rec, preferred_element_type=odt)
+            r = bound_check(out if batch else out[None], ref, jnp.abs(da), jnp.abs(db), k, odt == jnp.bfloat16)
+            r["case"] = (f"w4a16 B={batch or 1} {m}x{n}x{k}{' rhs [K,N]' if w_t else ''} {jnp.dtype(odt).name}"
+                         f"{tag} via auto -> {d.backend}: {d.route}")
+            r["route"] = d.route
+            res.append(r)
+            print(("PASS" if r["ok"] else "FAIL"), r["case"][:220], f"err/bound={r['max_err_over_bound']:.3g}",
+                  flush=True)
+    return res + tiles_every_byte_check()
+
+
+def tiles_every_byte_check():
+    """The large-tile kernel on every E8M0 byte (0x00..0xFE over the weight's blocks) and one NaN
+    byte: finite products agree with float64 within the float32 accumulation bound, the NaN block
+    poisons exactly its output column."""
+    from jax_mxfp4.decode_prepared import kmajor_from_plain, lanes_order_bytes, pair_order_bytes
+    from jax_mxfp4.kernels.wgemm_tiles_mgpu import TilesConfig, default_tiles_config, mgpu_w4a16_tiles
+
+    rng = np.random.default_rng(6)
+    m, n, k = 512, 256, 256  # 2 x 8 = 16 blocks per weight row: bytes 0..254 over 16 rows
+    data = rng.integers(0, 256, (n, k // 2), dtype=np.uint8)
+    sb = (np.arange(n * k // 32, dtype=np.int64).reshape(n, k // 32) % 255).astype(np.uint8)
+    sb[37, 3] = 255
+    x = jnp.asarray(rng.standard_normal((m, k)) * 2.0**-10, jnp.bfloat16)
+    wd = lanes_order_bytes(pair_order_bytes(jnp.asarray(data)))
+    codes = np.stack([data & 15, data >> 4], -1).reshape(n, k)
+    e2m1 = np.array([0, .5, 1, 1.5, 2, 3, 4, 6, -0., -.5, -1, -1.5, -2, -3, -4, -6])
+    sc = np.where(sb == 255, np.nan, 2.0 ** (sb.astype(np.float64) - 127))
+    with np.errstate(over="ignore", invalid="ignore"):
+        w = (e2m1[codes] * np.repeat(sc, 32, axis=-1)).astype(np.float32).astype(np.float64)
+        ref = np.asarray(x, np.float64) @ w.T
+        mag = np.abs(np.asarray(x, np.float64)) @ np.abs(w).T
+    fin = np.isfinite(ref) & (np.abs(ref) < 3e38)
+    res = []
+    # the default for this shape (mt 128) and the one for large grids (mt 256, bk 64, setmaxnreg)
+    for cfg in (default_tiles_config(m, n, k), TilesConfig(mt=256, bk=64, stages=4, chunks=1, registers=True)):
+        out = np.asarray(jax.jit(lambda a, d, s_: mgpu_w4a16_tiles(a, d, s_, jnp.float32, cfg))(
+            x, wd, kmajor_from_plain(jnp.asarray(sb))), np.float64)
+        ok_vals = bool(np.all(np.abs(out[fin] - ref[fin]) <= 2 * k * 2.0**-24 * mag[fin] + 2.0**-126))
+        ok_nan = bool(np.isnan(out[:, 37]).all()
+                      and not np.isnan(np.delete(out, 37, axis=1)[np.delete(fin, 37, axis=1)]).any())
+        print(("PASS" if ok_vals and ok_nan else "FAIL"), f"tiles every E8M0 byte, NaN block ({cfg})", ok_vals,
+              ok_nan, flush=True)
+        res.append({"case": f"tiles every E8M0 byte + NaN byte ({cfg})", "ok": ok_vals and ok_nan})
     return res
 
 

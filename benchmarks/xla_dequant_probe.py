@@ -23,7 +23,9 @@ GPU compiler may fuse it into the GEMM's operand (a Triton GEMM fusion with a pr
     registers=r)``; checked with a float32 output, or bfloat16 (the bound plus its rounding,
     2^-8 |ref|) where a float32 output tile does not fit in shared memory;
   * "pallas-prepared": ``jax_mxfp4.dot_general`` (backend "pallas") with that prepared weight:
-    the route dispatch gives a prepared weight.
+    the route dispatch gives a prepared weight;
+  * "pallas-two-pass": "pallas" with the Mosaic GPU routes switched off
+    (``backends.pallas.W4A16_MOSAIC_GPU = False`` while traced): the two-pass route.
 
 Each variant is checked against a float64 reference of x · dequantize(W)ᵀ (bf16 products exact,
 float32 accumulation: |error| <= 2 K 2^-24 sum|x||w|) before it is timed, on activation rows
@@ -54,7 +56,7 @@ from jax import lax  # noqa: E402
 from benchmarks.common import device_info, kernel_time, n_sets_for, out_dir, save_figure, time_fn, write_json  # noqa: E402
 
 DIMS2 = (((1,), (1,)), ((), ()))
-VARIANTS = ("bf16", "pallas", "xla-f4", "xla-int-cat", "xla-int-2dot", "tiles", "pallas-prepared")
+VARIANTS = ("bf16", "pallas", "xla-f4", "xla-int-cat", "xla-int-2dot", "tiles", "pallas-prepared", "pallas-two-pass")
 PREPARED = ("tiles", "pallas-prepared")  # variants that take the weight from prepare_decode
 
 
@@ -128,6 +130,18 @@ def variant_fn(name, out_dtype):
 
         cfg = tiles_config(name)
         return lambda x, w: mgpu_w4a16_tiles(x, w.data, w.scales, out_dtype, cfg)
+    if name == "pallas-two-pass":  # the route with the Mosaic GPU kernels switched off (W4A16_MOSAIC_GPU)
+        from jax_mxfp4.backends import pallas
+
+        recipe = mx.Recipe(backend="pallas", quantize_activations=False)
+
+        def two_pass(x, w):
+            old, pallas.W4A16_MOSAIC_GPU = pallas.W4A16_MOSAIC_GPU, False  # read when traced
+            try:
+                return mx.dot_general(x, w, DIMS2, preferred_element_type=out_dtype, recipe=recipe)
+            finally:
+                pallas.W4A16_MOSAIC_GPU = old
+        return two_pass
     if name == "pallas-prepared":
         recipe = mx.Recipe(backend="pallas", quantize_activations=False)
         return lambda x, w: mx.dot_general(x, w, DIMS2, preferred_element_type=out_dtype, recipe=recipe)

@@ -44,6 +44,12 @@ A4W4_MAX_SMALL_SIDE = 128
 # once per 128-row activation tile inside the kernel (H200: the kernel at 128 rows already takes
 # 2.4x of bf16, benchmarks/results/wgemm_tune).
 W4A16_TWO_PASS_MIN_ROWS = 256
+# ... and below this many rows, on an NVIDIA Hopper GPU, the large-tile Mosaic GPU kernel instead
+# (jax_mxfp4/kernels/wgemm_tiles_mgpu.py: the decode inside the GEMM's K loop). H200 session 12 run
+# b, kernel time / bf16's at [rows]x8192x8192 with a prepare_decode'd weight: 1024 rows 0.975x
+# (two-pass 1.277x), 2048 0.977x (1.105x), 4096 1.012x (1.015x), 8192 0.914x (two-pass 0.823x:
+# XLA's GEMM on the decoded weight outruns the bf16 one there).
+W4A16_TILES_MAX_ROWS = 4096
 # w4a16 with <= 64 activation rows on an NVIDIA Hopper GPU (compute capability 9.0) through the
 # Mosaic GPU kernel (jax_mxfp4/kernels/wgemm_mgpu.py: WGMMA with the decoded weight as the
 # register operand) instead of the Triton weight-stationary kernel: on the H200 (jax 0.11.2)
@@ -116,9 +122,12 @@ class PallasBackend(Backend):
             return "a4w4 tiled kernel (both operands decoded in the K loop)" + _converted_note(problem)
         decode = decode_for(problem.platform)
         if plan.kind == "tiles":
-            return (f"Mosaic GPU large-tile kernel, w4a16 with {plan.rows} activation rows >= "
-                    f"{W4A16_TWO_PASS_MIN_ROWS}: the weight from prepare_decode decoded inside the GEMM's K loop "
-                    f"(\"lanes\" decode, WGMMA with the decoded tile in registers), {plan.mgpu_cfg}")
+            order = problem.lhs_decode_prepared if plan.swap else problem.rhs_decode_prepared
+            how = ("the weight from prepare_decode read as stored" if order == "lanes" else
+                   "the weight arranged per call as prepare_decode does (prepare it once to skip that pass)")
+            return (f"Mosaic GPU large-tile kernel, w4a16 with {W4A16_TWO_PASS_MIN_ROWS} <= {plan.rows} < "
+                    f"{W4A16_TILES_MAX_ROWS} activation rows: the E2M1 decode inside the GEMM's K loop (\"lanes\" "
+                    f"decode, WGMMA with the decoded tile in registers), {how}, {plan.mgpu_cfg}")
         if plan.kind == "two-pass":
             return (f"two-pass w4a16: {plan.rows} activation rows >= {W4A16_TWO_PASS_MIN_ROWS}, weight decoded "
                     f"to bfloat16 once ({decode} decode), then XLA's bfloat16 GEMM" + _converted_note(problem))
@@ -248,8 +257,13 @@ def _tiles_config(problem: GemmProblem, rows: int, wrows: int, w_order):
     """The large-tile Mosaic GPU kernel's tiling (:mod:`jax_mxfp4.kernels.wgemm_tiles_mgpu`: the
     decode inside the GEMM's K loop) where it takes this many-row w4a16 problem, else None: the
     weight a "lanes" DecodePrepared (prepare_decode's default), CUDA device 0 of compute
-    capability 9.0, the Mosaic switch on (``W4A16_MOSAIC_GPU``) and a shape it tiles."""
-    if w_order != "lanes" or problem.platform != "cuda" or not mosaic_w4a16_enabled():
+    capability 9.0, the Mosaic switch on (``W4A16_MOSAIC_GPU``), fewer than
+    ``W4A16_TILES_MAX_ROWS`` activation rows and a shape it tiles. A weight that is not a "lanes"
+    DecodePrepared is arranged per call (prepare_decode inside the traced function: a pass over
+    the packed bytes and scales, 4.25 bits per weight, where the two-pass route writes and reads
+    16)."""
+    del w_order
+    if rows >= W4A16_TILES_MAX_ROWS or problem.platform != "cuda" or not mosaic_w4a16_enabled():
         return None
     from ..kernels import wgemm_tiles_mgpu
     from .fp8 import _compute_capability
@@ -284,7 +298,11 @@ def _weight_stationary(lhs, rhs, problem: GemmProblem, plan: _Plan | None = None
         out = jax.lax.dot_general(x, wf, (((2,), (2,)), ((0,), (0,))),
                                   preferred_element_type=pet).astype(problem.out_dtype)
     elif plan.kind == "tiles":  # a "lanes" DecodePrepared: data [B, N, K/2], K-major scales [B, K/32, N]
+        from ..decode_prepared import prepare_decode
         from ..kernels.wgemm_tiles_mgpu import mgpu_w4a16_tiles
+
+        if not (isinstance(w, DecodePrepared) and w.byte_order == "lanes"):
+            w = prepare_decode(_plain(w))  # per call: the canonical [B, N, K] weight's bytes regrouped
 
         sbytes = as_scale_bytes(w.scales)
         out = jnp.stack([mgpu_w4a16_tiles(x[i], w.data[i], sbytes[i], problem.out_dtype, plan.mgpu_cfg)

@@ -273,9 +273,18 @@ def unsupported_reason(m: int, n: int, k: int, cfg: TilesConfig | None = None) -
 
 
 def default_tiles_config(m: int, n: int, k: int, out_dtype=jnp.bfloat16) -> TilesConfig | None:
-    """The tiling for a shape (None where :func:`unsupported_reason` says no): 128 activation
-    rows per CTA, bk 128 in two decode parts, 4 stages (lowered to what fits)."""
+    """The tiling for a shape (None where :func:`unsupported_reason` says no), from H200 session 12
+    runs of benchmarks/xla_dequant_probe.py (jax 0.11.2, kernel times, 1024x8192x8192, bf16
+    0.170 ms in the same run b): 256 activation rows per CTA, bk 64, 4 stages, setmaxnreg
+    (0.166 ms = 0.975x of bf16; mt 256 bk 128 2 stages 1.019x; 128 rows x 256 weight rows
+    1.086x; mt 128 1.19x with or without setmaxnreg; run a: mt 256 without it spilled, 1.26x).
+    mt 128 (with setmaxnreg) where 256-row tiles would leave the grid under 128 CTAs (the H200
+    has 132 SMs: few activation rows, few weight rows) or the output is 4 bytes wide (a float32
+    [256, 64] tile per warpgroup leaves room for two pipeline stages only); neither measured."""
     if unsupported_reason(m, n, k):
         return None
+    wide = jnp.dtype(out_dtype).itemsize > 2
+    if not wide and -(-m // 256) * (n // (2 * _WG_ROWS)) >= 128 and k % 64 == 0 and k // 64 >= 2:
+        return TilesConfig(mt=256, bk=64, stages=4, chunks=1, registers=True)
     bk = 128 if k % 128 == 0 and k // 128 >= 2 else 64
-    return TilesConfig(mt=128, bk=bk, stages=4, chunks=bk // 64)
+    return TilesConfig(mt=128, bk=bk, stages=4, chunks=bk // 64, registers=True)
