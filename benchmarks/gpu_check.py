@@ -274,15 +274,18 @@ def tiles_every_byte_check():
     fin = np.isfinite(ref) & (np.abs(ref) < 3e38)
     res = []
     # the default for this shape (mt 128) and the one for large grids (mt 256, bk 64, setmaxnreg)
-    for cfg in (default_tiles_config(m, n, k), TilesConfig(mt=256, bk=64, stages=4, chunks=1, registers=True)):
-        out = np.asarray(jax.jit(lambda a, d, s_: mgpu_w4a16_tiles(a, d, s_, jnp.float32, cfg))(
-            x, wd, kmajor_from_plain(jnp.asarray(sb))), np.float64)
+    # and the "pairs" decode of natural bytes (x permuted per call: a plain weight's route)
+    for cfg, order in ((default_tiles_config(m, n, k), "lanes"),
+                       (TilesConfig(mt=256, bk=64, stages=4, chunks=1, registers=True), "lanes"),
+                       (default_tiles_config(m, n, k, w_order="natural"), "natural")):
+        out = np.asarray(jax.jit(lambda a, d, s_: mgpu_w4a16_tiles(a, d, s_, jnp.float32, cfg, w_order=order))(
+            x, wd if order == "lanes" else jnp.asarray(data), kmajor_from_plain(jnp.asarray(sb))), np.float64)
         ok_vals = bool(np.all(np.abs(out[fin] - ref[fin]) <= 2 * k * 2.0**-24 * mag[fin] + 2.0**-126))
         ok_nan = bool(np.isnan(out[:, 37]).all()
                       and not np.isnan(np.delete(out, 37, axis=1)[np.delete(fin, 37, axis=1)]).any())
-        print(("PASS" if ok_vals and ok_nan else "FAIL"), f"tiles every E8M0 byte, NaN block ({cfg})", ok_vals,
-              ok_nan, flush=True)
-        res.append({"case": f"tiles every E8M0 byte + NaN byte ({cfg})", "ok": ok_vals and ok_nan})
+        print(("PASS" if ok_vals and ok_nan else "FAIL"), f"tiles every E8M0 byte, NaN block ({order} bytes, {cfg})",
+              ok_vals, ok_nan, flush=True)
+        res.append({"case": f"tiles every E8M0 byte + NaN byte ({order} bytes, {cfg})", "ok": ok_vals and ok_nan})
     return res
 
 

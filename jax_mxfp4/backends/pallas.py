@@ -123,11 +123,13 @@ class PallasBackend(Backend):
         decode = decode_for(problem.platform)
         if plan.kind == "tiles":
             order = problem.lhs_decode_prepared if plan.swap else problem.rhs_decode_prepared
-            how = ("the weight from prepare_decode read as stored" if order == "lanes" else
-                   "the weight arranged per call as prepare_decode does (prepare it once to skip that pass)")
+            how = (f"the weight from prepare_decode read as stored (\"{plan.mgpu_cfg.decode}\" decode)"
+                   if order in ("lanes", "pairs") else
+                   "the weight's bytes as quantized (\"pairs\" decode, x's K permuted and the scales transposed "
+                   "per call; prepare_decode the weight once to skip both)")
             return (f"Mosaic GPU large-tile kernel, w4a16 with {W4A16_TWO_PASS_MIN_ROWS} <= {plan.rows} < "
-                    f"{W4A16_TILES_MAX_ROWS} activation rows: the E2M1 decode inside the GEMM's K loop (\"lanes\" "
-                    f"decode, WGMMA with the decoded tile in registers), {how}, {plan.mgpu_cfg}")
+                    f"{W4A16_TILES_MAX_ROWS} activation rows: the E2M1 decode inside the GEMM's K loop (WGMMA with "
+                    f"the decoded tile in registers), {how}, {plan.mgpu_cfg}")
         if plan.kind == "two-pass":
             return (f"two-pass w4a16: {plan.rows} activation rows >= {W4A16_TWO_PASS_MIN_ROWS}, weight decoded "
                     f"to bfloat16 once ({decode} decode), then XLA's bfloat16 GEMM" + _converted_note(problem))
@@ -258,11 +260,12 @@ def _tiles_config(problem: GemmProblem, rows: int, wrows: int, w_order):
     decode inside the GEMM's K loop) where it takes this many-row w4a16 problem, else None: the
     weight a "lanes" DecodePrepared (prepare_decode's default), CUDA device 0 of compute
     capability 9.0, the Mosaic switch on (``W4A16_MOSAIC_GPU``), fewer than
-    ``W4A16_TILES_MAX_ROWS`` activation rows and a shape it tiles. A weight that is not a "lanes"
-    DecodePrepared is arranged per call (prepare_decode inside the traced function: a pass over
-    the packed bytes and scales, 4.25 bits per weight, where the two-pass route writes and reads
-    16)."""
-    del w_order
+    ``W4A16_TILES_MAX_ROWS`` activation rows and a shape it tiles. ``w_order``: the weight's byte
+    order when it is a DecodePrepared ("lanes": the "lanes" decode, read as stored; "pairs": the
+    "pairs" decode, read as stored), else False: the weight's bytes as quantized with the "pairs"
+    decode and x's K permuted per call (a pass over x), its scales transposed to K-major per call.
+    (Arranging a plain weight as prepare_decode does, per call, cost 0.127 ms of XLA passes at
+    8192x8192, H200 session 12 run c: 1.74x of bf16 at 1024 rows, worse than the two-pass route.)"""
     if rows >= W4A16_TILES_MAX_ROWS or problem.platform != "cuda" or not mosaic_w4a16_enabled():
         return None
     from ..kernels import wgemm_tiles_mgpu
@@ -270,7 +273,8 @@ def _tiles_config(problem: GemmProblem, rows: int, wrows: int, w_order):
 
     if _compute_capability() != (9, 0):
         return None
-    return wgemm_tiles_mgpu.default_tiles_config(rows, wrows, problem.k, problem.out_dtype)
+    order = w_order if w_order in ("lanes", "pairs") else "natural"
+    return wgemm_tiles_mgpu.default_tiles_config(rows, wrows, problem.k, problem.out_dtype, order)
 
 
 def _weight_stationary(lhs, rhs, problem: GemmProblem, plan: _Plan | None = None) -> jax.Array:
@@ -297,15 +301,16 @@ def _weight_stationary(lhs, rhs, problem: GemmProblem, plan: _Plan | None = None
         pet = problem.out_dtype if problem.out_dtype in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float32)) else jnp.float32
         out = jax.lax.dot_general(x, wf, (((2,), (2,)), ((0,), (0,))),
                                   preferred_element_type=pet).astype(problem.out_dtype)
-    elif plan.kind == "tiles":  # a "lanes" DecodePrepared: data [B, N, K/2], K-major scales [B, K/32, N]
-        from ..decode_prepared import prepare_decode
+    elif plan.kind == "tiles":  # data [B, N, K/2], K-major scales [B, K/32, N]
+        from ..decode_prepared import kmajor_from_plain
         from ..kernels.wgemm_tiles_mgpu import mgpu_w4a16_tiles
 
-        if not (isinstance(w, DecodePrepared) and w.byte_order == "lanes"):
-            w = prepare_decode(_plain(w))  # per call: the canonical [B, N, K] weight's bytes regrouped
-
-        sbytes = as_scale_bytes(w.scales)
-        out = jnp.stack([mgpu_w4a16_tiles(x[i], w.data[i], sbytes[i], problem.out_dtype, plan.mgpu_cfg)
+        if isinstance(w, DecodePrepared) and w.byte_order in ("lanes", "pairs"):
+            data, sbytes, order = w.data, as_scale_bytes(w.scales), w.byte_order
+        else:  # natural bytes [B, N, K/2] as they are; the scales K-major per call
+            w = _plain(w)
+            data, sbytes, order = w.data, kmajor_from_plain(as_scale_bytes(w.plain_scales())), "natural"
+        out = jnp.stack([mgpu_w4a16_tiles(x[i], data[i], sbytes[i], problem.out_dtype, plan.mgpu_cfg, w_order=order)
                          for i in range(problem.batch)])
     elif plan.kind == "mosaic":
         from ..kernels.wgemm_mgpu import mgpu_w4a16

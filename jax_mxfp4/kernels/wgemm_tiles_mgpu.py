@@ -1,9 +1,10 @@
 """w4a16 MXFP4 GEMM at many activation rows in Pallas Mosaic GPU (NVIDIA Hopper, WGMMA): the E2M1
 decode inside a large-tile GEMM's K loop.
 
-Computes ``out = x · Wᵀ`` for a bfloat16 activation x [M, K] (M >= a few hundred rows) and a
-prepared MXFP4 weight (:func:`jax_mxfp4.prepare_decode`: packed E2M1 bytes [N, K/2] in the
-"lanes" byte order, E8M0 scale bytes K-major [K/32, N]) as ``outᵀ = W · xᵀ`` tile by tile. The
+Computes ``out = x · Wᵀ`` for a bfloat16 activation x [M, K] (M >= a few hundred rows) and an
+MXFP4 weight as packed E2M1 bytes [N, K/2] with E8M0 scale bytes K-major [K/32, N] (what
+:func:`jax_mxfp4.prepare_decode` stores: bytes in the "lanes" order; "pairs" and natural byte
+orders are read by the "pairs" decode) as ``outᵀ = W · xᵀ`` tile by tile. The
 decode-size kernel (:mod:`jax_mxfp4.kernels.wgemm_mgpu`) reads every weight byte once and meets
 few activation rows; here each decoded weight tile meets ``mt`` (128 or 256) activation rows, so
 the decode's cost is spread over ``mt`` multiply-adds per element and the tensor cores set the
@@ -48,9 +49,11 @@ from jax.experimental import pallas as pl
 from ..checks import check_output_dtype
 from ..mx_format import BLOCK_SIZE, as_scale_bytes
 from .wgemm_mgpu import (_WG_ROWS, _check_eager_device, _k_split_own_pipeline, _load, _plgpu, _swizzle, _tiled,
-                         _wgmma_step)
+                         _wgmma_step, permute_x_pairs)
 
 WNS = (1, 2)  # TilesConfig.wn: 64-row weight tiles per compute warpgroup (two compute warpgroups per CTA)
+DECODES = ("lanes", "pairs")  # TilesConfig.decode (wgemm_mgpu's register decodes of the one-fragment form)
+W_ORDERS = ("lanes", "pairs", "natural")  # byte orders of the weight mgpu_w4a16_tiles reads
 REGISTERS = (40, 232)  # TilesConfig.registers: setmaxnreg of the TMA / each compute warpgroup (as jax's pipeline)
 MTS = (64, 128, 256)  # TilesConfig.mt: activation rows per CTA (the WGMMA N side, <= 256)
 SMEM_LIMIT = 227 * 1024  # shared memory one CTA may take on sm_90 (H100/H200: 227 KiB)
@@ -73,7 +76,10 @@ class TilesConfig:
     registers and the compute warpgroups take them (``setmaxnreg`` :data:`REGISTERS`, 40 + 2 x 232
     of the 3 x 168 a CTA of 384 threads has: jax's ``emit_pipeline_warp_specialized`` does the
     same), for accumulators of 128 registers per thread (mt 256, or wn 2 with mt 128), which
-    spill at 168 (H200 session 12 run a: mt 256 used 166 registers and spilled).
+    spill at 168 (H200 session 12 run a: mt 256 used 166 registers and spilled); decode:
+    "lanes" (weight bytes in the "lanes" order, prepare_decode's default) or "pairs" (bytes in the
+    "pairs" order, or natural bytes with x permuted per call: :func:`mgpu_w4a16_tiles`'s
+    ``w_order``); ``fold_scale`` needs "lanes" (the "pairs" decode has no folded form).
     Raises TypeError / ValueError naming the field and the rule."""
 
     mt: int = 128
@@ -83,6 +89,7 @@ class TilesConfig:
     fold_scale: bool = True
     wn: int = 1
     registers: bool = False
+    decode: str = "lanes"
 
     def __post_init__(self):
         for name in ("mt", "bk", "stages", "chunks", "wn"):
@@ -92,6 +99,11 @@ class TilesConfig:
         for name in ("fold_scale", "registers"):
             if not isinstance(getattr(self, name), (bool, np.bool_)):
                 raise TypeError(f"TilesConfig.{name} must be a bool, got {getattr(self, name)!r}")
+        if self.decode not in DECODES:
+            raise ValueError(f"TilesConfig.decode must be one of {DECODES}, got {self.decode!r}")
+        if self.fold_scale and self.decode != "lanes":
+            raise ValueError(f'TilesConfig.fold_scale needs decode="lanes" (the "pairs" decode has no folded form), '
+                             f"got decode={self.decode!r}")
         if self.wn not in WNS:
             raise ValueError(f"TilesConfig.wn must be one of {WNS} (64-row weight tiles per warpgroup), got {self.wn}")
         if self.mt not in MTS:
@@ -133,26 +145,34 @@ def fitted_stages(cfg: TilesConfig, out_itemsize: int, steps: int) -> int:
     return stages
 
 
-def mgpu_w4a16_tiles(x, w_data, w_scales, out_dtype=jnp.bfloat16, cfg: TilesConfig | None = None):
+def mgpu_w4a16_tiles(x, w_data, w_scales, out_dtype=jnp.bfloat16, cfg: TilesConfig | None = None,
+                     w_order: str = "lanes"):
     """``x · Wᵀ`` for bfloat16 ``x`` [M, K] and a prepared MXFP4 weight W [N, K] (module doc).
 
     Args:
       x: bfloat16 [M, K], M a multiple of 8 (Mosaic GPU's TMA tiles of 8 rows; rows past M in the
         last tile are read as zeros by TMA and never stored).
-      w_data: uint8 [N, K/2]: packed E2M1 bytes in the "lanes" byte order
-        (:func:`jax_mxfp4.decode_prepared.lanes_order_bytes`, what :func:`jax_mxfp4.prepare_decode`
-        stores by default); N a multiple of 128.
+      w_data: uint8 [N, K/2]: packed E2M1 bytes in the byte order ``w_order`` names; N a
+        multiple of ``cfg.cta_rows`` (128, or 256 with ``wn`` 2).
       w_scales: E8M0 scales K-major [K/32, N], uint8 bytes or float8_e8m0fnu (OCP MX v1.0 §5.4:
         2^(b-127), 0xFF NaN).
       out_dtype: bfloat16, float16 or float32.
-      cfg: :class:`TilesConfig` (None: :func:`default_tiles_config` for the shape).
+      cfg: :class:`TilesConfig` (None: :func:`default_tiles_config` for the shape and order).
+      w_order: "lanes" (:func:`jax_mxfp4.decode_prepared.lanes_order_bytes`, what
+        :func:`jax_mxfp4.prepare_decode` stores by default; the "lanes" decode), "pairs"
+        (:func:`jax_mxfp4.decode_prepared.pair_order_bytes`; the "pairs" decode, x read as it is)
+        or "natural" (the bytes as quantized; the "pairs" decode with x's K permuted per call,
+        :func:`jax_mxfp4.kernels.wgemm_mgpu.permute_x_pairs`: a permutation of the contraction
+        applied to both operands).
     Returns ``out_dtype`` [M, N]. Runs only on an NVIDIA Hopper GPU (sm_90a) through Mosaic GPU.
     Raises:
       TypeError: arrays or ``cfg`` of the wrong kind.
       RuntimeError: called eagerly with ``x`` on a device other than a GPU.
       ValueError: ranks, shapes and dtypes (K a multiple of ``cfg.bk`` with at least two steps,
-        M a multiple of 8, N of 128), an ``out_dtype`` that is not a float, or a tiling whose two
-        pipeline stages do not fit in shared memory.
+        M a multiple of 8, N of ``cfg.cta_rows``), an ``out_dtype`` that is not a float, an
+        unknown ``w_order`` or one the decode of ``cfg`` cannot read ("lanes" bytes need the
+        "lanes" decode, the other orders the "pairs" decode), or a tiling whose two pipeline
+        stages do not fit in shared memory.
     """
     for name, v, what in (("x", x, "bfloat16 [M, K]"), ("w_data", w_data, "uint8 [N, K/2]"),
                           ("w_scales", w_scales, "E8M0 scales [K/32, N]")):
@@ -163,8 +183,10 @@ def mgpu_w4a16_tiles(x, w_data, w_scales, out_dtype=jnp.bfloat16, cfg: TilesConf
     out_dtype = check_output_dtype(out_dtype, "mgpu_w4a16_tiles: out_dtype")
     m, k = x.shape
     n, half_k = w_data.shape
+    if not isinstance(w_order, str) or w_order not in W_ORDERS:
+        raise ValueError(f"mgpu_w4a16_tiles: w_order must be one of {W_ORDERS}, got {w_order!r}")
     if cfg is None:
-        cfg = default_tiles_config(m, n, k, out_dtype)
+        cfg = default_tiles_config(m, n, k, out_dtype, w_order)
         if cfg is None:
             raise ValueError(f"mgpu_w4a16_tiles: no tiling for M={m}, N={n}, K={k}: {unsupported_reason(m, n, k)}")
     if not isinstance(cfg, TilesConfig):
@@ -179,12 +201,17 @@ def mgpu_w4a16_tiles(x, w_data, w_scales, out_dtype=jnp.bfloat16, cfg: TilesConf
     if w_scales.dtype != jnp.uint8 or tuple(w_scales.shape) != (k // BLOCK_SIZE, n):
         raise ValueError(f"mgpu_w4a16_tiles: w_scales must be the E8M0 bytes K-major, uint8 or float8_e8m0fnu "
                          f"[{k // BLOCK_SIZE}, {n}], got {w_scales.dtype} {tuple(w_scales.shape)}")
+    if (w_order == "lanes") != (cfg.decode == "lanes"):
+        raise ValueError(f'mgpu_w4a16_tiles: w_order={w_order!r} bytes need decode='
+                         f'{"lanes" if w_order == "lanes" else "pairs"!r}, got TilesConfig(decode={cfg.decode!r})')
     why = unsupported_reason(m, n, k, cfg)  # N a multiple of cfg.cta_rows
     if why:
         raise ValueError(f"mgpu_w4a16_tiles: {why}")
     osize = jnp.dtype(out_dtype).itemsize
     steps = k // cfg.bk
     stages = fitted_stages(cfg, osize, steps)
+    if w_order == "natural":  # the "pairs" decode meets x permuted the same way inside each block
+        x = permute_x_pairs(x)
     return _tiles_call(x, w_data, w_scales, cfg=cfg, stages=stages, out_dtype=out_dtype)
 
 
@@ -219,7 +246,7 @@ def _tiles_call(x, w_data, scales, *, cfg: TilesConfig, stages: int, out_dtype):
         def step(slot, accs):
             for j, acc_ref in enumerate(accs):  # tile j+1's decode overlaps tile j's WGMMAs
                 byt = _load(w_smem.at[slot].at[tile_rows(j)], plgpu.Layout.WGMMA_8BIT)
-                _wgmma_step((x_smem.at[slot],), byt, s_smem.at[slot].at[:, tile_rows(j)], acc_ref, hb, "lanes",
+                _wgmma_step((x_smem.at[slot],), byt, s_smem.at[slot].at[:, tile_rows(j)], acc_ref, hb, cfg.decode,
                             chunks=cfg.chunks, fold=cfg.fold_scale)
             plgpu.wgmma_wait(0)
 
@@ -272,7 +299,7 @@ def unsupported_reason(m: int, n: int, k: int, cfg: TilesConfig | None = None) -
     return None
 
 
-def default_tiles_config(m: int, n: int, k: int, out_dtype=jnp.bfloat16) -> TilesConfig | None:
+def default_tiles_config(m: int, n: int, k: int, out_dtype=jnp.bfloat16, w_order: str = "lanes") -> TilesConfig | None:
     """The tiling for a shape (None where :func:`unsupported_reason` says no), from H200 session 12
     runs of benchmarks/xla_dequant_probe.py (jax 0.11.2, kernel times, 1024x8192x8192, bf16
     0.170 ms in the same run b): 256 activation rows per CTA, bk 64, 4 stages, setmaxnreg
@@ -280,11 +307,16 @@ def default_tiles_config(m: int, n: int, k: int, out_dtype=jnp.bfloat16) -> Tile
     1.086x; mt 128 1.19x with or without setmaxnreg; run a: mt 256 without it spilled, 1.26x).
     mt 128 (with setmaxnreg) where 256-row tiles would leave the grid under 128 CTAs (the H200
     has 132 SMs: few activation rows, few weight rows) or the output is 4 bytes wide (a float32
-    [256, 64] tile per warpgroup leaves room for two pipeline stages only); neither measured."""
+    [256, 64] tile per warpgroup leaves room for two pipeline stages only); neither measured.
+    ``w_order`` "lanes": the "lanes" decode with ``fold_scale``; "pairs"/"natural": the "pairs"
+    decode (ValueError for another order)."""
+    if not isinstance(w_order, str) or w_order not in W_ORDERS:
+        raise ValueError(f"default_tiles_config: w_order must be one of {W_ORDERS}, got {w_order!r}")
+    dec = dict(decode="lanes", fold_scale=True) if w_order == "lanes" else dict(decode="pairs", fold_scale=False)
     if unsupported_reason(m, n, k):
         return None
     wide = jnp.dtype(out_dtype).itemsize > 2
     if not wide and -(-m // 256) * (n // (2 * _WG_ROWS)) >= 128 and k % 64 == 0 and k // 64 >= 2:
-        return TilesConfig(mt=256, bk=64, stages=4, chunks=1, registers=True)
+        return TilesConfig(mt=256, bk=64, stages=4, chunks=1, registers=True, **dec)
     bk = 128 if k % 128 == 0 and k // 128 >= 2 else 64
-    return TilesConfig(mt=128, bk=bk, stages=4, chunks=bk // 64, registers=True)
+    return TilesConfig(mt=128, bk=bk, stages=4, chunks=bk // 64, registers=True, **dec)
