@@ -122,17 +122,16 @@ class PallasBackend(Backend):
             return "a4w4 tiled kernel (both operands decoded in the K loop)" + _converted_note(problem)
         decode = decode_for(problem.platform)
         if plan.kind == "tiles":
-            order = problem.lhs_decode_prepared if plan.swap else problem.rhs_decode_prepared
-            how = (f"the weight from prepare_decode read as stored (\"{plan.mgpu_cfg.decode}\" decode)"
-                   if order in ("lanes", "pairs") else
-                   "the weight's bytes as quantized (\"pairs\" decode, x's K permuted and the scales transposed "
-                   "per call; prepare_decode the weight once to skip both)")
+            how = f"the weight from prepare_decode read as stored (\"{plan.mgpu_cfg.decode}\" decode)"
             return (f"Mosaic GPU large-tile kernel, w4a16 with {W4A16_TWO_PASS_MIN_ROWS} <= {plan.rows} < "
                     f"{W4A16_TILES_MAX_ROWS} activation rows: the E2M1 decode inside the GEMM's K loop (WGMMA with "
                     f"the decoded tile in registers), {how}, {plan.mgpu_cfg}")
         if plan.kind == "two-pass":
+            hint = ("" if problem.platform != "cuda" or plan.rows >= W4A16_TILES_MAX_ROWS or plan.w_prepared else
+                    f"; below {W4A16_TILES_MAX_ROWS} rows on Hopper a weight from prepare_decode takes the large-tile "
+                    "kernel instead (H200: 0.98x of bf16 at 1024x8192x8192 against this route's 1.28x)")
             return (f"two-pass w4a16: {plan.rows} activation rows >= {W4A16_TWO_PASS_MIN_ROWS}, weight decoded "
-                    f"to bfloat16 once ({decode} decode), then XLA's bfloat16 GEMM" + _converted_note(problem))
+                    f"to bfloat16 once ({decode} decode), then XLA's bfloat16 GEMM" + _converted_note(problem) + hint)
         what = "w4a16" if problem.has_float_operand else "a4w4 with the small side dequantized to bfloat16"
         if plan.kind == "mosaic":
             scales = ("weight from prepare_decode read as stored, no per-call conversion"
@@ -260,21 +259,22 @@ def _tiles_config(problem: GemmProblem, rows: int, wrows: int, w_order):
     decode inside the GEMM's K loop) where it takes this many-row w4a16 problem, else None: the
     weight a "lanes" DecodePrepared (prepare_decode's default), CUDA device 0 of compute
     capability 9.0, the Mosaic switch on (``W4A16_MOSAIC_GPU``), fewer than
-    ``W4A16_TILES_MAX_ROWS`` activation rows and a shape it tiles. ``w_order``: the weight's byte
-    order when it is a DecodePrepared ("lanes": the "lanes" decode, read as stored; "pairs": the
-    "pairs" decode, read as stored), else False: the weight's bytes as quantized with the "pairs"
-    decode and x's K permuted per call (a pass over x), its scales transposed to K-major per call.
-    (Arranging a plain weight as prepare_decode does, per call, cost 0.127 ms of XLA passes at
-    8192x8192, H200 session 12 run c: 1.74x of bf16 at 1024 rows, worse than the two-pass route.)"""
-    if rows >= W4A16_TILES_MAX_ROWS or problem.platform != "cuda" or not mosaic_w4a16_enabled():
+    ``W4A16_TILES_MAX_ROWS`` activation rows, a shape it tiles, and the weight a DecodePrepared
+    (``w_order``: its byte order, False for a plain MXFP4Array) in the "lanes" order (the "lanes"
+    decode; prepare_decode's default) or "pairs" (the "pairs" decode), read as stored. A plain
+    weight keeps the two-pass route: arranged per call it cost more than the decode pass saves
+    (H200 session 12, 1024x8192x8192: as prepare_decode does it, 0.127 ms of XLA passes, 1.74x of
+    bf16, run c; natural bytes with x's K permuted for the "pairs" decode, a 0.159 ms XLA
+    transpose of x, 2.06x, run d; two-pass 1.28x, run b)."""
+    if (w_order not in ("lanes", "pairs") or rows >= W4A16_TILES_MAX_ROWS or problem.platform != "cuda"
+            or not mosaic_w4a16_enabled()):
         return None
     from ..kernels import wgemm_tiles_mgpu
     from .fp8 import _compute_capability
 
     if _compute_capability() != (9, 0):
         return None
-    order = w_order if w_order in ("lanes", "pairs") else "natural"
-    return wgemm_tiles_mgpu.default_tiles_config(rows, wrows, problem.k, problem.out_dtype, order)
+    return wgemm_tiles_mgpu.default_tiles_config(rows, wrows, problem.k, problem.out_dtype, w_order)
 
 
 def _weight_stationary(lhs, rhs, problem: GemmProblem, plan: _Plan | None = None) -> jax.Array:
@@ -302,16 +302,11 @@ def _weight_stationary(lhs, rhs, problem: GemmProblem, plan: _Plan | None = None
         out = jax.lax.dot_general(x, wf, (((2,), (2,)), ((0,), (0,))),
                                   preferred_element_type=pet).astype(problem.out_dtype)
     elif plan.kind == "tiles":  # data [B, N, K/2], K-major scales [B, K/32, N]
-        from ..decode_prepared import kmajor_from_plain
         from ..kernels.wgemm_tiles_mgpu import mgpu_w4a16_tiles
 
-        if isinstance(w, DecodePrepared) and w.byte_order in ("lanes", "pairs"):
-            data, sbytes, order = w.data, as_scale_bytes(w.scales), w.byte_order
-        else:  # natural bytes [B, N, K/2] as they are; the scales K-major per call
-            w = _plain(w)
-            data, sbytes, order = w.data, kmajor_from_plain(as_scale_bytes(w.plain_scales())), "natural"
-        out = jnp.stack([mgpu_w4a16_tiles(x[i], data[i], sbytes[i], problem.out_dtype, plan.mgpu_cfg, w_order=order)
-                         for i in range(problem.batch)])
+        sbytes = as_scale_bytes(w.scales)  # a "lanes" or "pairs" DecodePrepared (_tiles_config)
+        out = jnp.stack([mgpu_w4a16_tiles(x[i], w.data[i], sbytes[i], problem.out_dtype, plan.mgpu_cfg,
+                                          w_order=w.byte_order) for i in range(problem.batch)])
     elif plan.kind == "mosaic":
         from ..kernels.wgemm_mgpu import mgpu_w4a16
 

@@ -1,0 +1,297 @@
+"""The large-tile Mosaic GPU w4a16 kernel (jax_mxfp4/kernels/wgemm_tiles_mgpu.py) and its route.
+
+It runs only on an NVIDIA Hopper GPU (benchmarks/gpu_check.py ``tiles_checks`` and
+benchmarks/xla_dequant_probe.py check its values there against float64 references). Here, on a
+CPU: its tiling rules and errors, that every tiling LOWERS for CUDA (Mosaic GPU's lowering runs
+without a GPU) to one kernel with the output shape and dtype asked for, that its setmaxnreg
+requests fit the CTA's register pool (a request past it waits forever on the GPU), and that
+dispatch routes many-row w4a16 with a prepared weight to it on a compute-capability-9.0 device and
+nothing else.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import jax_mxfp4 as mx
+from jax_mxfp4.kernels import wgemm_mgpu as wm
+from jax_mxfp4.kernels import wgemm_tiles_mgpu as wt
+
+from test_wgemm_mgpu import _mgpu_available, _mosaic_module, _register_demand_ok, _register_requests
+
+needs_mgpu = pytest.mark.skipif(not _mgpu_available(), reason="Mosaic GPU lowering unavailable in this jaxlib")
+
+
+def _lowered(m, n, k, cfg, out_dtype=jnp.bfloat16, w_order="lanes"):
+    f = jax.jit(lambda x, d, s: wt.mgpu_w4a16_tiles(x, d, s, out_dtype, cfg, w_order=w_order))
+    args = (jax.ShapeDtypeStruct((m, k), jnp.bfloat16), jax.ShapeDtypeStruct((n, k // 2), jnp.uint8),
+            jax.ShapeDtypeStruct((k // 32, n), jnp.uint8))
+    out = jax.eval_shape(f, *args)
+    assert out.shape == (m, n) and out.dtype == out_dtype
+    return f.trace(*args).lower(lowering_platforms=("cuda",)).as_text()
+
+
+# ---- configuration
+
+@pytest.mark.parametrize("kw,msg", [
+    (dict(mt=96), r"TilesConfig.mt must be one of \(64, 128, 256\)"),
+    (dict(bk=96), r"bk must be a positive multiple of 64"),
+    (dict(bk=0), r"bk must be a positive multiple of 64"),
+    (dict(stages=1), r"stages must be >= 2"),
+    (dict(bk=64, chunks=2), r"chunks=2 must split bk=64 into parts of a multiple of 64"),
+    (dict(chunks=0), r"chunks=0 must split"),
+    (dict(wn=3), r"wn must be one of \(1, 2\)"),
+    (dict(decode="ptx"), r"decode must be one of \('lanes', 'pairs'\), got 'ptx'"),
+    (dict(decode="pairs"), r'fold_scale needs decode="lanes"'),
+])
+def test_config_refused_with_the_rule(kw, msg):
+    with pytest.raises(ValueError, match=msg):
+        wt.TilesConfig(**kw)
+
+
+@pytest.mark.parametrize("field,value", [("mt", 128.0), ("bk", True), ("wn", "1"), ("registers", 1),
+                                         ("fold_scale", None)])
+def test_config_field_types_refused(field, value):
+    with pytest.raises(TypeError, match=f"TilesConfig.{field} must be"):
+        wt.TilesConfig(**{field: value})
+
+
+def test_config_accepts_numpy_ints_and_pairs_without_fold():
+    cfg = wt.TilesConfig(mt=np.int64(256), bk=np.int32(64), chunks=1, decode="pairs", fold_scale=False, wn=2)
+    assert cfg.cta_rows == 256
+
+
+@pytest.mark.parametrize("cfg,osize", [(wt.TilesConfig(), 2), (wt.TilesConfig(mt=256, bk=64, chunks=1), 4),
+                                       (wt.TilesConfig(wn=2), 2)])
+def test_shared_memory_model(cfg, osize):
+    """Per stage: x [mt, bk] bf16 + weight bytes [rows, bk/2] + scale bytes [bk/32, rows]; fixed:
+    2 wn output tiles [mt, 64]. Stages: min(asked, K steps, what fits under 227 KiB)."""
+    rows = 128 * cfg.wn
+    per, fixed = wt.smem_bytes(cfg, osize)
+    assert per == cfg.mt * cfg.bk * 2 + rows * cfg.bk // 2 + cfg.bk // 32 * rows
+    assert fixed == 2 * cfg.wn * cfg.mt * 64 * osize
+    fit = (227 * 1024 - 2048 - fixed) // per
+    assert wt.fitted_stages(cfg, osize, 100) == min(cfg.stages, fit)
+    assert wt.fitted_stages(cfg, osize, 2) == 2
+
+
+def test_fitted_stages_refuses_what_cannot_pipeline():
+    with pytest.raises(ValueError, match=r"needs two pipeline stages of 74240 bytes .*\(\+131072 fixed\)"):
+        wt.fitted_stages(wt.TilesConfig(mt=256, bk=128, stages=2), 4, 64)
+    with pytest.raises(ValueError, match=r"two K steps \(1 here\)"):
+        wt.fitted_stages(wt.TilesConfig(), 2, 1)
+
+
+def test_default_config_by_shape_dtype_and_order():
+    big = wt.default_tiles_config(1024, 8192, 8192)
+    assert (big.mt, big.bk, big.chunks, big.registers, big.decode, big.fold_scale) == (256, 64, 1, True, "lanes", True)
+    # 256-row tiles would leave fewer than 128 CTAs: 128-row tiles
+    assert wt.default_tiles_config(256, 8192, 8192).mt == 128
+    assert wt.default_tiles_config(512, 8192, 8192).mt == 256
+    # a float32 output: 128-row tiles (more pipeline stages fit)
+    assert wt.default_tiles_config(1024, 8192, 8192, jnp.float32).mt == 128
+    # K that is not a multiple of 128: bk 64
+    assert wt.default_tiles_config(256, 1024, 192).bk == 64
+    for order in ("pairs", "natural"):
+        c = wt.default_tiles_config(1024, 8192, 8192, w_order=order)
+        assert (c.decode, c.fold_scale) == ("pairs", False)
+    for m, n, k in ((1020, 1024, 1024), (1024, 1000, 1024), (1024, 1024, 64), (1024, 1024, 96)):
+        assert wt.default_tiles_config(m, n, k) is None, (m, n, k)
+    with pytest.raises(ValueError, match="w_order must be one of"):
+        wt.default_tiles_config(1024, 1024, 1024, w_order="lane")
+
+
+def test_unsupported_reasons_named():
+    assert "M=1020 is not a multiple of 8" in wt.unsupported_reason(1020, 1024, 1024)
+    assert "N=1000 is not a multiple of 128" in wt.unsupported_reason(1024, 1000, 1024)
+    assert "N=384 is not a multiple of 256" in wt.unsupported_reason(1024, 384, 1024, wt.TilesConfig(wn=2))
+    assert "K=64 is not at least two steps of bk=128 or 64" in wt.unsupported_reason(1024, 1024, 64)
+    assert wt.unsupported_reason(8, 128, 128) is None
+
+
+# ---- lowering
+
+TILINGS = {
+    "default": wt.TilesConfig(),
+    "mt256 bk64 regs": wt.TilesConfig(mt=256, bk=64, chunks=1, registers=True),
+    "mt256 bk128 s2 regs": wt.TilesConfig(mt=256, bk=128, stages=2, registers=True),
+    "wn2 regs": wt.TilesConfig(wn=2, registers=True, stages=3),
+    "mt64 nofold": wt.TilesConfig(mt=64, fold_scale=False),
+    "pairs": wt.TilesConfig(decode="pairs", fold_scale=False),
+}
+
+
+@needs_mgpu
+@pytest.mark.parametrize("name", list(TILINGS))
+@pytest.mark.parametrize("m,n,k", [(1024, 512, 2048), (1000, 256, 384)])
+def test_tilings_lower_for_cuda(name, m, n, k):
+    cfg = TILINGS[name]
+    if k % cfg.bk or k // cfg.bk < 2:
+        pytest.skip("K not a multiple of this bk")
+    order = "pairs" if cfg.decode == "pairs" else "lanes"
+    txt = _lowered(m, n, k, cfg, jnp.bfloat16, order)
+    assert txt.count("mosaic_gpu") >= 1
+
+
+@needs_mgpu
+@pytest.mark.parametrize("odt", [jnp.float32, jnp.float16])
+def test_default_tiling_lowers_for_every_output_width(odt):
+    assert "mosaic_gpu" in _lowered(1024, 8192, 8192, wt.default_tiles_config(1024, 8192, 8192, odt), odt)
+
+
+@needs_mgpu
+def test_natural_bytes_permute_x_and_nothing_else():
+    """w_order "natural": the "pairs" decode with x's K permuted (one XLA transpose of x before
+    the kernel); "lanes"/"pairs" bytes: the kernel alone."""
+    cfg = wt.default_tiles_config(1024, 512, 2048, w_order="natural")
+    nat = _lowered(1024, 512, 2048, cfg, jnp.bfloat16, "natural")
+    assert "stablehlo.transpose" in nat
+    lanes = _lowered(1024, 512, 2048, wt.default_tiles_config(1024, 512, 2048), jnp.bfloat16, "lanes")
+    assert "stablehlo.transpose" not in lanes
+
+
+@needs_mgpu
+@pytest.mark.parametrize("registers", [False, True])
+def test_register_requests_fit_the_cta_pool(registers):
+    """registers=True: the TMA warpgroup drops to 40 and the two compute warpgroups ask 232 each
+    (128 (40 + 2 x 232) = the 384 x 168 a CTA of 384 threads is launched with); False: none."""
+    cfg = wt.TilesConfig(mt=256, bk=64, chunks=1, registers=registers)
+    threads, inc, dec = _register_requests(_mosaic_module(_lowered(512, 256, 512, cfg)))
+    assert threads == 384
+    assert (inc, dec) == (([232], [40]) if registers else ([], []))
+    assert _register_demand_ok(threads, inc, dec)
+
+
+def test_own_pipeline_refuses_registers_past_the_pool():
+    with pytest.raises(ValueError, match=r"registers=\(40, 240\) ask 66560 of the 64512 .*384 threads"):
+        wm._k_split_own_pipeline(0, 2, 4, 2, fetch=None, step=None, ready=None, consumed=None,
+                                 compute_context=None, registers=(40, 240))
+
+
+# ---- bad input
+
+def _args(m=1024, n=512, k=2048):
+    return (jax.ShapeDtypeStruct((m, k), jnp.bfloat16), jax.ShapeDtypeStruct((n, k // 2), jnp.uint8),
+            jax.ShapeDtypeStruct((k // 32, n), jnp.uint8))
+
+
+@pytest.mark.parametrize("change,exc,msg", [
+    (lambda a: (jax.ShapeDtypeStruct(a[0].shape, jnp.float32),) + a[1:], ValueError, "x must be bfloat16"),
+    (lambda a: (a[0], jax.ShapeDtypeStruct((512, 512), jnp.uint8), a[2]), ValueError,
+     r"w_data must be uint8 \[N, K/2\] with K=2048"),
+    (lambda a: a[:2] + (jax.ShapeDtypeStruct((512, 64), jnp.uint8),), ValueError,
+     r"w_scales must be the E8M0 bytes K-major, uint8 or float8_e8m0fnu \[64, 512\], got uint8 \(512, 64\)"),
+    (lambda a: (np.zeros((4,)),) + a[1:], ValueError, r"x must be 2-D"),
+    (lambda a: ([1, 2],) + a[1:], TypeError, r"x must be an array"),
+    (lambda a: (jax.ShapeDtypeStruct((1020, 2048), jnp.bfloat16),) + a[1:], ValueError,
+     "M=1020 is not a multiple of 8"),
+])
+def test_bad_arguments_named(change, exc, msg):
+    with pytest.raises(exc, match=msg):
+        jax.eval_shape(lambda *a: wt.mgpu_w4a16_tiles(*a), *change(_args()))
+
+
+def test_order_decode_mismatch_and_unknown_order_named():
+    with pytest.raises(ValueError, match=r"w_order='natural' bytes need decode='pairs', got TilesConfig\(decode='lanes'\)"):
+        jax.eval_shape(lambda *a: wt.mgpu_w4a16_tiles(*a, cfg=wt.TilesConfig(), w_order="natural"), *_args())
+    with pytest.raises(ValueError, match=r"w_order must be one of \('lanes', 'pairs', 'natural'\), got 'raw'"):
+        jax.eval_shape(lambda *a: wt.mgpu_w4a16_tiles(*a, w_order="raw"), *_args())
+    with pytest.raises(TypeError, match="cfg must be a TilesConfig or None"):
+        jax.eval_shape(lambda *a: wt.mgpu_w4a16_tiles(*a, cfg=wm.MgpuConfig()), *_args())
+    with pytest.raises(ValueError, match=r"no tiling for M=1024, N=500"):
+        jax.eval_shape(lambda *a: wt.mgpu_w4a16_tiles(*a), *_args(n=500))
+
+
+def test_output_that_cannot_fit_named():
+    with pytest.raises(ValueError, match="needs two pipeline stages"):
+        jax.eval_shape(lambda *a: wt.mgpu_w4a16_tiles(*a, out_dtype=jnp.float32,
+                                                      cfg=wt.TilesConfig(mt=256, bk=128, stages=2)), *_args())
+
+
+def test_eager_call_off_gpu_is_a_clear_error():
+    x = jnp.zeros((256, 256), jnp.bfloat16)
+    with pytest.raises(RuntimeError, match="runs only on an NVIDIA Hopper GPU"):
+        wt.mgpu_w4a16_tiles(x, jnp.zeros((128, 128), jnp.uint8), jnp.zeros((8, 128), jnp.uint8))
+
+
+# ---- dispatch
+
+def _problem(**kw):
+    from jax_mxfp4.backends.base import GemmProblem
+
+    base = dict(batch=1, m=1024, n=1024, k=2048, out_dtype=np.dtype(jnp.bfloat16), scale_layout="plain",
+                platform="cuda", lhs_kind="float", rhs_kind="mxfp4", lhs_dtype=np.dtype(jnp.bfloat16),
+                rhs_decode_prepared="lanes")
+    return GemmProblem(**{**base, **kw})
+
+
+@needs_mgpu
+def test_dispatch_routes_prepared_many_row_w4a16_to_the_kernel(monkeypatch):
+    from jax_mxfp4.backends import fp8, pallas
+
+    monkeypatch.setattr(fp8, "_compute_capability", lambda: (9, 0))
+    monkeypatch.setattr(pallas, "W4A16_MOSAIC_GPU", None)
+    monkeypatch.delenv("JAX_MXFP4_MOSAIC_W4A16", raising=False)
+    be = pallas.PallasBackend()
+    for order, decode in (("lanes", "decode='lanes'"), ("pairs", "decode='pairs'")):
+        r = be.route(_problem(rhs_decode_prepared=order))
+        assert "large-tile kernel" in r and decode in r, r
+    r = be.route(_problem(m=4096))  # at W4A16_TILES_MAX_ROWS: two-pass
+    assert r.startswith("two-pass") and "large-tile" not in r
+    plain = be.route(_problem(rhs_decode_prepared=False))
+    assert plain.startswith("two-pass") and "prepare_decode takes the large-tile kernel" in plain
+    weight_left = be.route(_problem(lhs_kind="mxfp4", rhs_kind="float", lhs_dtype=np.dtype(np.float32),
+                                    rhs_dtype=np.dtype(jnp.bfloat16), rhs_decode_prepared=False,
+                                    lhs_decode_prepared="lanes", m=1024, n=1024))
+    assert "large-tile kernel" in weight_left
+    for other in (dict(m=1020), dict(n=1000), dict(platform="rocm"), dict(m=128)):
+        assert "large-tile" not in be.route(_problem(**other)), other
+    assert tuple(map(bool, be.takes_decode_prepared(_problem()))) == (False, True)
+    monkeypatch.setattr(pallas, "W4A16_MOSAIC_GPU", False)
+    assert be.route(_problem()).startswith("two-pass")
+    monkeypatch.setattr(pallas, "W4A16_MOSAIC_GPU", None)
+    monkeypatch.setattr(fp8, "_compute_capability", lambda: (8, 0))
+    assert be.route(_problem()).startswith("two-pass")
+
+
+@needs_mgpu
+@pytest.mark.parametrize("batch", [1, 2])
+def test_dispatch_lowers_the_prepared_weight_as_stored(monkeypatch, batch):
+    """Through the backend: one Mosaic GPU kernel per batch element, the DecodePrepared's bytes
+    and K-major scales read as stored (no transpose of them in the lowered program)."""
+    from jax_mxfp4.backends import fp8, pallas
+
+    monkeypatch.setattr(fp8, "_compute_capability", lambda: (9, 0))
+    monkeypatch.setattr(pallas, "W4A16_MOSAIC_GPU", True)
+    prob = _problem(batch=batch)
+    w = mx.prepare_decode(mx.quantize(jnp.ones((batch, 1024, 2048), jnp.float32), 2))
+    f = jax.jit(lambda a, w: pallas._weight_stationary(a, w, prob))
+    x = jax.ShapeDtypeStruct((batch, 1024, 2048), jnp.bfloat16)
+    assert jax.eval_shape(f, x, w).shape == (batch, 1024, 1024)
+    txt = f.trace(x, w).lower(lowering_platforms=("cuda",)).as_text()
+    assert txt.count("mosaic_gpu") >= batch
+    assert "stablehlo.transpose" not in txt
+
+
+# ---- the benchmark's variant names (benchmarks/xla_dequant_probe.py)
+
+def test_probe_variant_names_parse():
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+    from benchmarks import xla_dequant_probe as p
+
+    assert p.tiles_config("tiles") is None
+    assert p.tiles_config("tiles-256x64-r") == wt.TilesConfig(mt=256, bk=64, chunks=1, registers=True)
+    assert p.tiles_config("tiles-128x128-s3-c1-nofold-w2") == wt.TilesConfig(
+        mt=128, bk=128, stages=3, chunks=1, fold_scale=False, wn=2)
+    assert p.base_variant("tiles-256x64-r") == "tiles" and p.base_variant("pallas") == "pallas"
+    for bad in ("tiles-256", "tiles-x", "tile", "tiles-256x64-q"):
+        with pytest.raises(ValueError):
+            p.tiles_config(bad)
+    assert dataclasses.replace(p.tiles_config("tiles-256x64"), registers=True).registers
