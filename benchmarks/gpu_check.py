@@ -66,6 +66,23 @@ def bound_check(out, ref, a_abs, b_abs, k, bf16_out):
     return {"finite": finite, "max_err_over_bound": ratio, "rel_fro": rel, "ok": finite and ratio <= 1.0}
 
 
+E2M1_VALUES = np.array([0, .5, 1, 1.5, 2, 3, 4, 6, -0., -.5, -1, -1.5, -2, -3, -4, -6])  # OCP MX v1.0 §5.3.3
+
+
+def byte_reference(x, data, scale_bytes):
+    """float64 (x · Wᵀ, |x| · |W|ᵀ) for a weight given as packed E2M1 bytes ``data`` [..., N, K/2]
+    (low nibble = element 2j) and E8M0 bytes ``scale_bytes`` [..., N, K/32] (0xFF NaN), decoded
+    independently of the project (NumPy tables; each element rounded to float32 as a float32
+    dequantization would: 2^128 -> inf), against ``x`` [..., M, K]. The every-byte checks' reference."""
+    data, sb = np.asarray(data), np.asarray(scale_bytes)
+    codes = np.stack([data & 15, data >> 4], -1).reshape(*data.shape[:-1], 2 * data.shape[-1])
+    sc = np.where(sb == 255, np.nan, 2.0 ** (sb.astype(np.float64) - 127))
+    xf = np.asarray(jnp.asarray(x, jnp.float32), np.float64)
+    with np.errstate(over="ignore", invalid="ignore"):
+        w = (E2M1_VALUES[codes] * np.repeat(sc, 32, axis=-1)).astype(np.float32).astype(np.float64)
+        return xf @ np.swapaxes(w, -1, -2), np.abs(xf) @ np.abs(np.swapaxes(w, -1, -2))
+
+
 def gemm_checks():
     res = []
     cases = [  # batch, m, n, k, variant, cfg or None (default), out dtype
@@ -164,14 +181,7 @@ def wgemm_checks():
     x = jnp.asarray(rng.standard_normal((1, m, k)) * 2.0**-10, jnp.bfloat16)
     cfg = WTileConfig(bn=64, bm=16, bk=64, decode=decode)
     out = np.asarray(jax.jit(lambda a, d, s_: weight_stationary_gemm(a, d, s_, out_dtype=jnp.float32, cfg=cfg))(x, data, sb), np.float64)
-    codes = np.stack([np.asarray(data) & 15, np.asarray(data) >> 4], -1).reshape(1, n, k)
-    e2m1 = np.array([0, .5, 1, 1.5, 2, 3, 4, 6, -0., -.5, -1, -1.5, -2, -3, -4, -6])
-    sc = np.where(np.asarray(sb) == 255, np.nan, 2.0 ** (np.asarray(sb, np.float64) - 127))
-    with np.errstate(over="ignore", invalid="ignore"):  # as float32 dequantization: 2^128 -> inf
-        w = (e2m1[codes] * np.repeat(sc, 32, axis=-1)).astype(np.float32).astype(np.float64)
-    with np.errstate(over="ignore", invalid="ignore"):
-        ref = np.einsum("bmk,bnk->bmn", np.asarray(x, np.float64), w)
-        mag = np.einsum("bmk,bnk->bmn", np.abs(np.asarray(x, np.float64)), np.abs(w))
+    ref, mag = byte_reference(x, data, sb)
     fin = np.isfinite(ref) & (np.abs(ref) < 3e38)
     ok_vals = bool(np.all(np.abs(out[fin] - ref[fin]) <= 2 * k * 2.0**-24 * mag[fin] + 2.0**-126))
     ok_nan = bool(np.isnan(out[0, :, 17]).all())
@@ -264,17 +274,11 @@ def tiles_every_byte_check():
     sb[37, 3] = 255
     x = jnp.asarray(rng.standard_normal((m, k)) * 2.0**-10, jnp.bfloat16)
     wd = lanes_order_bytes(pair_order_bytes(jnp.asarray(data)))
-    codes = np.stack([data & 15, data >> 4], -1).reshape(n, k)
-    e2m1 = np.array([0, .5, 1, 1.5, 2, 3, 4, 6, -0., -.5, -1, -1.5, -2, -3, -4, -6])
-    sc = np.where(sb == 255, np.nan, 2.0 ** (sb.astype(np.float64) - 127))
-    with np.errstate(over="ignore", invalid="ignore"):
-        w = (e2m1[codes] * np.repeat(sc, 32, axis=-1)).astype(np.float32).astype(np.float64)
-        ref = np.asarray(x, np.float64) @ w.T
-        mag = np.abs(np.asarray(x, np.float64)) @ np.abs(w).T
+    ref, mag = byte_reference(x, data, sb)
     fin = np.isfinite(ref) & (np.abs(ref) < 3e38)
     res = []
     # the default for this shape (mt 128) and the one for large grids (mt 256, bk 64, setmaxnreg)
-    # and the "pairs" decode of natural bytes (x permuted per call: a plain weight's route)
+    # and the "pairs" decode of natural bytes (x permuted per call; w_order="natural", not in dispatch)
     for cfg, order in ((default_tiles_config(m, n, k), "lanes"),
                        (TilesConfig(mt=256, bk=64, stages=4, chunks=1, registers=True), "lanes"),
                        (default_tiles_config(m, n, k, w_order="natural"), "natural")):

@@ -45,7 +45,7 @@ import numpy as np  # noqa: E402
 from jax import lax  # noqa: E402
 
 import jax_mxfp4 as mx  # noqa: E402
-from benchmarks.gpu_check import bound_check, rand  # noqa: E402
+from benchmarks.gpu_check import bound_check, byte_reference, rand  # noqa: E402
 from benchmarks.common import device_info, kernel_time, n_sets_for, out_dir, time_fn, write_json  # noqa: E402
 from jax_mxfp4.decode_prepared import lanes_order_bytes, pair_order_bytes  # noqa: E402
 from jax_mxfp4.kernels.wgemm_mgpu import MgpuConfig, kernel_scales, mgpu_w4a16, tile_major_layout  # noqa: E402
@@ -352,13 +352,7 @@ def main(argv=None):
         d, s, form = call_args(name, cfg, jnp.asarray(data), jnp.asarray(sb))
         got = np.asarray(jax.jit(lambda a, d, s: mgpu_w4a16(a, d, s, jnp.float32, cfg, scales_form=form,
                                                             w_order=w_order(name)))(x, d, s), np.float64)
-        codes = np.stack([data & 15, data >> 4], -1).reshape(n, k)
-        e2m1 = np.array([0, .5, 1, 1.5, 2, 3, 4, 6, -0., -.5, -1, -1.5, -2, -3, -4, -6])
-        sc = np.where(sb == 255, np.nan, 2.0 ** (sb.astype(np.float64) - 127))
-        with np.errstate(over="ignore", invalid="ignore"):
-            w = (e2m1[codes] * np.repeat(sc, 32, axis=-1)).astype(np.float32).astype(np.float64)
-            ref = np.asarray(x, np.float64) @ w.T
-            mag = np.abs(np.asarray(x, np.float64)) @ np.abs(w).T
+        ref, mag = byte_reference(x, data, sb)
         fin = np.isfinite(ref) & (np.abs(ref) < 3e38)
         ok_vals = bool(np.all(np.abs(got[fin] - ref[fin]) <= 2 * k * 2.0**-24 * mag[fin] + 2.0**-126))
         # the NaN block poisons its whole output column; other columns may hold Inf/NaN legitimately

@@ -172,6 +172,8 @@ def main():
             raise ValueError(args.shapes)
     except ValueError:
         ap.error(f"--shapes: comma list of MxKxN with K a multiple of 64, got {args.shapes!r}")
+    if not -100 <= args.w_exp <= 100:  # 2^E times normal(0, 1) stays finite and normal in bf16
+        ap.error(f"--w-exp must be in [-100, 100] (weights times 2^E stay finite, normal bfloat16), got {args.w_exp}")
     names = [v for v in args.only.split(",") if v] or list(VARIANTS)
     try:
         for v in names:

@@ -442,7 +442,7 @@ def test_xla_dequant_probe_checks_every_variant_and_refuses_bad_arguments(tmp_pa
     from benchmarks import xla_dequant_probe as probe
 
     for argv in (["--shapes", "16x100x64"], ["--shapes", "0x64x64"], ["--shapes", "1x2"], ["--shapes", "axbxc"],
-                 ["--only", "bf16,nope"], ["--only", "tiles-300x64"]):
+                 ["--only", "bf16,nope"], ["--only", "tiles-300x64"], ["--w-exp", "1100"], ["--w-exp", "-200"]):
         with pytest.raises(SystemExit):
             monkeypatch.setattr(sys, "argv", ["xla_dequant_probe.py", *argv, "--out", str(tmp_path / "bad")])
             probe.main()

@@ -50,6 +50,7 @@ def _lowered(m, n, k, cfg, out_dtype=jnp.bfloat16, w_order="lanes"):
     (dict(wn=3), r"wn must be one of \(1, 2\)"),
     (dict(decode="ptx"), r"decode must be one of \('lanes', 'pairs'\), got 'ptx'"),
     (dict(decode="pairs"), r'fold_scale needs decode="lanes"'),
+    (dict(mt=256, wn=2), r"TilesConfig\(mt=256, wn=2\): float32 accumulators of 256 registers per thread; at most 128"),
 ])
 def test_config_refused_with_the_rule(kw, msg):
     with pytest.raises(ValueError, match=msg):
@@ -63,9 +64,15 @@ def test_config_field_types_refused(field, value):
         wt.TilesConfig(**{field: value})
 
 
-def test_config_accepts_numpy_ints_and_pairs_without_fold():
-    cfg = wt.TilesConfig(mt=np.int64(256), bk=np.int32(64), chunks=1, decode="pairs", fold_scale=False, wn=2)
-    assert cfg.cta_rows == 256
+def test_config_takes_numpy_ints_as_python_ints():
+    """Pallas grids and Mosaic GPU shapes take Python ints only (a numpy int passed the checks and
+    then failed inside jax: an AssertionError on the grid, a memref.subview error; a uint8 field
+    wrapped to 0 in the shared-memory model): the fields are stored as ints."""
+    cfg = wt.TilesConfig(mt=np.int64(128), bk=np.uint8(128), stages=np.int16(3), chunks=np.int64(2),
+                         wn=np.int32(2), registers=np.bool_(True), fold_scale=np.bool_(False), decode="pairs")
+    assert all(type(getattr(cfg, f)) is int for f in ("mt", "bk", "stages", "chunks", "wn"))
+    assert type(cfg.registers) is bool and cfg.cta_rows == 256
+    assert wt.smem_bytes(cfg, 2) == (128 * 128 * 2 + 256 * 64 + 4 * 256, 2 * 2 * 128 * 64 * 2)
 
 
 @pytest.mark.parametrize("cfg,osize", [(wt.TilesConfig(), 2), (wt.TilesConfig(mt=256, bk=64, chunks=1), 4),
@@ -112,8 +119,29 @@ def test_unsupported_reasons_named():
     assert "M=1020 is not a multiple of 8" in wt.unsupported_reason(1020, 1024, 1024)
     assert "N=1000 is not a multiple of 128" in wt.unsupported_reason(1024, 1000, 1024)
     assert "N=384 is not a multiple of 256" in wt.unsupported_reason(1024, 384, 1024, wt.TilesConfig(wn=2))
-    assert "K=64 is not at least two steps of bk=128 or 64" in wt.unsupported_reason(1024, 1024, 64)
-    assert wt.unsupported_reason(8, 128, 128) is None
+    assert "K=64 is not a multiple of bk=128 or 64 with at least two K steps" in wt.unsupported_reason(1024, 1024, 64)
+    assert "K=2050 is not a multiple of" in wt.unsupported_reason(1024, 1024, 2050)
+    for m, n, k in ((0, 128, 256), (-8, 128, 256), (8, 0, 256), (8, -128, 256), (8, 128, 0)):
+        assert "M, N and K must be >= 1" in wt.unsupported_reason(m, n, k), (m, n, k)
+        assert wt.default_tiles_config(m, n, k) is None
+    assert wt.unsupported_reason(8, 128, 128) is None and wt.unsupported_reason(np.int64(8), 128, 128) is None
+
+
+@pytest.mark.parametrize("bad", [dict(m="1024"), dict(m=None), dict(m=True), dict(k=1024.0)])
+def test_sizes_of_the_wrong_type_refused(bad):
+    args = {**dict(m=1024, n=1024, k=1024), **bad}
+    for fn in (wt.unsupported_reason, wt.default_tiles_config):
+        with pytest.raises(TypeError, match=f"{fn.__name__}: {next(iter(bad))} must be an int"):
+            fn(**args)
+
+
+def test_other_arguments_of_the_choosers_refused():
+    with pytest.raises(TypeError, match="unsupported_reason: cfg must be a TilesConfig or None, got str"):
+        wt.unsupported_reason(1024, 1024, 1024, "x")
+    for odt in (jnp.int8, jnp.float64, "foo"):
+        with pytest.raises(ValueError, match="default_tiles_config: out_dtype must be float32, bfloat16 or float16"):
+            wt.default_tiles_config(1024, 1024, 1024, odt)
+    assert wt.default_tiles_config(1024, 8192, 8192, None).mt == 128  # None: float32
 
 
 # ---- lowering
@@ -123,6 +151,7 @@ TILINGS = {
     "mt256 bk64 regs": wt.TilesConfig(mt=256, bk=64, chunks=1, registers=True),
     "mt256 bk128 s2 regs": wt.TilesConfig(mt=256, bk=128, stages=2, registers=True),
     "wn2 regs": wt.TilesConfig(wn=2, registers=True, stages=3),
+    "numpy ints": wt.TilesConfig(mt=np.int64(128), bk=np.int64(128), stages=np.int64(3), wn=np.int64(2)),
     "mt64 nofold": wt.TilesConfig(mt=64, fold_scale=False),
     "pairs": wt.TilesConfig(decode="pairs", fold_scale=False),
 }
@@ -217,7 +246,7 @@ def test_output_that_cannot_fit_named():
 
 def test_eager_call_off_gpu_is_a_clear_error():
     x = jnp.zeros((256, 256), jnp.bfloat16)
-    with pytest.raises(RuntimeError, match="runs only on an NVIDIA Hopper GPU"):
+    with pytest.raises(RuntimeError, match="mgpu_w4a16_tiles runs only on an NVIDIA Hopper GPU"):
         wt.mgpu_w4a16_tiles(x, jnp.zeros((128, 128), jnp.uint8), jnp.zeros((8, 128), jnp.uint8))
 
 

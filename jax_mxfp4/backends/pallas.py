@@ -6,7 +6,10 @@ Routes (``PallasBackend.route`` says which one a problem takes; ``explain()`` pr
     E2M1 decode on CUDA, :mod:`jax_mxfp4.kernels.e2m1_asm`; portable decode on ROCm and in the
     interpreter); an MXFP4 activation is first dequantized exactly to bfloat16 (a small array);
   * w4a16 with >= ``W4A16_TWO_PASS_MIN_ROWS`` activation rows on a GPU: the weight is decoded to
-    bfloat16 once (one memory-bound Pallas pass) and XLA's bfloat16 GEMM runs;
+    bfloat16 once (one memory-bound Pallas pass) and XLA's bfloat16 GEMM runs; on Hopper, below
+    ``W4A16_TILES_MAX_ROWS`` rows with a weight from ``prepare_decode`` ("lanes" or "pairs"
+    bytes), the large-tile Mosaic GPU kernel instead (:mod:`jax_mxfp4.kernels.wgemm_tiles_mgpu`:
+    the decode inside the GEMM's K loop);
   * a4w4 with both sides large: the tiled kernel of :mod:`jax_mxfp4.kernels.gemm` (both operands
     decoded in the K loop; "auto" prefers other backends there).
 All are exact up to the order of float32 accumulation: decoded values are exact in bfloat16 and
@@ -129,7 +132,7 @@ class PallasBackend(Backend):
         if plan.kind == "two-pass":
             hint = ("" if problem.platform != "cuda" or plan.rows >= W4A16_TILES_MAX_ROWS or plan.w_prepared else
                     f"; below {W4A16_TILES_MAX_ROWS} rows on Hopper a weight from prepare_decode takes the large-tile "
-                    "kernel instead (H200: 0.98x of bf16 at 1024x8192x8192 against this route's 1.28x)")
+                    "kernel instead (H200 session 12: 0.95x of bf16 at 1024x8192x8192 against this route's 1.24x)")
             return (f"two-pass w4a16: {plan.rows} activation rows >= {W4A16_TWO_PASS_MIN_ROWS}, weight decoded "
                     f"to bfloat16 once ({decode} decode), then XLA's bfloat16 GEMM" + _converted_note(problem) + hint)
         what = "w4a16" if problem.has_float_operand else "a4w4 with the small side dequantized to bfloat16"
@@ -205,7 +208,7 @@ def _decoded_bf16(w: MXFP4Array, platform: str) -> jax.Array:
 @dataclasses.dataclass(frozen=True)
 class _Plan:
     """Which path of this backend a problem takes (the one place that decides it): ``kind``
-    "tiled" (a4w4, both sides large), "tiles" (large-M w4a16 on Hopper with a "lanes"
+    "tiled" (a4w4, both sides large), "tiles" (large-M w4a16 on Hopper with a "lanes" or "pairs"
     DecodePrepared weight: the large-tile Mosaic GPU kernel), "two-pass" (other large-M w4a16 on a
     GPU), "mosaic" (the decode-size Mosaic GPU kernel) or "triton" (the weight-stationary kernel);
     ``swap``: the lhs is the weight (the side decoded in the K loop); ``rows``/``wrows``:
@@ -256,9 +259,8 @@ def _mosaic_gpu_config(problem: GemmProblem, rows: int, wrows: int, w_order: str
 
 def _tiles_config(problem: GemmProblem, rows: int, wrows: int, w_order):
     """The large-tile Mosaic GPU kernel's tiling (:mod:`jax_mxfp4.kernels.wgemm_tiles_mgpu`: the
-    decode inside the GEMM's K loop) where it takes this many-row w4a16 problem, else None: the
-    weight a "lanes" DecodePrepared (prepare_decode's default), CUDA device 0 of compute
-    capability 9.0, the Mosaic switch on (``W4A16_MOSAIC_GPU``), fewer than
+    decode inside the GEMM's K loop) where it takes this many-row w4a16 problem, else None: CUDA
+    device 0 of compute capability 9.0, the Mosaic switch on (``W4A16_MOSAIC_GPU``), fewer than
     ``W4A16_TILES_MAX_ROWS`` activation rows, a shape it tiles, and the weight a DecodePrepared
     (``w_order``: its byte order, False for a plain MXFP4Array) in the "lanes" order (the "lanes"
     decode; prepare_decode's default) or "pairs" (the "pairs" decode), read as stored. A plain

@@ -619,17 +619,28 @@ def _kernel(*refs, cfg: MgpuConfig, steps: int, nx: int):
         o_ref[...] = acc_ref[...]
 
 
-def _check_eager_device(x):
-    """RuntimeError for an eager call (concrete ``x``) on a device that is not a GPU: Pallas would
-    say "Only interpret mode is supported on CPU backend", which this kernel has not. Traced calls
-    are checked when lowered. Called right before each launch, after the shape checks."""
+def check_2d_arrays(fn: str, items) -> None:
+    """Each (name, value, what) of ``items`` must be an array (``shape`` and ``dtype``: TypeError)
+    of rank 2 (ValueError), the message naming ``fn``, the argument and ``what`` it holds."""
+    for name, v, what in items:
+        if not hasattr(v, "shape") or not hasattr(v, "dtype"):
+            raise TypeError(f"{fn}: {name} must be an array ({what}), got {type(v).__name__}")
+        if len(v.shape) != 2:
+            raise ValueError(f"{fn}: {name} must be 2-D ({what}), got shape {tuple(v.shape)}")
+
+
+def _check_eager_device(x, fn: str = "mgpu_w4a16"):
+    """RuntimeError for an eager call (concrete ``x``, a jax.Array) on a device that is not a GPU:
+    Pallas would say "Only interpret mode is supported on CPU backend", which this kernel has not.
+    Traced calls are checked when lowered. Called right before each launch, after the shape
+    checks; ``fn`` names the kernel in the message."""
     try:
         where = sorted({d.platform for d in x.devices()})
     except Exception:  # a tracer (ConcretizationTypeError) or not a jax.Array: checked when lowered
         return
     if any(p not in ("gpu", "cuda") for p in where):
         raise RuntimeError(
-            f"mgpu_w4a16 runs only on an NVIDIA Hopper GPU (sm_90a, Mosaic GPU); x is on {', '.join(where)}. "
+            f"{fn} runs only on an NVIDIA Hopper GPU (sm_90a, Mosaic GPU); x is on {', '.join(where)}. "
             "Use jax_mxfp4.dot_general (it routes here on such a GPU), or lower it for CUDA under jax.jit "
             "(jit(...).trace(...).lower(lowering_platforms=('cuda',)))"
         )
@@ -1121,12 +1132,8 @@ def mgpu_w4a16(x, w_data, w_scales, out_dtype=jnp.bfloat16, cfg: MgpuConfig | No
     cfg = MgpuConfig() if cfg is None else cfg
     if not isinstance(cfg, MgpuConfig):
         raise TypeError(f"mgpu_w4a16: cfg must be an MgpuConfig or None, got {type(cfg).__name__}")
-    for name, v, what in (("x", x, "bfloat16 [M, K]"), ("w_data", w_data, "uint8 [N, K/2]"),
-                          ("w_scales", w_scales, "the E8M0 scales, 2-D")):
-        if not hasattr(v, "shape") or not hasattr(v, "dtype"):
-            raise TypeError(f"mgpu_w4a16: {name} must be an array ({what}), got {type(v).__name__}")
-        if len(v.shape) != 2:
-            raise ValueError(f"mgpu_w4a16: {name} must be 2-D ({what}), got shape {tuple(v.shape)}")
+    check_2d_arrays("mgpu_w4a16", (("x", x, "bfloat16 [M, K]"), ("w_data", w_data, "uint8 [N, K/2]"),
+                                   ("w_scales", w_scales, "the E8M0 scales, 2-D")))
     out_dtype = check_output_dtype(out_dtype, "mgpu_w4a16: out_dtype")
     m, k = x.shape
     n, half_k = w_data.shape

@@ -6,18 +6,18 @@ MXFP4 weight as packed E2M1 bytes [N, K/2] with E8M0 scale bytes K-major [K/32, 
 :func:`jax_mxfp4.prepare_decode` stores: bytes in the "lanes" order; "pairs" and natural byte
 orders are read by the "pairs" decode) as ``outᵀ = W · xᵀ`` tile by tile. The
 decode-size kernel (:mod:`jax_mxfp4.kernels.wgemm_mgpu`) reads every weight byte once and meets
-few activation rows; here each decoded weight tile meets ``mt`` (128 or 256) activation rows, so
+few activation rows; here each decoded weight tile meets ``mt`` (64, 128 or 256) activation rows, so
 the decode's cost is spread over ``mt`` multiply-adds per element and the tensor cores set the
 pace, as in a bfloat16 GEMM. The alternative (issue 9: a pass that decodes the whole weight to
 bfloat16, then XLA's GEMM) writes and reads 2 bytes per weight element more; H200 session 11:
 1.28x of bf16 at 1024x8192x8192, against a GEMM of 0.165 ms plus a decode pass >= 0.045 ms.
 
-One CTA per (128 weight rows, ``mt`` activation rows) output tile; grid N/128 x ceil(M/mt), the
+One CTA per (128 wn weight rows, ``mt`` activation rows) output tile; grid N/(128 wn) x ceil(M/mt), the
 activation tiles of one weight tile in consecutive CTAs (the weight tile is read from HBM once and
 then from L2). Three warpgroups: a TMA warpgroup fills ``stages`` shared-memory slots (x's
-[mt, bk] tile, the [128, bk/2] weight bytes, their [bk/32, 128] scale bytes) through
-:func:`jax_mxfp4.kernels.wgemm_mgpu._k_split_own_pipeline`; two compute warpgroups each own 64
-weight rows: per step each loads its [64, bk/2] bytes in Mosaic GPU's 8-bit WGMMA layout, decodes
+[mt, bk] tile, the [128 wn, bk/2] weight bytes, their [bk/32, 128 wn] scale bytes) through
+:func:`jax_mxfp4.kernels.wgemm_mgpu._k_split_own_pipeline`; two compute warpgroups each own 64 wn
+weight rows: per step each loads its [64, bk/2] bytes (per 64-row tile) in Mosaic GPU's 8-bit WGMMA layout, decodes
 them in registers by the "lanes" inline PTX (one bfloat16 multiply per register where the
 warp's scale bytes allow, :attr:`TilesConfig.fold_scale`; the same code the decode-size kernel
 runs: :func:`jax_mxfp4.kernels.wgemm_mgpu._wgmma_step`) and issues ``W_tile · x_tileᵀ`` as WGMMAs
@@ -49,12 +49,13 @@ from jax.experimental import pallas as pl
 from ..checks import check_output_dtype
 from ..mx_format import BLOCK_SIZE, as_scale_bytes
 from .wgemm_mgpu import (_WG_ROWS, _check_eager_device, _k_split_own_pipeline, _load, _plgpu, _swizzle, _tiled,
-                         _wgmma_step, permute_x_pairs)
+                         _wgmma_step, check_2d_arrays, permute_x_pairs)
 
 WNS = (1, 2)  # TilesConfig.wn: 64-row weight tiles per compute warpgroup (two compute warpgroups per CTA)
 DECODES = ("lanes", "pairs")  # TilesConfig.decode (wgemm_mgpu's register decodes of the one-fragment form)
 W_ORDERS = ("lanes", "pairs", "natural")  # byte orders of the weight mgpu_w4a16_tiles reads
 REGISTERS = (40, 232)  # TilesConfig.registers: setmaxnreg of the TMA / each compute warpgroup (as jax's pipeline)
+MAX_ACC_REGISTERS = 128  # float32 accumulator registers per compute thread a tiling may take (wn x mt / 2)
 MTS = (64, 128, 256)  # TilesConfig.mt: activation rows per CTA (the WGMMA N side, <= 256)
 SMEM_LIMIT = 227 * 1024  # shared memory one CTA may take on sm_90 (H100/H200: 227 KiB)
 _SMEM_RESERVE = 2 * 1024  # barriers and Mosaic GPU's own scratch
@@ -65,7 +66,8 @@ class TilesConfig:
     """Tiling of :func:`mgpu_w4a16_tiles`.
 
     mt: activation rows per CTA, one of :data:`MTS` (each compute warpgroup's float32
-    accumulator is [64, mt]: mt/2 registers per thread); bk: K elements per pipeline step, a
+    accumulator is [64, mt]: mt/2 registers per thread; ``wn x mt / 2`` at most
+    :data:`MAX_ACC_REGISTERS`); bk: K elements per pipeline step, a
     multiple of 64 (whole 128-byte swizzle rows of x); stages: pipeline depth, lowered to what
     fits in shared memory (at least 2); chunks: each warpgroup decodes a step's tile in this many
     parts, issuing each part's WGMMAs before decoding the next (parts of whole 64-column x
@@ -96,9 +98,11 @@ class TilesConfig:
             v = getattr(self, name)
             if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
                 raise TypeError(f"TilesConfig.{name} must be an int, got {v!r}")
+            object.__setattr__(self, name, int(v))  # numpy ints as Python ints (Pallas grids and shapes take those)
         for name in ("fold_scale", "registers"):
             if not isinstance(getattr(self, name), (bool, np.bool_)):
                 raise TypeError(f"TilesConfig.{name} must be a bool, got {getattr(self, name)!r}")
+            object.__setattr__(self, name, bool(getattr(self, name)))
         if self.decode not in DECODES:
             raise ValueError(f"TilesConfig.decode must be one of {DECODES}, got {self.decode!r}")
         if self.fold_scale and self.decode != "lanes":
@@ -106,6 +110,10 @@ class TilesConfig:
                              f"got decode={self.decode!r}")
         if self.wn not in WNS:
             raise ValueError(f"TilesConfig.wn must be one of {WNS} (64-row weight tiles per warpgroup), got {self.wn}")
+        if self.wn * self.mt // 2 > MAX_ACC_REGISTERS:
+            raise ValueError(f"TilesConfig(mt={self.mt}, wn={self.wn}): float32 accumulators of {self.wn * self.mt // 2} "
+                             f"registers per thread; at most {MAX_ACC_REGISTERS} leave room for the decode "
+                             f"(setmaxnreg gives a compute thread {REGISTERS[1]})")
         if self.mt not in MTS:
             raise ValueError(f"TilesConfig.mt must be one of {MTS} (the WGMMA N side), got {self.mt}")
         if self.bk < 64 or self.bk % 64:
@@ -156,7 +164,7 @@ def mgpu_w4a16_tiles(x, w_data, w_scales, out_dtype=jnp.bfloat16, cfg: TilesConf
         multiple of ``cfg.cta_rows`` (128, or 256 with ``wn`` 2).
       w_scales: E8M0 scales K-major [K/32, N], uint8 bytes or float8_e8m0fnu (OCP MX v1.0 §5.4:
         2^(b-127), 0xFF NaN).
-      out_dtype: bfloat16, float16 or float32.
+      out_dtype: bfloat16, float16 or float32 (None: float32).
       cfg: :class:`TilesConfig` (None: :func:`default_tiles_config` for the shape and order).
       w_order: "lanes" (:func:`jax_mxfp4.decode_prepared.lanes_order_bytes`, what
         :func:`jax_mxfp4.prepare_decode` stores by default; the "lanes" decode), "pairs"
@@ -174,12 +182,8 @@ def mgpu_w4a16_tiles(x, w_data, w_scales, out_dtype=jnp.bfloat16, cfg: TilesConf
         "lanes" decode, the other orders the "pairs" decode), or a tiling whose two pipeline
         stages do not fit in shared memory.
     """
-    for name, v, what in (("x", x, "bfloat16 [M, K]"), ("w_data", w_data, "uint8 [N, K/2]"),
-                          ("w_scales", w_scales, "E8M0 scales [K/32, N]")):
-        if not hasattr(v, "shape") or not hasattr(v, "dtype"):
-            raise TypeError(f"mgpu_w4a16_tiles: {name} must be an array ({what}), got {type(v).__name__}")
-        if len(v.shape) != 2:
-            raise ValueError(f"mgpu_w4a16_tiles: {name} must be 2-D ({what}), got shape {tuple(v.shape)}")
+    check_2d_arrays("mgpu_w4a16_tiles", (("x", x, "bfloat16 [M, K]"), ("w_data", w_data, "uint8 [N, K/2]"),
+                                         ("w_scales", w_scales, "E8M0 scales [K/32, N]")))
     out_dtype = check_output_dtype(out_dtype, "mgpu_w4a16_tiles: out_dtype")
     m, k = x.shape
     n, half_k = w_data.shape
@@ -267,7 +271,7 @@ def _tiles_call(x, w_data, scales, *, cfg: TilesConfig, stages: int, out_dtype):
         _k_split_own_pipeline(wg, 2, steps, stages, fetch=fetch, step=step, ready=ready, consumed=consumed,
                               compute_context=compute_context, registers=REGISTERS if cfg.registers else None)
 
-    _check_eager_device(x)
+    _check_eager_device(x, "mgpu_w4a16_tiles")
     f = plgpu.kernel(
         body,
         out_type=jax.ShapeDtypeStruct((m, n), out_dtype),
@@ -285,9 +289,22 @@ def _tiles_call(x, w_data, scales, *, cfg: TilesConfig, stages: int, out_dtype):
     return f(x, w_data, scales)
 
 
+def _check_dims(fn: str, m, n, k) -> None:
+    """``m``, ``n``, ``k`` must be ints (numpy integers too, not bool): TypeError naming ``fn``."""
+    for name, v in (("m", m), ("n", n), ("k", k)):
+        if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
+            raise TypeError(f"{fn}: {name} must be an int, got {v!r}")
+
+
 def unsupported_reason(m: int, n: int, k: int, cfg: TilesConfig | None = None) -> str | None:
     """None if :func:`mgpu_w4a16_tiles` takes [m, k] x [n, k] with ``cfg`` (None: any
-    :class:`TilesConfig` bk of 128 or 64), else the rule it breaks."""
+    :class:`TilesConfig` with bk 128 or 64), else the rule it breaks. TypeError for non-int
+    sizes or a ``cfg`` that is not a TilesConfig."""
+    _check_dims("unsupported_reason", m, n, k)
+    if cfg is not None and not isinstance(cfg, TilesConfig):
+        raise TypeError(f"unsupported_reason: cfg must be a TilesConfig or None, got {type(cfg).__name__}")
+    if m < 1 or n < 1 or k < 1:
+        return f"M, N and K must be >= 1, got M={m}, N={n}, K={k}"
     if m % 8:
         return f"M={m} is not a multiple of 8 (Mosaic GPU's TMA tiles of 8 activation rows)"
     rows = cfg.cta_rows if cfg is not None else 2 * _WG_ROWS
@@ -295,7 +312,7 @@ def unsupported_reason(m: int, n: int, k: int, cfg: TilesConfig | None = None) -
         return f"N={n} is not a multiple of {rows} weight rows (a CTA's two compute warpgroups)"
     bks = (cfg.bk,) if cfg is not None else (128, 64)
     if not any(k % bk == 0 and k // bk >= 2 for bk in bks):
-        return f"K={k} is not at least two steps of bk={' or '.join(map(str, bks))}"
+        return f"K={k} is not a multiple of bk={' or '.join(map(str, bks))} with at least two K steps"
     return None
 
 
@@ -307,11 +324,15 @@ def default_tiles_config(m: int, n: int, k: int, out_dtype=jnp.bfloat16, w_order
     1.086x; mt 128 1.19x with or without setmaxnreg; run a: mt 256 without it spilled, 1.26x).
     mt 128 (with setmaxnreg) where 256-row tiles would leave the grid under 128 CTAs (the H200
     has 132 SMs: few activation rows, few weight rows) or the output is 4 bytes wide (a float32
-    [256, 64] tile per warpgroup leaves room for two pipeline stages only); neither measured.
+    [256, 64] tile per warpgroup leaves room for two pipeline stages only): at 256x8192x8192
+    1.11x with 128-row tiles against 1.66x with 256-row ones (run c); float32 output unmeasured.
     ``w_order`` "lanes": the "lanes" decode with ``fold_scale``; "pairs"/"natural": the "pairs"
-    decode (ValueError for another order)."""
+    decode. Raises TypeError for non-int sizes, ValueError for another ``w_order`` or an
+    ``out_dtype`` other than bfloat16, float16, float32 (None: float32)."""
+    _check_dims("default_tiles_config", m, n, k)
     if not isinstance(w_order, str) or w_order not in W_ORDERS:
         raise ValueError(f"default_tiles_config: w_order must be one of {W_ORDERS}, got {w_order!r}")
+    out_dtype = check_output_dtype(out_dtype, "default_tiles_config: out_dtype")
     dec = dict(decode="lanes", fold_scale=True) if w_order == "lanes" else dict(decode="pairs", fold_scale=False)
     if unsupported_reason(m, n, k):
         return None
