@@ -62,7 +62,11 @@ W4A16_TILES_MAX_ROWS = 4096
 # dequantization of its small side (as for the Triton kernel). JAX_MXFP4_MOSAIC_W4A16=0 turns it off.
 W4A16_MOSAIC_GPU: bool | None = None
 """None (default): ``$JAX_MXFP4_MOSAIC_W4A16`` decides at each routing decision (on unless
-0/off/false/no; any other value raises there); True/False override the environment."""
+0/off/false/no; any other value raises there); True/False override the environment. Covers the
+decode-size and the large-tile kernels. The routing decision is made when a program is lowered
+(inside jax_mxfp4.partitioning's custom partitioning, after tracing), and jax reuses a compiled
+executable for an identical program: a change applies to programs compiled after it (call
+``jax.clear_caches()`` to recompile; session 12's benchmark reused one)."""
 
 
 def mosaic_w4a16_enabled() -> bool:
