@@ -282,6 +282,8 @@ def test_dispatch_routes_prepared_many_row_w4a16_to_the_kernel(monkeypatch):
     assert "large-tile kernel" in weight_left
     for other in (dict(m=1020), dict(n=1000), dict(platform="rocm"), dict(m=128)):
         assert "large-tile" not in be.route(_problem(**other)), other
+        # the two-pass route names the prepared alternative only where it would apply
+        assert "large-tile" not in be.route(_problem(rhs_decode_prepared=False, **other)), other
     assert tuple(map(bool, be.takes_decode_prepared(_problem()))) == (False, True)
     monkeypatch.setattr(pallas, "W4A16_MOSAIC_GPU", False)
     assert be.route(_problem()).startswith("two-pass")

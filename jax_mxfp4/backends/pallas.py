@@ -134,7 +134,10 @@ class PallasBackend(Backend):
                     f"{W4A16_TILES_MAX_ROWS} activation rows: the E2M1 decode inside the GEMM's K loop (WGMMA with "
                     f"the decoded tile in registers), {how}, {plan.mgpu_cfg}")
         if plan.kind == "two-pass":
-            hint = ("" if problem.platform != "cuda" or plan.rows >= W4A16_TILES_MAX_ROWS or plan.w_prepared else
+            from ..kernels.wgemm_tiles_mgpu import unsupported_reason as tiles_unsupported
+
+            hint = ("" if problem.platform != "cuda" or plan.rows >= W4A16_TILES_MAX_ROWS or plan.w_prepared
+                    or tiles_unsupported(plan.rows, plan.wrows, problem.k) else
                     f"; below {W4A16_TILES_MAX_ROWS} rows on Hopper a weight from prepare_decode takes the large-tile "
                     "kernel instead (H200 session 12: 0.95x of bf16 at 1024x8192x8192 against this route's 1.24x)")
             return (f"two-pass w4a16: {plan.rows} activation rows >= {W4A16_TWO_PASS_MIN_ROWS}, weight decoded "
