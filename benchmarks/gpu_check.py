@@ -219,45 +219,55 @@ def wgemm_checks():
     return res
 
 
+def _auto_route_checks(cases, seed):
+    """Each case (activation rows, weight rows, K, batch, a4w4, weight transposed ([K, N] rhs),
+    output dtype) through ``mx.dot_general`` ("auto") against backend "xla" within the float32
+    accumulation bound, the weight as stored and arranged once by :func:`jax_mxfp4.prepare_decode`;
+    fresh random operands per case (seeds from ``seed``); the route taken is recorded."""
+    res = []
+    for i, (m, n, k, batch, a4w4, w_t, odt) in enumerate(cases):
+        bs = (batch,) if batch else ()
+        x = rand(seed + i, bs + (m, k)).astype(jnp.bfloat16)
+        w = mx.quantize(rand(seed + 100 + i, bs + ((k, n) if w_t else (n, k))), len(bs) + (0 if w_t else 1))
+        xs = mx.quantize(x.astype(jnp.float32), len(bs) + 1) if a4w4 else x
+        bd = ((0,), (0,)) if batch else ((), ())
+        dims = (((len(bs) + 1,), (len(bs) + (0 if w_t else 1),)), bd)
+        rec = mx.Recipe(quantize_activations=False)
+        ref = mx.dot_general(xs, w, dims, recipe=mx.Recipe(backend="xla", quantize_activations=False),
+                             preferred_element_type=jnp.float32)
+        da = mx.dequantize(xs) if a4w4 else x.astype(jnp.float32)
+        db = mx.dequantize(w)
+        db = jnp.swapaxes(db, -1, -2) if w_t else db
+        if not batch:
+            ref, da, db = ref[None], da[None], db[None]
+        for tag, wx in (("", w), (" prepared", mx.prepare_decode(w))):
+            d = mx.explain(xs, wx, dims, recipe=rec)
+            out = mx.dot_general(xs, wx, dims, recipe=rec, preferred_element_type=odt)
+            r = bound_check(out if batch else out[None], ref, jnp.abs(da), jnp.abs(db), k, odt == jnp.bfloat16)
+            r["case"] = (f"{'a4w4' if a4w4 else 'w4a16'} B={batch or 1} {m}x{n}x{k}{' rhs [K,N]' if w_t else ''} "
+                         f"{jnp.dtype(odt).name}{tag} via auto -> {d.backend}: {d.route}")
+            r["route"] = d.route
+            res.append(r)
+            print(("PASS" if r["ok"] else "FAIL"), r["case"][:240], f"err/bound={r['max_err_over_bound']:.3g}",
+                  flush=True)
+    return res
+
+
 def tiles_checks():
-    """Many-row w4a16 (the large-tile Mosaic GPU kernel on Hopper, the two-pass route elsewhere
-    and at >= W4A16_TILES_MAX_ROWS rows) through ``mx.dot_general`` ("auto") against backend
-    "xla", the weight as stored and prepared once, partial tiles, batch, a [K, N] weight, both
+    """Many-row w4a16 (the large-tile Mosaic GPU kernel on Hopper, the weight plain ("natural"
+    decode) or prepared; the two-pass route elsewhere and at >= W4A16_TILES_MAX_ROWS rows) through
+    ``mx.dot_general`` ("auto") against backend "xla": partial tiles, batch, a [K, N] weight, both
     output widths, and the rows that fall back; then the kernel itself on every E8M0 byte (0x00
     .. 0xFE) and a NaN byte, against a float64 reference."""
     from jax_mxfp4.backends.pallas import W4A16_TILES_MAX_ROWS
 
-    res = []
-    cases = [  # act rows, weight rows, K, batch, weight transposed ([K, N] rhs), out dtype
-        (1024, 2048, 4096, 0, False, jnp.bfloat16), (1024, 2048, 4096, 0, False, jnp.float32),
-        (1000, 768, 1024, 0, False, jnp.float32), (520, 1024, 2048, 2, True, jnp.bfloat16),
-        (256, 8192, 1024, 0, False, jnp.bfloat16), (1028, 512, 1024, 0, False, jnp.float32),
-        (W4A16_TILES_MAX_ROWS, 512, 1024, 0, False, jnp.bfloat16)]
-    for i, (m, n, k, batch, w_t, odt) in enumerate(cases):
-        bs = (batch,) if batch else ()
-        x = rand(600 + i, bs + (m, k)).astype(jnp.bfloat16)
-        w = mx.quantize(rand(700 + i, bs + ((k, n) if w_t else (n, k))), len(bs) + (0 if w_t else 1))
-        bd = ((0,), (0,)) if batch else ((), ())
-        dims = (((len(bs) + 1,), (len(bs) + (0 if w_t else 1),)), bd)
-        rec = mx.Recipe(quantize_activations=False)
-        ref = mx.dot_general(x, w, dims, recipe=mx.Recipe(backend="xla", quantize_activations=False),
-                             preferred_element_type=jnp.float32)
-        db = mx.dequantize(w)
-        db = jnp.swapaxes(db, -1, -2) if w_t else db
-        da = x.astype(jnp.float32)
-        if not batch:
-            ref, da, db = ref[None], da[None], db[None]
-        for tag, wx in (("", w), (" prepared", mx.prepare_decode(w))):
-            d = mx.explain(x, wx, dims, recipe=rec)
-            out = mx.dot_general(x, wx, dims, recipe=rec, preferred_element_type=odt)
-            r = bound_check(out if batch else out[None], ref, jnp.abs(da), jnp.abs(db), k, odt == jnp.bfloat16)
-            r["case"] = (f"w4a16 B={batch or 1} {m}x{n}x{k}{' rhs [K,N]' if w_t else ''} {jnp.dtype(odt).name}"
-                         f"{tag} via auto -> {d.backend}: {d.route}")
-            r["route"] = d.route
-            res.append(r)
-            print(("PASS" if r["ok"] else "FAIL"), r["case"][:220], f"err/bound={r['max_err_over_bound']:.3g}",
-                  flush=True)
-    return res + tiles_every_byte_check()
+    bf, f32 = jnp.bfloat16, jnp.float32
+    cases = [  # act rows, weight rows, K, batch, a4w4, weight transposed ([K, N] rhs), out dtype
+        (1024, 2048, 4096, 0, False, False, bf), (1024, 2048, 4096, 0, False, False, f32),
+        (1000, 768, 1024, 0, False, False, f32), (520, 1024, 2048, 2, False, True, bf),
+        (256, 8192, 1024, 0, False, False, bf), (1028, 512, 1024, 0, False, False, f32),
+        (W4A16_TILES_MAX_ROWS, 512, 1024, 0, False, False, bf)]
+    return _auto_route_checks(cases, 600) + tiles_every_byte_check()
 
 
 def tiles_every_byte_check():
@@ -277,11 +287,13 @@ def tiles_every_byte_check():
     ref, mag = byte_reference(x, data, sb)
     fin = np.isfinite(ref) & (np.abs(ref) < 3e38)
     res = []
-    # the default for this shape (mt 128) and the one for large grids (mt 256, bk 64, setmaxnreg)
-    # and the "pairs" decode of natural bytes (x permuted per call; w_order="natural", not in dispatch)
-    for cfg, order in ((default_tiles_config(m, n, k), "lanes"),
-                       (TilesConfig(mt=256, bk=64, stages=4, chunks=1, registers=True), "lanes"),
-                       (default_tiles_config(m, n, k, w_order="natural"), "natural")):
+    # the default for this shape (mt 128) and the one for large grids (mt 256, bk 64, setmaxnreg),
+    # and the "natural" decode of natural bytes (a plain MXFP4Array's: the quad byte transpose by
+    # warp shuffles) in both tilings
+    big = dict(mt=256, bk=64, stages=4, chunks=1, registers=True)
+    for cfg, order in ((default_tiles_config(m, n, k), "lanes"), (TilesConfig(**big), "lanes"),
+                       (default_tiles_config(m, n, k, w_order="natural"), "natural"),
+                       (TilesConfig(**big, decode="natural", fold_scale=False), "natural")):
         out = np.asarray(jax.jit(lambda a, d, s_: mgpu_w4a16_tiles(a, d, s_, jnp.float32, cfg, w_order=order))(
             x, wd if order == "lanes" else jnp.asarray(data), kmajor_from_plain(jnp.asarray(sb))), np.float64)
         ok_vals = bool(np.all(np.abs(out[fin] - ref[fin]) <= 2 * k * 2.0**-24 * mag[fin] + 2.0**-126))
@@ -298,39 +310,13 @@ def decode_dispatch_checks():
     on a Hopper GPU these take the Mosaic GPU kernel (the route is recorded), elsewhere the Triton
     kernel; batched and transposed operands included, per-call scale conversion included; each
     case also with the weight arranged once by :func:`jax_mxfp4.prepare_decode`."""
-    res = []
-    cases = [  # act rows, weight rows, K, batch, a4w4, weight transposed ([K, N] rhs)
-        (16, 8192, 8192, 0, False, False), (1, 4096, 4096, 0, False, False), (40, 1024, 4096, 0, False, True),
-        (16, 4096, 4096, 0, True, False), (1, 2048, 8192, 0, True, True), (16, 1024, 2048, 2, False, False),
-        (64, 1024, 2048, 2, True, False)]
-    for i, (m, n, k, batch, a4w4, w_t) in enumerate(cases):
-        bs = (batch,) if batch else ()
-        x = rand(400 + i, bs + (m, k)).astype(jnp.bfloat16)
-        wf = rand(500 + i, bs + ((k, n) if w_t else (n, k)))
-        w = mx.quantize(wf, len(bs) + (0 if w_t else 1))
-        xs = mx.quantize(x.astype(jnp.float32), len(bs) + 1) if a4w4 else x
-        bd = ((0,), (0,)) if batch else ((), ())
-        dims = (((len(bs) + 1,), (len(bs) + (0 if w_t else 1),)), bd)
-        rec = mx.Recipe(quantize_activations=False)
-        ref = mx.dot_general(xs, w, dims, recipe=mx.Recipe(backend="xla", quantize_activations=False),
-                             preferred_element_type=jnp.float32)
-        da = mx.dequantize(xs) if a4w4 else x.astype(jnp.float32)
-        db = mx.dequantize(w)
-        if w_t:
-            db = jnp.swapaxes(db, -1, -2)
-        if not batch:
-            ref, da, db = ref[None], da[None], db[None]
-        # the weight as stored, and arranged once by prepare_decode (read as stored by the Mosaic route)
-        for tag, wx in (("", w), (" prepared", mx.prepare_decode(w))):
-            d = mx.explain(xs, wx, dims, recipe=rec)
-            out = mx.dot_general(xs, wx, dims, recipe=rec, preferred_element_type=jnp.float32)
-            r = bound_check(out if batch else out[None], ref, jnp.abs(da), jnp.abs(db), k, False)
-            r["case"] = (f"{'a4w4' if a4w4 else 'w4a16'} B={batch or 1} {m}x{n}x{k}{' rhs [K,N]' if w_t else ''}"
-                         f"{tag} via auto -> {d.backend}: {d.route}")
-            r["route"] = d.route
-            res.append(r)
-            print(("PASS" if r["ok"] else "FAIL"), r["case"], f"err/bound={r['max_err_over_bound']:.3g}", flush=True)
-    return res
+    f32 = jnp.float32
+    cases = [  # act rows, weight rows, K, batch, a4w4, weight transposed ([K, N] rhs), out dtype
+        (16, 8192, 8192, 0, False, False, f32), (1, 4096, 4096, 0, False, False, f32),
+        (40, 1024, 4096, 0, False, True, f32), (16, 4096, 4096, 0, True, False, f32),
+        (1, 2048, 8192, 0, True, True, f32), (16, 1024, 2048, 2, False, False, f32),
+        (64, 1024, 2048, 2, True, False, f32)]
+    return _auto_route_checks(cases, 400)
 
 
 def quantize_checks():

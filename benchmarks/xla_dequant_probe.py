@@ -7,7 +7,8 @@ side in one run, formulations that leave the decode to XLA inside one jitted fun
 GPU compiler may fuse it into the GEMM's operand (a Triton GEMM fusion with a prologue):
 
   * "bf16": ``lax.dot_general`` on the bf16 weight (the baseline);
-  * "pallas": ``jax_mxfp4.dot_general`` with backend "pallas" (today's route);
+  * "pallas": ``jax_mxfp4.dot_general`` with backend "pallas" on the plain MXFP4Array weight
+    (the route dispatch gives it: since session 13 the large-tile kernel's "natural" decode);
   * "xla-f4": the packed bytes bitcast to ``float4_e2m1fn`` (low nibble = element 2j, the
     project's packing), converted to bf16, times the block scale (bf16 2^(b-127), the rule of
     ``mx_format.e8m0_to_bf16_bits``);
@@ -16,11 +17,12 @@ GPU compiler may fuse it into the GEMM's operand (a Triton GEMM fusion with a pr
     two [N, K/2] halves concatenated along K, x permuted the same way (even elements, then odd):
     one GEMM, no nibble interleave;
   * "xla-int-2dot": the same halves in two GEMMs of K/2 (float32 sums added);
-  * "tiles[-MTxBK][-sS][-cC][-nofold][-w2][-r]": the Mosaic GPU kernel with the decode in a large-tile
-    GEMM's K loop (:mod:`jax_mxfp4.kernels.wgemm_tiles_mgpu`) on the weight prepared once by
-    ``prepare_decode`` (outside the timed calls: the serving form), default tiling or
-    ``TilesConfig(mt=MT, bk=BK, stages=S, chunks=C, fold_scale=not nofold, wn=2 if w2,
-    registers=r)``; checked with a float32 output, or bfloat16 (the bound plus its rounding,
+  * "tiles[-MTxBK][-sS][-cC][-nofold][-w2][-r][-n]": the Mosaic GPU kernel with the decode in a
+    large-tile GEMM's K loop (:mod:`jax_mxfp4.kernels.wgemm_tiles_mgpu`) on the weight prepared
+    once by ``prepare_decode`` (outside the timed calls: the serving form; "-n": the plain weight's
+    natural bytes, the "natural" decode, its scales transposed to K-major inside each call, as
+    dispatch does), default tiling or ``TilesConfig(mt=MT, bk=BK, stages=S, chunks=C, fold_scale=not
+    nofold, wn=2 if w2, registers=r)``; checked with a float32 output, or bfloat16 (the bound plus its rounding,
     2^-8 |ref|) where a float32 output tile does not fit in shared memory;
   * "pallas-prepared": ``jax_mxfp4.dot_general`` (backend "pallas") with that prepared weight:
     the route dispatch gives a prepared weight;
@@ -58,12 +60,21 @@ from benchmarks.common import device_info, kernel_time, n_sets_for, out_dir, sav
 
 DIMS2 = (((1,), (1,)), ((), ()))
 VARIANTS = ("bf16", "pallas", "xla-f4", "xla-int-cat", "xla-int-2dot", "tiles", "pallas-prepared", "pallas-two-pass")
-PREPARED = ("tiles", "pallas-prepared")  # variants that take the weight from prepare_decode
+
+
+def uses_prepared(name):
+    """Whether a variant takes the weight from prepare_decode ("pallas-prepared", "tiles" without "-n")."""
+    return name == "pallas-prepared" or (name.startswith("tiles") and tiles_order(name) == "lanes")
+
+
+def tiles_order(name):
+    """The weight byte order of a "tiles..." variant: "natural" with "-n", else "lanes"."""
+    return "natural" if "n" in name.split("-")[1:] else "lanes"
 
 
 def tiles_config(name):
-    """TilesConfig of a "tiles[-MTxBK][-sS][-cC][-nofold][-w2][-r]" variant name (None: the default
-    tiling); ValueError for a name that does not parse."""
+    """TilesConfig of a "tiles[-MTxBK][-sS][-cC][-nofold][-w2][-r][-n]" variant name (None: the
+    default tiling of its byte order); ValueError for a name that does not parse."""
     from jax_mxfp4.kernels.wgemm_tiles_mgpu import TilesConfig
 
     parts = name.split("-")
@@ -84,8 +95,12 @@ def tiles_config(name):
             kw["wn"] = 2
         elif p == "r":
             kw["registers"] = True
+        elif p == "n":
+            kw["decode"], kw["fold_scale"] = "natural", False
         else:
             raise ValueError(name)
+    if set(kw) <= {"decode", "fold_scale"}:
+        return None  # "tiles-n": the default tiling of natural bytes
     return TilesConfig(**kw)
 
 
@@ -129,7 +144,11 @@ def variant_fn(name, out_dtype):
     if name.startswith("tiles"):
         from jax_mxfp4.kernels.wgemm_tiles_mgpu import mgpu_w4a16_tiles
 
-        cfg = tiles_config(name)
+        cfg, order = tiles_config(name), tiles_order(name)
+        if order == "natural":  # a plain MXFP4Array: scales [N, K/32] to K-major per call
+            from jax_mxfp4.mx_format import as_scale_bytes
+
+            return lambda x, w: mgpu_w4a16_tiles(x, w.data, as_scale_bytes(w.scales).T, out_dtype, cfg, "natural")
         return lambda x, w: mgpu_w4a16_tiles(x, w.data, w.scales, out_dtype, cfg)
     if name in ("pallas-prepared", "pallas-two-pass"):  # two-pass: main() switches the Mosaic GPU routes off
         recipe = mx.Recipe(backend="pallas", quantize_activations=False)
@@ -182,7 +201,7 @@ def main():
             if v.startswith("tiles"):
                 tiles_config(v)
     except (ValueError, TypeError) as e:
-        ap.error(f"--only: choose from {VARIANTS} (tiles as tiles[-MTxBK][-sS][-cC][-nofold][-w2][-r]); {e}")
+        ap.error(f"--only: choose from {VARIANTS} (tiles as tiles[-MTxBK][-sS][-cC][-nofold][-w2][-r][-n]); {e}")
     names = ["bf16"] + [v for v in dict.fromkeys(names) if v != "bf16"]  # bf16 first: every ratio's base
     import jax_mxfp4 as mx
 
@@ -195,7 +214,7 @@ def main():
         xs = [jax.random.normal(a, (m, k), jnp.bfloat16) for a, _ in keys]
         wb = [jax.random.normal(b, (n, k), jnp.bfloat16) * jnp.bfloat16(2.0**args.w_exp) for _, b in keys]
         wq = [mx.quantize(w, 1) for w in wb]
-        wp = [mx.prepare_decode(w) for w in wq] if any(base_variant(v) in PREPARED for v in names) else None
+        wp = [mx.prepare_decode(w) for w in wq] if any(uses_prepared(v) for v in names) else None
         # check: float64 reference on rows spread over every 128-row tile (first and last 8, 3 per tile)
         check_rows = np.unique(np.concatenate([np.arange(min(8, m)), np.arange(max(0, m - 8), m)] + [
             np.clip(t + np.array([0, 61, 127]), 0, m - 1) for t in range(0, m, 128)]))
@@ -212,7 +231,7 @@ def main():
             pallas.W4A16_MOSAIC_GPU = False if name == "pallas-two-pass" else None
             jax.clear_caches()  # an executable compiled with the other setting has the same HLO (run d reused one)
             try:
-                wsets = wb if name == "bf16" else wp if base_variant(name) in PREPARED else wq
+                wsets = wb if name == "bf16" else wp if uses_prepared(name) else wq
                 tol = 2 * k * 2.0**-24 * mag + 2.0**-126
                 try:
                     got = jax.jit(variant_fn(name, jnp.float32))(xs[0], wsets[0])

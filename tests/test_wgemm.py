@@ -36,47 +36,74 @@ def _bf16x2_mul(a, b):
     return int(prod[0] | (prod[1] << 16))
 
 
-def run_ptx(asm: str, inputs: dict[int, int]) -> dict[int, int]:
-    """Execute the straight-line PTX subset used by the decode on 32-bit registers."""
-    regs = {f"${i}": v for i, v in inputs.items()}
+def _alu(op: str, a: list[int]) -> int:
+    """One lane-local PTX instruction of the decode's subset on 32-bit words."""
+    if op == "prmt.b32":  # bytes of {a (0-3), b (4-7)} picked by c's four selector nibbles
+        pool = [(a[0] >> (8 * i)) & 0xFF for i in range(4)] + [(a[1] >> (8 * i)) & 0xFF for i in range(4)]
+        r = 0
+        for i in range(4):
+            sel = (a[2] >> (4 * i)) & 0xF
+            byte = pool[sel & 7]
+            if sel & 8:  # sign-replicate mode
+                byte = 0xFF if byte & 0x80 else 0
+            r |= byte << (8 * i)
+        return r
+    ops = {
+        "mul.lo.u32": lambda: (a[0] * a[1]) & 0xFFFFFFFF,
+        "mov.b32": lambda: a[0],
+        "mov.u32": lambda: a[0],
+        "shl.b32": lambda: (a[0] << a[1]) & 0xFFFFFFFF,
+        "shr.u32": lambda: a[0] >> a[1],
+        "and.b32": lambda: a[0] & a[1],
+        "or.b32": lambda: a[0] | a[1],
+        "mul.rn.bf16x2": lambda: _bf16x2_mul(a[0], a[1]),
+        "setp.ne.u32": lambda: int(a[0] != a[1]),  # predicates as 0/1
+        "selp.b32": lambda: a[0] if a[2] else a[1],
+    }
+    if op not in ops:
+        raise AssertionError(f"PTX model lacks {op}")
+    return ops[op]()
 
-    def val(tok):
-        tok = tok.strip()
-        return int(tok, 0) if re.match(r"^(0x[0-9a-fA-F]+|\d+)$", tok) else regs[tok]
 
+def _instructions(asm: str):
     for line in asm.splitlines():
         line = line.strip().rstrip(";")
         if not line or line in "{}" or line.startswith(".reg"):
             continue
         op, args = line.split(None, 1)
         dst, *src = [a.strip() for a in args.split(",")]
-        a = [val(t) for t in src]
-        if op == "prmt.b32":  # bytes of {a (0-3), b (4-7)} picked by c's four selector nibbles
-            pool = [(a[0] >> (8 * i)) & 0xFF for i in range(4)] + [(a[1] >> (8 * i)) & 0xFF for i in range(4)]
-            r = 0
-            for i in range(4):
-                sel = (a[2] >> (4 * i)) & 0xF
-                byte = pool[sel & 7]
-                if sel & 8:  # sign-replicate mode
-                    byte = 0xFF if byte & 0x80 else 0
-                r |= byte << (8 * i)
-        elif op == "mul.lo.u32":
-            r = (a[0] * a[1]) & 0xFFFFFFFF
-        elif op == "mov.b32":
-            r = a[0]
-        elif op == "shl.b32":
-            r = (a[0] << a[1]) & 0xFFFFFFFF
-        elif op == "shr.u32":
-            r = a[0] >> a[1]
-        elif op == "and.b32":
-            r = a[0] & a[1]
-        elif op == "or.b32":
-            r = a[0] | a[1]
-        elif op == "mul.rn.bf16x2":
-            r = _bf16x2_mul(a[0], a[1])
-        else:
-            raise AssertionError(f"PTX model lacks {op}")
-        regs[dst] = r
+        yield op, dst, src
+
+
+def _val(regs, tok):
+    tok = tok.strip()
+    return int(tok, 0) if re.match(r"^(0x[0-9a-fA-F]+|\d+)$", tok) else regs[tok]
+
+
+def run_ptx(asm: str, inputs: dict[int, int]) -> dict[int, int]:
+    """Execute the straight-line PTX subset used by the decode on 32-bit registers."""
+    regs = {f"${i}": v for i, v in inputs.items()}
+    for op, dst, src in _instructions(asm):
+        regs[dst] = _alu(op, [_val(regs, t) for t in src])
+    return regs
+
+
+def run_ptx_warp(asm: str, inputs: list[dict[int, int]]) -> list[dict[int, int]]:
+    """Execute ``asm`` in the 32 lanes of a warp in lockstep (``inputs[lane]``): the lane-local
+    subset of :func:`run_ptx`, plus ``%laneid`` and ``shfl.sync.bfly.b32 d, a, lanemask, 0x1f,
+    0xffffffff`` (d = register a of lane ^ lanemask; full warp, clamp 0x1f)."""
+    assert len(inputs) == 32
+    regs = [{f"${i}": v for i, v in lane_in.items()} | {"%laneid": lane} for lane, lane_in in enumerate(inputs)]
+    for op, dst, src in _instructions(asm):
+        if op == "shfl.sync.bfly.b32":
+            reg, mask, clamp, members = src
+            assert (int(clamp, 0), int(members, 0)) == (0x1F, 0xFFFFFFFF), (clamp, members)
+            got = [regs[lane ^ int(mask, 0)][reg] for lane in range(32)]
+            for lane in range(32):
+                regs[lane][dst] = got[lane]
+            continue
+        for r in regs:
+            r[dst] = _alu(op, [_val(r, t) for t in src])
     return regs
 
 
@@ -191,6 +218,39 @@ def test_lanes_fold_asm_equals_lanes_bit_for_bit(scale_byte):
         got = run_ptx(e2m1_asm._DECODE_LANES_FOLD_PTX, {4: q, 5: fold})
         for k in range(4):
             assert got[f"${k}"] == want[f"${k}"], (hex(q), scale_byte, k)
+
+
+def test_quad_transpose_gives_the_pairs_order_in_every_quad():
+    """``QUAD_SELECTORS_PTX`` + ``QUAD_TRANSPOSE_PTX`` in a warp: lane 4r + l holds natural bytes
+    4l..4l+3 of row r's 16-byte block and ends with what ``pair_order_bytes`` stores there (byte
+    t = natural byte 4t + l), for random bytes; then the "pairs" decode of that word gives the
+    natural elements 8t + 2l, 8t + 2l + 1 (the fragment columns of the WGMMA layout)."""
+    from jax_mxfp4.decode_prepared import pair_order_bytes
+
+    rng = np.random.default_rng()
+    blocks = rng.integers(0, 256, size=(8, 16), dtype=np.uint8)  # 8 rows (quads) x one 16-byte block
+    words = blocks.view("<u4")  # [8, 4]: lane 4r + l holds word l of row r
+    sel = run_ptx_warp(e2m1_asm.QUAD_SELECTORS_PTX, [{} for _ in range(32)])
+    out = run_ptx_warp(e2m1_asm.QUAD_TRANSPOSE_PTX,
+                       [{1: int(words[lane // 4, lane % 4]), 2: sel[lane]["$0"], 3: sel[lane]["$1"]} for lane in range(32)])
+    got = np.array([out[lane]["$0"] for lane in range(32)], "<u4").reshape(8, 4).view(np.uint8).reshape(8, 16)
+    np.testing.assert_array_equal(got, np.asarray(pair_order_bytes(jnp.asarray(blocks))))
+    # each output word through the "pairs" decode (scale 1.0): elements 8t + 2l, +1 of the row
+    elems = E2M1_VALUES[np.stack([blocks & 15, blocks >> 4], -1).reshape(8, 32)]
+    one = 0x3F803F80
+    for lane in range(0, 32, 3):
+        r, l = divmod(lane, 4)
+        dec = run_ptx(e2m1_asm._DECODE_PAIRS_PTX, {4: out[lane]["$0"], 5: one})
+        for t in range(4):
+            np.testing.assert_array_equal(_bf16_pair_values(dec[f"${t}"]), elems[r, 8 * t + 2 * l: 8 * t + 2 * l + 2])
+
+
+def test_warp_model_shuffles_between_the_right_lanes():
+    """The model itself: bfly 1 and 2 exchange with lane ^ 1 and lane ^ 2 (a model that could fail)."""
+    asm = "{\nshfl.sync.bfly.b32 a, $1, 1, 0x1f, 0xffffffff;\nshfl.sync.bfly.b32 b, $1, 2, 0x1f, 0xffffffff;\n}"
+    out = run_ptx_warp(asm, [{1: 100 + lane} for lane in range(32)])
+    assert [o["a"] for o in out] == [100 + (lane ^ 1) for lane in range(32)]
+    assert [o["b"] for o in out] == [100 + (lane ^ 2) for lane in range(32)]
 
 
 def test_even_odd_split_pairs_with_nibbles():

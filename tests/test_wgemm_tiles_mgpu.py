@@ -5,8 +5,8 @@ benchmarks/xla_dequant_probe.py check its values there against float64 reference
 CPU: its tiling rules and errors, that every tiling LOWERS for CUDA (Mosaic GPU's lowering runs
 without a GPU) to one kernel with the output shape and dtype asked for, that its setmaxnreg
 requests fit the CTA's register pool (a request past it waits forever on the GPU), and that
-dispatch routes many-row w4a16 with a prepared weight to it on a compute-capability-9.0 device and
-nothing else.
+dispatch routes many-row w4a16 (a prepared or a plain weight) to it on a compute-capability-9.0
+device and nothing else.
 """
 
 from __future__ import annotations
@@ -48,7 +48,8 @@ def _lowered(m, n, k, cfg, out_dtype=jnp.bfloat16, w_order="lanes"):
     (dict(bk=64, chunks=2), r"chunks=2 must split bk=64 into parts of a multiple of 64"),
     (dict(chunks=0), r"chunks=0 must split"),
     (dict(wn=3), r"wn must be one of \(1, 2\)"),
-    (dict(decode="ptx"), r"decode must be one of \('lanes', 'pairs'\), got 'ptx'"),
+    (dict(decode="ptx"), r"decode must be one of \('lanes', 'pairs', 'natural'\), got 'ptx'"),
+    (dict(decode="natural"), r'fold_scale needs decode="lanes"'),
     (dict(decode="pairs"), r'fold_scale needs decode="lanes"'),
     (dict(mt=256, wn=2), r"TilesConfig\(mt=256, wn=2\): float32 accumulators of 256 registers per thread; at most 128"),
 ])
@@ -108,7 +109,7 @@ def test_default_config_by_shape_dtype_and_order():
     assert wt.default_tiles_config(256, 1024, 192).bk == 64
     for order in ("pairs", "natural"):
         c = wt.default_tiles_config(1024, 8192, 8192, w_order=order)
-        assert (c.decode, c.fold_scale) == ("pairs", False)
+        assert (c.decode, c.fold_scale, c.mt) == (order, False, 256)
     for m, n, k in ((1020, 1024, 1024), (1024, 1000, 1024), (1024, 1024, 64), (1024, 1024, 96)):
         assert wt.default_tiles_config(m, n, k) is None, (m, n, k)
     with pytest.raises(ValueError, match="w_order must be one of"):
@@ -154,6 +155,9 @@ TILINGS = {
     "numpy ints": wt.TilesConfig(mt=np.int64(128), bk=np.int64(128), stages=np.int64(3), wn=np.int64(2)),
     "mt64 nofold": wt.TilesConfig(mt=64, fold_scale=False),
     "pairs": wt.TilesConfig(decode="pairs", fold_scale=False),
+    "natural": wt.TilesConfig(decode="natural", fold_scale=False),
+    "natural mt256 bk64 regs": wt.TilesConfig(mt=256, bk=64, chunks=1, registers=True, decode="natural",
+                                              fold_scale=False),
 }
 
 
@@ -164,8 +168,7 @@ def test_tilings_lower_for_cuda(name, m, n, k):
     cfg = TILINGS[name]
     if k % cfg.bk or k // cfg.bk < 2:
         pytest.skip("K not a multiple of this bk")
-    order = "pairs" if cfg.decode == "pairs" else "lanes"
-    txt = _lowered(m, n, k, cfg, jnp.bfloat16, order)
+    txt = _lowered(m, n, k, cfg, jnp.bfloat16, cfg.decode)  # each byte order has the decode of its name
     assert txt.count("mosaic_gpu") >= 1
 
 
@@ -176,14 +179,16 @@ def test_default_tiling_lowers_for_every_output_width(odt):
 
 
 @needs_mgpu
-def test_natural_bytes_permute_x_and_nothing_else():
-    """w_order "natural": the "pairs" decode with x's K permuted (one XLA transpose of x before
-    the kernel); "lanes"/"pairs" bytes: the kernel alone."""
-    cfg = wt.default_tiles_config(1024, 512, 2048, w_order="natural")
-    nat = _lowered(1024, 512, 2048, cfg, jnp.bfloat16, "natural")
-    assert "stablehlo.transpose" in nat
-    lanes = _lowered(1024, 512, 2048, wt.default_tiles_config(1024, 512, 2048), jnp.bfloat16, "lanes")
-    assert "stablehlo.transpose" not in lanes
+@pytest.mark.parametrize("order", wt.W_ORDERS)
+def test_every_byte_order_is_the_kernel_alone(order):
+    """No operand is rearranged outside the kernel for any byte order (session 12's "natural"
+    permuted x per call, a 0.159 ms XLA transpose at 1024x8192); only the "natural" decode runs
+    the quad byte transpose (two warp shuffles per weight word) inside it."""
+    cfg = wt.default_tiles_config(1024, 512, 2048, w_order=order)
+    txt = _lowered(1024, 512, 2048, cfg, jnp.bfloat16, order)
+    assert "stablehlo.transpose" not in txt and txt.count("stablehlo.custom_call") == 1
+    module = str(_mosaic_module(txt))
+    assert ("shfl.sync.bfly.b32" in module) == (order == "natural")
 
 
 @needs_mgpu
@@ -228,7 +233,7 @@ def test_bad_arguments_named(change, exc, msg):
 
 
 def test_order_decode_mismatch_and_unknown_order_named():
-    with pytest.raises(ValueError, match=r"w_order='natural' bytes need decode='pairs', got TilesConfig\(decode='lanes'\)"):
+    with pytest.raises(ValueError, match=r"w_order='natural' bytes need TilesConfig\(decode='natural'\), got decode='lanes'"):
         jax.eval_shape(lambda *a: wt.mgpu_w4a16_tiles(*a, cfg=wt.TilesConfig(), w_order="natural"), *_args())
     with pytest.raises(ValueError, match=r"w_order must be one of \('lanes', 'pairs', 'natural'\), got 'raw'"):
         jax.eval_shape(lambda *a: wt.mgpu_w4a16_tiles(*a, w_order="raw"), *_args())
@@ -274,16 +279,16 @@ def test_dispatch_routes_prepared_many_row_w4a16_to_the_kernel(monkeypatch):
         assert "large-tile kernel" in r and decode in r, r
     r = be.route(_problem(m=4096))  # at W4A16_TILES_MAX_ROWS: two-pass
     assert r.startswith("two-pass") and "large-tile" not in r
-    plain = be.route(_problem(rhs_decode_prepared=False))
-    assert plain.startswith("two-pass") and "prepare_decode takes the large-tile kernel" in plain
+    plain = be.route(_problem(rhs_decode_prepared=False))  # a plain MXFP4Array weight: the "natural" decode
+    assert "large-tile kernel" in plain and "decode='natural'" in plain and "scales transposed" in plain, plain
+    assert "large-tile kernel" in be.route(_problem(rhs_decode_prepared="natural"))
     weight_left = be.route(_problem(lhs_kind="mxfp4", rhs_kind="float", lhs_dtype=np.dtype(np.float32),
                                     rhs_dtype=np.dtype(jnp.bfloat16), rhs_decode_prepared=False,
                                     lhs_decode_prepared="lanes", m=1024, n=1024))
     assert "large-tile kernel" in weight_left
-    for other in (dict(m=1020), dict(n=1000), dict(platform="rocm"), dict(m=128)):
-        assert "large-tile" not in be.route(_problem(**other)), other
-        # the two-pass route names the prepared alternative only where it would apply
-        assert "large-tile" not in be.route(_problem(rhs_decode_prepared=False, **other)), other
+    for other in (dict(m=1020), dict(n=1000), dict(platform="rocm"), dict(m=128), dict(m=4096)):
+        for order in ("lanes", False):
+            assert "large-tile" not in be.route(_problem(rhs_decode_prepared=order, **other)), (other, order)
     assert tuple(map(bool, be.takes_decode_prepared(_problem()))) == (False, True)
     monkeypatch.setattr(pallas, "W4A16_MOSAIC_GPU", False)
     assert be.route(_problem()).startswith("two-pass")
@@ -311,6 +316,27 @@ def test_dispatch_lowers_the_prepared_weight_as_stored(monkeypatch, batch):
     assert "stablehlo.transpose" not in txt
 
 
+@needs_mgpu
+def test_dispatch_lowers_a_plain_weight_with_only_its_scales_transposed(monkeypatch):
+    """A plain MXFP4Array weight [N, K] along axis 1: the kernel reads its bytes as they are; the
+    one transpose in the lowered program is of the E8M0 scale bytes [N, K/32] -> [K/32, N]."""
+    import re
+
+    from jax_mxfp4.backends import fp8, pallas
+
+    monkeypatch.setattr(fp8, "_compute_capability", lambda: (9, 0))
+    monkeypatch.setattr(pallas, "W4A16_MOSAIC_GPU", True)
+    prob = _problem(rhs_decode_prepared=False)
+    w = mx.quantize(jnp.ones((1, 1024, 2048), jnp.float32), 2)
+    f = jax.jit(lambda a, w: pallas._weight_stationary(a, w, prob))
+    x = jax.ShapeDtypeStruct((1, 1024, 2048), jnp.bfloat16)
+    assert jax.eval_shape(f, x, w).shape == (1, 1024, 1024)
+    txt = f.trace(x, w).lower(lowering_platforms=("cuda",)).as_text()
+    transposes = [ln for ln in txt.splitlines() if "stablehlo.transpose" in ln]
+    assert len(transposes) == 1 and re.search(r"tensor<1x1024x64x(ui8|f8E8M0FNU)>", transposes[0]), transposes
+    assert "shfl.sync.bfly.b32" in str(_mosaic_module(txt))
+
+
 # ---- the benchmark's variant names (benchmarks/xla_dequant_probe.py)
 
 def test_probe_variant_names_parse():
@@ -322,6 +348,12 @@ def test_probe_variant_names_parse():
     assert p.tiles_config("tiles-128x128-s3-c1-nofold-w2") == wt.TilesConfig(
         mt=128, bk=128, stages=3, chunks=1, fold_scale=False, wn=2)
     assert p.base_variant("tiles-256x64-r") == "tiles" and p.base_variant("pallas") == "pallas"
+    # "-n": the plain weight's natural bytes ("natural" decode); alone, the default tiling of that order
+    assert p.tiles_config("tiles-n") is None and p.tiles_order("tiles-n") == "natural"
+    assert p.tiles_config("tiles-256x64-r-n") == wt.TilesConfig(mt=256, bk=64, chunks=1, registers=True,
+                                                                decode="natural", fold_scale=False)
+    assert [p.uses_prepared(v) for v in ("tiles", "tiles-256x64-r", "tiles-n", "pallas", "pallas-prepared",
+                                         "pallas-two-pass")] == [True, True, False, False, True, False]
     for bad in ("tiles-256", "tiles-x", "tile", "tiles-256x64-q"):
         with pytest.raises(ValueError):
             p.tiles_config(bad)

@@ -7,9 +7,10 @@ Routes (``PallasBackend.route`` says which one a problem takes; ``explain()`` pr
     interpreter); an MXFP4 activation is first dequantized exactly to bfloat16 (a small array);
   * w4a16 with >= ``W4A16_TWO_PASS_MIN_ROWS`` activation rows on a GPU: the weight is decoded to
     bfloat16 once (one memory-bound Pallas pass) and XLA's bfloat16 GEMM runs; on Hopper, below
-    ``W4A16_TILES_MAX_ROWS`` rows with a weight from ``prepare_decode`` ("lanes" or "pairs"
-    bytes), the large-tile Mosaic GPU kernel instead (:mod:`jax_mxfp4.kernels.wgemm_tiles_mgpu`:
-    the decode inside the GEMM's K loop);
+    ``W4A16_TILES_MAX_ROWS`` rows, the large-tile Mosaic GPU kernel instead
+    (:mod:`jax_mxfp4.kernels.wgemm_tiles_mgpu`: the decode inside the GEMM's K loop; a weight
+    from ``prepare_decode`` read as stored, a plain MXFP4Array's bytes as they are with its
+    scales transposed per call);
   * a4w4 with both sides large: the tiled kernel of :mod:`jax_mxfp4.kernels.gemm` (both operands
     decoded in the K loop; "auto" prefers other backends there).
 All are exact up to the order of float32 accumulation: decoded values are exact in bfloat16 and
@@ -129,19 +130,15 @@ class PallasBackend(Backend):
             return "a4w4 tiled kernel (both operands decoded in the K loop)" + _converted_note(problem)
         decode = decode_for(problem.platform)
         if plan.kind == "tiles":
-            how = f"the weight from prepare_decode read as stored (\"{plan.mgpu_cfg.decode}\" decode)"
+            how = (f"the weight from prepare_decode read as stored (\"{plan.mgpu_cfg.decode}\" decode)" if plan.w_prepared
+                   else "a plain MXFP4Array weight: its natural bytes moved to the pairs order in registers by warp "
+                        "shuffles (\"natural\" decode), its E8M0 scales transposed to K-major per call")
             return (f"Mosaic GPU large-tile kernel, w4a16 with {W4A16_TWO_PASS_MIN_ROWS} <= {plan.rows} < "
                     f"{W4A16_TILES_MAX_ROWS} activation rows: the E2M1 decode inside the GEMM's K loop (WGMMA with "
                     f"the decoded tile in registers), {how}, {plan.mgpu_cfg}")
         if plan.kind == "two-pass":
-            from ..kernels.wgemm_tiles_mgpu import unsupported_reason as tiles_unsupported
-
-            hint = ("" if problem.platform != "cuda" or plan.rows >= W4A16_TILES_MAX_ROWS or plan.w_prepared
-                    or tiles_unsupported(plan.rows, plan.wrows, problem.k) else
-                    f"; below {W4A16_TILES_MAX_ROWS} rows on Hopper a weight from prepare_decode takes the large-tile "
-                    "kernel instead (H200 session 12: 0.95x of bf16 at 1024x8192x8192 against this route's 1.24x)")
             return (f"two-pass w4a16: {plan.rows} activation rows >= {W4A16_TWO_PASS_MIN_ROWS}, weight decoded "
-                    f"to bfloat16 once ({decode} decode), then XLA's bfloat16 GEMM" + _converted_note(problem) + hint)
+                    f"to bfloat16 once ({decode} decode), then XLA's bfloat16 GEMM" + _converted_note(problem))
         what = "w4a16" if problem.has_float_operand else "a4w4 with the small side dequantized to bfloat16"
         if plan.kind == "mosaic":
             scales = ("weight from prepare_decode read as stored, no per-call conversion"
@@ -215,8 +212,8 @@ def _decoded_bf16(w: MXFP4Array, platform: str) -> jax.Array:
 @dataclasses.dataclass(frozen=True)
 class _Plan:
     """Which path of this backend a problem takes (the one place that decides it): ``kind``
-    "tiled" (a4w4, both sides large), "tiles" (large-M w4a16 on Hopper with a "lanes" or "pairs"
-    DecodePrepared weight: the large-tile Mosaic GPU kernel), "two-pass" (other large-M w4a16 on a
+    "tiled" (a4w4, both sides large), "tiles" (large-M w4a16 on Hopper: the large-tile Mosaic GPU
+    kernel), "two-pass" (other large-M w4a16 on a
     GPU), "mosaic" (the decode-size Mosaic GPU kernel) or "triton" (the weight-stationary kernel);
     ``swap``: the lhs is the weight (the side decoded in the K loop); ``rows``/``wrows``:
     activation / weight rows; ``mgpu_cfg``: the MgpuConfig of "mosaic", the TilesConfig of
@@ -268,22 +265,22 @@ def _tiles_config(problem: GemmProblem, rows: int, wrows: int, w_order):
     """The large-tile Mosaic GPU kernel's tiling (:mod:`jax_mxfp4.kernels.wgemm_tiles_mgpu`: the
     decode inside the GEMM's K loop) where it takes this many-row w4a16 problem, else None: CUDA
     device 0 of compute capability 9.0, the Mosaic switch on (``W4A16_MOSAIC_GPU``), fewer than
-    ``W4A16_TILES_MAX_ROWS`` activation rows, a shape it tiles, and the weight a DecodePrepared
-    (``w_order``: its byte order, False for a plain MXFP4Array) in the "lanes" order (the "lanes"
-    decode; prepare_decode's default) or "pairs" (the "pairs" decode), read as stored. A plain
-    weight keeps the two-pass route: arranged per call it cost more than the decode pass saves
-    (H200 session 12, 1024x8192x8192: as prepare_decode does it, 0.127 ms of XLA passes, 1.74x of
-    bf16, run c; natural bytes with x's K permuted for the "pairs" decode, a 0.159 ms XLA
-    transpose of x, 2.06x, run d; two-pass 1.28x, run b)."""
-    if (w_order not in ("lanes", "pairs") or rows >= W4A16_TILES_MAX_ROWS or problem.platform != "cuda"
-            or not mosaic_w4a16_enabled()):
+    ``W4A16_TILES_MAX_ROWS`` activation rows and a shape it tiles. ``w_order``: the byte order of
+    a DecodePrepared weight (read as stored; "lanes", prepare_decode's default, takes the "lanes"
+    decode), False for a plain MXFP4Array (its natural bytes: the "natural" decode, which moves
+    them to the "pairs" order in registers, so neither operand is rearranged per call; only the
+    E8M0 scales are transposed to K-major, N x K/32 bytes). Arranging a plain weight per call
+    outside the kernel cost more than the two-pass decode pass (H200 session 12, 1024x8192x8192:
+    as prepare_decode does it, 0.127 ms of XLA passes, 1.74x of bf16, run c; x's K permuted for
+    the "pairs" decode, a 0.159 ms XLA transpose of x, 2.06x, run d; two-pass 1.28x, run b)."""
+    if rows >= W4A16_TILES_MAX_ROWS or problem.platform != "cuda" or not mosaic_w4a16_enabled():
         return None
     from ..kernels import wgemm_tiles_mgpu
     from .fp8 import _compute_capability
 
     if _compute_capability() != (9, 0):
         return None
-    return wgemm_tiles_mgpu.default_tiles_config(rows, wrows, problem.k, problem.out_dtype, w_order)
+    return wgemm_tiles_mgpu.default_tiles_config(rows, wrows, problem.k, problem.out_dtype, w_order or "natural")
 
 
 def _weight_stationary(lhs, rhs, problem: GemmProblem, plan: _Plan | None = None) -> jax.Array:
@@ -313,9 +310,12 @@ def _weight_stationary(lhs, rhs, problem: GemmProblem, plan: _Plan | None = None
     elif plan.kind == "tiles":  # data [B, N, K/2], K-major scales [B, K/32, N]
         from ..kernels.wgemm_tiles_mgpu import mgpu_w4a16_tiles
 
-        sbytes = as_scale_bytes(w.scales)  # a "lanes" or "pairs" DecodePrepared (_tiles_config)
+        if isinstance(w, DecodePrepared):  # read as stored
+            sbytes, order = as_scale_bytes(w.scales), w.byte_order
+        else:  # natural bytes as they are; the scales [B, N, K/32] transposed to K-major
+            sbytes, order = jnp.swapaxes(as_scale_bytes(w.plain_scales()), 1, 2), "natural"
         out = jnp.stack([mgpu_w4a16_tiles(x[i], w.data[i], sbytes[i], problem.out_dtype, plan.mgpu_cfg,
-                                          w_order=w.byte_order) for i in range(problem.batch)])
+                                          w_order=order) for i in range(problem.batch)])
     elif plan.kind == "mosaic":
         from ..kernels.wgemm_mgpu import mgpu_w4a16
 

@@ -130,6 +130,30 @@ _DECODE_LANES_FOLD_PTX = (
 )
 
 
+# Natural bytes -> the "pairs" order in registers (the large-tile kernel's "natural" decode, for a
+# plain MXFP4Array weight): in the 8-bit WGMMA layout the four threads of a quad (lanes 4r..4r+3)
+# hold one weight row's 16-byte block, thread l its natural bytes 4l..4l+3, while the "pairs"
+# decode wants byte 4t + l in position t (jax_mxfp4.decode_prepared.pair_order_bytes: a 4x4 byte
+# transpose). Two butterfly exchanges do it: with lane l ^ 1 the bytes of the other lane's parity
+# (A[l1,l0][t1,t0] -> A[l1,t0][t1,l0]), then with lane l ^ 2 (-> A[t1,t0][l1,l0]); each a
+# shfl.sync.bfly and one prmt whose selector depends on the lane (QUAD_SELECTORS_PTX, once per
+# decode). All 32 threads of the warp must execute it (full-mask shfl.sync).
+# QUAD_SELECTORS_PTX: $0 = the selector of the l ^ 1 exchange, $1 = that of the l ^ 2 exchange.
+QUAD_SELECTORS_PTX = (
+    "{\n.reg .b32 l;\n.reg .pred p;\n"
+    "mov.u32 l, %laneid;\nand.b32 l, l, 1;\nsetp.ne.u32 p, l, 0;\nselp.b32 $0, 0x3715, 0x6240, p;\n"
+    "mov.u32 l, %laneid;\nand.b32 l, l, 2;\nsetp.ne.u32 p, l, 0;\nselp.b32 $1, 0x3276, 0x5410, p;\n}"
+)
+QUAD_SELECTORS_CONSTRAINTS = "=r,=r"
+# QUAD_TRANSPOSE_PTX: $0 = the transposed word of $1 (this thread's natural bytes); $2, $3 the selectors.
+QUAD_TRANSPOSE_PTX = (
+    "{\n.reg .b32 r, t;\n"
+    "shfl.sync.bfly.b32 r, $1, 1, 0x1f, 0xffffffff;\nprmt.b32 t, $1, r, $2;\n"
+    "shfl.sync.bfly.b32 r, t, 2, 0x1f, 0xffffffff;\nprmt.b32 $0, t, r, $3;\n}"
+)
+QUAD_TRANSPOSE_CONSTRAINTS = "=r,r,r,r"
+
+
 # $0 = 1 if $1 != 0 in every thread of the warp, else 0 (all 32 threads must execute it)
 WARP_ALL_PTX = ("{\n.reg .pred p, q;\nsetp.ne.u32 p, $1, 0;\nvote.sync.all.pred q, p, 0xffffffff;\n"
                 "selp.u32 $0, 1, 0, q;\n}")

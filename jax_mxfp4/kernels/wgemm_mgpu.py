@@ -482,7 +482,7 @@ def _decode_lanes_folded(fa, sref, raw: bool, b0: int, b1: int, out):
 
 
 def _decode_ptx(byt, s_ref, hb: int, raw: bool = False, pairs: bool = False, blocks: tuple[int, int] | None = None,
-                lanes: bool = False, fold: bool = False):
+                lanes: bool = False, fold: bool = False, quad: bool = False):
     """Packed bytes uint8 [64, hb] (WGMMA_LAYOUT_8BIT) and the scale block bfloat16 [hb/16, 64]
     (shared memory) -> bfloat16 (lo, hi) [64, hb] in the WGMMA layout, by the inline PTX of
     :mod:`jax_mxfp4.kernels.e2m1_asm` (the same instructions the Triton kernel runs): one 32-bit
@@ -492,9 +492,14 @@ def _decode_ptx(byt, s_ref, hb: int, raw: bool = False, pairs: bool = False, blo
     block b fills fragment column group 4b + t (columns 32b + 8t + 2g, +1).
     ``blocks`` ("pairs" only): decode only the 32-element blocks b0 <= b < b1 of the tile, as a
     [64, 32 (b1 - b0)] fragment (:attr:`MgpuConfig.chunks`: a tile decoded in parts, each part's
-    WGMMAs issued before the next part is decoded)."""
+    WGMMAs issued before the next part is decoded).
+    ``quad`` ("pairs" only): the bytes are in natural order; each 32-bit word is first moved to
+    the "pairs" order across its quad of threads (``e2m1_asm.QUAD_TRANSPOSE_PTX``: two
+    ``shfl.sync.bfly`` and two ``prmt``), so a plain MXFP4Array's bytes meet x as it is."""
     plgpu = _plgpu()
     nb = hb // (BLOCK_SIZE // 2)
+    if quad and (not pairs or lanes or fold):
+        raise ValueError("_decode_ptx: quad needs the pairs decode (natural bytes to the pairs order)")
     b0, b1 = (0, nb) if blocks is None else blocks
     if not pairs and (b0, b1) != (0, nb):
         raise ValueError("_decode_ptx: a block range needs the pairs decode")
@@ -525,6 +530,10 @@ def _decode_ptx(byt, s_ref, hb: int, raw: bool = False, pairs: bool = False, blo
         lo = np.empty(out_shape, dtype=object)
         hi = np.empty(out_shape, dtype=object)
         struct = llvm.StructType.get_literal([i32] * 4)
+        if quad:  # this lane's two byte selectors, once per decode (e2m1_asm.QUAD_SELECTORS_PTX)
+            sel = llvm.inline_asm(llvm.StructType.get_literal([i32] * 2), [], e2m1_asm.QUAD_SELECTORS_PTX,
+                                  e2m1_asm.QUAD_SELECTORS_CONSTRAINTS)
+            sel1, sel2 = (llvm.extractvalue(i32, sel, [j]) for j in range(2))
         if fold:
             _decode_lanes_folded(fa, sref, raw, b0, b1, lo)
             mk = lambda r: mgpu.FragmentedArray(_registers=r, _layout=mgpu.WGMMA_LAYOUT, _is_signed=None)
@@ -540,6 +549,9 @@ def _decode_ptx(byt, s_ref, hb: int, raw: bool = False, pairs: bool = False, blo
                 s32 = arith.extui(i32, arith.bitcast(i16, sc))
                 s2 = arith.ori(s32, arith.shli(s32, arith.constant(i32, 16)))
             q = mgpu.utils.bitcast(regs[ridx], i32)
+            if quad:  # natural bytes -> "pairs" order across the quad (all threads run this)
+                q = llvm.inline_asm(i32, [q, sel1, sel2], e2m1_asm.QUAD_TRANSPOSE_PTX,
+                                    e2m1_asm.QUAD_TRANSPOSE_CONSTRAINTS, has_side_effects=True)
             if pairs:  # "lanes": the same outputs from bytes in lanes_order_bytes' nibble order
                 asm = e2m1_asm._DECODE_LANES_PTX if lanes else e2m1_asm._DECODE_PAIRS_PTX
                 for t, reg in enumerate(_pair_registers(q, s2, asm)):
@@ -566,7 +578,7 @@ def _wgmma_step(x_refs, byt, s_ref, acc_ref, hb: int, decode: str, raw: bool = F
     ``fold`` ("lanes", E8M0 byte scales): :func:`_decode_lanes_folded`. Returns the number of
     WGMMA groups committed (for ``wgmma_wait``)."""
     plgpu = _plgpu()
-    if decode in _PAIR_DECODES:
+    if decode in _PAIR_DECODES or decode == "natural":  # "natural": the "pairs" decode after a quad transpose
         (x_ref,) = x_refs
         nb = hb // (BLOCK_SIZE // 2)
         per = nb // chunks
@@ -574,7 +586,7 @@ def _wgmma_step(x_refs, byt, s_ref, acc_ref, hb: int, decode: str, raw: bool = F
             blocks = (c * per, (c + 1) * per) if chunks > 1 else None
             xc = x_ref.at[:, pl.ds(c * per * BLOCK_SIZE, per * BLOCK_SIZE)] if chunks > 1 else x_ref
             plgpu.wgmma(acc_ref, _decode_ptx(byt, s_ref, hb, raw, pairs=True, blocks=blocks, lanes=decode == "lanes",
-                                             fold=fold),
+                                             fold=fold, quad=decode == "natural"),
                         plgpu.transpose_ref(xc, (1, 0)))
         return chunks
     xe_ref, xo_ref = x_refs

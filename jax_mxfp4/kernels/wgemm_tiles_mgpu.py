@@ -3,8 +3,9 @@ decode inside a large-tile GEMM's K loop.
 
 Computes ``out = x · Wᵀ`` for a bfloat16 activation x [M, K] (M >= a few hundred rows) and an
 MXFP4 weight as packed E2M1 bytes [N, K/2] with E8M0 scale bytes K-major [K/32, N] (what
-:func:`jax_mxfp4.prepare_decode` stores: bytes in the "lanes" order; "pairs" and natural byte
-orders are read by the "pairs" decode) as ``outᵀ = W · xᵀ`` tile by tile. The
+:func:`jax_mxfp4.prepare_decode` stores: bytes in the "lanes" order; the "pairs" order, and the
+natural order of a plain MXFP4Array, moved to the "pairs" order in registers by warp shuffles,
+take the "pairs" decode) as ``outᵀ = W · xᵀ`` tile by tile. The
 decode-size kernel (:mod:`jax_mxfp4.kernels.wgemm_mgpu`) reads every weight byte once and meets
 few activation rows; here each decoded weight tile meets ``mt`` (64, 128 or 256) activation rows, so
 the decode's cost is spread over ``mt`` multiply-adds per element and the tensor cores set the
@@ -49,10 +50,10 @@ from jax.experimental import pallas as pl
 from ..checks import check_output_dtype
 from ..mx_format import BLOCK_SIZE, as_scale_bytes
 from .wgemm_mgpu import (_WG_ROWS, _check_eager_device, _k_split_own_pipeline, _load, _plgpu, _swizzle, _tiled,
-                         _wgmma_step, check_2d_arrays, permute_x_pairs)
+                         _wgmma_step, check_2d_arrays)
 
 WNS = (1, 2)  # TilesConfig.wn: 64-row weight tiles per compute warpgroup (two compute warpgroups per CTA)
-DECODES = ("lanes", "pairs")  # TilesConfig.decode (wgemm_mgpu's register decodes of the one-fragment form)
+DECODES = ("lanes", "pairs", "natural")  # TilesConfig.decode: one per byte order (wgemm_mgpu's one-fragment decodes)
 W_ORDERS = ("lanes", "pairs", "natural")  # byte orders of the weight mgpu_w4a16_tiles reads
 REGISTERS = (40, 232)  # TilesConfig.registers: setmaxnreg of the TMA / each compute warpgroup (as jax's pipeline)
 MAX_ACC_REGISTERS = 128  # float32 accumulator registers per compute thread a tiling may take (wn x mt / 2)
@@ -79,9 +80,10 @@ class TilesConfig:
     of the 3 x 168 a CTA of 384 threads has: jax's ``emit_pipeline_warp_specialized`` does the
     same), for accumulators of 128 registers per thread (mt 256, or wn 2 with mt 128), which
     spill at 168 (H200 session 12 run a: mt 256 used 166 registers and spilled); decode:
-    "lanes" (weight bytes in the "lanes" order, prepare_decode's default) or "pairs" (bytes in the
-    "pairs" order, or natural bytes with x permuted per call: :func:`mgpu_w4a16_tiles`'s
-    ``w_order``); ``fold_scale`` needs "lanes" (the "pairs" decode has no folded form).
+    the weight's byte order (:func:`mgpu_w4a16_tiles`'s ``w_order``): "lanes" (prepare_decode's
+    default), "pairs", or "natural" (a plain MXFP4Array's bytes: each 32-bit word moved to the
+    "pairs" order across its quad of threads by two warp shuffles, then the "pairs" decode);
+    ``fold_scale`` needs "lanes" (the "pairs" decode has no folded form).
     Raises TypeError / ValueError naming the field and the rule."""
 
     mt: int = 128
@@ -168,18 +170,17 @@ def mgpu_w4a16_tiles(x, w_data, w_scales, out_dtype=jnp.bfloat16, cfg: TilesConf
       cfg: :class:`TilesConfig` (None: :func:`default_tiles_config` for the shape and order).
       w_order: "lanes" (:func:`jax_mxfp4.decode_prepared.lanes_order_bytes`, what
         :func:`jax_mxfp4.prepare_decode` stores by default; the "lanes" decode), "pairs"
-        (:func:`jax_mxfp4.decode_prepared.pair_order_bytes`; the "pairs" decode, x read as it is)
-        or "natural" (the bytes as quantized; the "pairs" decode with x's K permuted per call,
-        :func:`jax_mxfp4.kernels.wgemm_mgpu.permute_x_pairs`: a permutation of the contraction
-        applied to both operands).
+        (:func:`jax_mxfp4.decode_prepared.pair_order_bytes`; the "pairs" decode) or "natural"
+        (the bytes as quantized, a plain MXFP4Array's; the "natural" decode: the "pairs" order
+        made in registers by warp shuffles, then the "pairs" decode). x is read as it is.
     Returns ``out_dtype`` [M, N]. Runs only on an NVIDIA Hopper GPU (sm_90a) through Mosaic GPU.
     Raises:
       TypeError: arrays or ``cfg`` of the wrong kind.
       RuntimeError: called eagerly with ``x`` on a device other than a GPU.
       ValueError: ranks, shapes and dtypes (K a multiple of ``cfg.bk`` with at least two steps,
         M a multiple of 8, N of ``cfg.cta_rows``), an ``out_dtype`` that is not a float, an
-        unknown ``w_order`` or one the decode of ``cfg`` cannot read ("lanes" bytes need the
-        "lanes" decode, the other orders the "pairs" decode), or a tiling whose two pipeline
+        unknown ``w_order`` or one the decode of ``cfg`` cannot read (each order has its own
+        decode of the same name), or a tiling whose two pipeline
         stages do not fit in shared memory.
     """
     check_2d_arrays("mgpu_w4a16_tiles", (("x", x, "bfloat16 [M, K]"), ("w_data", w_data, "uint8 [N, K/2]"),
@@ -205,17 +206,15 @@ def mgpu_w4a16_tiles(x, w_data, w_scales, out_dtype=jnp.bfloat16, cfg: TilesConf
     if w_scales.dtype != jnp.uint8 or tuple(w_scales.shape) != (k // BLOCK_SIZE, n):
         raise ValueError(f"mgpu_w4a16_tiles: w_scales must be the E8M0 bytes K-major, uint8 or float8_e8m0fnu "
                          f"[{k // BLOCK_SIZE}, {n}], got {w_scales.dtype} {tuple(w_scales.shape)}")
-    if (w_order == "lanes") != (cfg.decode == "lanes"):
-        raise ValueError(f'mgpu_w4a16_tiles: w_order={w_order!r} bytes need decode='
-                         f'{"lanes" if w_order == "lanes" else "pairs"!r}, got TilesConfig(decode={cfg.decode!r})')
+    if w_order != cfg.decode:
+        raise ValueError(f"mgpu_w4a16_tiles: w_order={w_order!r} bytes need TilesConfig(decode={w_order!r}), "
+                         f"got decode={cfg.decode!r}")
     why = unsupported_reason(m, n, k, cfg)  # N a multiple of cfg.cta_rows
     if why:
         raise ValueError(f"mgpu_w4a16_tiles: {why}")
     osize = jnp.dtype(out_dtype).itemsize
     steps = k // cfg.bk
     stages = fitted_stages(cfg, osize, steps)
-    if w_order == "natural":  # the "pairs" decode meets x permuted the same way inside each block
-        x = permute_x_pairs(x)
     return _tiles_call(x, w_data, w_scales, cfg=cfg, stages=stages, out_dtype=out_dtype)
 
 
@@ -326,18 +325,18 @@ def default_tiles_config(m: int, n: int, k: int, out_dtype=jnp.bfloat16, w_order
     has 132 SMs: few activation rows, few weight rows) or the output is 4 bytes wide (a float32
     [256, 64] tile per warpgroup leaves room for two pipeline stages only): at 256x8192x8192
     1.11x with 128-row tiles against 1.66x with 256-row ones (run c); float32 output unmeasured.
-    ``w_order`` "lanes": the "lanes" decode with ``fold_scale``; "pairs"/"natural": the "pairs"
-    decode. Raises TypeError for non-int sizes, ValueError for another ``w_order`` or an
+    ``w_order`` "lanes": the "lanes" decode with ``fold_scale``; "pairs" / "natural": the decode
+    of that name. Raises TypeError for non-int sizes, ValueError for another ``w_order`` or an
     ``out_dtype`` other than bfloat16, float16, float32 (None: float32)."""
     _check_dims("default_tiles_config", m, n, k)
     if not isinstance(w_order, str) or w_order not in W_ORDERS:
         raise ValueError(f"default_tiles_config: w_order must be one of {W_ORDERS}, got {w_order!r}")
     out_dtype = check_output_dtype(out_dtype, "default_tiles_config: out_dtype")
-    dec = dict(decode="lanes", fold_scale=True) if w_order == "lanes" else dict(decode="pairs", fold_scale=False)
+    dec = dict(decode=w_order, fold_scale=w_order == "lanes")
     if unsupported_reason(m, n, k):
         return None
     wide = jnp.dtype(out_dtype).itemsize > 2
-    if not wide and -(-m // 256) * (n // (2 * _WG_ROWS)) >= 128 and k % 64 == 0 and k // 64 >= 2:
+    if not wide and -(-m // 256) * (n // (2 * _WG_ROWS)) >= 128:  # K: unsupported_reason above (64 | K, 2 steps)
         return TilesConfig(mt=256, bk=64, stages=4, chunks=1, registers=True, **dec)
     bk = 128 if k % 128 == 0 and k // 128 >= 2 else 64
     return TilesConfig(mt=128, bk=bk, stages=4, chunks=bk // 64, registers=True, **dec)
