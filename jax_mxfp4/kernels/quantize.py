@@ -65,12 +65,35 @@ _MIN_NORMAL_BITS = 0x00800000
 
 @dataclasses.dataclass(frozen=True)
 class QuantizeConfig:
-    """Tile of the quantization kernel: ``rows`` x ``cols`` input elements (powers of two, cols
-    >= 32, i.e. whole 32-element blocks), Triton ``num_warps``."""
+    """Tile and formulation of the quantization kernel.
+
+    ``rows`` x ``cols`` input elements per program (powers of two, cols >= 32, i.e. whole
+    32-element blocks), Triton ``num_warps``. The other fields select bit-identical formulations
+    (the defaults are the measured ones; the others are candidates timed side by side by
+    ``benchmarks/quantize.py --variants``):
+
+    - ``grid``: "rows" (program id 0, the fastest-launched, walks row tiles) or "cols" (it walks
+      the column tiles of one row band: consecutive programs read consecutive addresses and
+      complete each row's scale bytes together).
+    - ``flush``: how round-to-nearest drops subnormal inputs: "tile" (a tile-wide minimum of the
+      block scales decides whether the tile needs the flush: a cross-warp reduction and a branch
+      per program) or "always" (a compare and select per element, no reduction, no branch).
+    - ``swar``: bfloat16 round-to-nearest as inline PTX on 32-bit words holding two elements
+      (``_SWAR_PTX``: about 10 instructions per element instead of ~17; ``min.u16x2`` /
+      ``max.u16x2`` need sm_90, NVIDIA only). Other dtypes and stochastic rounding ignore it.
+      The Pallas interpreter runs a NumPy-exact emulation of the same instructions.
+    - ``f32_pairs``: float32/float16 input without the Hadamard rotation: "split" (one load of
+      whole blocks, even/odd elements split in registers) or "strided" (two stride-2 loads, one for
+      the even and one for the odd elements; no register split).
+    """
 
     rows: int = 8
     cols: int = 512
     num_warps: int = 4
+    grid: str = "rows"
+    flush: str = "tile"
+    swar: bool = False
+    f32_pairs: str = "split"
 
     def __post_init__(self):
         if self.rows < 1 or self.rows & (self.rows - 1):
@@ -79,6 +102,14 @@ class QuantizeConfig:
             raise ValueError(f"QuantizeConfig.cols must be a power of two >= {BLOCK_SIZE}, got {self.cols}")
         if self.num_warps < 1 or self.num_warps & (self.num_warps - 1):
             raise ValueError(f"QuantizeConfig.num_warps must be a power of two, got {self.num_warps}")
+        if self.grid not in ("rows", "cols"):
+            raise ValueError(f"QuantizeConfig.grid must be 'rows' or 'cols', got {self.grid!r}")
+        if self.flush not in ("tile", "always"):
+            raise ValueError(f"QuantizeConfig.flush must be 'tile' or 'always', got {self.flush!r}")
+        if not isinstance(self.swar, bool):
+            raise ValueError(f"QuantizeConfig.swar must be a bool, got {self.swar!r}")
+        if self.f32_pairs not in ("split", "strided"):
+            raise ValueError(f"QuantizeConfig.f32_pairs must be 'split' or 'strided', got {self.f32_pairs!r}")
 
 
 DEFAULT_CONFIG = QuantizeConfig()
@@ -91,6 +122,178 @@ def _split_pairs(v):
     """[..., 32] -> (even elements, odd elements), each [..., 16] (Triton tt.split, in registers)."""
     even, odd = jnp.unstack(v.reshape(*v.shape[:-1], BLOCK_SIZE // 2, 2), axis=-1)
     return even, odd
+
+
+# --------------------------------------------------------------- SWAR bfloat16 (QuantizeConfig.swar)
+#
+# One 32-bit word w holds elements 2i (low lane) and 2i+1 (high lane) as bfloat16. Per block the
+# kernel passes (each repeated in both 16-bit lanes): LO = the bfloat16 exponent field of 2^s
+# ((127 + s) << 7), HI = LO + 0x100 (of 2^(s+2)), P = bfloat16 2^-s, C = 7 (0 in a NaN/Inf block)
+# and S = 0x0008 (0 in a NaN/Inf block). Per word (every step keeps each lane inside its 16 bits):
+#   x = w & 0x7F80 (exponent fields); m = 0xFFFF where x != 0 (bit 15 of x + 0x7F80, spread by a
+#   sign-replicating prmt); a = w & m & 0x7FFF: |element| with subnormal inputs flushed
+#   (flush_subnormal_inputs);
+#   e = clamp(x, LO, HI): the binade e' = clamp(floor(log2 y), 0, 2) of y = a 2^-s, as an exponent
+#   field of a; M = e - LO + 0x4280: bfloat16 2^(6 + e'), whose ulp is the E2M1 spacing 2^(e'-1);
+#   t = fma.rn.bf16x2(a, P, M) = RNE(y + M) (one rounding; the same grid point as the reference's
+#   float32 magic add y + 2^(22 + e'));
+#   code = min(t - M + (e - LO) >> 6, C): steps above M plus 2e' codes below the binade, cap 7;
+#   byte = low byte of v | v >> 12 with v = code | (w >> 12) & S (signs to bits 3 and 19).
+# Four words per asm instance; their bytes are joined by prmt into the uint8x4 result register.
+
+_SWAR_WORD = (  # (op, dst, src...): register names or int immediates; "w", "LO", ... per word
+    ("and", "x", "w", 0x7F807F80),
+    ("add", "f", "x", 0x7F807F80),
+    ("prmt", "m", "f", "f", 0xBB99),
+    ("and", "a", "w", "m"),
+    ("and", "a", "a", 0x7FFF7FFF),
+    ("max16", "e", "x", "LO"),
+    ("min16", "e", "e", "HI"),
+    ("add", "M", "e", 0x42804280),
+    ("sub", "M", "M", "LO"),
+    ("fma_bf16x2", "t", "a", "P", "M"),
+    ("sub", "c", "t", "M"),
+    ("sub", "d", "e", "LO"),
+    ("shr", "d", "d", 6),
+    ("add", "c", "c", "d"),
+    ("min16", "c", "c", "C"),
+    ("shr", "g", "w", 12),
+    ("and", "g", "g", "S"),
+    ("or", "v", "c", "g"),
+    ("shr", "h", "v", 12),
+    ("or", "r", "v", "h"),
+)
+_SWAR_INPUTS = ("w", "LO", "HI", "P", "C", "S")
+_SWAR_PACK = 4
+_PTX_OPS = {"and": "and.b32", "or": "or.b32", "add": "add.u32", "sub": "sub.u32", "shr": "shr.b32",
+            "prmt": "prmt.b32", "max16": "max.u16x2", "min16": "min.u16x2", "fma_bf16x2": "fma.rn.bf16x2"}
+
+
+def _swar_ptx() -> str:
+    """The PTX of one asm instance: 4 words ($1..$4) and their block operands -> $0, 4 bytes."""
+    regs = sorted({op[1] for op in _SWAR_WORD})
+    lines = ["{", f".reg .b32 {', '.join(f'{r}{k}' for k in range(_SWAR_PACK) for r in regs)}, u01, u23;"]
+    for k in range(_SWAR_PACK):
+        where = {name: f"${1 + i * _SWAR_PACK + k}" for i, name in enumerate(_SWAR_INPUTS)}
+
+        def opnd(v, k=k, where=where):
+            if isinstance(v, int):
+                return f"0x{v:08X}" if v > 0xFF else str(v)
+            return where.get(v, f"{v}{k}")
+
+        for op, dst, *src in _SWAR_WORD:
+            if op in ("max16", "min16", "fma_bf16x2"):  # packed types take registers only
+                src_regs = []
+                for v in src:
+                    if isinstance(v, int):
+                        raise ValueError("packed SWAR operations take registers")
+                    src_regs.append(opnd(v))
+                lines.append(f"{_PTX_OPS[op]} {dst}{k}, {', '.join(src_regs)};")
+            else:
+                lines.append(f"{_PTX_OPS[op]} {dst}{k}, {', '.join(opnd(v) for v in src)};")
+    lines += ["prmt.b32 u01, r0, r1, 0x0040;", "prmt.b32 u23, r2, r3, 0x0040;", "prmt.b32 $0, u01, u23, 0x5410;", "}"]
+    return "\n".join(lines)
+
+
+_SWAR_PTX = _swar_ptx()
+
+
+def _lanes(v):
+    return v & jnp.uint32(0xFFFF), v >> jnp.uint32(16)
+
+
+def _join(lo, hi):
+    return (lo & jnp.uint32(0xFFFF)) | (hi << jnp.uint32(16))
+
+
+def _prmt(a, b, sel):
+    out = jnp.zeros_like(a)
+    for i in range(4):
+        n = (sel >> (4 * i)) & 0xF
+        src = a if (n & 7) < 4 else b
+        byte = (src >> jnp.uint32(8 * (n & 3))) & jnp.uint32(0xFF)
+        if n & 8:  # replicate the byte's most significant bit
+            byte = jnp.where(byte >= 0x80, jnp.uint32(0xFF), jnp.uint32(0))
+        out = out | (byte << jnp.uint32(8 * i))
+    return out
+
+
+def _fma_bf16x2(a, b, c):
+    def lane(x):
+        return lax.bitcast_convert_type(x << jnp.uint32(16), jnp.float32)
+
+    def rnd(x):  # float32 -> bfloat16 bits, round to nearest even (exact here, see swar_word_emulated)
+        return lax.bitcast_convert_type(x.astype(jnp.bfloat16), jnp.uint16).astype(jnp.uint32)
+
+    (a0, a1), (b0, b1), (c0, c1) = _lanes(a), _lanes(b), _lanes(c)
+    return _join(rnd(lane(a0) * lane(b0) + lane(c0)), rnd(lane(a1) * lane(b1) + lane(c1)))
+
+
+def swar_word_emulated(w, lo, hi, p, c, s):
+    """The per-word program ``_SWAR_WORD`` with jnp uint32 operations (the Pallas interpreter's and
+    the tests' stand-in for ``_SWAR_PTX``): returns uint32 whose low byte is the packed byte.
+
+    Each PTX instruction has its exact semantics; ``fma.rn.bf16x2`` is float32 ``a * b + c``
+    rounded to bfloat16, which equals the single rounding here: a * b is an exact power-of-two
+    scaling (or far below the ulp of c, >= 2^-2), and a sum that needs more than float32's 24 bits
+    (a * b < 2^-10) lies far from every bfloat16 midpoint of c's binade.
+    """
+    u32 = jnp.uint32
+    env = {"w": w, "LO": lo, "HI": hi, "P": p, "C": c, "S": s}
+
+    def val(v):
+        return u32(v) if isinstance(v, int) else env[v]
+
+    for op, dst, *src in _SWAR_WORD:
+        a = [val(v) for v in src[:2]] if op != "fma_bf16x2" else [val(v) for v in src]
+        if op == "and":
+            r = a[0] & a[1]
+        elif op == "or":
+            r = a[0] | a[1]
+        elif op == "add":
+            r = a[0] + a[1]
+        elif op == "sub":
+            r = a[0] - a[1]
+        elif op == "shr":
+            r = a[0] >> a[1]
+        elif op == "prmt":
+            r = _prmt(a[0], a[1], src[2])
+        elif op in ("max16", "min16"):
+            f = jnp.maximum if op == "max16" else jnp.minimum
+            (x0, x1), (y0, y1) = _lanes(a[0]), _lanes(a[1])
+            r = _join(f(x0, y0), f(x1, y1))
+        elif op == "fma_bf16x2":
+            r = _fma_bf16x2(*a)
+        else:  # pragma: no cover
+            raise ValueError(op)
+        env[dst] = r
+    return env["r"]
+
+
+def swar_block_operands(s, bad):
+    """Per-block operands of ``_SWAR_PTX`` (uint32, both lanes): (LO, HI, P, C, S) for the scale
+    exponents ``s`` (int32, [-127, 126]) and the NaN/Inf flags ``bad`` of :func:`block_scale_bits`."""
+    u32 = jnp.uint32
+    both = u32(0x10001)
+    lo = ((s + 127).astype(u32) << u32(7)) * both
+    hi = lo + u32(0x01000100)
+    p = ((127 - s).astype(u32) << u32(7)) * both
+    c = jnp.where(bad, u32(0), u32(0x00070007))
+    sg = jnp.where(bad, u32(0), u32(0x00080008))
+    return lo, hi, p, c, sg
+
+
+def swar_quantize_words(w, lo, hi, p, c, s, interpret):
+    """Packed E2M1 bytes (uint8, shape of ``w``) of bfloat16 pairs ``w`` (uint32 words) with their
+    blocks' :func:`swar_block_operands` broadcast to ``w``'s shape: inline PTX in a Triton kernel
+    (``interpret=False``; sm_90), the jnp emulation otherwise."""
+    if interpret:
+        return swar_word_emulated(w, lo, hi, p, c, s).astype(jnp.uint8)
+    (out,) = plgpu.elementwise_inline_asm(
+        _SWAR_PTX, args=[w, lo, hi, p, c, s], constraints="=r," + ",".join(["r"] * (len(_SWAR_INPUTS) * _SWAR_PACK)),
+        pack=_SWAR_PACK, result_shape_dtypes=[jax.ShapeDtypeStruct(w.shape, jnp.uint8)],
+    )
+    return out
 
 
 _THREEFRY_ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
@@ -189,7 +392,8 @@ def _rotate_tile(x, signs, block):
 
 
 def _quantize_kernel(*refs, n_rows, n_blocks, br, nbt, scale_mode, stochastic, kernel_rng=False,
-                     hadamard_block=None, bf16_words=False):
+                     hadamard_block=None, bf16_words=False, swar=False, flush="tile", grid="rows",
+                     f32_strided=False, interpret=False):
     refs = list(refs)
     signs_ref = refs.pop(1) if hadamard_block else None
     if kernel_rng:
@@ -198,8 +402,9 @@ def _quantize_kernel(*refs, n_rows, n_blocks, br, nbt, scale_mode, stochastic, k
         x_ref, u_ref, data_ref, scale_ref = refs
     else:
         x_ref, data_ref, scale_ref = refs
-    r0 = pl.program_id(0) * br
-    b0 = pl.program_id(1) * nbt
+    row_axis, col_axis = (0, 1) if grid == "rows" else (1, 0)
+    r0 = pl.program_id(row_axis) * br
+    b0 = pl.program_id(col_axis) * nbt
     # Masks only where the grid overhangs the array (static shapes): unmasked loads vectorize.
     mask2 = None
     if n_rows % br or n_blocks % nbt:
@@ -207,12 +412,36 @@ def _quantize_kernel(*refs, n_rows, n_blocks, br, nbt, scale_mode, stochastic, k
             (b0 + lax.broadcasted_iota(jnp.int32, (br, nbt), 1)) < n_blocks
         )
 
-    def load(ref, width=BLOCK_SIZE):
+    def load(ref, width=BLOCK_SIZE, pick=None):
         shape = (br, nbt, width)
+        if pick is not None:  # ref [R, K/32, 16, 2]: element `pick` of each pair, as [br, nbt, 16]
+            view = ref.at[pl.ds(r0, br), pl.ds(b0, nbt), :, pl.ds(pick, 1)]
+            m = None if mask2 is None else jnp.broadcast_to(mask2[..., None, None], (*shape, 1))
+            return (plgpu.load(view) if m is None else plgpu.load(view, mask=m, other=0)).reshape(shape)
         view = ref.at[pl.ds(r0, br), pl.ds(b0, nbt), :]
         if mask2 is None:
             return plgpu.load(view)
         return plgpu.load(view, mask=jnp.broadcast_to(mask2[..., None], shape), other=0)
+
+    def store(packed, byte):
+        dview = data_ref.at[pl.ds(r0, br), pl.ds(b0, nbt), :]
+        sview = scale_ref.at[pl.ds(r0, br), pl.ds(b0, nbt)]
+        if mask2 is None:
+            plgpu.store(dview, packed)
+            plgpu.store(sview, byte)
+        else:
+            plgpu.store(dview, packed, mask=jnp.broadcast_to(mask2[..., None], packed.shape))
+            plgpu.store(sview, byte, mask=mask2)
+
+    if swar:
+        # bfloat16 pairs, round to nearest, by the inline PTX of _SWAR_WORD (two elements per op).
+        w = load(x_ref, BLOCK_SIZE // 2)
+        u32 = jnp.uint32
+        key = jnp.maximum(w & u32(0x7FFF0000), (w << u32(16)) & u32(0x7FFF0000))  # |bits| of each lane, f32
+        bad, byte, s = block_scale_bits(lax.bitcast_convert_type(jnp.max(key, axis=-1), jnp.int32), scale_mode)
+        ops = [jnp.broadcast_to(o[..., None], w.shape) for o in swar_block_operands(s, bad)]
+        store(swar_quantize_words(w, *ops, interpret=interpret), byte)
+        return
 
     if bf16_words:
         # bfloat16 input read as uint32 words, element 2i in the low half and 2i+1 in the high half
@@ -221,12 +450,15 @@ def _quantize_kernel(*refs, n_rows, n_blocks, br, nbt, scale_mode, stochastic, k
         w = load(x_ref, BLOCK_SIZE // 2)
         ev = lax.bitcast_convert_type(w << jnp.uint32(16), jnp.int32)
         od = lax.bitcast_convert_type(w & jnp.uint32(0xFFFF0000), jnp.int32)
-    else:
+    elif not f32_strided:
         x = load(x_ref)
         if hadamard_block:
             x = _rotate_tile(x, plgpu.load(signs_ref.at[pl.ds(0, hadamard_block)]), hadamard_block)
         bits = lax.bitcast_convert_type(x.astype(jnp.float32), jnp.int32)  # exact widening
         ev, od = _split_pairs(bits)
+    else:  # f32_strided: the even and the odd elements by two stride-2 loads of x as [R, K/32, 16, 2]
+        ev, od = (lax.bitcast_convert_type(load(x_ref, BLOCK_SIZE // 2, pick=j).astype(jnp.float32), jnp.int32)
+                  for j in (0, 1))
     # Signs by integer ops: element 2i's sign to bit 3, element 2i+1's to bit 7.
     sign = ((ev >> 28) & 0x8) | ((od >> 24) & 0x80)
     a_ev, a_od = ev & _ABS, od & _ABS
@@ -255,21 +487,14 @@ def _quantize_kernel(*refs, n_rows, n_blocks, br, nbt, scale_mode, stochastic, k
         # Round to nearest: a float32 subnormal (< 2^-126) times 2^-s stays below 0.25 (code 0,
         # like the flushed zero) unless s <= -125, so the flush is needed only in tiles holding
         # such a block (block max below ~2^-122): a branch taken per tile, not per element.
-        codes = lax.cond(
+        codes = (magnitude(a_ev, None) | (magnitude(a_od, None) << 4)) if flush == "always" else lax.cond(
             jnp.min(s) <= -125,
             lambda: magnitude(a_ev, None) | (magnitude(a_od, None) << 4),
             lambda: magnitude(a_ev, None, flush=False) | (magnitude(a_od, None, flush=False) << 4),
         )
     packed = codes | sign
     packed = jnp.where(bad[..., None], 0, packed).astype(jnp.uint8)
-    dview = data_ref.at[pl.ds(r0, br), pl.ds(b0, nbt), :]
-    sview = scale_ref.at[pl.ds(r0, br), pl.ds(b0, nbt)]
-    if mask2 is None:
-        plgpu.store(dview, packed)
-        plgpu.store(sview, byte)
-    else:
-        plgpu.store(dview, packed, mask=jnp.broadcast_to(mask2[..., None], packed.shape))
-        plgpu.store(sview, byte, mask=mask2)
+    store(packed, byte)
 
 
 def _pow2_at_most(n, cap):
@@ -323,8 +548,12 @@ def quantize_2d(x, uniform=None, *, key_data=None, scale_mode="even", cfg: Quant
     kernel_rng = key_data is not None
     stochastic = uniform is not None or kernel_rng
     bf16_words = x.dtype == jnp.bfloat16 and BF16_AS_WORDS and signs is None
+    swar = bf16_words and cfg.swar and not stochastic
+    f32_strided = not bf16_words and signs is None and cfg.f32_pairs == "strided"
     if bf16_words:  # a free bitcast in XLA: [R, K] bf16 -> [R, K/2] uint32
         args = [lax.bitcast_convert_type(x.reshape(n_rows, n_blocks, BLOCK_SIZE // 2, 2), jnp.uint32)]
+    elif f32_strided:
+        args = [x.reshape(n_rows, n_blocks, BLOCK_SIZE // 2, 2)]
     else:
         args = [x.reshape(n_rows, n_blocks, BLOCK_SIZE)]
     if signs is not None:
@@ -336,7 +565,8 @@ def quantize_2d(x, uniform=None, *, key_data=None, scale_mode="even", cfg: Quant
     kernel = functools.partial(
         _quantize_kernel, n_rows=n_rows, n_blocks=n_blocks, br=br, nbt=nbt,
         scale_mode=scale_mode, stochastic=stochastic, kernel_rng=kernel_rng, hadamard_block=hadamard_block,
-        bf16_words=bf16_words,
+        bf16_words=bf16_words, swar=swar, flush=cfg.flush, grid=cfg.grid, f32_strided=f32_strided,
+        interpret=interpret,
     )
     data, byte = pl.pallas_call(
         kernel,
@@ -344,7 +574,8 @@ def quantize_2d(x, uniform=None, *, key_data=None, scale_mode="even", cfg: Quant
             jax.ShapeDtypeStruct((n_rows, n_blocks, BLOCK_SIZE // 2), jnp.uint8),
             jax.ShapeDtypeStruct((n_rows, n_blocks), jnp.uint8),
         ),
-        grid=(pl.cdiv(n_rows, br), pl.cdiv(n_blocks, nbt)),
+        grid=((pl.cdiv(n_rows, br), pl.cdiv(n_blocks, nbt)) if cfg.grid == "rows"
+              else (pl.cdiv(n_blocks, nbt), pl.cdiv(n_rows, br))),
         compiler_params=plgpu.CompilerParams(num_warps=cfg.num_warps, num_stages=1),
         interpret=interpret,
         name="mxfp4_quantize",
