@@ -96,10 +96,10 @@ def tiles_config(name):
         elif p == "r":
             kw["registers"] = True
         elif p == "n":
-            kw["decode"], kw["fold_scale"] = "natural", False
+            kw["decode"] = "natural"
         else:
             raise ValueError(name)
-    if set(kw) <= {"decode", "fold_scale"}:
+    if set(kw) <= {"decode"}:
         return None  # "tiles-n": the default tiling of natural bytes
     return TilesConfig(**kw)
 

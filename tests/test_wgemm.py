@@ -200,12 +200,14 @@ def test_fold_scale_bits_are_two_to_the_b_minus_one():
             e2m1_asm.fold_scale_bits(bad)
 
 
+@pytest.mark.parametrize("decode", ["LANES", "PAIRS"])
 @pytest.mark.parametrize("scale_byte", [0, 1, 2, 64, 100, 126, 127, 128, "random"])
-def test_lanes_fold_asm_equals_lanes_bit_for_bit(scale_byte):
-    """The folded "lanes" PTX (one multiply by 2^(b-1)) gives the two-multiply "lanes" PTX's
+def test_fold_asm_equals_two_multiplies_bit_for_bit(scale_byte, decode):
+    """The folded "lanes" and "pairs" PTX (one multiply by 2^(b-1)) give the two-multiply form's
     outputs bit for bit (signs, the E2M1 0.5 at the smallest scales where the product is a
     bfloat16 subnormal) on every byte value in every position and fresh random words, for the
     E8M0 bytes it is used for (b <= 128)."""
+    plain, folded = getattr(e2m1_asm, f"_DECODE_{decode}_PTX"), getattr(e2m1_asm, f"_DECODE_{decode}_FOLD_PTX")
     rng = np.random.default_rng()
     if scale_byte == "random":
         scale_byte = int(rng.integers(0, e2m1_asm.FOLD_MAX_BYTE + 1))
@@ -214,8 +216,8 @@ def test_lanes_fold_asm_equals_lanes_bit_for_bit(scale_byte):
     words += [b * 0x01010101 for b in range(256)] + [b << (8 * (b % 4)) for b in range(256)]
     fold = e2m1_asm.fold_scale_bits(scale_byte)
     for q in words:
-        want = run_ptx(e2m1_asm._DECODE_LANES_PTX, {4: q, 5: sbits | (sbits << 16)})
-        got = run_ptx(e2m1_asm._DECODE_LANES_FOLD_PTX, {4: q, 5: fold})
+        want = run_ptx(plain, {4: q, 5: sbits | (sbits << 16)})
+        got = run_ptx(folded, {4: q, 5: fold})
         for k in range(4):
             assert got[f"${k}"] == want[f"${k}"], (hex(q), scale_byte, k)
 

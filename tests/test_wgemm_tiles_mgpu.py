@@ -49,8 +49,6 @@ def _lowered(m, n, k, cfg, out_dtype=jnp.bfloat16, w_order="lanes"):
     (dict(chunks=0), r"chunks=0 must split"),
     (dict(wn=3), r"wn must be one of \(1, 2\)"),
     (dict(decode="ptx"), r"decode must be one of \('lanes', 'pairs', 'natural'\), got 'ptx'"),
-    (dict(decode="natural"), r'fold_scale needs decode="lanes"'),
-    (dict(decode="pairs"), r'fold_scale needs decode="lanes"'),
     (dict(mt=256, wn=2), r"TilesConfig\(mt=256, wn=2\): float32 accumulators of 256 registers per thread; at most 128"),
 ])
 def test_config_refused_with_the_rule(kw, msg):
@@ -109,7 +107,7 @@ def test_default_config_by_shape_dtype_and_order():
     assert wt.default_tiles_config(256, 1024, 192).bk == 64
     for order in ("pairs", "natural"):
         c = wt.default_tiles_config(1024, 8192, 8192, w_order=order)
-        assert (c.decode, c.fold_scale, c.mt) == (order, False, 256)
+        assert (c.decode, c.fold_scale, c.mt) == (order, True, 256)
     for m, n, k in ((1020, 1024, 1024), (1024, 1000, 1024), (1024, 1024, 64), (1024, 1024, 96)):
         assert wt.default_tiles_config(m, n, k) is None, (m, n, k)
     with pytest.raises(ValueError, match="w_order must be one of"):
@@ -155,7 +153,9 @@ TILINGS = {
     "numpy ints": wt.TilesConfig(mt=np.int64(128), bk=np.int64(128), stages=np.int64(3), wn=np.int64(2)),
     "mt64 nofold": wt.TilesConfig(mt=64, fold_scale=False),
     "pairs": wt.TilesConfig(decode="pairs", fold_scale=False),
-    "natural": wt.TilesConfig(decode="natural", fold_scale=False),
+    "natural": wt.TilesConfig(decode="natural"),
+    "natural nofold": wt.TilesConfig(decode="natural", fold_scale=False),
+    "pairs fold": wt.TilesConfig(decode="pairs"),
     "natural mt256 bk64 regs": wt.TilesConfig(mt=256, bk=64, chunks=1, registers=True, decode="natural",
                                               fold_scale=False),
 }
@@ -351,7 +351,8 @@ def test_probe_variant_names_parse():
     # "-n": the plain weight's natural bytes ("natural" decode); alone, the default tiling of that order
     assert p.tiles_config("tiles-n") is None and p.tiles_order("tiles-n") == "natural"
     assert p.tiles_config("tiles-256x64-r-n") == wt.TilesConfig(mt=256, bk=64, chunks=1, registers=True,
-                                                                decode="natural", fold_scale=False)
+                                                                decode="natural")
+    assert not p.tiles_config("tiles-256x64-r-nofold-n").fold_scale
     assert [p.uses_prepared(v) for v in ("tiles", "tiles-256x64-r", "tiles-n", "pallas", "pallas-prepared",
                                          "pallas-two-pass")] == [True, True, False, False, True, False]
     for bad in ("tiles-256", "tiles-x", "tile", "tiles-256x64-q"):

@@ -71,22 +71,6 @@ _DECODE_PTX = (
 # $4: the 4 packed bytes; $5,$6: the scales of bytes 0,1 | 2,3. Every output element depends on
 # its own byte and scale only: Triton may pack any 4 of a thread's elements into one instance.
 
-# Pair decode (the Mosaic GPU kernel's "pairs" decode): each byte -> one bfloat16x2 register
-# holding its two elements in order (low nibble = element 2j in the low lane, high nibble = element
-# 2j+1 in the high lane), the layout a bfloat16 WGMMA A fragment wants for two consecutive K
-# columns. Per byte k: one prmt puts byte k of q into the low lane and byte k of q >> 4 (whose low
-# nibble is byte k's high nibble) into the high lane; then the low-nibble lane formula above.
-# $0..$3: bytes 0..3 of $4; $5: the block scale in both lanes (all four bytes share one block).
-_PAIR_SELECTORS = (0x4400, 0x5511, 0x6622, 0x7733)  # byte k of {q (0-3), q >> 4 (4-7)} per lane
-_DECODE_PAIRS_PTX = (
-    "{\n.reg .b32 q4, t, a, b, k;\nmov.b32 k, 0x7E807E80;\nshr.u32 q4, $4, 4;\n"
-    + "".join(f"prmt.b32 t, $4, q4, {sel:#06x};\n" + _lanes(f"${i}", "t", 12, 6, "$5")
-              for i, sel in enumerate(_PAIR_SELECTORS))
-    + "}"
-)
-DECODE_PAIRS_CONSTRAINTS = "=r,=r,=r,=r,r,r"
-
-
 def _lane_pair(out, src, mask, mult, fold=False):
     """PTX for one output of the "lanes" decode: the two nibbles of ``src`` under ``mask`` (one per
     16-bit lane, at bits 0-3 or 4-7 of the lane) times ``mult`` (0x1040 = shifts 12 and 6, 0x104
@@ -103,8 +87,8 @@ and.b32 a, a, 0x81C081C0;
 # jax_mxfp4.decode_prepared.lanes_order_bytes): the register holds the low-lane nibbles of its four
 # outputs at bits 0-15 (output k at bits 4k..4k+3) and the high-lane nibbles at bits 16-31, so each
 # output is a mask and one multiply away (outputs 2, 3 from the register shifted right by 8): 13
-# PTX integer instructions per register against 25 for "pairs" (a prmt, two shifts and three
-# logic operations per output; ptxas may merge the logic into LOP3s).
+# PTX integer instructions per register against 17 for "pairs" (a prmt more per output; 25 before
+# session 13, when "pairs" used two shifts and three logic operations per output).
 _DECODE_LANES_PTX = (
     "{\n.reg .b32 q8, u, a, k;\nmov.b32 k, 0x7E807E80;\nshr.u32 q8, $4, 8;\n"
     + _lane_pair("$0", "$4", 0x000F000F, 0x1040) + _lane_pair("$1", "$4", 0x00F000F0, 0x104)
@@ -128,6 +112,33 @@ _DECODE_LANES_FOLD_PTX = (
     + _lane_pair("$2", "q8", 0x000F000F, 0x1040, True) + _lane_pair("$3", "q8", 0x00F000F0, 0x104, True)
     + "}"
 )
+
+
+# Pair decode (the Mosaic GPU kernels' "pairs" decode): each byte -> one bfloat16x2 register
+# holding its two elements in order (low nibble = element 2j in the low lane, high nibble = element
+# 2j+1 in the high lane), the layout a bfloat16 WGMMA A fragment wants for two consecutive K
+# columns. Per byte k: one prmt puts byte k of q into the low lane and byte k of q >> 4 (whose low
+# nibble is byte k's high nibble) into the high lane; then the "lanes" formula on the nibbles at
+# bits 0-3 of each lane (_lane_pair: a mask and one integer multiply; session 13, 4 integer
+# instructions per output instead of the prmt, two shifts and three logic operations before).
+# $0..$3: bytes 0..3 of $4; $5: the block scale in both lanes (all four bytes share one block), or
+# (the _FOLD form, for E8M0 bytes <= FOLD_MAX_BYTE) 2^(b-1) as for "lanes".
+_PAIR_SELECTORS = (0x4400, 0x5511, 0x6622, 0x7733)  # byte k of {q (0-3), q >> 4 (4-7)} per lane
+
+
+def _pairs_ptx(fold: bool) -> str:
+    return ("{\n.reg .b32 q4, t, u, a" + ("" if fold else ", k") + ";\n" + ("" if fold else "mov.b32 k, 0x7E807E80;\n")
+            + "shr.u32 q4, $4, 4;\n"
+            + "".join(f"prmt.b32 t, $4, q4, {sel:#06x};\n" + _lane_pair(f"${i}", "t", 0x000F000F, 0x1040, fold)
+                      for i, sel in enumerate(_PAIR_SELECTORS))
+            + "}")
+
+
+DECODE_PAIRS_CONSTRAINTS = "=r,=r,=r,=r,r,r"
+
+
+_DECODE_PAIRS_PTX = _pairs_ptx(False)
+_DECODE_PAIRS_FOLD_PTX = _pairs_ptx(True)
 
 
 # Natural bytes -> the "pairs" order in registers (the large-tile kernel's "natural" decode, for a

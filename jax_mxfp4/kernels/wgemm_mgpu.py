@@ -427,14 +427,17 @@ def _pair_registers(q, s2, asm: str) -> list:
     return [mgpu.utils.bitcast(llvm.extractvalue(i32, res, [t]), bf2) for t in range(4)]
 
 
-def _decode_lanes_folded(fa, sref, raw: bool, b0: int, b1: int, out):
-    """The "lanes" decode of a thread's registers for blocks b0 <= b < b1 with the two bfloat16
-    multiplies folded into one where they can be (:attr:`MgpuConfig.fold_scale`): when every E8M0
+def _decode_lanes_folded(fa, sref, raw: bool, b0: int, b1: int, out, pairs_asm: bool = False, quad=None):
+    """The "lanes" decode (``pairs_asm``: the "pairs" decode) of a thread's registers for blocks
+    b0 <= b < b1 with the two bfloat16 multiplies folded into one where they can be
+    (:attr:`MgpuConfig.fold_scale`): when every E8M0
     byte the thread reads here is <= ``e2m1_asm.FOLD_MAX_BYTE`` (scales <= 2, what trained weights
     have), one multiply by 2^(b-1) per output register (``e2m1_asm._DECODE_LANES_FOLD_PTX``),
     else the two-multiply form (x 2^126, x scale, :func:`_e8m0_pair`'s rule): one branch per
     warp (``scf.if`` on a ``vote.sync.all`` of the threads' tests: the fold only where every
-    thread of the warp can take it, so a warp never runs both sides). Fills
+    thread of the warp can take it, so a warp never runs both sides). ``quad``: (fn, ...) a
+    function of the 32-bit word applied to every word before the branch (the "natural" decode's
+    quad transpose: warp shuffles, which every thread runs). Fills
     ``out`` (the numpy array of output registers of :func:`_decode_ptx`'s "pairs" form)."""
     import jax.experimental.mosaic.gpu as mgpu
     from jaxlib.mlir import ir
@@ -448,7 +451,8 @@ def _decode_lanes_folded(fa, sref, raw: bool, b0: int, b1: int, out):
         b, rh = ridx[1], ridx[4]
         if not b0 <= b < b1:
             continue
-        items.append(((4 * (b - b0), rh), mgpu.utils.bitcast(regs[ridx], i32), _scale_byte(sref, raw, row, b)))
+        q = mgpu.utils.bitcast(regs[ridx], i32)
+        items.append(((4 * (b - b0), rh), quad(q) if quad else q, _scale_byte(sref, raw, row, b)))
     top = items[0][2]
     for _, _, sb in items[1:]:
         top = arith.maxui(top, sb)
@@ -465,9 +469,9 @@ def _decode_lanes_folded(fa, sref, raw: bool, b0: int, b1: int, out):
             if fold:  # 2^(b-1) = 2^126 x 2^(b-127): b x FOLD_SCALE_MUL + FOLD_SCALE_ADD
                 s = arith.addi(arith.muli(sb, arith.constant(i32, e2m1_asm.FOLD_SCALE_MUL)),
                                arith.constant(i32, e2m1_asm.FOLD_SCALE_ADD))
-                asm = e2m1_asm._DECODE_LANES_FOLD_PTX
+                asm = e2m1_asm._DECODE_PAIRS_FOLD_PTX if pairs_asm else e2m1_asm._DECODE_LANES_FOLD_PTX
             else:
-                s, asm = _e8m0_pair(sb), e2m1_asm._DECODE_LANES_PTX
+                s, asm = _e8m0_pair(sb), (e2m1_asm._DECODE_PAIRS_PTX if pairs_asm else e2m1_asm._DECODE_LANES_PTX)
             vals += _pair_registers(q, s, asm)
         scf.YieldOp(vals)
 
@@ -498,13 +502,13 @@ def _decode_ptx(byt, s_ref, hb: int, raw: bool = False, pairs: bool = False, blo
     ``shfl.sync.bfly`` and two ``prmt``), so a plain MXFP4Array's bytes meet x as it is."""
     plgpu = _plgpu()
     nb = hb // (BLOCK_SIZE // 2)
-    if quad and (not pairs or lanes or fold):
+    if quad and (not pairs or lanes):
         raise ValueError("_decode_ptx: quad needs the pairs decode (natural bytes to the pairs order)")
     b0, b1 = (0, nb) if blocks is None else blocks
     if not pairs and (b0, b1) != (0, nb):
         raise ValueError("_decode_ptx: a block range needs the pairs decode")
-    if fold and not (lanes and pairs):
-        raise ValueError("_decode_ptx: fold needs the lanes decode")
+    if fold and not pairs:
+        raise ValueError("_decode_ptx: fold needs the one-fragment (pairs or lanes) decode")
     ret = plgpu.ShapeDtypeStruct((_WG_ROWS, hb), jnp.bfloat16, layout=plgpu.Layout.WGMMA)
     rets = ((plgpu.ShapeDtypeStruct((_WG_ROWS, BLOCK_SIZE * (b1 - b0)), jnp.bfloat16, layout=plgpu.Layout.WGMMA),)
             if pairs else (ret, ret))
@@ -530,12 +534,16 @@ def _decode_ptx(byt, s_ref, hb: int, raw: bool = False, pairs: bool = False, blo
         lo = np.empty(out_shape, dtype=object)
         hi = np.empty(out_shape, dtype=object)
         struct = llvm.StructType.get_literal([i32] * 4)
+        quad_fn = None
         if quad:  # this lane's two byte selectors, once per decode (e2m1_asm.QUAD_SELECTORS_PTX)
             sel = llvm.inline_asm(llvm.StructType.get_literal([i32] * 2), [], e2m1_asm.QUAD_SELECTORS_PTX,
                                   e2m1_asm.QUAD_SELECTORS_CONSTRAINTS)
             sel1, sel2 = (llvm.extractvalue(i32, sel, [j]) for j in range(2))
+            # natural bytes -> "pairs" order across the quad (every thread runs it)
+            quad_fn = lambda q: llvm.inline_asm(i32, [q, sel1, sel2], e2m1_asm.QUAD_TRANSPOSE_PTX,  # noqa: E731
+                                                e2m1_asm.QUAD_TRANSPOSE_CONSTRAINTS, has_side_effects=True)
         if fold:
-            _decode_lanes_folded(fa, sref, raw, b0, b1, lo)
+            _decode_lanes_folded(fa, sref, raw, b0, b1, lo, pairs_asm=not lanes, quad=quad_fn)
             mk = lambda r: mgpu.FragmentedArray(_registers=r, _layout=mgpu.WGMMA_LAYOUT, _is_signed=None)
             return (mk(lo),)
         for (row, _col), ridx in zip(fa.layout.thread_idxs(fa.shape), np.ndindex(regs.shape)):
@@ -549,9 +557,8 @@ def _decode_ptx(byt, s_ref, hb: int, raw: bool = False, pairs: bool = False, blo
                 s32 = arith.extui(i32, arith.bitcast(i16, sc))
                 s2 = arith.ori(s32, arith.shli(s32, arith.constant(i32, 16)))
             q = mgpu.utils.bitcast(regs[ridx], i32)
-            if quad:  # natural bytes -> "pairs" order across the quad (all threads run this)
-                q = llvm.inline_asm(i32, [q, sel1, sel2], e2m1_asm.QUAD_TRANSPOSE_PTX,
-                                    e2m1_asm.QUAD_TRANSPOSE_CONSTRAINTS, has_side_effects=True)
+            if quad:
+                q = quad_fn(q)
             if pairs:  # "lanes": the same outputs from bytes in lanes_order_bytes' nibble order
                 asm = e2m1_asm._DECODE_LANES_PTX if lanes else e2m1_asm._DECODE_PAIRS_PTX
                 for t, reg in enumerate(_pair_registers(q, s2, asm)):
@@ -575,7 +582,7 @@ def _wgmma_step(x_refs, byt, s_ref, acc_ref, hb: int, decode: str, raw: bool = F
     hi @ x_hi^T`` over the two halves of x; "pairs": ``w @ x^T`` over x's [mp, 2 hb] tile).
     ``chunks`` ("pairs"): the tile's blocks in that many parts, each part's WGMMAs issued (async)
     before the next part is decoded, so the tensor cores work while the next part decodes.
-    ``fold`` ("lanes", E8M0 byte scales): :func:`_decode_lanes_folded`. Returns the number of
+    ``fold`` (a one-fragment decode, E8M0 byte scales): :func:`_decode_lanes_folded`. Returns the number of
     WGMMA groups committed (for ``wgmma_wait``)."""
     plgpu = _plgpu()
     if decode in _PAIR_DECODES or decode == "natural":  # "natural": the "pairs" decode after a quad transpose

@@ -72,8 +72,8 @@ class TilesConfig:
     multiple of 64 (whole 128-byte swizzle rows of x); stages: pipeline depth, lowered to what
     fits in shared memory (at least 2); chunks: each warpgroup decodes a step's tile in this many
     parts, issuing each part's WGMMAs before decoding the next (parts of whole 64-column x
-    swizzle tiles: ``bk / chunks`` a multiple of 64); fold_scale: the one-multiply "lanes" decode
-    where a warp's E8M0 bytes are <= 128 (:attr:`jax_mxfp4.kernels.wgemm_mgpu.MgpuConfig.fold_scale`);
+    swizzle tiles: ``bk / chunks`` a multiple of 64); fold_scale: one bfloat16 multiply per decoded
+    register instead of two where a warp's E8M0 bytes are <= 128 (:attr:`jax_mxfp4.kernels.wgemm_mgpu.MgpuConfig.fold_scale`);
     wn: 64-row weight tiles per compute warpgroup, one of :data:`WNS` (a CTA's weight rows are
     128 wn; each tile its own [64, mt] accumulator); registers: the TMA warpgroup gives up
     registers and the compute warpgroups take them (``setmaxnreg`` :data:`REGISTERS`, 40 + 2 x 232
@@ -83,7 +83,7 @@ class TilesConfig:
     the weight's byte order (:func:`mgpu_w4a16_tiles`'s ``w_order``): "lanes" (prepare_decode's
     default), "pairs", or "natural" (a plain MXFP4Array's bytes: each 32-bit word moved to the
     "pairs" order across its quad of threads by two warp shuffles, then the "pairs" decode);
-    ``fold_scale`` needs "lanes" (the "pairs" decode has no folded form).
+    every decode has the folded form (the "pairs" one since session 13).
     Raises TypeError / ValueError naming the field and the rule."""
 
     mt: int = 128
@@ -107,9 +107,6 @@ class TilesConfig:
             object.__setattr__(self, name, bool(getattr(self, name)))
         if self.decode not in DECODES:
             raise ValueError(f"TilesConfig.decode must be one of {DECODES}, got {self.decode!r}")
-        if self.fold_scale and self.decode != "lanes":
-            raise ValueError(f'TilesConfig.fold_scale needs decode="lanes" (the "pairs" decode has no folded form), '
-                             f"got decode={self.decode!r}")
         if self.wn not in WNS:
             raise ValueError(f"TilesConfig.wn must be one of {WNS} (64-row weight tiles per warpgroup), got {self.wn}")
         if self.wn * self.mt // 2 > MAX_ACC_REGISTERS:
@@ -325,14 +322,13 @@ def default_tiles_config(m: int, n: int, k: int, out_dtype=jnp.bfloat16, w_order
     has 132 SMs: few activation rows, few weight rows) or the output is 4 bytes wide (a float32
     [256, 64] tile per warpgroup leaves room for two pipeline stages only): at 256x8192x8192
     1.11x with 128-row tiles against 1.66x with 256-row ones (run c); float32 output unmeasured.
-    ``w_order`` "lanes": the "lanes" decode with ``fold_scale``; "pairs" / "natural": the decode
-    of that name. Raises TypeError for non-int sizes, ValueError for another ``w_order`` or an
+    ``w_order``: the decode of that name, with ``fold_scale``. Raises TypeError for non-int sizes, ValueError for another ``w_order`` or an
     ``out_dtype`` other than bfloat16, float16, float32 (None: float32)."""
     _check_dims("default_tiles_config", m, n, k)
     if not isinstance(w_order, str) or w_order not in W_ORDERS:
         raise ValueError(f"default_tiles_config: w_order must be one of {W_ORDERS}, got {w_order!r}")
     out_dtype = check_output_dtype(out_dtype, "default_tiles_config: out_dtype")
-    dec = dict(decode=w_order, fold_scale=w_order == "lanes")
+    dec = dict(decode=w_order, fold_scale=True)
     if unsupported_reason(m, n, k):
         return None
     wide = jnp.dtype(out_dtype).itemsize > 2
