@@ -105,9 +105,10 @@ def test_default_config_by_shape_dtype_and_order():
     assert wt.default_tiles_config(1024, 8192, 8192, jnp.float32).mt == 128
     # K that is not a multiple of 128: bk 64
     assert wt.default_tiles_config(256, 1024, 192).bk == 64
-    for order in ("pairs", "natural"):
+    for order in ("pairs", "natural"):  # bk 128 in two chunks (session 13 run b), bk 64 where K needs it
         c = wt.default_tiles_config(1024, 8192, 8192, w_order=order)
-        assert (c.decode, c.fold_scale, c.mt) == (order, True, 256)
+        assert (c.decode, c.fold_scale, c.mt, c.bk, c.stages, c.chunks) == (order, True, 256, 128, 2, 2)
+        assert wt.default_tiles_config(1024, 8192, 192, w_order=order).bk == 64
     for m, n, k in ((1020, 1024, 1024), (1024, 1000, 1024), (1024, 1024, 64), (1024, 1024, 96)):
         assert wt.default_tiles_config(m, n, k) is None, (m, n, k)
     with pytest.raises(ValueError, match="w_order must be one of"):
@@ -279,6 +280,12 @@ def test_dispatch_routes_prepared_many_row_w4a16_to_the_kernel(monkeypatch):
         assert "large-tile kernel" in r and decode in r, r
     r = be.route(_problem(m=4096))  # at W4A16_TILES_MAX_ROWS: two-pass
     assert r.startswith("two-pass") and "large-tile" not in r
+    # a plain weight (natural bytes) only below W4A16_TILES_PLAIN_MAX_ROWS; a prepared one up to 4096
+    assert pallas.W4A16_TILES_PLAIN_MAX_ROWS == 2048
+    for order in (False, "natural"):
+        assert be.route(_problem(m=2048, rhs_decode_prepared=order)).startswith("two-pass"), order
+        assert "< 2048 activation rows" in be.route(_problem(m=2040, rhs_decode_prepared=order)), order
+    assert "< 4096 activation rows" in be.route(_problem(m=2048))
     plain = be.route(_problem(rhs_decode_prepared=False))  # a plain MXFP4Array weight: the "natural" decode
     assert "large-tile kernel" in plain and "decode='natural'" in plain and "scales transposed" in plain, plain
     assert "large-tile kernel" in be.route(_problem(rhs_decode_prepared="natural"))

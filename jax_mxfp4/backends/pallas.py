@@ -7,7 +7,8 @@ Routes (``PallasBackend.route`` says which one a problem takes; ``explain()`` pr
     interpreter); an MXFP4 activation is first dequantized exactly to bfloat16 (a small array);
   * w4a16 with >= ``W4A16_TWO_PASS_MIN_ROWS`` activation rows on a GPU: the weight is decoded to
     bfloat16 once (one memory-bound Pallas pass) and XLA's bfloat16 GEMM runs; on Hopper, below
-    ``W4A16_TILES_MAX_ROWS`` rows, the large-tile Mosaic GPU kernel instead
+    ``W4A16_TILES_MAX_ROWS`` rows (``W4A16_TILES_PLAIN_MAX_ROWS`` for a plain weight), the
+    large-tile Mosaic GPU kernel instead
     (:mod:`jax_mxfp4.kernels.wgemm_tiles_mgpu`: the decode inside the GEMM's K loop; a weight
     from ``prepare_decode`` read as stored, a plain MXFP4Array's bytes as they are with its
     scales transposed per call);
@@ -54,6 +55,12 @@ W4A16_TWO_PASS_MIN_ROWS = 256
 # (two-pass 1.277x), 2048 0.977x (1.105x), 4096 1.012x (1.015x), 8192 0.914x (two-pass 0.823x:
 # XLA's GEMM on the decoded weight outruns the bf16 one there).
 W4A16_TILES_MAX_ROWS = 4096
+# ... for a plain MXFP4Array weight (natural bytes: the large-tile kernel's "natural" decode, its
+# quad byte transpose and heavier decode not hidden behind the tensor cores as the "lanes" one is)
+# only below this many rows. H200 session 13, kernel time / bf16's at [rows]x8192x8192, natural
+# decode against two-pass: run a (bk 64) 256 rows 1.430x / 2.190x, 512 1.161x / 1.586x, 1024
+# 1.096x / 1.225x, 2048 0.951x / 0.914x; run b with bk 128 (the default now) 1024 1.084x, 2048 1.051x.
+W4A16_TILES_PLAIN_MAX_ROWS = 2048
 # w4a16 with <= 64 activation rows on an NVIDIA Hopper GPU (compute capability 9.0) through the
 # Mosaic GPU kernel (jax_mxfp4/kernels/wgemm_mgpu.py: WGMMA with the decoded weight as the
 # register operand) instead of the Triton weight-stationary kernel: on the H200 (jax 0.11.2)
@@ -133,8 +140,9 @@ class PallasBackend(Backend):
             how = (f"the weight from prepare_decode read as stored (\"{plan.mgpu_cfg.decode}\" decode)" if plan.w_prepared
                    else "a plain MXFP4Array weight: its natural bytes moved to the pairs order in registers by warp "
                         "shuffles (\"natural\" decode), its E8M0 scales transposed to K-major per call")
+            top = W4A16_TILES_MAX_ROWS if plan.mgpu_cfg.decode != "natural" else W4A16_TILES_PLAIN_MAX_ROWS
             return (f"Mosaic GPU large-tile kernel, w4a16 with {W4A16_TWO_PASS_MIN_ROWS} <= {plan.rows} < "
-                    f"{W4A16_TILES_MAX_ROWS} activation rows: the E2M1 decode inside the GEMM's K loop (WGMMA with "
+                    f"{top} activation rows: the E2M1 decode inside the GEMM's K loop (WGMMA with "
                     f"the decoded tile in registers), {how}, {plan.mgpu_cfg}")
         if plan.kind == "two-pass":
             return (f"two-pass w4a16: {plan.rows} activation rows >= {W4A16_TWO_PASS_MIN_ROWS}, weight decoded "
@@ -265,7 +273,8 @@ def _tiles_config(problem: GemmProblem, rows: int, wrows: int, w_order):
     """The large-tile Mosaic GPU kernel's tiling (:mod:`jax_mxfp4.kernels.wgemm_tiles_mgpu`: the
     decode inside the GEMM's K loop) where it takes this many-row w4a16 problem, else None: CUDA
     device 0 of compute capability 9.0, the Mosaic switch on (``W4A16_MOSAIC_GPU``), fewer than
-    ``W4A16_TILES_MAX_ROWS`` activation rows and a shape it tiles. ``w_order``: the byte order of
+    ``W4A16_TILES_MAX_ROWS`` activation rows (``W4A16_TILES_PLAIN_MAX_ROWS`` for natural bytes)
+    and a shape it tiles. ``w_order``: the byte order of
     a DecodePrepared weight (read as stored; "lanes", prepare_decode's default, takes the "lanes"
     decode), False for a plain MXFP4Array (its natural bytes: the "natural" decode, which moves
     them to the "pairs" order in registers, so neither operand is rearranged per call; only the
@@ -273,7 +282,8 @@ def _tiles_config(problem: GemmProblem, rows: int, wrows: int, w_order):
     outside the kernel cost more than the two-pass decode pass (H200 session 12, 1024x8192x8192:
     as prepare_decode does it, 0.127 ms of XLA passes, 1.74x of bf16, run c; x's K permuted for
     the "pairs" decode, a 0.159 ms XLA transpose of x, 2.06x, run d; two-pass 1.28x, run b)."""
-    if rows >= W4A16_TILES_MAX_ROWS or problem.platform != "cuda" or not mosaic_w4a16_enabled():
+    limit = W4A16_TILES_MAX_ROWS if w_order in ("lanes", "pairs") else W4A16_TILES_PLAIN_MAX_ROWS
+    if rows >= limit or problem.platform != "cuda" or not mosaic_w4a16_enabled():
         return None
     from ..kernels import wgemm_tiles_mgpu
     from .fp8 import _compute_capability

@@ -322,8 +322,13 @@ def default_tiles_config(m: int, n: int, k: int, out_dtype=jnp.bfloat16, w_order
     has 132 SMs: few activation rows, few weight rows) or the output is 4 bytes wide (a float32
     [256, 64] tile per warpgroup leaves room for two pipeline stages only): at 256x8192x8192
     1.11x with 128-row tiles against 1.66x with 256-row ones (run c); float32 output unmeasured.
-    ``w_order``: the decode of that name, with ``fold_scale``. Raises TypeError for non-int sizes, ValueError for another ``w_order`` or an
-    ``out_dtype`` other than bfloat16, float16, float32 (None: float32)."""
+    ``w_order``: the decode of that name, with ``fold_scale``. The "natural" decode (and "pairs",
+    its decode without the quad transpose; not timed on its own) takes bk 128 in two stages with
+    each step decoded in two chunks at 256-row tiles, where K allows: session 13 run b, kernel
+    time / bf16 at [rows]x8192x8192: 1024 rows 1.084x against 1.114x with bk 64 in 4 stages,
+    2048 1.051x / 1.089x, 512 1.104x / 1.124x (the heavier decode is hidden better behind the
+    first chunk's WGMMAs). Raises TypeError for non-int sizes, ValueError for another ``w_order``
+    or an ``out_dtype`` other than bfloat16, float16, float32 (None: float32)."""
     _check_dims("default_tiles_config", m, n, k)
     if not isinstance(w_order, str) or w_order not in W_ORDERS:
         raise ValueError(f"default_tiles_config: w_order must be one of {W_ORDERS}, got {w_order!r}")
@@ -332,7 +337,9 @@ def default_tiles_config(m: int, n: int, k: int, out_dtype=jnp.bfloat16, w_order
     if unsupported_reason(m, n, k):
         return None
     wide = jnp.dtype(out_dtype).itemsize > 2
-    if not wide and -(-m // 256) * (n // (2 * _WG_ROWS)) >= 128:  # K: unsupported_reason above (64 | K, 2 steps)
-        return TilesConfig(mt=256, bk=64, stages=4, chunks=1, registers=True, **dec)
     bk = 128 if k % 128 == 0 and k // 128 >= 2 else 64
+    if not wide and -(-m // 256) * (n // (2 * _WG_ROWS)) >= 128:  # K: unsupported_reason above (64 | K, 2 steps)
+        if w_order != "lanes" and bk == 128:
+            return TilesConfig(mt=256, bk=128, stages=2, chunks=2, registers=True, **dec)
+        return TilesConfig(mt=256, bk=64, stages=4, chunks=1, registers=True, **dec)
     return TilesConfig(mt=128, bk=bk, stages=4, chunks=bk // 64, registers=True, **dec)
