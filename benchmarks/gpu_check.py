@@ -289,12 +289,13 @@ def tiles_every_byte_check():
     res = []
     # the default for this shape (mt 128) and the one for large grids (mt 256, bk 64, setmaxnreg),
     # and the "natural" decode of natural bytes (a plain MXFP4Array's: the quad byte transpose by
-    # warp shuffles) in those tilings and its own large-grid default (bk 128, two chunks per step)
+    # warp shuffles) in this shape's default (mt 128, bk 128 in two chunks) and the large-grid
+    # tiling (its own large-grid default, mt 256 with bk 128, cannot take this float32 output:
+    # the probe checks it with a bfloat16 output)
     big = dict(mt=256, bk=64, stages=4, chunks=1, registers=True)
     for cfg, order in ((default_tiles_config(m, n, k), "lanes"), (TilesConfig(**big), "lanes"),
                        (default_tiles_config(m, n, k, w_order="natural"), "natural"),
-                       (TilesConfig(**big, decode="natural"), "natural"),
-                       (TilesConfig(mt=256, bk=128, stages=2, chunks=2, registers=True, decode="natural"), "natural")):
+                       (TilesConfig(**big, decode="natural"), "natural")):
         out = np.asarray(jax.jit(lambda a, d, s_: mgpu_w4a16_tiles(a, d, s_, jnp.float32, cfg, w_order=order))(
             x, wd if order == "lanes" else jnp.asarray(data), kmajor_from_plain(jnp.asarray(sb))), np.float64)
         ok_vals = bool(np.all(np.abs(out[fin] - ref[fin]) <= 2 * k * 2.0**-24 * mag[fin] + 2.0**-126))
