@@ -9,6 +9,8 @@ independent NumPy float64 + ml_dtypes model in tests/mx_reference.py.
 
 from __future__ import annotations
 
+import re
+
 import jax
 import jax.numpy as jnp
 import ml_dtypes
@@ -324,10 +326,10 @@ VARIANTS = {
 
 
 def test_variant_config_validation():
-    for bad in (dict(grid="diag"), dict(flush="never"), dict(swar=1), dict(f32_pairs="gather")):
+    for bad in (dict(grid="diag"), dict(flush="never"), dict(swar=1), dict(f32_pairs="gather"), dict(probe="on")):
         with pytest.raises(ValueError, match="QuantizeConfig"):
             QuantizeConfig(**bad)
-    assert QuantizeConfig() == QuantizeConfig(grid="rows", flush="tile", swar=False, f32_pairs="split")
+    assert QuantizeConfig() == QuantizeConfig(grid="rows", flush="tile", swar=False, f32_pairs="split", probe="off")
 
 
 def test_swar_word_program_on_every_bfloat16_pair():
@@ -386,6 +388,31 @@ def test_swar_ptx_text_matches_the_emulated_program():
     assert "$25" not in ptx
 
 
+def test_swar_ptx_assembles_for_sm90():
+    """The SWAR asm body, its $N operands as registers, in a one-thread kernel: ptxas accepts it
+    for sm_90 (skipped without ptxas)."""
+    import shutil
+    import subprocess
+    import tempfile
+
+    from jax_mxfp4.kernels import quantize as fq
+
+    ptxas = shutil.which("ptxas")
+    if ptxas is None:
+        pytest.skip("no ptxas")
+    body = re.sub(r"\$(\d+)", lambda m: f"%p{m.group(1)}", fq._SWAR_PTX)
+    moves = "\n".join(f"mov.b32 %p{i}, {i * 77};" for i in range(1, 25))
+    ptx = (".version 8.0\n.target sm_90\n.address_size 64\n.visible .entry k(.param .u64 out)\n{\n"
+           f".reg .b32 {', '.join(f'%p{i}' for i in range(25))};\n.reg .b64 %a;\n{moves}\n{body}\n"
+           "ld.param.u64 %a, [out];\nst.global.u32 [%a], %p0;\nret;\n}\n")
+    with tempfile.TemporaryDirectory() as d:
+        src = f"{d}/swar.ptx"
+        with open(src, "w") as f:
+            f.write(ptx)
+        r = subprocess.run([ptxas, "-arch=sm_90", src, "-o", f"{d}/swar.cubin"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+
+
 def _fresh_input(seed, dtype, rows=8, k=128):
     """Random blocks over the dtype's whole exponent range, plus -0.0, NaN/Inf and subnormal
     blocks and E2M1 ties at random places."""
@@ -431,10 +458,79 @@ def test_variants_stochastic_bit_identical(variant, dtype):
         _same(got, want)
 
 
-@pytest.mark.parametrize("variant", list(VARIANTS))
-def test_variants_lower_to_triton(variant):
-    """Each candidate lowers to Triton IR for CUDA (no GPU needed: cross-platform lowering)."""
-    cfg = VARIANTS[variant]
+def _triton_modules(monkeypatch):
+    """Record the Triton module (text) of every Pallas kernel lowered from now on, each verified:
+    a module that would not parse on the GPU (e.g. an op result of unsigned type ``ui8``, which
+    ``tt.elementwise_inline_asm`` refuses) fails here."""
+    from jax._src.pallas.triton import pallas_call_registration as reg
+
+    texts = []
+    lower = reg.lowering.lower_jaxpr_to_triton_module
+
+    def recording(*args, **kwargs):
+        res = lower(*args, **kwargs)
+        op = res.module.operation
+        assert op.verify()
+        texts.append(op.get_asm())
+        return res
+
+    monkeypatch.setattr(reg.lowering, "lower_jaxpr_to_triton_module", recording)
+    return texts
+
+
+LOWER_VARIANTS = {**VARIANTS, "probe": QuantizeConfig(rows=4, cols=64, probe="nocompute"),
+                  "probe-amax-strided": QuantizeConfig(rows=2, cols=128, probe="amax", f32_pairs="strided")}
+
+
+@pytest.mark.parametrize("variant", list(LOWER_VARIANTS))
+def test_variants_lower_to_triton(variant, monkeypatch):
+    """Each candidate lowers to Triton IR for CUDA (no GPU needed: cross-platform lowering); the
+    module verifies and holds no unsigned integer type (Triton types are signless); swar's inline
+    asm returns signless i8."""
+    cfg = LOWER_VARIANTS[variant]
+    texts = _triton_modules(monkeypatch)
     for dtype in (jnp.bfloat16, jnp.float32):
-        x = jax.ShapeDtypeStruct((40, 224), dtype)  # ragged: masked loads and stores
+        x = jax.ShapeDtypeStruct((40 + len(texts), 224), dtype)  # ragged: masked loads and stores; fresh shape
         jax.jit(lambda x: quantize_2d(x, scale_mode="rceil", cfg=cfg)).trace(x).lower(lowering_platforms=("cuda",))
+    assert len(texts) == 2
+    for text in texts:
+        assert not re.search(r"\bui(8|16|32|64)\b|xui\d", text), [ln for ln in text.splitlines() if "ui" in ln][:3]
+    asm = [ln for ln in texts[0].splitlines() if "tt.elementwise_inline_asm" in ln]
+    if cfg.swar and cfg.probe == "off":  # bf16 (texts[0]) takes the asm; float32 ignores swar
+        assert len(asm) == 1 and re.search(r"-> tensor<[0-9x]+xi8>", asm[0]), asm
+    else:
+        assert not asm
+
+
+@pytest.mark.parametrize("probe", ["nocompute", "amax"])
+@pytest.mark.parametrize("dtype,pairs", [(jnp.bfloat16, "split"), (jnp.float32, "split"), (jnp.float32, "strided"),
+                                         (jnp.float16, "split")], ids=["bf16", "f32", "f32-strided", "f16"])
+def test_probe_moves_the_same_bytes(probe, dtype, pairs):
+    """The benchmark probe (not a quantizer) writes the outputs' shapes and dtypes: byte j of a row
+    = the xor of the low bytes of elements 2j and 2j+1 (as float32 bits, bfloat16 as its 16 bits);
+    scale byte 127, or with "amax" the top byte of the block's max (of the bits)."""
+    x = _fresh_input(60, dtype, rows=5, k=96)  # ragged against the tile: masked
+    cfg = QuantizeConfig(rows=4, cols=64, probe=probe, f32_pairs=pairs)
+    data, scale = quantize_2d(x, scale_mode="even", cfg=cfg, interpret=True)
+    assert data.shape == (5, 48) and data.dtype == jnp.uint8 and scale.shape == (5, 3) and scale.dtype == jnp.uint8
+    if dtype == jnp.bfloat16:
+        bits = np.asarray(jax.lax.bitcast_convert_type(x, jnp.uint16)).astype(np.int64)
+        key = (bits[:, 0::2] | (bits[:, 1::2] << 16)).astype(np.uint32)
+    else:
+        bits = np.asarray(jax.lax.bitcast_convert_type(x.astype(jnp.float32), jnp.int32)).astype(np.int64)
+        key = np.maximum(bits[:, 0::2], bits[:, 1::2])
+    np.testing.assert_array_equal(np.asarray(data), ((bits[:, 0::2] ^ bits[:, 1::2]) & 0xFF).astype(np.uint8))
+    if probe == "nocompute":
+        assert (np.asarray(scale) == 127).all()
+    else:
+        want = (key.reshape(5, 3, 16).max(-1).astype(np.int64) >> 24) & 0xFF
+        np.testing.assert_array_equal(np.asarray(scale), want.astype(np.uint8))
+
+
+def test_probe_refuses_stochastic_and_rotation():
+    x = jnp.ones((4, 64), jnp.float32)
+    cfg = QuantizeConfig(probe="nocompute")
+    with pytest.raises(ValueError, match="probe"):
+        quantize_2d(x, jnp.zeros((4, 64), jnp.float32), cfg=cfg, interpret=True)
+    with pytest.raises(ValueError, match="probe"):
+        quantize_2d(x, cfg=cfg, interpret=True, hadamard=(32, 0))

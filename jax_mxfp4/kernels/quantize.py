@@ -85,6 +85,12 @@ class QuantizeConfig:
     - ``f32_pairs``: float32/float16 input without the Hadamard rotation: "split" (one load of
       whole blocks, even/odd elements split in registers) or "strided" (two stride-2 loads, one for
       the even and one for the odd elements; no register split).
+    - ``probe``: benchmark-only, NOT a quantizer (its bytes are not MXFP4): "off" (the quantizer),
+      "nocompute" (the same grid, tiles, loads and stores, with nearly no arithmetic: each packed
+      byte is the xor of the low bytes of its two input elements, every scale byte 127: the
+      kernel's data-movement floor at this tiling) or "amax" ("nocompute" plus the per-block max
+      reduction, each scale byte the top byte of its block's max). Round to nearest only, no
+      Hadamard rotation; ``swar`` is ignored.
     """
 
     rows: int = 8
@@ -94,6 +100,7 @@ class QuantizeConfig:
     flush: str = "tile"
     swar: bool = False
     f32_pairs: str = "split"
+    probe: str = "off"
 
     def __post_init__(self):
         if self.rows < 1 or self.rows & (self.rows - 1):
@@ -110,6 +117,12 @@ class QuantizeConfig:
             raise ValueError(f"QuantizeConfig.swar must be a bool, got {self.swar!r}")
         if self.f32_pairs not in ("split", "strided"):
             raise ValueError(f"QuantizeConfig.f32_pairs must be 'split' or 'strided', got {self.f32_pairs!r}")
+        if self.probe not in PROBES:
+            raise ValueError(f"QuantizeConfig.probe must be one of {PROBES}, got {self.probe!r}")
+
+
+PROBES = ("off", "nocompute", "amax")
+"""Values of :attr:`QuantizeConfig.probe` ("off": the quantizer; the others are benchmark probes)."""
 
 
 DEFAULT_CONFIG = QuantizeConfig()
@@ -289,11 +302,13 @@ def swar_quantize_words(w, lo, hi, p, c, s, interpret):
     (``interpret=False``; sm_90), the jnp emulation otherwise."""
     if interpret:
         return swar_word_emulated(w, lo, hi, p, c, s).astype(jnp.uint8)
+    # The asm returns int8 (MLIR i8, signless; 4 per "=r" register): tt.elementwise_inline_asm takes
+    # only signless integer results, and jax maps uint8 to ui8. The bitcast to uint8 is free.
     (out,) = plgpu.elementwise_inline_asm(
         _SWAR_PTX, args=[w, lo, hi, p, c, s], constraints="=r," + ",".join(["r"] * (len(_SWAR_INPUTS) * _SWAR_PACK)),
-        pack=_SWAR_PACK, result_shape_dtypes=[jax.ShapeDtypeStruct(w.shape, jnp.uint8)],
+        pack=_SWAR_PACK, result_shape_dtypes=[jax.ShapeDtypeStruct(w.shape, jnp.int8)],
     )
-    return out
+    return lax.bitcast_convert_type(out, jnp.uint8)
 
 
 _THREEFRY_ROTATIONS = ((13, 15, 26, 6), (17, 29, 16, 24))
@@ -393,7 +408,7 @@ def _rotate_tile(x, signs, block):
 
 def _quantize_kernel(*refs, n_rows, n_blocks, br, nbt, scale_mode, stochastic, kernel_rng=False,
                      hadamard_block=None, bf16_words=False, swar=False, flush="tile", grid="rows",
-                     f32_strided=False, interpret=False):
+                     f32_strided=False, probe="off", interpret=False):
     refs = list(refs)
     signs_ref = refs.pop(1) if hadamard_block else None
     if kernel_rng:
@@ -432,6 +447,26 @@ def _quantize_kernel(*refs, n_rows, n_blocks, br, nbt, scale_mode, stochastic, k
         else:
             plgpu.store(dview, packed, mask=jnp.broadcast_to(mask2[..., None], packed.shape))
             plgpu.store(sview, byte, mask=mask2)
+
+    if probe != "off":
+        # Benchmark probe (QuantizeConfig.probe), not a quantizer: the loads and stores of the
+        # formulation below with (nearly) no arithmetic in between.
+        if bf16_words:
+            w = load(x_ref, BLOCK_SIZE // 2)
+            mixed, key = w ^ (w >> jnp.uint32(16)), w  # low byte: element 2i's low byte ^ element 2i+1's
+        else:
+            if f32_strided:
+                ev, od = (lax.bitcast_convert_type(load(x_ref, BLOCK_SIZE // 2, pick=j).astype(jnp.float32),
+                                                   jnp.int32) for j in (0, 1))
+            else:
+                ev, od = _split_pairs(lax.bitcast_convert_type(load(x_ref).astype(jnp.float32), jnp.int32))
+            mixed, key = ev ^ od, jnp.maximum(ev, od)
+        if probe == "amax":
+            byte = (jnp.max(key, axis=-1) >> 24).astype(jnp.uint8)
+        else:
+            byte = jnp.full((br, nbt), E8M0_BIAS, jnp.uint8)
+        store(mixed.astype(jnp.uint8), byte)
+        return
 
     if swar:
         # bfloat16 pairs, round to nearest, by the inline PTX of _SWAR_WORD (two elements per op).
@@ -549,6 +584,9 @@ def quantize_2d(x, uniform=None, *, key_data=None, scale_mode="even", cfg: Quant
     stochastic = uniform is not None or kernel_rng
     bf16_words = x.dtype == jnp.bfloat16 and BF16_AS_WORDS and signs is None
     swar = bf16_words and cfg.swar and not stochastic
+    if cfg.probe != "off" and (stochastic or signs is not None):
+        raise ValueError("quantize_2d: QuantizeConfig.probe is a round-to-nearest benchmark probe "
+                         "(no stochastic rounding, no Hadamard rotation)")
     f32_strided = not bf16_words and signs is None and cfg.f32_pairs == "strided"
     if bf16_words:  # a free bitcast in XLA: [R, K] bf16 -> [R, K/2] uint32
         args = [lax.bitcast_convert_type(x.reshape(n_rows, n_blocks, BLOCK_SIZE // 2, 2), jnp.uint32)]
@@ -566,7 +604,7 @@ def quantize_2d(x, uniform=None, *, key_data=None, scale_mode="even", cfg: Quant
         _quantize_kernel, n_rows=n_rows, n_blocks=n_blocks, br=br, nbt=nbt,
         scale_mode=scale_mode, stochastic=stochastic, kernel_rng=kernel_rng, hadamard_block=hadamard_block,
         bf16_words=bf16_words, swar=swar, flush=cfg.flush, grid=cfg.grid, f32_strided=f32_strided,
-        interpret=interpret,
+        probe=cfg.probe, interpret=interpret,
     )
     data, byte = pl.pallas_call(
         kernel,
