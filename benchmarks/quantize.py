@@ -20,7 +20,10 @@ Usage (from the repository root):
   python benchmarks/quantize.py --variants base,cols,swar,swar+cols --dtypes bfloat16 [--stochastic] --out DIR
       (candidate formulations side by side with the same run's copy: each variant is checked
       bit-exact against the reference on the device first, then timed in every mode; see
-      ``parse_variant`` for the names; writes quantize_variants.{json,md,png})
+      ``parse_variant`` for the names; writes quantize_variants.{json,md,png}). The variants
+      ``probe`` / ``probe-amax`` are NOT quantizers: the kernel's tiling, loads and stores with
+      (nearly) no arithmetic (``QuantizeConfig.probe``), its data-movement floor; timed, never
+      bit-checked.
 """
 
 from __future__ import annotations
@@ -151,6 +154,8 @@ VARIANT_TOKENS = {
     "swar": {"swar": True},
     "split": {"f32_pairs": "split"},
     "strided": {"f32_pairs": "strided"},
+    "probe": {"probe": "nocompute"},  # benchmark probe, not a quantizer
+    "probe-amax": {"probe": "amax"},  # the probe plus the per-block max reduction
 }
 
 
@@ -158,8 +163,9 @@ def parse_variant(name: str, dtype) -> QuantizeConfig:
     """The :class:`QuantizeConfig` a variant name stands for: "+"-joined tokens applied in order to
     ``default_config(dtype)`` (the tile "auto" takes for ``dtype``): ``base`` (no change),
     ``cols`` / ``rows`` (grid order), ``always`` / ``tile`` (subnormal flush), ``swar`` (bfloat16
-    inline PTX), ``strided`` / ``split`` (float32/float16 pair loads), and a tile ``RxCwW`` (rows,
-    cols, num_warps; e.g. ``16x256w4``). Example: ``swar+cols+16x256w4``.
+    inline PTX), ``strided`` / ``split`` (float32/float16 pair loads), ``probe`` / ``probe-amax``
+    (the data-movement probes of ``QuantizeConfig.probe``: not quantizers) and a tile ``RxCwW``
+    (rows, cols, num_warps; e.g. ``16x256w4``). Example: ``swar+cols+16x256w4``, ``probe+64x128w8``.
 
     Raises ValueError for an unknown token or an invalid tile."""
     cfg = default_config(dtype)
@@ -246,7 +252,11 @@ def run_variants(variants, quick, dtypes=("bfloat16", "float32"), modes=SCALE_MO
                 continue
             entry = {"dtype": dname, "variant": name, "cfg": dataclasses.asdict(cfg), "shape": shape, "times": {}}
             rows.append(entry)
-            if check:
+            if cfg.probe != "off":
+                entry["probe"] = True
+                log(f"{dname} {name} ({cfg}): PROBE, NOT a quantizer (same tiling/loads/stores, nearly no "
+                    f"arithmetic): timed, not bit-checked")
+            elif check:
                 try:
                     entry["check"] = check_variant(cfg, dtype, k if not quick else k, 64 if quick else 1024, modes,
                                                    "even" if stochastic else None, interpret)
@@ -258,7 +268,8 @@ def run_variants(variants, quick, dtypes=("bfloat16", "float32"), modes=SCALE_MO
                 log(f"{dname} {name} ({cfg}): exact {'PASS' if not bad else 'FAIL ' + str(bad)}")
                 if bad:
                     continue
-            cases = [(m, "nearest") for m in modes] + ([("even", "stochastic")] if stochastic else [])
+            cases = [(m, "nearest") for m in modes] + ([("even", "stochastic")] if stochastic and cfg.probe == "off"
+                                                       else [])
             for mode, rounding in cases:
                 if rounding == "nearest":
                     fn = lambda x, m=mode, cfg=cfg: quantize_2d(x, None, scale_mode=m, cfg=cfg, interpret=interpret)  # noqa: E731
@@ -278,7 +289,7 @@ def run_variants(variants, quick, dtypes=("bfloat16", "float32"), modes=SCALE_MO
                 entry["times"][f"{mode}/{rounding}"] = {"median_s": res["median_s"], "min_s": res["min_s"],
                                                         "calls": res["calls"], "gb_s": gbs}
                 log(f"{dname} {name} {mode}/{rounding}: {res['median_s'] * 1e6:.1f} us/call, {gbs:.0f} GB/s "
-                    f"= {gbs / copies[0]:.3f} x copy")
+                    f"= {gbs / copies[0]:.3f} x copy" + (" [probe, not a quantizer]" if cfg.probe != "off" else ""))
         time_copy()
         copy_gbs = sum(copies) / len(copies)
         for entry in rows[first:]:
@@ -298,16 +309,18 @@ def variants_markdown(res):
              "", "x copy = (input + packed data + scale bytes) / median time per call, over the same run's XLA copy "
              "bandwidth (mean of the copy timed before and after the dtype's variants; fair timing, "
              "benchmarks/quantize.py). Each variant was checked bit-exact against the reference on the device "
-             "before timing.", "",
+             "before timing, except the probes (``probe``, ``probe-amax``: NOT quantizers, the same tiling, "
+             "loads and stores with nearly no arithmetic: the data-movement floor at that tiling; timed only).", "",
              "| dtype | variant | config | exact | " + " | ".join(f"{c} x copy (us)" for c in cases) + " |",
              "|---|---|---|---|" + "---|" * len(cases)]
     for e in res["variants"]:
         cfg = e["cfg"]
         desc = (f"{cfg['rows']}x{cfg['cols']} w{cfg['num_warps']} {cfg['grid']} {cfg['flush']}"
-                f"{' swar' if cfg['swar'] else ''}{' ' + cfg['f32_pairs'] if cfg['f32_pairs'] != 'split' else ''}")
+                f"{' swar' if cfg['swar'] else ''}{' ' + cfg['f32_pairs'] if cfg['f32_pairs'] != 'split' else ''}"
+                f"{' probe=' + cfg['probe'] if cfg.get('probe', 'off') != 'off' else ''}")
         chk = e.get("check")
-        exact = "error" if chk is None and "error" in e else ("-" if chk is None else
-                                                             ("PASS" if not any(chk.values()) else "FAIL"))
+        exact = "error" if chk is None and "error" in e else ("probe, not checked" if e.get("probe") else (
+            "-" if chk is None else ("PASS" if not any(chk.values()) else "FAIL")))
         cells = []
         for c in cases:
             t = e["times"].get(c)
