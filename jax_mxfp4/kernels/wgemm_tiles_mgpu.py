@@ -31,9 +31,10 @@ Numerics: E2M1 x 2^(b-127) is exact in bfloat16 (0x00 the bfloat16 subnormal 2^-
 float32, WGMMA accumulates in float32: equal to backend "xla" up to the order of float32
 accumulation (the contract of every GEMM path of the project).
 
-Status: lowers for CUDA on a CPU machine (tests/test_wgemm_tiles_mgpu.py); checked and timed on
-the H200 by benchmarks/xla_dequant_probe.py (variants "tiles-*"): numbers in
-benchmarks/results/NOTES.md (session 12).
+Status: lowers for CUDA on a CPU machine (tests/test_wgemm_tiles_mgpu.py; the PTX of the decodes
+and of the quad transpose run in a NumPy model of a warp in tests/test_wgemm.py); checked and timed
+on the H200 by benchmarks/xla_dequant_probe.py (variants "tiles-*") and benchmarks/gpu_check.py:
+numbers in benchmarks/results/NOTES.md (sessions 12 and 13).
 """
 
 from __future__ import annotations
