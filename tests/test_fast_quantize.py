@@ -534,3 +534,19 @@ def test_probe_refuses_stochastic_and_rotation():
         quantize_2d(x, jnp.zeros((4, 64), jnp.float32), cfg=cfg, interpret=True)
     with pytest.raises(ValueError, match="probe"):
         quantize_2d(x, cfg=cfg, interpret=True, hadamard=(32, 0))
+
+
+def test_default_config_takes_swar_for_bfloat16_on_hopper_only(monkeypatch):
+    """The SWAR word program is the bfloat16 default only where the default device is an NVIDIA
+    GPU of compute capability >= 9.0 (session 13 run e); elsewhere, and for other dtypes, not."""
+    from jax_mxfp4.backends import fp8
+    from jax_mxfp4.kernels import quantize as fq
+
+    assert not fq.default_config(jnp.bfloat16).swar  # this CPU machine
+    for cc, want in (((9, 0), True), ((10, 0), True), ((8, 9), False), ((8, 0), False), (None, False)):
+        monkeypatch.setattr(fp8, "_compute_capability", lambda cc=cc: cc)
+        assert fq.default_config(jnp.bfloat16).swar is want, cc
+        assert not fq.default_config(jnp.float32).swar and not fq.default_config(jnp.float16).swar
+        base = fq.DEFAULT_CONFIGS["bfloat16"]
+        got = fq.default_config(jnp.bfloat16)
+        assert (got.rows, got.cols, got.num_warps) == (base.rows, base.cols, base.num_warps)

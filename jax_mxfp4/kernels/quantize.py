@@ -646,8 +646,28 @@ def fused_rotation_enabled() -> bool:
 
 
 def default_config(dtype) -> QuantizeConfig:
-    """Tile used by :func:`quantize_impl` for input ``dtype`` when none is given."""
-    return DEFAULT_CONFIGS.get(jnp.dtype(dtype).name, DEFAULT_CONFIG)
+    """Tile used by :func:`quantize_impl` for input ``dtype`` when none is given: the entry of
+    :data:`DEFAULT_CONFIGS`, with ``swar`` on for bfloat16 where :func:`swar_supported` (the
+    stochastic-rounding and Hadamard paths ignore ``swar``)."""
+    cfg = DEFAULT_CONFIGS.get(jnp.dtype(dtype).name, DEFAULT_CONFIG)
+    if jnp.dtype(dtype) == jnp.bfloat16 and swar_supported():
+        cfg = dataclasses.replace(cfg, swar=True)
+    return cfg
+
+
+def swar_supported() -> bool:
+    """Whether the default device runs the SWAR word program (``QuantizeConfig.swar``): an NVIDIA
+    GPU of compute capability >= 9.0 (its ``max.u16x2``/``min.u16x2`` need sm_90; inline PTX is
+    NVIDIA only, so ROCm, CPU and the interpreter keep the portable formulation). H200, session
+    13 run e (benchmarks/results/session13/e_quant_probe_*), bf16 16384x8192 round to nearest,
+    time / same-run copy as benchmarks/quantize.py reports it: floor 0.837x (109.5 us) and even
+    0.847x (108.2 us) against 0.647x / 0.636x (141.7 / 144.1 us) without it, bit-exact against
+    the reference on the device (both modes; ceil and rceil run the same word program on other
+    scale exponents, checked over every exponent in the CPU emulation, tests/test_fast_quantize.py)."""
+    from ..backends.fp8 import _compute_capability
+
+    cc = _compute_capability()
+    return cc is not None and cc >= (9, 0)
 
 
 DEFAULT_CONFIGS = {
@@ -657,7 +677,8 @@ DEFAULT_CONFIGS = {
 }
 """Per input dtype, from ``benchmarks/quantize.py --sweep`` on one NVIDIA H200 (2026-11-30, 16384x8192,
 even/nearest): bfloat16 32x128 w4 0.573x of copy (21 tiles spanned 0.35-0.57x, most 0.50-0.57x:
-the tile is not the limiter), float32 2x2048 w8 0.761x. float16 follows bfloat16 (not swept)."""
+the tile is not the limiter), float32 2x2048 w8 0.761x. float16 follows bfloat16 (not swept).
+:func:`default_config` adds ``swar`` for bfloat16 on Hopper (session 13: 0.84-0.85x)."""
 
 
 MAX_KERNEL_ELEMENTS = 2**31
