@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import os
 import re
 import sys
@@ -224,12 +225,7 @@ def run_variants(variants, quick, dtypes=("bfloat16", "float32"), modes=SCALE_MO
         dtype = jnp.dtype(dname)
         in_bytes = r * k * dtype.itemsize
         q_bytes = in_bytes + r * k // 2 + r * k // 32
-        xs = {}
-
-        def make_x(i, dtype=dtype, xs=xs):
-            if i not in xs:
-                xs[i] = jax.random.normal(jax.random.key(100 + i), shape, jnp.float32).astype(dtype)
-            return xs[i]
+        make_x = _input_maker(shape, dtype)
 
         def make_xk(i):
             return make_x(i), jax.random.key_data(jax.random.key(1000 + i))
@@ -296,7 +292,7 @@ def run_variants(variants, quick, dtypes=("bfloat16", "float32"), modes=SCALE_MO
             entry["copy_gb_s"] = copies
             for t in entry["times"].values():
                 t["ratio_vs_copy"] = t["gb_s"] / copy_gbs
-        xs.clear()
+        make_x.cache_clear()
     return {"info": device_info(), "quick": quick, "method": __doc__.split("Usage")[0].strip(), "variants": rows}
 
 
@@ -382,12 +378,7 @@ def run(quick, sweep=False, check=True, dtypes=("bfloat16", "float32"), modes=SC
             log(f"checks {dname} done")
         in_bytes = r * k * dtype.itemsize
         q_bytes = in_bytes + r * k // 2 + r * k // 32
-        xs = {}
-
-        def make_x(i, dtype=dtype, xs=xs):
-            if i not in xs:
-                xs[i] = jax.random.normal(jax.random.key(100 + i), shape, jnp.float32).astype(dtype)
-            return xs[i]
+        make_x = _input_maker(shape, dtype)
 
         def add(what, res, nbytes, copy_gbs):
             gbs = nbytes / res["median_s"] / 1e9
@@ -425,7 +416,7 @@ def run(quick, sweep=False, check=True, dtypes=("bfloat16", "float32"), modes=SC
                     fair_time(fn, make_xk, bytes_per_call=q_bytes, **timing), q_bytes, copy_gbs)
                 log(f"best tile for {dname}: DEFAULT_CONFIGS[{dname!r}] = QuantizeConfig(rows={cfg.rows}, "
                     f"cols={cfg.cols}, num_warps={cfg.num_warps})  # {best['ratio_vs_copy']:.3f} x copy")
-            xs.clear()
+            make_x.cache_clear()
             continue
 
         for rounding in ROUNDINGS:
@@ -453,7 +444,7 @@ def run(quick, sweep=False, check=True, dtypes=("bfloat16", "float32"), modes=SC
             b = q_bytes + 4 * r * k
             add("fused even/stochastic, kernel only (uniforms given, counted)",
                 fair_time(kern, make_xu, bytes_per_call=b, max_pool_bytes=32e9), b, copy_gbs)
-        xs.clear()
+        make_x.cache_clear()
     return {"info": device_info(), "quick": quick, "method": __doc__.split("Usage")[0].strip(), "rows": rows,
             "checks": [{"what": w, "ok": ok, "mismatched_bytes": n} for w, ok, n in checks]}
 
@@ -491,6 +482,13 @@ def figure(res, out):
     ax.set_xlabel("GB/s (gray: same-run copy; blue: fused Pallas; orange: reference jnp)")
     ax.set_title(f"MXFP4 quantization on {res['info']['device']}")
     return save_figure(fig, out, "quantize_bandwidth.png")
+
+
+
+def _input_maker(shape, dtype):
+    """make_x(i): the i-th timed input (normal(0, 1) from key 100 + i, as ``dtype``), made once
+    (``make_x.cache_clear()`` frees them)."""
+    return functools.cache(lambda i: jax.random.normal(jax.random.key(100 + i), shape, jnp.float32).astype(dtype))
 
 
 def main(argv=None):
