@@ -175,7 +175,7 @@ class MgpuConfig:
     fold_scale ("lanes" decode, one-kernel tiling, E8M0 byte scales): x 2^126 and x scale as one
     bfloat16x2 multiply by 2^(b-1) wherever every thread of a warp has all its E8M0 bytes of the
     decoded part (a step, or a part of it with ``chunks``) <= 128 (scales <= 2; one
-    ``vote.sync.all`` per warp), the two-multiply form otherwise (:func:`_decode_lanes_folded`);
+    ``vote.sync.all`` per warp), the two-multiply form otherwise (:func:`_decode_folded`);
     same bits. Not with ``delay_release`` (wrong on the H200 at 2 warpgroups, session 11).
     delay_release (one-kernel tiling, "own" pipeline): each step's WGMMAs are waited for only
     after the next step's are issued, and its slot released then (:func:`_k_split_own_pipeline`'s
@@ -427,7 +427,7 @@ def _pair_registers(q, s2, asm: str) -> list:
     return [mgpu.utils.bitcast(llvm.extractvalue(i32, res, [t]), bf2) for t in range(4)]
 
 
-def _decode_lanes_folded(fa, sref, raw: bool, b0: int, b1: int, out, pairs_asm: bool = False, quad=None):
+def _decode_folded(fa, sref, raw: bool, b0: int, b1: int, out, pairs_asm: bool = False, quad=None):
     """The "lanes" decode (``pairs_asm``: the "pairs" decode) of a thread's registers for blocks
     b0 <= b < b1 with the two bfloat16 multiplies folded into one where they can be
     (:attr:`MgpuConfig.fold_scale`): when every E8M0
@@ -435,8 +435,8 @@ def _decode_lanes_folded(fa, sref, raw: bool, b0: int, b1: int, out, pairs_asm: 
     have), one multiply by 2^(b-1) per output register (``e2m1_asm._DECODE_LANES_FOLD_PTX``),
     else the two-multiply form (x 2^126, x scale, :func:`_e8m0_pair`'s rule): one branch per
     warp (``scf.if`` on a ``vote.sync.all`` of the threads' tests: the fold only where every
-    thread of the warp can take it, so a warp never runs both sides). ``quad``: (fn, ...) a
-    function of the 32-bit word applied to every word before the branch (the "natural" decode's
+    thread of the warp can take it, so a warp never runs both sides). ``quad``: None, or a
+    function of a 32-bit word (an i32 MLIR value) applied to every word before the branch (the "natural" decode's
     quad transpose: warp shuffles, which every thread runs). Fills
     ``out`` (the numpy array of output registers of :func:`_decode_ptx`'s "pairs" form)."""
     import jax.experimental.mosaic.gpu as mgpu
@@ -543,7 +543,7 @@ def _decode_ptx(byt, s_ref, hb: int, raw: bool = False, pairs: bool = False, blo
             quad_fn = lambda q: llvm.inline_asm(i32, [q, sel1, sel2], e2m1_asm.QUAD_TRANSPOSE_PTX,  # noqa: E731
                                                 e2m1_asm.QUAD_TRANSPOSE_CONSTRAINTS, has_side_effects=True)
         if fold:
-            _decode_lanes_folded(fa, sref, raw, b0, b1, lo, pairs_asm=not lanes, quad=quad_fn)
+            _decode_folded(fa, sref, raw, b0, b1, lo, pairs_asm=not lanes, quad=quad_fn)
             mk = lambda r: mgpu.FragmentedArray(_registers=r, _layout=mgpu.WGMMA_LAYOUT, _is_signed=None)
             return (mk(lo),)
         for (row, _col), ridx in zip(fa.layout.thread_idxs(fa.shape), np.ndindex(regs.shape)):
@@ -582,7 +582,7 @@ def _wgmma_step(x_refs, byt, s_ref, acc_ref, hb: int, decode: str, raw: bool = F
     hi @ x_hi^T`` over the two halves of x; "pairs": ``w @ x^T`` over x's [mp, 2 hb] tile).
     ``chunks`` ("pairs"): the tile's blocks in that many parts, each part's WGMMAs issued (async)
     before the next part is decoded, so the tensor cores work while the next part decodes.
-    ``fold`` (a one-fragment decode, E8M0 byte scales): :func:`_decode_lanes_folded`. Returns the number of
+    ``fold`` (a one-fragment decode, E8M0 byte scales): :func:`_decode_folded`. Returns the number of
     WGMMA groups committed (for ``wgmma_wait``)."""
     plgpu = _plgpu()
     if decode in _PAIR_DECODES or decode == "natural":  # "natural": the "pairs" decode after a quad transpose
