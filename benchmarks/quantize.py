@@ -285,7 +285,8 @@ def run_variants(variants, quick, dtypes=("bfloat16", "float32"), modes=SCALE_MO
                 entry["times"][f"{mode}/{rounding}"] = {"median_s": res["median_s"], "min_s": res["min_s"],
                                                         "calls": res["calls"], "gb_s": gbs}
                 log(f"{dname} {name} {mode}/{rounding}: {res['median_s'] * 1e6:.1f} us/call, {gbs:.0f} GB/s "
-                    f"= {gbs / copies[0]:.3f} x copy" + (" [probe, not a quantizer]" if cfg.probe != "off" else ""))
+                    f"= {gbs / copies[0]:.3f} x the copy timed before (the table: x the mean of before and after)"
+                    + (" [probe, not a quantizer]" if cfg.probe != "off" else ""))
         time_copy()
         copy_gbs = sum(copies) / len(copies)
         for entry in rows[first:]:
@@ -513,7 +514,16 @@ def main(argv=None):
     dtypes = args.dtypes or ("bfloat16" if args.quick else "bfloat16,float32")
     modes = args.modes or ("even" if args.quick else ",".join(SCALE_MODES))
     if args.variants:
-        res = run_variants(tuple(v for v in args.variants.split(",") if v), args.quick, dtypes=tuple(dtypes.split(",")),
+        names = tuple(v for v in args.variants.split(",") if v)
+        if not names:
+            ap.error("--variants: give at least one name (e.g. base,swar)")
+        for name in names:  # every name parses for every dtype before anything runs
+            for dname in dtypes.split(","):
+                try:
+                    parse_variant(name, dname)
+                except (ValueError, TypeError) as e:
+                    ap.error(f"--variants: {e}")
+        res = run_variants(names, args.quick, dtypes=tuple(dtypes.split(",")),
                            modes=tuple(modes.split(",")), stochastic=args.stochastic, check=not args.no_check)
         tag = "_".join(dtypes.split(","))
         write_json(os.path.join(out, f"quantize_variants_{tag}.json"), res)

@@ -38,7 +38,8 @@ columns. Timing: fair
 decode was fused). Writes JSON and a PNG.
 
 Usage: python benchmarks/xla_dequant_probe.py [--shapes 1024x8192x8192,...] [--only bf16,pallas,...]
-[--out DIR] [--check-only] [--w-exp E] (bf16 is always timed first: the base of every ratio)
+[--out DIR] [--check-only] [--w-exp E] (bf16 is always timed first: the base of every ratio).
+Exit status 1 when any variant failed its check or could not run (e.g. "tiles" off a Hopper GPU).
 (shapes MxKxN; on CPU use small ones, e.g. --shapes 64x256x128: timings there mean nothing).
 """
 
@@ -284,7 +285,11 @@ def main():
         save_figure(fig, out, "xla_dequant_probe")
     except Exception as e:  # noqa: BLE001
         print(f"(no figure: {e})")
+    bad = [f"{r['variant']} {'x'.join(map(str, r['shape']))}" for r in rows if "error" in r or r.get("ok") is False]
+    if bad:
+        print(f"{len(bad)} variant(s) failed their check or could not run: {', '.join(bad)}", flush=True)
+    return 1 if bad else 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -48,6 +48,22 @@ def test_quantize_quick_writes_json_markdown_png(tmp_path):
     _png(tmp_path / "quantize_bandwidth.png")
 
 
+@pytest.mark.parametrize("names,msg", [("bogus", "unknown variant token 'bogus' in 'bogus'"),
+                                       ("swar,swar+nope", "unknown variant token 'nope' in 'swar+nope'"),
+                                       ("16x48w4", "QuantizeConfig.cols must be a power of two"),
+                                       (",", "give at least one name")])
+def test_quantize_variants_refuses_bad_names_before_running(tmp_path, capsys, names, msg):
+    """--variants: every name parses for every dtype before any timing, else an argparse error
+    naming --variants and the rule (helper trial, session 13: a bad name exited 0 after timing the
+    copy and wrote a broken table); nothing is written."""
+    with pytest.raises(SystemExit) as e:
+        quantize.main(["--quick", "--variants", names, "--out", str(tmp_path)])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "--variants:" in err and msg in err, err
+    assert not list(tmp_path.iterdir())
+
+
 def test_train_step_quick_writes_json_markdown(tmp_path):
     assert train_step.main(["--quick", "--out", str(tmp_path)]) == 0
     res = json.loads((tmp_path / "train_step.json").read_text())
@@ -449,7 +465,8 @@ def test_xla_dequant_probe_checks_every_variant_and_refuses_bad_arguments(tmp_pa
         assert "error:" in capsys.readouterr().err
     monkeypatch.setattr(sys, "argv", ["xla_dequant_probe.py", "--shapes", "8x128x128", "--check-only", "--out",
                                       str(tmp_path / "ok")])
-    probe.main()
+    assert probe.main() == 1  # "tiles" cannot run on CPU: the exit status says so (helper trial, session 13)
+    assert "1 variant(s) failed their check or could not run: tiles 8x128x128" in capsys.readouterr().out
     rows = json.load(open(tmp_path / "ok" / "xla_dequant_probe.json"))["rows"]
     assert [r["variant"] for r in rows] == list(probe.VARIANTS)
     # "tiles" (the large-tile Mosaic GPU kernel, session 12) runs on a Hopper GPU only: an error

@@ -550,3 +550,56 @@ def test_default_config_takes_swar_for_bfloat16_on_hopper_only(monkeypatch):
         base = fq.DEFAULT_CONFIGS["bfloat16"]
         got = fq.default_config(jnp.bfloat16)
         assert (got.rows, got.cols, got.num_warps) == (base.rows, base.cols, base.num_warps)
+
+
+@pytest.mark.parametrize("kw", [dict(rows=2.0), dict(cols="128"), dict(rows=True), dict(num_warps=64),
+                                dict(probe=np.array(["off"])), dict(grid=np.array(["rows"])), dict(swar="yes")])
+def test_config_fields_of_the_wrong_kind_named(kw):
+    """QuantizeConfig names the field and the rule for every field of the wrong type or value
+    (helper trial, session 13: floats failed inside a bit operation, a one-element array passed
+    the membership test, num_warps=64 was taken)."""
+    name = next(iter(kw))
+    with pytest.raises(ValueError, match=f"QuantizeConfig.{name} must be"):
+        QuantizeConfig(**kw)
+    c = QuantizeConfig(rows=np.int64(8), swar=np.bool_(True))
+    assert type(c.rows) is int and c.swar is True
+
+
+def test_direct_kernel_calls_refuse_what_quantize_refuses():
+    """quantize_impl / default_config called directly name the argument and the rule (helper
+    trial, session 13: int8 inputs returned bytes, rounding="bogus" rounded to
+    nearest, default_config took any dtype, an empty input divided by zero)."""
+    from jax_mxfp4.kernels import quantize as fq
+
+    x = jnp.ones((4, 64), jnp.bfloat16)
+    # (a float64 NumPy input reaches quantize_impl, a jitted function, as float32 with x64 off)
+    with pytest.raises(TypeError, match="quantize_impl: x must be a float32, bfloat16 or float16 array"):
+        quantize_impl(np.ones((4, 64), np.int8), None, axis=1, scale_mode="even", rounding="nearest", interpret=True)
+    with pytest.raises(ValueError, match="quantize_impl: rounding must be one of"):
+        quantize_impl(x, None, axis=1, scale_mode="even", rounding="bogus", interpret=True)
+    with pytest.raises(ValueError, match="quantize_impl: scale_mode must be one of"):
+        quantize_impl(x, None, axis=1, scale_mode="up", rounding="nearest", interpret=True)
+    with pytest.raises(ValueError, match="quantize_impl: x of shape \\(0, 64\\) is empty"):
+        quantize_impl(jnp.zeros((0, 64), jnp.bfloat16), None, axis=1, scale_mode="even", rounding="nearest",
+                      interpret=True)
+    for bad in (jnp.int8, jnp.float64, jnp.complex64, None, "<U3"):
+        with pytest.raises(TypeError, match="default_config: dtype must be one of"):
+            fq.default_config(bad)
+
+
+@pytest.mark.parametrize("shape,axis", [((4, 0), 1), ((0, 64), 1), ((0, 64), 0)])
+def test_empty_input_takes_the_reference_path_on_a_gpu(monkeypatch, shape, axis):
+    """mx.quantize of an empty array on a GPU platform: the reference path (the kernel has no grid;
+    it raised ZeroDivisionError there before session 13), same result as on CPU."""
+    import importlib
+
+    import jax_mxfp4 as mx
+
+    qmod = importlib.import_module("jax_mxfp4.quantize")  # the module (the package exports a function of that name)
+
+    x = jnp.zeros(shape, jnp.bfloat16)
+    want = mx.quantize(x, axis)
+    monkeypatch.setattr(qmod, "current_platform", lambda: "cuda")
+    assert not qmod.fused_path(x)
+    got = jax.eval_shape(lambda a: mx.quantize(a, axis), x)
+    assert got.data.shape == want.data.shape and got.scales.shape == want.scales.shape

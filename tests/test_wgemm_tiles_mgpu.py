@@ -42,6 +42,8 @@ def _lowered(m, n, k, cfg, out_dtype=jnp.bfloat16, w_order="lanes"):
 
 @pytest.mark.parametrize("kw,msg", [
     (dict(mt=96), r"TilesConfig.mt must be one of \(64, 128, 256\)"),
+    (dict(mt=512), r"TilesConfig.mt must be one of \(64, 128, 256\)"),  # not the register rule (helper trial)
+    (dict(decode=np.array(["natural"])), r"TilesConfig.decode must be one of"),
     (dict(bk=96), r"bk must be a positive multiple of 64"),
     (dict(bk=0), r"bk must be a positive multiple of 64"),
     (dict(stages=1), r"stages must be >= 2"),
@@ -250,10 +252,14 @@ def test_output_that_cannot_fit_named():
                                                       cfg=wt.TilesConfig(mt=256, bk=128, stages=2)), *_args())
 
 
-def test_eager_call_off_gpu_is_a_clear_error():
-    x = jnp.zeros((256, 256), jnp.bfloat16)
+@pytest.mark.parametrize("xp", [jnp, np], ids=["jax", "numpy"])
+def test_eager_call_off_gpu_is_a_clear_error(xp):
+    """jax or NumPy arrays (a NumPy array runs on the default device: Pallas's own "Only interpret
+    mode ..." message before session 13's helper trial)."""
+    x = xp.zeros((256, 256), jnp.bfloat16)
     with pytest.raises(RuntimeError, match="mgpu_w4a16_tiles runs only on an NVIDIA Hopper GPU"):
-        wt.mgpu_w4a16_tiles(x, jnp.zeros((128, 128), jnp.uint8), jnp.zeros((8, 128), jnp.uint8))
+        wt.mgpu_w4a16_tiles(x, xp.zeros((128, 128), np.uint8), xp.zeros((8, 128), np.uint8),
+                            cfg=wt.TilesConfig(decode="natural"), w_order="natural")
 
 
 # ---- dispatch

@@ -40,6 +40,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
@@ -103,22 +104,26 @@ class QuantizeConfig:
     probe: str = "off"
 
     def __post_init__(self):
+        for name in ("rows", "cols", "num_warps"):  # ints (NumPy ints stored as int), never bool
+            v = getattr(self, name)
+            if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
+                raise ValueError(f"QuantizeConfig.{name} must be an int, got {v!r}")
+            object.__setattr__(self, name, int(v))
+        for name, allowed in (("grid", ("rows", "cols")), ("flush", ("tile", "always")),
+                              ("f32_pairs", ("split", "strided")), ("probe", PROBES)):
+            v = getattr(self, name)
+            if not isinstance(v, str) or v not in allowed:  # a str: `in` on an array would compare elementwise
+                raise ValueError(f"QuantizeConfig.{name} must be one of {allowed}, got {v!r}")
+        if not isinstance(self.swar, (bool, np.bool_)):
+            raise ValueError(f"QuantizeConfig.swar must be a bool, got {self.swar!r}")
+        object.__setattr__(self, "swar", bool(self.swar))
         if self.rows < 1 or self.rows & (self.rows - 1):
             raise ValueError(f"QuantizeConfig.rows must be a power of two, got {self.rows}")
         if self.cols < BLOCK_SIZE or self.cols & (self.cols - 1):
             raise ValueError(f"QuantizeConfig.cols must be a power of two >= {BLOCK_SIZE}, got {self.cols}")
-        if self.num_warps < 1 or self.num_warps & (self.num_warps - 1):
-            raise ValueError(f"QuantizeConfig.num_warps must be a power of two, got {self.num_warps}")
-        if self.grid not in ("rows", "cols"):
-            raise ValueError(f"QuantizeConfig.grid must be 'rows' or 'cols', got {self.grid!r}")
-        if self.flush not in ("tile", "always"):
-            raise ValueError(f"QuantizeConfig.flush must be 'tile' or 'always', got {self.flush!r}")
-        if not isinstance(self.swar, bool):
-            raise ValueError(f"QuantizeConfig.swar must be a bool, got {self.swar!r}")
-        if self.f32_pairs not in ("split", "strided"):
-            raise ValueError(f"QuantizeConfig.f32_pairs must be 'split' or 'strided', got {self.f32_pairs!r}")
-        if self.probe not in PROBES:
-            raise ValueError(f"QuantizeConfig.probe must be one of {PROBES}, got {self.probe!r}")
+        if self.num_warps < 1 or self.num_warps > 32 or self.num_warps & (self.num_warps - 1):
+            raise ValueError(f"QuantizeConfig.num_warps must be a power of two <= 32 (a CTA holds at most 1024 "
+                             f"threads), got {self.num_warps}")
 
 
 PROBES = ("off", "nocompute", "amax")
@@ -648,8 +653,12 @@ def fused_rotation_enabled() -> bool:
 def default_config(dtype) -> QuantizeConfig:
     """Tile used by :func:`quantize_impl` for input ``dtype`` when none is given: the entry of
     :data:`DEFAULT_CONFIGS`, with ``swar`` on for bfloat16 where :func:`swar_supported` (the
-    stochastic-rounding and Hadamard paths ignore ``swar``)."""
-    cfg = DEFAULT_CONFIGS.get(jnp.dtype(dtype).name, DEFAULT_CONFIG)
+    stochastic-rounding and Hadamard paths ignore ``swar``). TypeError for a dtype the kernel
+    does not take (float32, bfloat16, float16 only)."""
+    name = jnp.dtype(dtype).name if dtype is not None else None
+    if name not in DEFAULT_CONFIGS:
+        raise TypeError(f"default_config: dtype must be one of {tuple(DEFAULT_CONFIGS)}, got {dtype!r}")
+    cfg = DEFAULT_CONFIGS[name]
     if jnp.dtype(dtype) == jnp.bfloat16 and swar_supported():
         cfg = dataclasses.replace(cfg, swar=True)
     return cfg
@@ -734,9 +743,21 @@ def quantize_impl(x, key, *, axis, scale_mode, rounding, interpret=False,
 
     ``hadamard=(block, seed)`` fuses the random Hadamard rotation along ``axis`` into the pass:
     bit-identical to ``_quantize_impl(random_hadamard_transform(x, axis, seed, block), ...)``
-    (see :func:`quantize_2d`)."""
+    (see :func:`quantize_2d`).
+
+    Raises TypeError for an input dtype other than float32/bfloat16/float16, ValueError for an
+    unknown ``scale_mode`` / ``rounding`` (or "stochastic" without a key), an empty ``x`` (no
+    grid to launch: :func:`jax_mxfp4.quantize` takes the reference path there) or one too large
+    for int32 offsets (the rules of :func:`jax_mxfp4.quantize`, checked here too for direct
+    callers)."""
+    from .. import checks
     from ..mx_format import as_e8m0
 
+    checks.check_float_input(x, "quantize_impl: x")
+    checks.check_scale_mode(scale_mode, "quantize_impl: scale_mode")
+    checks.check_rounding(rounding, key, "quantize_impl: rounding")
+    if x.size == 0:
+        raise ValueError(f"quantize_impl: x of shape {tuple(x.shape)} is empty (no kernel grid): use jax_mxfp4.quantize")
     if x.size >= MAX_KERNEL_ELEMENTS:  # int32 element offsets (fast_path_enabled routes these away)
         raise ValueError(f"quantize_impl: x has {x.size} elements; the fused kernel takes fewer than "
                          f"{MAX_KERNEL_ELEMENTS} (int32 offsets): use jax_mxfp4.quantize")

@@ -649,14 +649,18 @@ def check_2d_arrays(fn: str, items) -> None:
 
 
 def _check_eager_device(x, fn: str = "mgpu_w4a16"):
-    """RuntimeError for an eager call (concrete ``x``, a jax.Array) on a device that is not a GPU:
+    """RuntimeError for an eager call (concrete ``x``: a jax.Array, or a NumPy array, which runs on
+    the default device) on a device that is not a GPU:
     Pallas would say "Only interpret mode is supported on CPU backend", which this kernel has not.
     Traced calls are checked when lowered. Called right before each launch, after the shape
     checks; ``fn`` names the kernel in the message."""
-    try:
-        where = sorted({d.platform for d in x.devices()})
-    except Exception:  # a tracer (ConcretizationTypeError) or not a jax.Array: checked when lowered
-        return
+    if isinstance(x, (np.ndarray, np.generic)):  # a NumPy array runs on the default device
+        where = [jax.default_backend()]
+    else:
+        try:
+            where = sorted({d.platform for d in x.devices()})
+        except Exception:  # a tracer (ConcretizationTypeError): checked when lowered
+            return
     if any(p not in ("gpu", "cuda") for p in where):
         raise RuntimeError(
             f"{fn} runs only on an NVIDIA Hopper GPU (sm_90a, Mosaic GPU); x is on {', '.join(where)}. "

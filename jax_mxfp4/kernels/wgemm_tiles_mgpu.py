@@ -106,16 +106,16 @@ class TilesConfig:
             if not isinstance(getattr(self, name), (bool, np.bool_)):
                 raise TypeError(f"TilesConfig.{name} must be a bool, got {getattr(self, name)!r}")
             object.__setattr__(self, name, bool(getattr(self, name)))
-        if self.decode not in DECODES:
+        if not isinstance(self.decode, str) or self.decode not in DECODES:  # a str: `in` on an array is elementwise
             raise ValueError(f"TilesConfig.decode must be one of {DECODES}, got {self.decode!r}")
         if self.wn not in WNS:
             raise ValueError(f"TilesConfig.wn must be one of {WNS} (64-row weight tiles per warpgroup), got {self.wn}")
+        if self.mt not in MTS:
+            raise ValueError(f"TilesConfig.mt must be one of {MTS} (the WGMMA N side), got {self.mt}")
         if self.wn * self.mt // 2 > MAX_ACC_REGISTERS:
             raise ValueError(f"TilesConfig(mt={self.mt}, wn={self.wn}): float32 accumulators of {self.wn * self.mt // 2} "
                              f"registers per thread; at most {MAX_ACC_REGISTERS} leave room for the decode "
                              f"(setmaxnreg gives a compute thread {REGISTERS[1]})")
-        if self.mt not in MTS:
-            raise ValueError(f"TilesConfig.mt must be one of {MTS} (the WGMMA N side), got {self.mt}")
         if self.bk < 64 or self.bk % 64:
             raise ValueError(f"TilesConfig.bk must be a positive multiple of 64 (whole 128-byte swizzle rows of x), "
                              f"got {self.bk}")
