@@ -60,6 +60,8 @@ W4A16_TILES_MAX_ROWS = 4096
 # only below this many rows. H200 session 13, kernel time / bf16's at [rows]x8192x8192, natural
 # decode against two-pass: run a (bk 64) 256 rows 1.430x / 2.190x, 512 1.161x / 1.586x, 1024
 # 1.096x / 1.225x, 2048 0.951x / 0.914x; run b with bk 128 (the default now) 1024 1.084x, 2048 1.051x.
+# At 2048 rows the final natural tiling and two-pass are within 1% in kernel time (0.371 ms, run b,
+# against 0.374-0.376 ms, runs a and c): the cheaper-to-reason-about two-pass route keeps them.
 W4A16_TILES_PLAIN_MAX_ROWS = 2048
 # w4a16 with <= 64 activation rows on an NVIDIA Hopper GPU (compute capability 9.0) through the
 # Mosaic GPU kernel (jax_mxfp4/kernels/wgemm_mgpu.py: WGMMA with the decoded weight as the
