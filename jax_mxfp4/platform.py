@@ -18,6 +18,16 @@ def current_platform() -> str:
     return platform
 
 
+def compute_capability() -> tuple[int, int] | None:
+    """(major, minor) of CUDA device 0, or None where there is none (CPU, ROCm, TPU, or a device
+    that does not report one)."""
+    try:
+        major, minor = str(jax.devices()[0].compute_capability).split(".")[:2]
+        return int(major), int(minor)
+    except Exception:  # pragma: no cover - depends on the device
+        return None
+
+
 def env_switch(name: str) -> bool:
     """A feature switch read from the environment: on unless set to 0/off/false/no (any case).
 

@@ -539,12 +539,12 @@ def test_probe_refuses_stochastic_and_rotation():
 def test_default_config_takes_swar_for_bfloat16_on_hopper_only(monkeypatch):
     """The SWAR word program is the bfloat16 default only where the default device is an NVIDIA
     GPU of compute capability >= 9.0 (session 13 run e); elsewhere, and for other dtypes, not."""
-    from jax_mxfp4.backends import fp8
+    from jax_mxfp4 import platform
     from jax_mxfp4.kernels import quantize as fq
 
     assert not fq.default_config(jnp.bfloat16).swar  # this CPU machine
     for cc, want in (((9, 0), True), ((10, 0), True), ((8, 9), False), ((8, 0), False), (None, False)):
-        monkeypatch.setattr(fp8, "_compute_capability", lambda cc=cc: cc)
+        monkeypatch.setattr(platform, "compute_capability", lambda cc=cc: cc)
         assert fq.default_config(jnp.bfloat16).swar is want, cc
         assert not fq.default_config(jnp.float32).swar and not fq.default_config(jnp.float16).swar
         base = fq.DEFAULT_CONFIGS["bfloat16"]

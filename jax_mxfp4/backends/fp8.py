@@ -282,13 +282,11 @@ def fix_kernel_enabled() -> bool:
 
 
 def _compute_capability():
-    """(major, minor) of CUDA device 0, or None if unknown."""
-    try:
-        cc = jax.devices()[0].compute_capability
-        major, minor = str(cc).split(".")[:2]
-        return int(major), int(minor)
-    except Exception:  # pragma: no cover - depends on the device
-        return None
+    """(major, minor) of CUDA device 0, or None if unknown (:func:`jax_mxfp4.platform.compute_capability`;
+    this name is what the backends call, and what tests replace)."""
+    from .. import platform
+
+    return platform.compute_capability()
 
 
 class Fp8Backend(Backend):

@@ -673,9 +673,9 @@ def swar_supported() -> bool:
     0.847x (108.2 us) against 0.647x / 0.636x (141.7 / 144.1 us) without it, bit-exact against
     the reference on the device (both modes; ceil and rceil run the same word program on other
     scale exponents, checked over every exponent in the CPU emulation, tests/test_fast_quantize.py)."""
-    from ..backends.fp8 import _compute_capability
+    from .. import platform  # not backends.fp8: kernels sit below the backends (no import cycle)
 
-    cc = _compute_capability()
+    cc = platform.compute_capability()
     return cc is not None and cc >= (9, 0)
 
 
