@@ -63,6 +63,13 @@ W4A16_TILES_MAX_ROWS = 4096
 # At 2048 rows the final natural tiling and two-pass are within 1% in kernel time (0.371 ms, run b,
 # against 0.374-0.376 ms, runs a and c): the cheaper-to-reason-about two-pass route keeps them.
 W4A16_TILES_PLAIN_MAX_ROWS = 2048
+
+
+def _tiles_max_rows(order: str) -> int:
+    """Activation rows from which a weight in byte ``order`` leaves the large-tile kernel for
+    two-pass: natural bytes (a plain MXFP4Array) ``W4A16_TILES_PLAIN_MAX_ROWS``, else
+    ``W4A16_TILES_MAX_ROWS``."""
+    return W4A16_TILES_PLAIN_MAX_ROWS if order == "natural" else W4A16_TILES_MAX_ROWS
 # w4a16 with <= 64 activation rows on an NVIDIA Hopper GPU (compute capability 9.0) through the
 # Mosaic GPU kernel (jax_mxfp4/kernels/wgemm_mgpu.py: WGMMA with the decoded weight as the
 # register operand) instead of the Triton weight-stationary kernel: on the H200 (jax 0.11.2)
@@ -142,7 +149,7 @@ class PallasBackend(Backend):
             how = (f"the weight from prepare_decode read as stored (\"{plan.mgpu_cfg.decode}\" decode)" if plan.w_prepared
                    else "a plain MXFP4Array weight: its natural bytes moved to the pairs order in registers by warp "
                         "shuffles (\"natural\" decode), its E8M0 scales transposed to K-major per call")
-            top = W4A16_TILES_MAX_ROWS if plan.mgpu_cfg.decode != "natural" else W4A16_TILES_PLAIN_MAX_ROWS
+            top = _tiles_max_rows(plan.mgpu_cfg.decode)
             return (f"Mosaic GPU large-tile kernel, w4a16 with {W4A16_TWO_PASS_MIN_ROWS} <= {plan.rows} < "
                     f"{top} activation rows: the E2M1 decode inside the GEMM's K loop (WGMMA with "
                     f"the decoded tile in registers), {how}, {plan.mgpu_cfg}")
@@ -284,15 +291,15 @@ def _tiles_config(problem: GemmProblem, rows: int, wrows: int, w_order):
     outside the kernel cost more than the two-pass decode pass (H200 session 12, 1024x8192x8192:
     as prepare_decode does it, 0.127 ms of XLA passes, 1.74x of bf16, run c; x's K permuted for
     the "pairs" decode, a 0.159 ms XLA transpose of x, 2.06x, run d; two-pass 1.28x, run b)."""
-    limit = W4A16_TILES_MAX_ROWS if w_order in ("lanes", "pairs") else W4A16_TILES_PLAIN_MAX_ROWS
-    if rows >= limit or problem.platform != "cuda" or not mosaic_w4a16_enabled():
+    order = w_order or "natural"  # False: a plain MXFP4Array's natural bytes
+    if rows >= _tiles_max_rows(order) or problem.platform != "cuda" or not mosaic_w4a16_enabled():
         return None
     from ..kernels import wgemm_tiles_mgpu
     from .fp8 import _compute_capability
 
     if _compute_capability() != (9, 0):
         return None
-    return wgemm_tiles_mgpu.default_tiles_config(rows, wrows, problem.k, problem.out_dtype, w_order or "natural")
+    return wgemm_tiles_mgpu.default_tiles_config(rows, wrows, problem.k, problem.out_dtype, order)
 
 
 def _weight_stationary(lhs, rhs, problem: GemmProblem, plan: _Plan | None = None) -> jax.Array:
