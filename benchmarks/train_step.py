@@ -22,7 +22,9 @@ of the linear config from both the bf16 and the MXFP4 step). Variants:
   *-unfused      ``JAX_MXFP4_FUSED_TRAINING=0``: every operand in two passes;
   *-fused        ``JAX_MXFP4_FUSED_TRAINING=1``: every operand through the fused kernel, which
                  reads the strided operands in its transposed layout (no XLA transpose);
-  mxfp4-rbg-key[-unfused|-fused]  with an explicit "rbg" key (see KEY_IMPL): the fused kernels
+  *-tiled        ``JAX_MXFP4_FUSED_TRAINING=tiled``: every operand through the two-pass tiled
+                 kernel (jax_mxfp4/kernels/fp8_quantize_tiled.py), both layouts, no XLA transpose;
+  mxfp4-rbg-key[-unfused|-fused|-tiled]  with an explicit "rbg" key (see KEY_IMPL): the fused kernels
                  read the uniforms XLA draws (the reference's draw), threefry keys have them
                  generated in the kernel.
 With ``--kernel``: the fused quantize-to-FP8 kernel alone on a bf16 [T, K] array (both layouts,
@@ -39,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import time
 
@@ -66,9 +69,14 @@ VARIANTS = {
     "mxfp4-rbg-key": mx.Recipe(),  # an explicit "rbg" key: SR uniforms from XLA's RngBitGenerator
     "mxfp4-rbg-key-unfused": mx.Recipe(),
     "mxfp4-rbg-key-fused": mx.Recipe(),  # rbg key + every pass fused (SR: the kernel reads the drawn uniforms)
+    "mxfp4-tiled": mx.Recipe(),
+    "mxfp4-nearest-tiled": mx.Recipe(grad_rounding="nearest"),
+    "mxfp4-rbg-key-tiled": mx.Recipe(),
 }
-FUSED_MODE = {v: "0" for v in VARIANTS if v.endswith("-unfused")} | {v: "1" for v in VARIANTS if v.endswith("-fused")}
-"""$JAX_MXFP4_FUSED_TRAINING per variant ("0" unfused, "1" every pass fused); the others run the
+FUSED_MODE = ({v: "0" for v in VARIANTS if v.endswith("-unfused")} | {v: "1" for v in VARIANTS if v.endswith("-fused")}
+              | {v: "tiled" for v in VARIANTS if v.endswith("-tiled")})
+"""$JAX_MXFP4_FUSED_TRAINING per variant ("0" unfused, "1" every pass fused, "tiled" every pass
+through the two-pass tiled kernel); the others run the
 library's default ("rows": the fused kernel for operands read along their contiguous axis)."""
 KEY_IMPL = {v: "rbg" for v in VARIANTS if v.startswith("mxfp4-rbg-key")}
 """Variants given an explicit rounding key of this PRNG implementation (the others use the
@@ -163,7 +171,8 @@ def check_fused(config, s, sets, report=lambda c: None):
     from jax_mxfp4.dispatch import current_platform
 
     cuda = current_platform() == "cuda"
-    modes, recipe = (("rows", "1"), mx.Recipe()) if cuda else (("interpret-rows", "interpret"), mx.Recipe(backend="fp8"))
+    modes, recipe = ((("rows", "1", "tiled"), mx.Recipe()) if cuda
+                     else (("interpret-rows", "interpret", "interpret-tiled"), mx.Recipe(backend="fp8")))
     out = []
     for key_impl in CHECK_KEYS:
         key_name = key_impl or "data-derived (threefry)"
@@ -184,7 +193,8 @@ def check_fused(config, s, sets, report=lambda c: None):
                 diff = [float(jnp.max(jnp.abs(a.astype(jnp.float32) - b.astype(jnp.float32)))) for a, b in zip(got, want)]
                 out.append({"config": config, "key": key_name, "bit_identical": same, "max_abs_diff": diff,
                             "fused_mode": mode, "fused_kernels": jaxpr.count("pallas_call"),
-                            "fp8_quantize_kernels": len(re.findall(r"name=mxfp4_quantize_fp8", jaxpr))})
+                            "fp8_quantize_kernels": len(re.findall(r"name=(?:mxfp4_quantize_fp8|mxfp4_fp8_tile_values)",
+                                                                   jaxpr))})
             except Exception as e:  # record, keep going
                 out.append({"config": config, "key": key_name, "fused_mode": mode,
                             "error": f"{type(e).__name__}: {str(e)[:300]}"})
@@ -276,6 +286,7 @@ def run_kernel(args):
     """The fused quantize-to-FP8 kernel alone against a bf16 copy and the unfused passes."""
     from jax_mxfp4.fp8 import encode_rows_on
     from jax_mxfp4.kernels import fp8_quantize as fq
+    from jax_mxfp4.kernels import fp8_quantize_tiled as ft
     from jax_mxfp4.kernels.quantize import sr_uniforms
     from jax_mxfp4.mx_format import as_scale_bytes
 
@@ -306,13 +317,15 @@ def run_kernel(args):
     def key_of(sr, kd):
         return None if sr is None else jax.random.wrap_key_data(kd) if sr == "threefry" else rbg
 
-    def fused(x, kd, tr, sr, cfg=None, via_transpose=False):
+    def fused(x, kd, tr, sr, cfg=None, via_transpose=False, tiled=False):
         """What training's _fp8_fused runs: the same uniforms as quantize(x, axis, key) (rbg: the
         reference's draw [rows, kq/32, 32], the quantized axis last, read by the kernel)."""
         n_out, kq = (x.shape[1], x.shape[0]) if tr else x.shape
         uniform, key_data = (None, None) if sr is None else sr_uniforms(key_of(sr, kd), (n_out, kq // 32, 32))
         if via_transpose and tr:  # rows mode: XLA's transpose, then the rows kernel
             x, tr = x.T, False
+        if tiled:  # the two-pass tiled kernel (cfg: a TiledConfig or None)
+            return ft.quantize_fp8_2d_tiled(x, key_data, uniform, transposed=tr, cfg=cfg, interpret=interpret)
         return fq.quantize_fp8_2d(x, key_data, uniform, transposed=tr, cfg=cfg, interpret=interpret)
 
     def sr_name(sr):
@@ -326,6 +339,10 @@ def run_kernel(args):
             for sr in (SR_KINDS if with_sr else (None,)):
                 add(f"fused {lay} {sr_name(sr)} rows={rows_} warps={warps}{'' if plain else ' general-only'}",
                     lambda x, kd, tr=transposed, sr=sr, cfg=cfg: fused(x, kd, tr, sr, cfg), moved)
+        for i, tcfg in enumerate(args.tiled):  # the two-pass tiled kernel; SR with the first tile
+            for sr in (SR_KINDS if i == 0 else (None, "threefry")):
+                add(f"tiled {lay} {sr_name(sr)} {tcfg.rows}x{tcfg.blocks} blocks w{tcfg.num_warps}",
+                    lambda x, kd, tr=transposed, sr=sr, cfg=tcfg: fused(x, kd, tr, sr, cfg, tiled=True), moved)
         if transposed:  # training's default (rows mode) for operands quantized along a strided axis
             for sr in SR_KINDS:
                 add(f"XLA transpose + fused rows {sr_name(sr)}",
@@ -339,19 +356,21 @@ def run_kernel(args):
 
             add(f"unfused {lay} {sr_name(sr)} (quantize + encode_rows_on)", unfused, moved)
             u8 = lambda v: lax.bitcast_convert_type(v, jnp.uint8) if v.dtype.itemsize == 1 else v  # noqa: E731
-            for via in ((False, True) if transposed else (False,)):
+            for via in ((False, True, "tiled") if transposed else (False, "tiled")):
                 try:  # on the device: the fused kernel (default tile) bit for bit against the unfused passes
-                    got = jax.jit(lambda x, kd, tr=transposed, sr=sr, via=via: fused(x, kd, tr, sr, via_transpose=via))(x, kd)
+                    got = jax.jit(lambda x, kd, tr=transposed, sr=sr, via=via: fused(
+                        x, kd, tr, sr, via_transpose=via is True, tiled=via == "tiled"))(x, kd)
                     want = jax.jit(unfused)(x, kd)
                     same = [bool(jnp.array_equal(u8(g), u8(w))) for g, w in
                             ((got[0], want[0]), (got[1], want[3]), (got[2], want[1]), (got[3], want[2]))]
                     ok = all(same)
-                    print(f"    fused{' (XLA transpose + rows)' if via else ''} == unfused "
+                    print(f"    fused{({True: ' (XLA transpose + rows)', 'tiled': ' (tiled)'}).get(via, '')} == unfused "
                           f"(codes, scales, row_exp, row_flag): {same}", flush=True)
                 except Exception as e:
                     ok = f"error {type(e).__name__}: {str(e)[:200]}"
                     print("    check failed:", ok, flush=True)
-                rows[-1]["fused_via_transpose_bit_identical" if via else "fused_bit_identical"] = ok
+                rows[-1][{True: "fused_via_transpose_bit_identical", "tiled": "tiled_bit_identical"}.get(
+                    via, "fused_bit_identical")] = ok
     return {"info": device_info(), "quick": args.quick, "rows": rows}
 
 
@@ -366,7 +385,8 @@ def markdown_kernel(result):
             continue
         same = "".join(f" ({what}: {r[name]})" for name, what in (
             ("fused_bit_identical", "fused bit-identical"),
-            ("fused_via_transpose_bit_identical", "XLA transpose + fused rows bit-identical")) if name in r)
+            ("fused_via_transpose_bit_identical", "XLA transpose + fused rows bit-identical"),
+            ("tiled_bit_identical", "tiled bit-identical")) if name in r)
         lines.append(f"| {r['case']}{same} | {r['t']}x{r['k']} | {r['median_s'] * 1e3:.3f} | {r['gb_per_s']:.0f} |")
     return "\n".join(lines) + "\n"
 
@@ -425,6 +445,9 @@ def main(argv=None):
     ap.add_argument("--kernel-shape", default=None, metavar="TxK",
                     help="shape of --kernel's bf16 input [T, K] (default 8192x8192, 256x256 with --quick; "
                          "K a multiple of 32, <= 16384)")
+    ap.add_argument("--tiled", default="64x4w4", metavar="RxBwW,...",
+                    help="--kernel: tiles of the two-pass tiled kernel to time (rows x blocks of 32, warps; "
+                         "the first also with SR), default 64x4w4")
     ap.add_argument("--profile", nargs="?", const="all", default="", metavar="VARIANTS",
                     help="after the timing of each variant (or of the comma-listed ones), its per-kernel "
                          "device times from the profiler")
@@ -445,6 +468,13 @@ def main(argv=None):
         if t < 1 or k < 32 or k % 32 or k > 16384:
             ap.error(f"--kernel-shape: T must be >= 1 and K a multiple of 32 in [32, 16384], got {args.kernel_shape!r}")
         args.kernel_shape = (t, k)
+    try:
+        from jax_mxfp4.kernels.fp8_quantize_tiled import TiledConfig
+
+        args.tiled = [TiledConfig(rows=int(r), blocks=int(b), num_warps=int(w)) for r, b, w in
+                      (re.fullmatch(r"(\d+)x(\d+)w(\d+)", v.strip()).groups() for v in args.tiled.split(",") if v.strip())]
+    except (AttributeError, ValueError) as e:
+        ap.error(f"--tiled: RxBwW tiles (powers of two), e.g. 64x4w4,128x2w8: {e}")
     args.configs = [c for c in args.configs.split(",") if c]
     args.variants = [v for v in args.variants.split(",") if v]
     check_args(ap, args)

@@ -188,16 +188,18 @@ def _bf16_gemm(a, b, dimension_numbers):
 # ----------------------------------------------------------------------------- fused FP8 passes
 _FUSED_MODES = {"": "rows", "rows": "rows", "0": "off", "off": "off", "false": "off", "no": "off",
                 "1": "all", "all": "all", "auto": "all", "on": "all", "true": "all", "yes": "all",
-                "interpret": "interpret", "interpret-rows": "interpret-rows"}
+                "tiled": "tiled", "interpret": "interpret", "interpret-rows": "interpret-rows",
+                "interpret-tiled": "interpret-tiled"}
 
 
 def fused_mode() -> str:
-    """"rows" (default), "all", "off", "interpret" or "interpret-rows", from
-    ``$JAX_MXFP4_FUSED_TRAINING`` (:data:`FUSED_ENV`). ValueError for any other value."""
+    """"rows" (default), "all", "tiled", "off", "interpret", "interpret-rows" or
+    "interpret-tiled", from ``$JAX_MXFP4_FUSED_TRAINING`` (:data:`FUSED_ENV`). ValueError for
+    any other value."""
     v = os.environ.get(FUSED_ENV, "rows").strip().lower()
     if v not in _FUSED_MODES:
-        raise ValueError(f"${FUSED_ENV} must be 'rows' (default), '1'/'all', '0'/'off', 'interpret' or "
-                         f"'interpret-rows', got {v!r}")
+        raise ValueError(f"${FUSED_ENV} must be 'rows' (default), '1'/'all', 'tiled', '0'/'off', 'interpret', "
+                         f"'interpret-rows' or 'interpret-tiled', got {v!r}")
     return _FUSED_MODES[v]
 
 
@@ -210,12 +212,14 @@ def _routes_to_fp8(x, y, contraction, out_dtype, recipe: Recipe) -> bool:
 
 
 def _fused_route(x, y, contraction, out_dtype, recipe: Recipe):
-    """None, or ``(interpret, rows_only)`` for :func:`_fp8_fused`: the fused passes are taken
+    """None, or ``(interpret, kernel)`` for :func:`_fp8_fused`: the fused passes are taken
     when the GEMM of these two float operands routes to backend "fp8" on this platform (CUDA;
     any platform with ``$JAX_MXFP4_FUSED_TRAINING=interpret[-rows]``), outside any mesh, and (on
     CUDA) where :func:`jax_mxfp4.quantize.fused_path` takes the fused quantizer (size limit,
     ``JAX_MXFP4_FAST_QUANTIZE``). Every other backend and platform keeps the unfused passes.
-    ``rows_only``: only operands read along their contiguous axis take the kernel."""
+    ``kernel``: "rows" (operands quantized along a strided axis are transposed by XLA first),
+    "all" (the one-pass kernel reads both layouts) or "tiled" (the two-pass tiled kernel, both
+    layouts)."""
     mode = fused_mode()
     platform = dispatch.current_platform()
     if mode == "off":
@@ -231,7 +235,8 @@ def _fused_route(x, y, contraction, out_dtype, recipe: Recipe):
         return None
     if not _routes_to_fp8(x, y, contraction, out_dtype, recipe):
         return None
-    return interpret and platform not in ("cuda", "rocm"), mode in ("rows", "interpret-rows")
+    kernel = {"interpret": "all", "interpret-rows": "rows", "interpret-tiled": "tiled"}.get(mode, mode)
+    return interpret and platform not in ("cuda", "rocm"), kernel
 
 
 def _fp8_operand(x, axis, scale_mode, route, rounding="nearest", key=None, swap=False):
@@ -240,16 +245,18 @@ def _fp8_operand(x, axis, scale_mode, route, rounding="nearest", key=None, swap=
     the unfused ``quantize`` (an MXFP4Array the fp8 backend encodes). Same bits either way."""
     q = None
     if route is not None:
-        interpret, rows_only = route
-        q = _fp8_fused(x, axis, scale_mode, interpret, rounding, key, swap, rows_only)
+        interpret, kernel = route
+        q = _fp8_fused(x, axis, scale_mode, interpret, rounding, key, swap, kernel)
     return q if q is not None else quantize(x, axis, scale_mode=scale_mode, rounding=rounding, key=key)
 
 
-def _fp8_fused(x, axis, scale_mode, interpret, rounding="nearest", key=None, swap=False, rows_only=False):
+def _fp8_fused(x, axis, scale_mode, interpret, rounding="nearest", key=None, swap=False, kernel="all"):
     """``prepare_fp8(quantize(x, axis, ...))`` for a canonical float operand x [B, ., .] (axis 1
     or 2) in one fused kernel (:mod:`jax_mxfp4.kernels.fp8_quantize`), or None where the kernel
-    cannot take it (then the caller keeps the unfused passes for this operand). ``rows_only``:
-    an operand quantized along a strided axis is transposed by XLA first and the kernel reads rows.
+    cannot take it (then the caller keeps the unfused passes for this operand). ``kernel``:
+    "all" the one-pass kernel in either layout; "rows" the same, but an operand quantized along a
+    strided axis is transposed by XLA first and the kernel reads rows; "tiled" the two-pass tiled
+    kernel (:mod:`jax_mxfp4.kernels.fp8_quantize_tiled`) in either layout, no row-length cap.
 
     Stochastic rounding (``key``) uses exactly the reference's uniforms, those of
     ``quantize(x, axis, rounding="stochastic", key=key)``: generated in the kernel for threefry
@@ -262,11 +269,12 @@ def _fp8_fused(x, axis, scale_mode, interpret, rounding="nearest", key=None, swa
     the two transposes and the kernel reads the stored array, instead of a transposed copy.
     """
     from .kernels import fp8_quantize as fq
+    from .kernels import fp8_quantize_tiled as ft
     from .kernels.quantize import sr_uniforms
 
     bsz, kq = x.shape[0], x.shape[axis]
     last = axis == 2
-    if kq > fq.MAX_ROW or kq % BLOCK_SIZE or x.size >= 2**31 or ((swap or not last) and bsz != 1):
+    if (kernel != "tiled" and kq > fq.MAX_ROW) or kq % BLOCK_SIZE or x.size >= 2**31 or ((swap or not last) and bsz != 1):
         return None
     rest = tuple(d for i, d in enumerate(x.shape) if i != axis)  # the output rows, in order
     uniform = key_data = None
@@ -279,13 +287,14 @@ def _fp8_fused(x, axis, scale_mode, interpret, rounding="nearest", key=None, swa
         x2, transposed = jnp.swapaxes(x, 1, 2)[0], last
     else:
         x2, transposed = (x.reshape(-1, kq), False) if last else (x[0], True)
-    if transposed and rows_only:
+    if transposed and kernel == "rows":
         # XLA's transpose pass, then the kernel along rows: on the H200 the kernel's strided
         # transposed reads took 1.1-1.6 ms for 8192x8192 bf16, a transpose takes ~0.07 ms and the
         # rows kernel ~0.15 ms. Same bits for both roundings: the rows of x2.T are the output rows,
         # so each element keeps its uniform (its flat index in the reference's draw is unchanged).
         x2, transposed = x2.T, False
-    codes, scales, row_exp, row_flag = fq.quantize_fp8_2d(
+    quantize_2d = ft.quantize_fp8_2d_tiled if kernel == "tiled" else fq.quantize_fp8_2d
+    codes, scales, row_exp, row_flag = quantize_2d(
         x2, key_data, uniform, scale_mode=scale_mode, transposed=transposed, interpret=interpret)
     return FP8Prepared(codes.reshape(rest + (kq,)), scales.reshape(rest + (kq // BLOCK_SIZE,)),
                        row_exp.reshape(rest), row_flag.reshape(rest), axis, x.shape, x.dtype, scale_mode)

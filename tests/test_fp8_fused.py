@@ -219,12 +219,14 @@ def test_kernel_uniform_errors_name_the_argument():
         fq.quantize_fp8_2d(x, uniform=jnp.zeros(shape, jnp.float32), interpret=True)
 
 
-@pytest.mark.parametrize("layout", ["rows", "transposed-rows-only", "transposed-kernel"])
+@pytest.mark.parametrize("layout", ["rows", "transposed-rows-only", "transposed-kernel", "rows-tiled",
+                                    "transposed-tiled"])
 @pytest.mark.parametrize("impl", ["threefry2x32", "threefry2x32-input", "rbg", "unsafe_rbg"])
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 def test_fused_sr_operand_equals_unfused(monkeypatch, layout, impl, dtype):
     """training._fp8_fused with stochastic rounding, the operand of dgrad (dY along N: rows) and
-    of wgrad (dY along the token axis M: transposed, either by XLA then rows, or by the kernel):
+    of wgrad (dY along the token axis M: transposed, either by XLA then rows, or by the kernel;
+    "-tiled": the two-pass tiled kernel in that layout):
     codes, scales, row_exp and row_flag equal prepare_fp8(quantize(x, axis, "stochastic", key)).
     "-input": a threefry key with the uniforms read (kernels.quantize.SR_UNIFORMS = "input")."""
     if impl.endswith("-input"):
@@ -233,12 +235,10 @@ def test_fused_sr_operand_equals_unfused(monkeypatch, layout, impl, dtype):
     rng = np.random.default_rng()
     scale_mode = SCALE_MODES[rng.integers(4)]  # one per case, drawn (the kernel tests cover each)
     hard = _hard_rows(rng, 10, 96, dtype)  # rows x quantized length
-    if layout == "rows":
-        x3, axis, rows_only = hard[None], 2, True
-    else:
-        x3, axis, rows_only = hard.T[None], 1, layout == "transposed-rows-only"
+    kernel = {"rows": "rows", "transposed-rows-only": "rows", "transposed-kernel": "all"}.get(layout, "tiled")
+    x3, axis = (hard[None], 2) if layout.startswith("rows") else (hard.T[None], 1)
     key = _key(impl, rng)
-    got = training._fp8_fused(x3, axis, scale_mode, True, "stochastic", key, rows_only=rows_only)
+    got = training._fp8_fused(x3, axis, scale_mode, True, "stochastic", key, kernel=kernel)
     assert got is not None, "the fused kernel must take stochastic rounding in every layout"
     want = prepare_fp8(mx.quantize(x3, axis, scale_mode=scale_mode, rounding="stochastic", key=key))
     for name in ("codes", "scales", "row_exp", "row_flag"):
@@ -253,7 +253,8 @@ def _grads(monkeypatch, mode, x, w, recipe, key):
     f = lambda x, w: jnp.sum(mx.dense(x, w, recipe=recipe, key=key) * jnp.cos(jnp.arange(w.shape[1])))  # noqa: E731
     jaxpr = str(jax.make_jaxpr(jax.grad(f, argnums=(0, 1)))(x, w))
     out = jax.jit(jax.value_and_grad(f, argnums=(0, 1)))(x, w)
-    return out, len(re.findall(r"let mxfp4_quantize_fp8\w* =", jaxpr))  # one per kernel body
+    # one per kernel body (the tiled form: its values pass)
+    return out, len(re.findall(r"let (?:mxfp4_quantize_fp8|mxfp4_fp8_tile_values)\w* =", jaxpr))
 
 
 @pytest.mark.parametrize("rounding,key_impl,dtype", [("stochastic", "threefry2x32", jnp.float32),
@@ -275,11 +276,12 @@ def test_training_fused_equals_unfused(monkeypatch, rounding, key_impl, dtype):
     (l0, g0), n0 = _grads(monkeypatch, "0", x, w, recipe, key)
     (l1, g1), n1 = _grads(monkeypatch, "interpret", x, w, recipe, key)
     (l2, g2), n2 = _grads(monkeypatch, "interpret-rows", x, w, recipe, key)
-    assert n0 == 0 and n1 == 6  # fprop x, w; dgrad dY, w; wgrad dY, x
+    (l3, g3), n3 = _grads(monkeypatch, "interpret-tiled", x, w, recipe, key)
+    assert n0 == 0 and n1 == 6 and n3 == 6  # fprop x, w; dgrad dY, w; wgrad dY, x
     # rows only: every operand through the rows kernel (x, W and wgrad's dY transposed by XLA
     # first where they are quantized along a strided axis), stochastically rounded dY included
     assert n2 == 6
-    for l_, g_ in ((l1, g1), (l2, g2)):
+    for l_, g_ in ((l1, g1), (l2, g2), (l3, g3)):
         np.testing.assert_array_equal(np.asarray(l0), np.asarray(l_))
         for a, b in zip(g0, g_):
             np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
@@ -287,7 +289,8 @@ def test_training_fused_equals_unfused(monkeypatch, rounding, key_impl, dtype):
 
 def test_fused_modes_parsed_and_typos_refused(monkeypatch):
     for value, mode in (("", "rows"), ("rows", "rows"), ("0", "off"), ("off", "off"), ("1", "all"),
-                        ("all", "all"), ("interpret", "interpret"), ("Interpret-Rows", "interpret-rows")):
+                        ("all", "all"), ("interpret", "interpret"), ("Interpret-Rows", "interpret-rows"),
+                        ("tiled", "tiled"), ("interpret-tiled", "interpret-tiled")):
         monkeypatch.setenv(training.FUSED_ENV, value)
         assert training.fused_mode() == mode, value
     monkeypatch.delenv(training.FUSED_ENV)
@@ -297,7 +300,8 @@ def test_fused_modes_parsed_and_typos_refused(monkeypatch):
         training.fused_mode()
 
 
-@pytest.mark.parametrize("mode,want", [("", (False, True)), ("1", (False, False)), ("0", None)])
+@pytest.mark.parametrize("mode,want", [("", (False, "rows")), ("1", (False, "all")), ("tiled", (False, "tiled")),
+                                       ("0", None)])
 def test_fused_route_on_cuda(monkeypatch, mode, want):
     """The CUDA branch of the route (a CPU test cannot run the kernels, but it can take the
     decision): an 8192-class bf16 GEMM routed to "fp8" takes the fused passes, rows only by

@@ -175,31 +175,69 @@ def _encode_general(bits, a, u, inv, bad, byte):
     """Every block kind (NaN/Inf, flushed subnormals, special scale bytes): codes, then values."""
     from ..fp8 import encode_blocks
 
-    mag = jnp.where(bad[..., None], 0, magnitude_code_bits(a, inv, u))
-    code4 = mag | ((bits >> 28) & 0x8)  # the sign nibble from the input bits (-0.0 kept)
-    code4 = jnp.where(bad[..., None], 0, code4)  # NaN/Inf blocks: codes 0 (the reference's)
+    mag, code4 = general_codes(bits, a, u, inv, bad)
     d, row_exp, row_flag = encode_blocks(byte.astype(jnp.int32), mag)
-    return decode_e2m1(code4) * pow2_from_exponent(d)[..., None], row_exp, row_flag
+    return general_values(code4, d), row_exp, row_flag
+
+
+def general_codes(bits, a, u, inv, bad):
+    """(E2M1 magnitude codes, 4-bit codes with the sign) int32 [..., nb, 32] of every block kind:
+    NaN/Inf blocks (``bad``) get codes 0 (the reference's), the sign nibble comes from the input
+    bits (-0.0 kept). ``a`` = bits with the sign cleared, ``inv`` = 2^-s [..., nb, 1], ``u`` the
+    uniforms or None (nearest)."""
+    mag = jnp.where(bad[..., None], 0, magnitude_code_bits(a, inv, u))
+    code4 = mag | ((bits >> 28) & 0x8)
+    code4 = jnp.where(bad[..., None], 0, code4)
+    return mag, code4
+
+
+def general_values(code4, d):
+    """The E4M3 values E2M1(code4) x 2^d (float32, exact) of :func:`general_codes`' codes."""
+    return decode_e2m1(code4) * pow2_from_exponent(d)[..., None]
 
 
 def _encode_plain(bits, a, u, inv, amax_bits, byte):
     """Tiles whose blocks are all plain (:data:`PLAIN_MIN_BYTE`): the E2M1 magnitude as a float
-    (:func:`e2m1_nearest_magnitude`, or the stochastic one), times 2^d, the input's sign bit
-    OR-ed in; no code, no decode, no NaN masks; round to nearest takes each block's largest code
-    from its amax (rounding is monotone) instead of a reduction over the elements."""
+    (:func:`plain_magnitudes`) times 2^d, the input's sign bit OR-ed in; no code, no decode, no
+    NaN masks; round to nearest takes each block's largest code from its amax (rounding is
+    monotone) instead of a reduction over the elements."""
     from ..fp8 import encode_block_stats
 
-    if u is None:  # no flush needed (PLAIN_MIN_BYTE)
-        q = e2m1_nearest_magnitude(lax.bitcast_convert_type(a, jnp.float32) * inv)
-        max_mag = e2m1_magnitude_code(lax.bitcast_convert_type(amax_bits, jnp.float32) * inv[..., 0])
-    else:  # any nonzero value can round up: flush subnormal inputs as the reference does
-        a = jnp.where(a < _MIN_NORMAL_BITS, 0, a)
-        q = e2m1_stochastic_magnitude(lax.bitcast_convert_type(a, jnp.float32) * inv, u)
+    q = plain_magnitudes(a, u, inv)
+    if u is None:
+        max_mag = plain_max_code(amax_bits, inv)
+    else:
         max_mag = e2m1_magnitude_code(jnp.max(q, axis=-1))
     min_nz = jnp.full(max_mag.shape, 8, jnp.int32)  # read only for scale bytes 0/1: none here
     d, row_exp, row_flag = encode_block_stats(byte.astype(jnp.int32), max_mag, min_nz)
+    return plain_values(q, bits, d), row_exp, row_flag
+
+
+def plain_magnitudes(a, u, inv):
+    """E2M1 magnitudes (float32 on the E2M1 grid) of plain blocks' elements, ``a`` their |bits|,
+    ``inv`` = 2^-s [..., nb, 1]: round to nearest (``u`` None; no flush needed, see
+    :data:`PLAIN_MIN_BYTE`) or stochastic with uniforms ``u`` (any nonzero value can round up:
+    subnormal inputs flushed as the reference does)."""
+    if u is None:
+        return e2m1_nearest_magnitude(lax.bitcast_convert_type(a, jnp.float32) * inv)
+    a = jnp.where(a < _MIN_NORMAL_BITS, 0, a)
+    return e2m1_stochastic_magnitude(lax.bitcast_convert_type(a, jnp.float32) * inv, u)
+
+
+def plain_max_code(amax_bits, inv):
+    """Each plain block's largest E2M1 magnitude code with round to nearest, from its amax
+    (rounding is monotone) [..., nb]. With stochastic rounding it is also nonzero exactly where
+    the block is (a plain block's amax x 2^-s is > 2 for every scale rule of
+    :func:`jax_mxfp4.mx_format.e8m0_from_amax`, which no rounding takes to 0), which is all
+    :func:`jax_mxfp4.fp8.encode_block_stats` reads of it for plain scale bytes."""
+    return e2m1_magnitude_code(lax.bitcast_convert_type(amax_bits, jnp.float32) * inv[..., 0])
+
+
+def plain_values(q, bits, d):
+    """The E4M3 values (float32, exact) of plain blocks: magnitudes ``q`` x 2^d, the input's sign
+    bit OR-ed in."""
     v = lax.bitcast_convert_type(q * pow2_from_exponent(d)[..., None], jnp.int32)
-    return lax.bitcast_convert_type(v | (bits & _SIGN), jnp.float32), row_exp, row_flag
+    return lax.bitcast_convert_type(v | (bits & _SIGN), jnp.float32)
 
 
 def _load_rows(ref, r0, br, nbp, mask):
@@ -297,30 +335,9 @@ def quantize_fp8_2d(x, key_data=None, uniform=None, *, scale_mode="even", transp
         key_data and uniform given; uniform's shape not [*lead, Kq] or [*lead, Kq / 32, 32]
         with prod(lead) = R.
     """
-    from .. import checks
-
-    checks.check_float_input(x, "x")
-    if x.ndim != 2:
-        raise ValueError(f"quantize_fp8_2d: x must be 2-D, got shape {x.shape}")
-    if x.size == 0:
-        raise ValueError(f"quantize_fp8_2d: x must not be empty, got shape {x.shape}")
     if cfg is not None and not isinstance(cfg, Fp8QuantizeConfig):
         raise TypeError(f"cfg must be an Fp8QuantizeConfig or None, got {cfg!r}")
-    if key_data is not None:
-        kd = jnp.asarray(key_data)
-        if kd.dtype != jnp.uint32 or kd.size != 2:
-            raise TypeError("key_data must be uint32[2], the data of a threefry2x32 key "
-                            f"(jax.random.key_data(key)), got {kd.dtype}{list(kd.shape)}")
-    kq, n_rows = (x.shape[0], x.shape[1]) if transposed else (x.shape[1], x.shape[0])
-    if kq % BLOCK_SIZE:
-        raise ValueError(f"quantized axis length {kq} is not a multiple of {BLOCK_SIZE}")
-    if uniform is not None:
-        if key_data is not None:
-            raise ValueError("quantize_fp8_2d: give key_data (uniforms generated in the kernel) or uniform "
-                             "(uniforms read), not both")
-        _check_uniform(uniform, n_rows, kq)
-    if kq > MAX_ROW:
-        raise ValueError(f"quantize_fp8_2d: quantized axis length {kq} > MAX_ROW = {MAX_ROW}")
+    kq, n_rows = check_call(x, key_data, uniform, transposed, "quantize_fp8_2d", max_row=MAX_ROW)
     if cfg is None:
         cfg = default_config(kq, jnp.dtype(x.dtype).itemsize, transposed,
                              stochastic=key_data is not None or uniform is not None)
@@ -352,6 +369,36 @@ def quantize_fp8_2d(x, key_data=None, uniform=None, *, scale_mode="even", transp
         name="mxfp4_quantize_fp8" + ("_t" if transposed else ""),
     )(*args)
     return codes.reshape(n_rows, kq), as_e8m0(byte), row_exp, row_flag
+
+
+def check_call(x, key_data, uniform, transposed, fn, max_row):
+    """The argument rules of :func:`quantize_fp8_2d` (and of the tiled form,
+    :func:`jax_mxfp4.kernels.fp8_quantize_tiled.quantize_fp8_2d_tiled`, ``max_row`` None: no
+    cap): returns (Kq, R); raises the TypeError / ValueError its docstring lists, named after
+    ``fn``."""
+    from .. import checks
+
+    checks.check_float_input(x, "x")
+    if x.ndim != 2:
+        raise ValueError(f"{fn}: x must be 2-D, got shape {x.shape}")
+    if x.size == 0:
+        raise ValueError(f"{fn}: x must not be empty, got shape {x.shape}")
+    if key_data is not None:
+        kd = jnp.asarray(key_data)
+        if kd.dtype != jnp.uint32 or kd.size != 2:
+            raise TypeError("key_data must be uint32[2], the data of a threefry2x32 key "
+                            f"(jax.random.key_data(key)), got {kd.dtype}{list(kd.shape)}")
+    kq, n_rows = (x.shape[0], x.shape[1]) if transposed else (x.shape[1], x.shape[0])
+    if kq % BLOCK_SIZE:
+        raise ValueError(f"quantized axis length {kq} is not a multiple of {BLOCK_SIZE}")
+    if uniform is not None:
+        if key_data is not None:
+            raise ValueError(f"{fn}: give key_data (uniforms generated in the kernel) or uniform "
+                             "(uniforms read), not both")
+        _check_uniform(uniform, n_rows, kq)
+    if max_row is not None and kq > max_row:
+        raise ValueError(f"{fn}: quantized axis length {kq} > MAX_ROW = {max_row}")
+    return kq, n_rows
 
 
 def _check_uniform(uniform, n_rows, kq):
