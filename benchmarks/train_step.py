@@ -334,7 +334,7 @@ def run_kernel(args):
     add("copy bf16 (x + 1)", lambda x, kd: x + jnp.bfloat16(1), 4 * t * k)
     for transposed in (False, True):
         lay = "T" if transposed else "rows"
-        for rows_, warps, plain, with_sr in KERNEL_CONFIGS[transposed][:2 if args.quick else None]:
+        for rows_, warps, plain, with_sr in KERNEL_CONFIGS[transposed][:2 if args.quick else args.one_pass]:
             cfg = fq.Fp8QuantizeConfig(rows=rows_, num_warps=warps, plain_path=plain)
             for sr in (SR_KINDS if with_sr else (None,)):
                 add(f"fused {lay} {sr_name(sr)} rows={rows_} warps={warps}{'' if plain else ' general-only'}",
@@ -448,6 +448,8 @@ def main(argv=None):
     ap.add_argument("--tiled", default="64x4w4", metavar="RxBwW,...",
                     help="--kernel: tiles of the two-pass tiled kernel to time (rows x blocks of 32, warps; "
                          "the first also with SR), default 64x4w4")
+    ap.add_argument("--one-pass", type=int, default=None, metavar="N",
+                    help="--kernel: time only the first N tiles of the one-pass kernel per layout (default all)")
     ap.add_argument("--profile", nargs="?", const="all", default="", metavar="VARIANTS",
                     help="after the timing of each variant (or of the comma-listed ones), its per-kernel "
                          "device times from the profiler")
