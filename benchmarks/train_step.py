@@ -24,7 +24,9 @@ of the linear config from both the bf16 and the MXFP4 step). Variants:
                  reads the strided operands in its transposed layout (no XLA transpose);
   *-tiled        ``JAX_MXFP4_FUSED_TRAINING=tiled``: every operand through the two-pass tiled
                  kernel (jax_mxfp4/kernels/fp8_quantize_tiled.py), both layouts, no XLA transpose;
-  mxfp4-rbg-key[-unfused|-fused|-tiled]  with an explicit "rbg" key (see KEY_IMPL): the fused kernels
+  *-sr           ``JAX_MXFP4_FUSED_TRAINING=sr``: the fused kernel (rows mode) for the stochastically
+                 rounded operands (dY) only; the round-to-nearest ones take the unfused passes;
+  mxfp4-rbg-key[-unfused|-fused|-tiled|-sr]  with an explicit "rbg" key (see KEY_IMPL): the fused kernels
                  read the uniforms XLA draws (the reference's draw), threefry keys have them
                  generated in the kernel.
 With ``--kernel``: the fused quantize-to-FP8 kernel alone on a bf16 [T, K] array (both layouts,
@@ -72,11 +74,14 @@ VARIANTS = {
     "mxfp4-tiled": mx.Recipe(),
     "mxfp4-nearest-tiled": mx.Recipe(grad_rounding="nearest"),
     "mxfp4-rbg-key-tiled": mx.Recipe(),
+    "mxfp4-sr": mx.Recipe(),
+    "mxfp4-rbg-key-sr": mx.Recipe(),
 }
 FUSED_MODE = ({v: "0" for v in VARIANTS if v.endswith("-unfused")} | {v: "1" for v in VARIANTS if v.endswith("-fused")}
-              | {v: "tiled" for v in VARIANTS if v.endswith("-tiled")})
+              | {v: "tiled" for v in VARIANTS if v.endswith("-tiled")} | {v: "sr" for v in VARIANTS if v.endswith("-sr")})
 """$JAX_MXFP4_FUSED_TRAINING per variant ("0" unfused, "1" every pass fused, "tiled" every pass
-through the two-pass tiled kernel); the others run the
+through the two-pass tiled kernel, "sr" the fused kernel for dY's stochastic quantizations only);
+the others run the
 library's default ("rows": the fused kernel for operands read along their contiguous axis)."""
 KEY_IMPL = {v: "rbg" for v in VARIANTS if v.startswith("mxfp4-rbg-key")}
 """Variants given an explicit rounding key of this PRNG implementation (the others use the
@@ -171,8 +176,8 @@ def check_fused(config, s, sets, report=lambda c: None):
     from jax_mxfp4.dispatch import current_platform
 
     cuda = current_platform() == "cuda"
-    modes, recipe = ((("rows", "1", "tiled"), mx.Recipe()) if cuda
-                     else (("interpret-rows", "interpret", "interpret-tiled"), mx.Recipe(backend="fp8")))
+    modes, recipe = ((("rows", "1", "tiled", "sr"), mx.Recipe()) if cuda
+                     else (("interpret-rows", "interpret", "interpret-tiled", "interpret-sr"), mx.Recipe(backend="fp8")))
     out = []
     for key_impl in CHECK_KEYS:
         key_name = key_impl or "data-derived (threefry)"

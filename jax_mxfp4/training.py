@@ -188,18 +188,18 @@ def _bf16_gemm(a, b, dimension_numbers):
 # ----------------------------------------------------------------------------- fused FP8 passes
 _FUSED_MODES = {"": "rows", "rows": "rows", "0": "off", "off": "off", "false": "off", "no": "off",
                 "1": "all", "all": "all", "auto": "all", "on": "all", "true": "all", "yes": "all",
-                "tiled": "tiled", "interpret": "interpret", "interpret-rows": "interpret-rows",
-                "interpret-tiled": "interpret-tiled"}
+                "tiled": "tiled", "sr": "sr", "interpret": "interpret", "interpret-rows": "interpret-rows",
+                "interpret-tiled": "interpret-tiled", "interpret-sr": "interpret-sr"}
 
 
 def fused_mode() -> str:
-    """"rows" (default), "all", "tiled", "off", "interpret", "interpret-rows" or
-    "interpret-tiled", from ``$JAX_MXFP4_FUSED_TRAINING`` (:data:`FUSED_ENV`). ValueError for
-    any other value."""
+    """"rows" (default), "all", "tiled", "sr", "off", "interpret", "interpret-rows",
+    "interpret-tiled" or "interpret-sr", from ``$JAX_MXFP4_FUSED_TRAINING`` (:data:`FUSED_ENV`).
+    ValueError for any other value."""
     v = os.environ.get(FUSED_ENV, "rows").strip().lower()
     if v not in _FUSED_MODES:
-        raise ValueError(f"${FUSED_ENV} must be 'rows' (default), '1'/'all', 'tiled', '0'/'off', 'interpret', "
-                         f"'interpret-rows' or 'interpret-tiled', got {v!r}")
+        raise ValueError(f"${FUSED_ENV} must be 'rows' (default), '1'/'all', 'tiled', 'sr', '0'/'off', "
+                         f"'interpret', 'interpret-rows', 'interpret-tiled' or 'interpret-sr', got {v!r}")
     return _FUSED_MODES[v]
 
 
@@ -218,8 +218,9 @@ def _fused_route(x, y, contraction, out_dtype, recipe: Recipe):
     CUDA) where :func:`jax_mxfp4.quantize.fused_path` takes the fused quantizer (size limit,
     ``JAX_MXFP4_FAST_QUANTIZE``). Every other backend and platform keeps the unfused passes.
     ``kernel``: "rows" (operands quantized along a strided axis are transposed by XLA first),
-    "all" (the one-pass kernel reads both layouts) or "tiled" (the two-pass tiled kernel, both
-    layouts)."""
+    "all" (the one-pass kernel reads both layouts), "tiled" (the two-pass tiled kernel, both
+    layouts) or "sr" (as "rows" for stochastically rounded operands; round-to-nearest operands
+    take the unfused passes)."""
     mode = fused_mode()
     platform = dispatch.current_platform()
     if mode == "off":
@@ -235,7 +236,8 @@ def _fused_route(x, y, contraction, out_dtype, recipe: Recipe):
         return None
     if not _routes_to_fp8(x, y, contraction, out_dtype, recipe):
         return None
-    kernel = {"interpret": "all", "interpret-rows": "rows", "interpret-tiled": "tiled"}.get(mode, mode)
+    kernel = {"interpret": "all", "interpret-rows": "rows", "interpret-tiled": "tiled",
+              "interpret-sr": "sr"}.get(mode, mode)
     return interpret and platform not in ("cuda", "rocm"), kernel
 
 
@@ -246,7 +248,8 @@ def _fp8_operand(x, axis, scale_mode, route, rounding="nearest", key=None, swap=
     q = None
     if route is not None:
         interpret, kernel = route
-        q = _fp8_fused(x, axis, scale_mode, interpret, rounding, key, swap, kernel)
+        if kernel != "sr" or rounding == "stochastic":
+            q = _fp8_fused(x, axis, scale_mode, interpret, rounding, key, swap, "rows" if kernel == "sr" else kernel)
     return q if q is not None else quantize(x, axis, scale_mode=scale_mode, rounding=rounding, key=key)
 
 

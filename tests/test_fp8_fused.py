@@ -277,11 +277,13 @@ def test_training_fused_equals_unfused(monkeypatch, rounding, key_impl, dtype):
     (l1, g1), n1 = _grads(monkeypatch, "interpret", x, w, recipe, key)
     (l2, g2), n2 = _grads(monkeypatch, "interpret-rows", x, w, recipe, key)
     (l3, g3), n3 = _grads(monkeypatch, "interpret-tiled", x, w, recipe, key)
+    (l4, g4), n4 = _grads(monkeypatch, "interpret-sr", x, w, recipe, key)
     assert n0 == 0 and n1 == 6 and n3 == 6  # fprop x, w; dgrad dY, w; wgrad dY, x
+    assert n4 == (2 if rounding == "stochastic" else 0)  # "sr": dY's two stochastic quantizations only
     # rows only: every operand through the rows kernel (x, W and wgrad's dY transposed by XLA
     # first where they are quantized along a strided axis), stochastically rounded dY included
     assert n2 == 6
-    for l_, g_ in ((l1, g1), (l2, g2), (l3, g3)):
+    for l_, g_ in ((l1, g1), (l2, g2), (l3, g3), (l4, g4)):
         np.testing.assert_array_equal(np.asarray(l0), np.asarray(l_))
         for a, b in zip(g0, g_):
             np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
@@ -290,7 +292,8 @@ def test_training_fused_equals_unfused(monkeypatch, rounding, key_impl, dtype):
 def test_fused_modes_parsed_and_typos_refused(monkeypatch):
     for value, mode in (("", "rows"), ("rows", "rows"), ("0", "off"), ("off", "off"), ("1", "all"),
                         ("all", "all"), ("interpret", "interpret"), ("Interpret-Rows", "interpret-rows"),
-                        ("tiled", "tiled"), ("interpret-tiled", "interpret-tiled")):
+                        ("tiled", "tiled"), ("interpret-tiled", "interpret-tiled"), ("SR", "sr"),
+                        ("interpret-sr", "interpret-sr")):
         monkeypatch.setenv(training.FUSED_ENV, value)
         assert training.fused_mode() == mode, value
     monkeypatch.delenv(training.FUSED_ENV)
@@ -301,7 +304,7 @@ def test_fused_modes_parsed_and_typos_refused(monkeypatch):
 
 
 @pytest.mark.parametrize("mode,want", [("", (False, "rows")), ("1", (False, "all")), ("tiled", (False, "tiled")),
-                                       ("0", None)])
+                                       ("sr", (False, "sr")), ("0", None)])
 def test_fused_route_on_cuda(monkeypatch, mode, want):
     """The CUDA branch of the route (a CPU test cannot run the kernels, but it can take the
     decision): an 8192-class bf16 GEMM routed to "fp8" takes the fused passes, rows only by
