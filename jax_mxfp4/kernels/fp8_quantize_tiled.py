@@ -23,6 +23,17 @@ element's flat index for threefry keys, or read from the reference's draw): the 
 them only in tiles holding a special block (scale bytes 0, 1, 253, 254: their stats depend on
 the rounded codes), which take the general path.
 
+Measured (H200, 8192x8192 bf16, session 14 run a, ``benchmarks/train_step.py --kernel --tiled``):
+SLOWER than what it was meant to replace, so training keeps it as an option
+(``JAX_MXFP4_FUSED_TRAINING=tiled``), not the default. Along rows, round to nearest: 0.164-0.226
+ms over eight tiles (64x4 blocks, 4 warps: 0.166; 32x8: 0.164) against 0.185 ms for the one-pass
+kernel's 1-row x 16-warp tile and 0.120 ms for the unfused passes (SWAR quantizer + encode kernel);
+stochastic rounding (threefry) 0.40-1.38 ms against 0.323. In the linear training step (T = K = N
+= 8192): 0.860x of bf16 against 0.755x for the default (rows) mode; profile: the stats pass
+0.045 ms along rows (read speed) but 0.10-0.20 ms transposed, the values pass 0.134 ms along rows
+and 0.31-0.48 ms transposed (the in-register transpose of 3-D tiles and the per-element work, not
+the bytes, limit it). Its use: quantized lengths above MAX_ROW, bit for bit.
+
 Every rule is shared code from :mod:`jax_mxfp4.kernels.fp8_quantize` (plain / general paths)
 and :mod:`jax_mxfp4.kernels.quantize` (scale, rounding, Threefry). Bit-identical to the
 reference in the Pallas interpreter (tests/test_fp8_fused.py).

@@ -11,5 +11,5 @@ timeout 200 python benchmarks/train_step.py --configs linear --check-fused \
 grep "ratio\|^ *[0-9.]* ms  \|identical\|error" $OUT/b_train.txt | head -60
 timeout 150 python benchmarks/train_step.py --configs mlp --variants mxfp4,mxfp4-sr --out $OUT/mlp > $OUT/b_mlp.txt 2>&1
 grep "ratio\|error" $OUT/b_mlp.txt | head
-JAX_MXFP4_FUSED_TRAINING=sr XLA_FLAGS=$NT timeout 230 python -m jax_mxfp4.demo --size xl --quiet --out $OUT/demo_xl > $OUT/b_demo_xl.txt 2>&1
-tail -9 $OUT/b_demo_xl.txt
+# JAX_MXFP4_FUSED_TRAINING=sr XLA_FLAGS=$NT timeout 230 python -m jax_mxfp4.demo --size xl --quiet --out $OUT/demo_xl > $OUT/b_demo_xl.txt 2>&1
+# tail -9 $OUT/b_demo_xl.txt  (demo left out: device time lost to three refused starts)
