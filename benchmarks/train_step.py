@@ -13,20 +13,20 @@ of the linear config from both the bf16 and the MXFP4 step). Variants:
   mxfp4          :func:`jax_mxfp4.dense`, ``Recipe()``: fprop, dgrad and wgrad in MXFP4 (dY
                  stochastically rounded), each GEMM on the backend "auto" picks at precision
                  DEFAULT (on an H200: the FP8 path for these shapes);
-  mxfp4-nearest  the same with ``grad_rounding="nearest"`` (every quantization on the fused kernel);
+  mxfp4-nearest  the same with ``grad_rounding="nearest"`` (every quantization round to nearest);
   mxfp4-highest  ``Recipe(precision="highest")``: the exact float32-accumulation backends;
-  The plain names run the library default ``JAX_MXFP4_FUSED_TRAINING=rows``: every operand is
-                 quantized straight to the FP8 operand by one kernel reading rows
-                 (jax_mxfp4/kernels/fp8_quantize.py); those quantized along a strided axis (W in
-                 fprop, X and dY in wgrad) are transposed by XLA first;
+  The plain names run the library default ``JAX_MXFP4_FUSED_TRAINING=sr`` (since session 14):
+                 dY's stochastic quantizations straight to the FP8 operand by one kernel reading
+                 rows (jax_mxfp4/kernels/fp8_quantize.py; wgrad's dY transposed by XLA first),
+                 the round-to-nearest operands by the quantizer, then the encode kernel;
   *-unfused      ``JAX_MXFP4_FUSED_TRAINING=0``: every operand in two passes;
   *-fused        ``JAX_MXFP4_FUSED_TRAINING=1``: every operand through the fused kernel, which
                  reads the strided operands in its transposed layout (no XLA transpose);
   *-tiled        ``JAX_MXFP4_FUSED_TRAINING=tiled``: every operand through the two-pass tiled
                  kernel (jax_mxfp4/kernels/fp8_quantize_tiled.py), both layouts, no XLA transpose;
-  *-sr           ``JAX_MXFP4_FUSED_TRAINING=sr``: the fused kernel (rows mode) for the stochastically
-                 rounded operands (dY) only; the round-to-nearest ones take the unfused passes;
-  mxfp4-rbg-key[-unfused|-fused|-tiled|-sr]  with an explicit "rbg" key (see KEY_IMPL): the fused kernels
+  *-rows         ``JAX_MXFP4_FUSED_TRAINING=rows`` (the default before session 14): every operand
+                 through the one-pass kernel reading rows, strided ones transposed by XLA first;
+  mxfp4-rbg-key[-unfused|-fused|-tiled|-rows]  with an explicit "rbg" key (see KEY_IMPL): the fused kernels
                  read the uniforms XLA draws (the reference's draw), threefry keys have them
                  generated in the kernel.
 With ``--kernel``: the fused quantize-to-FP8 kernel alone on a bf16 [T, K] array (both layouts,
@@ -55,7 +55,7 @@ from jax import lax  # noqa: E402
 
 import jax_mxfp4 as mx  # noqa: E402
 from benchmarks.common import device_info, kernel_time, out_dir, time_fn, write_json  # noqa: E402
-from jax_mxfp4.training import FUSED_ENV  # noqa: E402
+from jax_mxfp4.training import DEFAULT_FUSED_MODE, FUSED_ENV  # noqa: E402
 
 FULL = {"linear": dict(t=8192, k=8192, n=8192), "mlp": dict(t=8192, d=8192),
         "mlp-d1024": dict(t=8192, d=1024)}  # the demo's large size: one MLP block of its step
@@ -74,15 +74,16 @@ VARIANTS = {
     "mxfp4-tiled": mx.Recipe(),
     "mxfp4-nearest-tiled": mx.Recipe(grad_rounding="nearest"),
     "mxfp4-rbg-key-tiled": mx.Recipe(),
-    "mxfp4-sr": mx.Recipe(),
-    "mxfp4-rbg-key-sr": mx.Recipe(),
+    "mxfp4-rows": mx.Recipe(),
+    "mxfp4-rbg-key-rows": mx.Recipe(),
 }
 FUSED_MODE = ({v: "0" for v in VARIANTS if v.endswith("-unfused")} | {v: "1" for v in VARIANTS if v.endswith("-fused")}
-              | {v: "tiled" for v in VARIANTS if v.endswith("-tiled")} | {v: "sr" for v in VARIANTS if v.endswith("-sr")})
+              | {v: "tiled" for v in VARIANTS if v.endswith("-tiled")} | {v: "rows" for v in VARIANTS if v.endswith("-rows")})
 """$JAX_MXFP4_FUSED_TRAINING per variant ("0" unfused, "1" every pass fused, "tiled" every pass
-through the two-pass tiled kernel, "sr" the fused kernel for dY's stochastic quantizations only);
-the others run the
-library's default ("rows": the fused kernel for operands read along their contiguous axis)."""
+through the two-pass tiled kernel, "rows" the one-pass kernel for every operand (the default
+before session 14)); the others run the
+library's default (``jax_mxfp4.training.DEFAULT_FUSED_MODE``, "sr": the fused kernel for dY's
+stochastic quantizations, the unfused passes for the round-to-nearest operands)."""
 KEY_IMPL = {v: "rbg" for v in VARIANTS if v.startswith("mxfp4-rbg-key")}
 """Variants given an explicit rounding key of this PRNG implementation (the others use the
 data-derived key, threefry: bit-identical SR then costs ~80 integer operations per element)."""
@@ -212,7 +213,7 @@ def profile_step(config, variant, recipe, sets, top=25, hlo_dir=None):
     """Per-kernel device time of one step (``benchmarks.common.kernel_time``: profiler kernel
     durations per call, 4 distinct calls in one program): where the step's time goes. With
     ``hlo_dir``: also the optimized HLO of one step, ``hlo_<config>_<variant>.txt``."""
-    with _env(FUSED_ENV, FUSED_MODE.get(variant, "rows")):
+    with _env(FUSED_ENV, FUSED_MODE.get(variant, DEFAULT_FUSED_MODE)):
         step = make_step(layer_fns(config, recipe, KEY_IMPL.get(variant)))
         if hlo_dir:
             with open(os.path.join(hlo_dir, f"hlo_{config}_{variant}.txt"), "w") as f:
@@ -253,7 +254,7 @@ def run(args):
             if args.variants and variant not in args.variants and variant != "bf16":
                 continue
             try:
-                with _env(FUSED_ENV, FUSED_MODE.get(variant, "rows")):
+                with _env(FUSED_ENV, FUSED_MODE.get(variant, DEFAULT_FUSED_MODE)):
                     r = time_fn(make_step(layer_fns(config, recipe, KEY_IMPL.get(variant))), sets, **timing)
                 r["status"] = "ok"
             except Exception as e:  # record, keep going

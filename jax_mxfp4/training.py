@@ -81,16 +81,31 @@ DGRAD_TAG, WGRAD_TAG = 1, 2
 _CANON = (((2,), (2,)), ((0,), (0,)))
 
 FUSED_ENV = "JAX_MXFP4_FUSED_TRAINING"
-"""Fused FP8 quantization of the training passes (:func:`fused_mode`) on CUDA: "rows" (default)
-the fused kernel reads rows only (an operand quantized along a strided axis is transposed by XLA
-first, stochastically rounded ones included), "1"/"all" the kernel
-also reads transposed layouts directly, "0"
-off (the unfused passes: the quantizer kernel, then the fp8 backend's encode kernel);
-"interpret" / "interpret-rows" the same off the GPU through the Pallas interpreter (tests).
-Why "rows": on the H200 (``benchmarks/train_step.py --kernel``, 8192x8192 bf16, one run) the
-fused kernel takes 0.146-0.160 ms along rows against 0.215 ms for the unfused passes (0.398 vs
-0.478 ms with Threefry stochastic rounding), but 1.1-1.6 ms for the transposed layout against
-0.289 ms unfused (its column reads are strided)."""
+"""Fused FP8 quantization of the training passes (:func:`fused_mode`) on CUDA:
+
+- "sr" (default): the one-pass fused kernel (:mod:`jax_mxfp4.kernels.fp8_quantize`) for the
+  stochastically rounded operands (dY in dgrad and wgrad; one along a strided axis is transposed
+  by XLA first), the unfused passes for the round-to-nearest ones (the quantizer, the SWAR word
+  program on Hopper since session 13, then the fp8 backend's encode kernel);
+- "rows": the one-pass kernel for every operand, those along a strided axis transposed by XLA
+  first (the default before session 14);
+- "1"/"all": the one-pass kernel for every operand, strided layouts read by the kernel;
+- "tiled": the two-pass tiled kernel (:mod:`jax_mxfp4.kernels.fp8_quantize_tiled`) for every
+  operand, both layouts read coalesced, no row-length cap;
+- "0"/"off": the unfused passes;
+- "interpret" / "interpret-rows" / "interpret-tiled" / "interpret-sr": "all" / "rows" / "tiled" /
+  "sr" off the GPU through the Pallas interpreter (tests).
+
+Every mode gives the same bits. Why "sr" (H200, linear layer T = K = N = 8192,
+``benchmarks/train_step.py``, session 14 runs b and c: three same-run pairs): the step at
+0.752x / 0.740x / 0.753x of bf16 against 0.763x / 0.752x / 0.759x for "rows" (rbg key: 0.704x /
+0.698x / 0.701x against 0.710x / 0.700x / 0.716x): round to nearest, the unfused passes take
+0.120 ms for 8192x8192 bf16 against 0.127-0.185 ms for the one-pass kernel (run a; session 6).
+The MLP block (d = 8192, hidden 4d; run b, one sample each): 0.692x "sr" against 0.687x "rows".
+"tiled": 0.860x (run a; its kernels are slower, see its module). "all": the kernel's strided
+transposed reads take 1.1-1.6 ms against ~0.07 ms for an XLA transpose (session 4)."""
+
+DEFAULT_FUSED_MODE = "sr"
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -186,19 +201,19 @@ def _bf16_gemm(a, b, dimension_numbers):
 
 
 # ----------------------------------------------------------------------------- fused FP8 passes
-_FUSED_MODES = {"": "rows", "rows": "rows", "0": "off", "off": "off", "false": "off", "no": "off",
+_FUSED_MODES = {"": DEFAULT_FUSED_MODE, "rows": "rows", "0": "off", "off": "off", "false": "off", "no": "off",
                 "1": "all", "all": "all", "auto": "all", "on": "all", "true": "all", "yes": "all",
                 "tiled": "tiled", "sr": "sr", "interpret": "interpret", "interpret-rows": "interpret-rows",
                 "interpret-tiled": "interpret-tiled", "interpret-sr": "interpret-sr"}
 
 
 def fused_mode() -> str:
-    """"rows" (default), "all", "tiled", "sr", "off", "interpret", "interpret-rows",
+    """"sr" (default), "rows", "all", "tiled", "off", "interpret", "interpret-rows",
     "interpret-tiled" or "interpret-sr", from ``$JAX_MXFP4_FUSED_TRAINING`` (:data:`FUSED_ENV`).
     ValueError for any other value."""
-    v = os.environ.get(FUSED_ENV, "rows").strip().lower()
+    v = os.environ.get(FUSED_ENV, DEFAULT_FUSED_MODE).strip().lower()
     if v not in _FUSED_MODES:
-        raise ValueError(f"${FUSED_ENV} must be 'rows' (default), '1'/'all', 'tiled', 'sr', '0'/'off', "
+        raise ValueError(f"${FUSED_ENV} must be 'sr' (default), 'rows', '1'/'all', 'tiled', '0'/'off', "
                          f"'interpret', 'interpret-rows', 'interpret-tiled' or 'interpret-sr', got {v!r}")
     return _FUSED_MODES[v]
 

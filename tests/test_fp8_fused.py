@@ -290,24 +290,24 @@ def test_training_fused_equals_unfused(monkeypatch, rounding, key_impl, dtype):
 
 
 def test_fused_modes_parsed_and_typos_refused(monkeypatch):
-    for value, mode in (("", "rows"), ("rows", "rows"), ("0", "off"), ("off", "off"), ("1", "all"),
+    for value, mode in (("", "sr"), ("rows", "rows"), ("0", "off"), ("off", "off"), ("1", "all"),
                         ("all", "all"), ("interpret", "interpret"), ("Interpret-Rows", "interpret-rows"),
                         ("tiled", "tiled"), ("interpret-tiled", "interpret-tiled"), ("SR", "sr"),
                         ("interpret-sr", "interpret-sr")):
         monkeypatch.setenv(training.FUSED_ENV, value)
         assert training.fused_mode() == mode, value
     monkeypatch.delenv(training.FUSED_ENV)
-    assert training.fused_mode() == "rows"  # the default
+    assert training.fused_mode() == "sr"  # the default (session 14)
     monkeypatch.setenv(training.FUSED_ENV, "row")
     with pytest.raises(ValueError, match="JAX_MXFP4_FUSED_TRAINING"):
         training.fused_mode()
 
 
-@pytest.mark.parametrize("mode,want", [("", (False, "rows")), ("1", (False, "all")), ("tiled", (False, "tiled")),
+@pytest.mark.parametrize("mode,want", [("", (False, "sr")), ("rows", (False, "rows")), ("1", (False, "all")), ("tiled", (False, "tiled")),
                                        ("sr", (False, "sr")), ("0", None)])
 def test_fused_route_on_cuda(monkeypatch, mode, want):
     """The CUDA branch of the route (a CPU test cannot run the kernels, but it can take the
-    decision): an 8192-class bf16 GEMM routed to "fp8" takes the fused passes, rows only by
+    decision): an 8192-class bf16 GEMM routed to "fp8" takes the fused passes, "sr" by
     default. Guards the code path that only CUDA reaches (an import lost in a merge broke it)."""
     import importlib
 

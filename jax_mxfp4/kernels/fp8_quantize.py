@@ -20,8 +20,11 @@ beyond it.
 Measured (H200, 8192x8192 bf16, session 4, ``benchmarks/train_step.py --kernel``): along rows
 0.146-0.160 ms (the unfused quantize + encode: 0.215 ms), with Threefry stochastic rounding 0.398
 ms (0.478); the transposed layout 1.1-1.6 ms (unfused 0.289): its column reads are strided. So
-training's default (``JAX_MXFP4_FUSED_TRAINING=rows``) transposes such operands with XLA first
-and uses the rows layout (:mod:`jax_mxfp4.training`).
+training transposes such operands with XLA first and uses the rows layout
+(:mod:`jax_mxfp4.training`). Since the SWAR quantizer (session 13) the unfused passes are faster
+for round to nearest (0.120 ms against 0.185 for this kernel's 1-row x 16-warp tile, session 14
+run a), so training's default (``JAX_MXFP4_FUSED_TRAINING=sr``) runs this kernel for the
+stochastically rounded operands only.
 
 Every rule is shared code: the block scale and the E2M1 rounding (nearest, or stochastic with
 the reference's uniforms, generated in the kernel for Threefry keys or read as an input array
