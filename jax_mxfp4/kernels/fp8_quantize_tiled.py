@@ -131,6 +131,18 @@ def _uniforms(rng_ref, rng, r0, b0, br, bb, n_rows, n_blocks):
     return threefry_uniform(rng_ref[0], rng_ref[1], row * jnp.uint32(n_blocks * BLOCK_SIZE) + col)
 
 
+def _tile_terms(x_ref, r0, b0, br, bb, n_rows, n_blocks, transposed, scale_mode):
+    """What both passes compute first from their tile: float32 bits, |bits|, each block's amax
+    bits, (bad, scale byte) (:func:`~jax_mxfp4.kernels.quantize.block_scale_bits`) and inv = 2^-s
+    [..., nb, 1]."""
+    x = _tile(x_ref, r0, b0, br, bb, n_rows, n_blocks, transposed)
+    bits = lax.bitcast_convert_type(x.astype(jnp.float32), jnp.int32)  # exact widening
+    a = bits & _ABS
+    amax_bits = jnp.max(a, axis=-1)
+    bad, byte, s = block_scale_bits(amax_bits, scale_mode)
+    return bits, a, amax_bits, bad, byte, pow2_from_exponent(-s)[..., None]
+
+
 def _all_plain(amax_bits, byte):
     plain = (amax_bits == 0) | ((byte >= fq.PLAIN_MIN_BYTE) & (byte <= fq.PLAIN_MAX_BYTE))
     return jnp.min(jnp.min(plain.astype(jnp.int32), axis=-1), axis=-1) != 0
@@ -139,12 +151,7 @@ def _all_plain(amax_bits, byte):
 def _stats_kernel(*refs, n_rows, n_blocks, br, bb, scale_mode, rng, transposed, plain_path):
     x_ref, rng_ref, stats_ref = refs if rng is not None else (refs[0], None, refs[1])
     r0, b0 = pl.program_id(0) * br, pl.program_id(1) * bb
-    bits = lax.bitcast_convert_type(_tile(x_ref, r0, b0, br, bb, n_rows, n_blocks, transposed)
-                                    .astype(jnp.float32), jnp.int32)
-    a = bits & _ABS
-    amax_bits = jnp.max(a, axis=-1)
-    bad, byte, s = block_scale_bits(amax_bits, scale_mode)
-    inv = pow2_from_exponent(-s)[..., None]
+    bits, a, amax_bits, bad, byte, inv = _tile_terms(x_ref, r0, b0, br, bb, n_rows, n_blocks, transposed, scale_mode)
 
     def plain():  # no special byte: only "counted" (max_mag != 0) is read, from the amax
         return fq.plain_max_code(amax_bits, inv), jnp.full(amax_bits.shape, 8, jnp.int32)
@@ -173,12 +180,7 @@ def _values_kernel(*refs, n_rows, n_blocks, br, bb, scale_mode, rng, transposed,
         (x_ref, d_ref, codes_ref), rng_ref = refs, None
     r0, b0 = pl.program_id(0) * br, pl.program_id(1) * bb
     over = n_rows % br != 0 or n_blocks % bb != 0
-    bits = lax.bitcast_convert_type(_tile(x_ref, r0, b0, br, bb, n_rows, n_blocks, transposed)
-                                    .astype(jnp.float32), jnp.int32)
-    a = bits & _ABS
-    amax_bits = jnp.max(a, axis=-1)
-    bad, byte, s = block_scale_bits(amax_bits, scale_mode)
-    inv = pow2_from_exponent(-s)[..., None]
+    bits, a, amax_bits, bad, byte, inv = _tile_terms(x_ref, r0, b0, br, bb, n_rows, n_blocks, transposed, scale_mode)
     dview = d_ref.at[pl.ds(r0, br), pl.ds(b0, bb)]
     d = (plgpu.load(dview, mask=_mask2(r0, b0, br, bb, n_rows, n_blocks), other=0) if over
          else plgpu.load(dview)).astype(jnp.int32)
