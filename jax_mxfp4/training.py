@@ -229,7 +229,7 @@ def _routes_to_fp8(x, y, contraction, out_dtype, recipe: Recipe) -> bool:
 def _fused_route(x, y, contraction, out_dtype, recipe: Recipe):
     """None, or ``(interpret, kernel)`` for :func:`_fp8_fused`: the fused passes are taken
     when the GEMM of these two float operands routes to backend "fp8" on this platform (CUDA;
-    any platform with ``$JAX_MXFP4_FUSED_TRAINING=interpret[-rows]``), outside any mesh, and (on
+    any platform with ``$JAX_MXFP4_FUSED_TRAINING=interpret[-rows|-tiled|-sr]``), outside any mesh, and (on
     CUDA) where :func:`jax_mxfp4.quantize.fused_path` takes the fused quantizer (size limit,
     ``JAX_MXFP4_FAST_QUANTIZE``). Every other backend and platform keeps the unfused passes.
     ``kernel``: "rows" (operands quantized along a strided axis are transposed by XLA first),
