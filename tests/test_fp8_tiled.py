@@ -132,3 +132,22 @@ def test_tiled_lowers_for_cuda(transposed, rng_kind):
         traced = jax.jit(lambda x, u: f(x, uniform=u)).trace(x, jax.ShapeDtypeStruct((33, 3, 32), jnp.float32))
     text = traced.lower(lowering_platforms=("cuda",)).as_text()
     assert text.count("triton") >= 2, "both passes lower to Triton kernels"
+
+
+@pytest.mark.parametrize("transposed", [False, True])
+def test_both_kernels_run_under_x64(transposed):
+    """With jax_enable_x64 on, float32 input: every view of both quantize-to-FP8 kernels starts at
+    int32 indices (a bare ':' or a Python 0 became int64 beside the int32 program ids: the
+    interpreter raised a dynamic_slice TypeError, found by the session 14 helper trial)."""
+    rng = np.random.default_rng()
+    xr = _rows(rng, jnp.float32, rows=8, kq=64)
+    x, axis = (xr.T, 0) if transposed else (xr, 1)
+    key = jax.random.key(int(rng.integers(2**31)))
+    want = _reference(x, axis, "stochastic", key)
+    with jax.enable_x64(True):
+        kd = jax.random.key_data(key)
+        got_tiled = ft.quantize_fp8_2d_tiled(x, kd, transposed=transposed, cfg=SMALL, interpret=True)
+        got_one = fq.quantize_fp8_2d(x, kd, transposed=transposed, cfg=fq.Fp8QuantizeConfig(rows=4, num_warps=4),
+                                     interpret=True)
+    _assert_same(got_tiled, want)
+    _assert_same(got_one, want)

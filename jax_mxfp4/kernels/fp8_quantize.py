@@ -243,10 +243,17 @@ def plain_values(q, bits, d):
     return lax.bitcast_convert_type(v | (bits & _SIGN), jnp.float32)
 
 
+def from0(n):
+    """``pl.ds(0, n)`` started at an int32 0: a Python 0 (or a bare ``:``) becomes int64 under
+    ``jax_enable_x64`` beside the int32 program ids, which the Pallas interpreter refuses (a
+    dynamic_slice TypeError). Used by every view of both quantize-to-FP8 kernels."""
+    return pl.ds(jnp.int32(0), n)
+
+
 def _load_rows(ref, r0, br, nbp, mask):
     """Rows r0 .. r0 + br of a [rows, blocks, 32] array (blocks padded to ``nbp``), masked loads
     (0 outside) where ``mask`` is given."""
-    view = ref.at[pl.ds(r0, br), pl.ds(0, nbp), :]
+    view = ref.at[pl.ds(r0, br), from0(nbp), from0(BLOCK_SIZE)]
     return plgpu.load(view) if mask is None else plgpu.load(view, mask=mask, other=0)
 
 
@@ -267,7 +274,7 @@ def _kernel(*refs, n_rows, n_blocks, nbp, br, scale_mode, kernel_rng, uniform_in
                  & (lax.broadcasted_iota(jnp.int32, oshape, 1) < n_blocks))
     if transposed:  # x viewed as [n_blocks, 32, n_rows]: output rows are columns of x
         shape = (nbp, BLOCK_SIZE, br)
-        view = x_ref.at[pl.ds(0, nbp), :, pl.ds(r0, br)]
+        view = x_ref.at[from0(nbp), from0(BLOCK_SIZE), pl.ds(r0, br)]
         mask = None
         if rows_over or blocks_over:
             mask = ((lax.broadcasted_iota(jnp.int32, shape, 0) < n_blocks)
@@ -286,8 +293,8 @@ def _kernel(*refs, n_rows, n_blocks, nbp, br, scale_mode, kernel_rng, uniform_in
     elif uniform_input:  # the reference's draw read in, element-aligned with the output rows
         u = _load_rows(u_ref, r0, br, nbp, omask)
     vals, byte, row_exp, row_flag = encode_tile(bits, u, scale_mode, plain_path)
-    cview = codes_ref.at[pl.ds(r0, br), pl.ds(0, nbp), :]
-    sview = scale_ref.at[pl.ds(r0, br), pl.ds(0, nbp)]
+    cview = codes_ref.at[pl.ds(r0, br), from0(nbp), from0(BLOCK_SIZE)]
+    sview = scale_ref.at[pl.ds(r0, br), from0(nbp)]
     eview, fview = exp_ref.at[pl.ds(r0, br)], flag_ref.at[pl.ds(r0, br)]
     codes = vals.astype(jnp.float8_e4m3fn)
     if omask is None:

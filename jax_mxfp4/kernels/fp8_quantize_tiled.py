@@ -90,14 +90,14 @@ def _tile(x_ref, r0, b0, br, bb, n_rows, n_blocks, transposed):
     over = n_rows % br != 0 or n_blocks % bb != 0
     if transposed:  # x viewed as [n_blocks, 32, n_rows]: output rows are columns of x
         shape = (bb, BLOCK_SIZE, br)
-        view = x_ref.at[pl.ds(b0, bb), :, pl.ds(r0, br)]
+        view = x_ref.at[pl.ds(b0, bb), fq.from0(BLOCK_SIZE), pl.ds(r0, br)]
         mask = None
         if over:
             mask = ((b0 + lax.broadcasted_iota(jnp.int32, shape, 0) < n_blocks)
                     & (r0 + lax.broadcasted_iota(jnp.int32, shape, 2) < n_rows))
         x = plgpu.load(view) if mask is None else plgpu.load(view, mask=mask, other=0)
         return jnp.transpose(x, (2, 0, 1))
-    view = x_ref.at[pl.ds(r0, br), pl.ds(b0, bb), :]
+    view = x_ref.at[pl.ds(r0, br), pl.ds(b0, bb), fq.from0(BLOCK_SIZE)]
     return plgpu.load(view) if not over else plgpu.load(view, mask=_mask3(r0, b0, br, bb, n_rows, n_blocks), other=0)
 
 
@@ -120,7 +120,7 @@ def _uniforms(rng_ref, rng, r0, b0, br, bb, n_rows, n_blocks):
     if rng is None:
         return None
     if rng == "input":
-        view = rng_ref.at[pl.ds(r0, br), pl.ds(b0, bb), :]
+        view = rng_ref.at[pl.ds(r0, br), pl.ds(b0, bb), fq.from0(BLOCK_SIZE)]
         if n_rows % br or n_blocks % bb:
             return plgpu.load(view, mask=_mask3(r0, b0, br, bb, n_rows, n_blocks), other=0)
         return plgpu.load(view)
@@ -195,7 +195,7 @@ def _values_kernel(*refs, n_rows, n_blocks, br, bb, scale_mode, rng, transposed,
 
     vals = lax.cond(_all_plain(amax_bits, byte), plain, general) if plain_path else general()
     codes = vals.astype(jnp.float8_e4m3fn)
-    view = codes_ref.at[pl.ds(r0, br), pl.ds(b0, bb), :]
+    view = codes_ref.at[pl.ds(r0, br), pl.ds(b0, bb), fq.from0(BLOCK_SIZE)]
     if over:
         plgpu.store(view, codes, mask=_mask3(r0, b0, br, bb, n_rows, n_blocks))
     else:
