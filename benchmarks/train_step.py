@@ -476,13 +476,20 @@ def main(argv=None):
         if t < 1 or k < 32 or k % 32 or k > 16384:
             ap.error(f"--kernel-shape: T must be >= 1 and K a multiple of 32 in [32, 16384], got {args.kernel_shape!r}")
         args.kernel_shape = (t, k)
-    try:
-        from jax_mxfp4.kernels.fp8_quantize_tiled import TiledConfig
+    from jax_mxfp4.kernels.fp8_quantize_tiled import TiledConfig
 
-        args.tiled = [TiledConfig(rows=int(r), blocks=int(b), num_warps=int(w)) for r, b, w in
-                      (re.fullmatch(r"(\d+)x(\d+)w(\d+)", v.strip()).groups() for v in args.tiled.split(",") if v.strip())]
-    except (AttributeError, ValueError) as e:
-        ap.error(f"--tiled: RxBwW tiles (powers of two), e.g. 64x4w4,128x2w8: {e}")
+    tiles = []
+    for v in (v.strip() for v in args.tiled.split(",")):
+        m = re.fullmatch(r"(\d+)x(\d+)w(\d+)", v)
+        try:
+            if not m:
+                raise ValueError(f"{v!r} is not RxBwW")
+            tiles.append(TiledConfig(rows=int(m[1]), blocks=int(m[2]), num_warps=int(m[3])))
+        except ValueError as e:
+            ap.error(f"--tiled: comma-separated RxBwW tiles (powers of two), e.g. 64x4w4,128x2w8: {e}")
+    args.tiled = tiles
+    if args.one_pass is not None and args.one_pass < 0:
+        ap.error(f"--one-pass must be >= 0, got {args.one_pass}")
     args.configs = [c for c in args.configs.split(",") if c]
     args.variants = [v for v in args.variants.split(",") if v]
     check_args(ap, args)
