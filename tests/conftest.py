@@ -1,9 +1,12 @@
 import os
+import zlib
 
 # 8 simulated CPU devices for the sharding tests (must be set before JAX initializes its backend).
 if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
     os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
 
+import numpy as np
+import pytest
 from hypothesis import HealthCheck, settings
 
 settings.register_profile(
@@ -11,3 +14,60 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.too_slow],
 )
 settings.load_profile("ci")
+
+
+# ---- replayable randomness
+# Every test that needs random data takes the ``rng`` fixture (or ``jax_key``): a generator seeded from
+# a base seed and the test's node id, so each test draws the same numbers on every run, whatever runs
+# before it. The base seed is 0 unless ``--seed N`` or ``JAX_MXFP4_TEST_SEED=N`` says otherwise; a
+# failed test's report names both parts of its seed.
+
+_SEED_ENV = "JAX_MXFP4_TEST_SEED"
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--seed", type=int, default=None,
+        help=f"base seed of the rng / jax_key fixtures (default: ${_SEED_ENV} or 0)",
+    )
+
+
+def _base_seed(config) -> int:
+    opt = config.getoption("--seed", default=None)
+    if opt is not None:
+        return int(opt)
+    return int(os.environ.get(_SEED_ENV, "0"))
+
+
+def _test_seed(config, nodeid: str) -> tuple[int, int]:
+    return _base_seed(config), zlib.crc32(nodeid.encode())
+
+
+def pytest_report_header(config):
+    return f"rng base seed: {_base_seed(config)} (--seed N or {_SEED_ENV}=N to change)"
+
+
+@pytest.fixture
+def rng(request) -> np.random.Generator:
+    """A NumPy generator seeded from the base seed and this test's node id."""
+    return np.random.default_rng(np.random.SeedSequence(list(_test_seed(request.config, request.node.nodeid))))
+
+
+@pytest.fixture
+def jax_key(request):
+    """A JAX PRNG key from the same seed as ``rng`` (an independent stream)."""
+    import jax
+
+    base, crc = _test_seed(request.config, request.node.nodeid)
+    seed = int(np.random.SeedSequence([base, crc]).generate_state(1, np.uint32)[0])
+    return jax.random.key(seed)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed and ("rng" in getattr(item, "fixturenames", ()) or "jax_key" in getattr(item, "fixturenames", ())):
+        base, crc = _test_seed(item.config, item.nodeid)
+        report.sections.append(
+            ("rng seed", f"base={base} (--seed {base} or {_SEED_ENV}={base} replays it), nodeid crc={crc}"))
