@@ -224,107 +224,23 @@ def test_gpu_check_finds_fp8_dots_by_operand_definitions():
     assert " dot(" in hlo and "f8e4m3fn" in hlo and not fp8_dot_in_hlo(hlo)
 
 
-def test_fp8_flags_chunk_window_rule():
-    """benchmarks/fp8_flags.chunk_outside against a direct count: a (row, chunk) pair is outside
-    the window when its counted blocks' scale bytes span more than WINDOW_SPAN; uncounted (zero)
-    blocks and chunks with none counted never are."""
-    import numpy as np
-
-    from benchmarks import fp8_flags
-    from jax_mxfp4.fp8 import WINDOW_SPAN
-
-    rng = np.random.default_rng()
-    sb = rng.integers(100, 140, (64, 24)).astype(np.uint8)
-    counted = rng.random((64, 24)) < 0.8
-    for chunk in (None, 24, 8, 5, 1):
-        c = 24 if chunk is None else chunk
-        want = []
-        for r in range(64):
-            for c0 in range(0, 24, c):
-                v = sb[r, c0:c0 + c][counted[r, c0:c0 + c]].astype(int)
-                want.append(v.size > 0 and v.max() - v.min() > WINDOW_SPAN)
-        assert fp8_flags.chunk_outside(sb, counted, chunk) == np.mean(want), chunk
-    flat = np.full((4, 8), 120, np.uint8)
-    flat[:, 0] = 120 - WINDOW_SPAN  # exactly the window: inside
-    assert fp8_flags.chunk_outside(flat, np.ones_like(flat, bool), None) == 0.0
-    flat[1, 0] -= 1  # one binade more: that row only
-    assert fp8_flags.chunk_outside(flat, np.ones_like(flat, bool), None) == 0.25
-    assert fp8_flags.chunk_outside(flat, np.zeros_like(flat, bool), None) == 0.0
-    for empty in (np.zeros((0, 8), np.uint8), np.zeros((4, 0), np.uint8)):  # no row / no block (K = 0)
-        assert fp8_flags.chunk_outside(empty, empty.astype(bool), 2) == 0.0
-
-
 @pytest.mark.parametrize("argv", [["--chunks", "48"], ["--chunks", "0"], ["--steps", "0"], ["--d-model", "0"],
                                   ["--batch", "-1"], ["--chunks", "abc"], ["--chunks", "1e3"], ["--chunks", "64,nan"],
                                   ["--d-model", "100"], ["--d-model", "48"], ["--lr", "0"], ["--lr=-1e-3"], ["--lr", "nan"], ["--lr", "inf"],
                                   ["--data", "text"]])
-def test_fp8_flags_refuses_bad_arguments(argv, capsys):
-    from benchmarks import fp8_flags
-
-    with pytest.raises(SystemExit):
-        fp8_flags.main(argv)
-    err = capsys.readouterr().err
-    assert "must be" in err or "invalid choice" in err
-
-
-def test_fp8_flags_flagged_groups_against_a_direct_count():
-    """The share of 128-row groups holding a flagged row, per batch element, last group partial."""
-    from benchmarks import fp8_flags
-
-    rng = np.random.default_rng()
-    for b, r, g in ((1, 300, 128), (3, 256, 64), (2, 5, 4)):
-        f = rng.random((b, r)) < 0.01
-        want = [f[i, j:j + g].any() for i in range(b) for j in range(0, r, g)]
-        assert fp8_flags.flagged_groups(f, g) == np.mean(want)
-    assert fp8_flags.flagged_groups(np.zeros((1, 0), bool), 128) == 0.0
-    one = np.zeros((1, 300), bool)
-    one[0, 299] = True  # the partial last group
-    assert fp8_flags.flagged_groups(one, 128) == 1 / 3
-
-
 def test_demo_batches():
     """random: one batch for every step; corpus: the demo's windows, a new one per step."""
-    from benchmarks import common as fp8_flags
+    from benchmarks.common import demo_batches
 
     cfg = dict(batch=2, seq_len=16)
-    rnd = fp8_flags.demo_batches(cfg, 3, "random")
+    rnd = demo_batches(cfg, 3, "random")
     assert rnd(0).shape == (2, 17) and rnd(0) is rnd(2)
-    cor = fp8_flags.demo_batches(cfg, 3, "corpus")
+    cor = demo_batches(cfg, 3, "corpus")
     a, b = np.asarray(cor(0)), np.asarray(cor(1))
     assert a.shape == (2, 17) and a.dtype == np.int32 and not np.array_equal(a, b)
     assert a.min() >= 0 and a.max() < 256
     with pytest.raises(ValueError, match="data must be"):
-        fp8_flags.demo_batches(cfg, 1, "text")
-
-
-def test_fp8_flags_refuses_an_out_it_cannot_write_before_the_step(tmp_path, capsys):
-    """--out is made before the (slow) step: an empty name used to write nothing, and a file in
-    the way failed with a FileExistsError traceback after the step had run."""
-    from benchmarks import fp8_flags
-
-    afile = tmp_path / "afile"
-    afile.write_text("")
-    for out in ("", "  ", str(afile), str(afile / "sub")):
-        with pytest.raises(SystemExit):
-            fp8_flags.main(["--size", "small", "--batch", "1", "--d-model", "32", "--chunks", "64", "--out", out])
-        assert "--out must name a folder" in capsys.readouterr().err
-
-
-def test_fp8_flags_says_when_no_operand_took_the_fp8_path(tmp_path, capsys, monkeypatch):
-    """With JAX_MXFP4_BACKEND naming another backend nothing reaches the FP8 path: the script
-    printed an empty table and exited 0; now it says so and exits 1."""
-    from benchmarks import fp8_flags
-    from jax_mxfp4.backends import fp8 as fp8_backend
-
-    before = fp8_backend._prepared
-    monkeypatch.setenv("JAX_MXFP4_BACKEND", "xla")
-    assert fp8_flags.main(["--size", "small", "--batch", "1", "--d-model", "32", "--chunks", "64",
-                           "--out", str(tmp_path)]) == 1
-    assert "no GEMM operand of the step went through the FP8 path" in capsys.readouterr().err
-    assert json.loads((tmp_path / "fp8_flags.json").read_text())["rows"] == []
-    # run in-process, it leaves nothing behind: its recording hook (left installed, it made every
-    # later FP8 GEMM of the test session record and changed what those tests ran) and the backend
-    assert fp8_backend._prepared is before and os.environ["JAX_MXFP4_BACKEND"] == "xla"
+        demo_batches(cfg, 1, "text")
 
 
 @pytest.mark.parametrize("script,argv", [
@@ -342,28 +258,8 @@ def test_shape_overrides_refuse_bad_values(script, argv, capsys):
     assert "--d-model" in err or "--kernel-shape" in err or "--lr" in err
 
 
-def test_fp8_encode_quick_checks_and_writes(tmp_path):
-    from benchmarks import fp8_encode
-
-    assert fp8_encode.main(["--quick", "--out", str(tmp_path)]) == 0
-    res = json.loads((tmp_path / "fp8_encode.json").read_text())
-    names = [r["variant"] for r in res["rows"]]
-    assert names[0].startswith("copy") and len(names) == 3  # the copy, the dispatch tile, the word-parallel one
-    assert any(n.startswith("swar") for n in names)
-    assert all(r["status"] == "ok" and r["median_s"] > 0 for r in res["rows"])
-    _png(tmp_path / "fp8_encode.png")
-
-
 @pytest.mark.parametrize("argv", [["--shapes", "64x100"], ["--shapes", "0x256"], ["--shapes", "64"],
                                   ["--budget-s", "nan"], ["--budget-s", "0"]])
-def test_fp8_encode_refuses_bad_arguments(argv, capsys):
-    from benchmarks import fp8_encode
-
-    with pytest.raises(SystemExit):
-        fp8_encode.main(argv)
-    assert "must be" in capsys.readouterr().err
-
-
 def test_train_step_kernel_shape_is_used_or_refused(tmp_path, capsys, monkeypatch):
     """--kernel-shape was silently ignored without --kernel (the training-step benchmark ran) and
     with --quick (--kernel timed 256x256 whatever was asked): now refused without --kernel, and
@@ -390,30 +286,6 @@ def test_train_step_kernel_shape_is_used_or_refused(tmp_path, capsys, monkeypatc
         assert e.value.args[0] == want, argv
 
 
-def test_fp8_fix_quick_writes_and_refuses_bad_arguments(tmp_path, capsys):
-    """benchmarks/fp8_fix.py --quick times the recompute in the interpreter and writes JSON + PNG."""
-    from benchmarks import fp8_fix
-
-    assert fp8_fix.main(["--quick", "--out", str(tmp_path)]) == 0
-    res = json.loads((tmp_path / "fp8_fix.json").read_text())
-    assert {(r["fraction"], r["group"]) for r in res["rows"]} == {(0.0, 16), (0.0, 64), (0.1, 16), (0.1, 64)}
-    assert all(r["median_s"] > 0 and r["copy_s"] > 0 for r in res["rows"])
-    _png(tmp_path / "fp8_fix.png")
-    for argv, flag in ((["--groups", "8"], "--groups"), (["--groups", "24"], "--groups"), (["--groups", "abc"], "--groups"),
-                       (["--fractions", "1.5"], "--fractions"), (["--fractions", "x"], "--fractions"),
-                       (["--shapes", "64x64x100"], "--shapes"), (["--shapes", "64x64"], "--shapes"),
-                       (["--shapes", "abc"], "--shapes"), (["--groups", ""], "--groups"),
-                       (["--quick", "--fractions", "2"], "--fractions"), (["--quick", "--shapes", "0x64x64"], "--shapes")):
-        with pytest.raises(SystemExit):
-            fp8_fix.main(argv)
-        err = capsys.readouterr().err
-        assert f"{flag}" in err, (argv, err)
-    afile = tmp_path / "afile"
-    afile.write_text("")
-    with pytest.raises(SystemExit, match="--out must name a folder"):  # before the run, not after it
-        fp8_fix.main(["--quick", "--out", str(afile)])
-
-
 def test_gemm_markdown_gpu_span_table():
     """With profiles, gemm.py's report adds the GPU time per call (timeline span) and its ratio to
     bf16's of the same shape; without, no such table."""
@@ -436,7 +308,7 @@ def test_gemm_markdown_gpu_span_table():
 def test_out_folder_that_cannot_be_made_is_a_clear_error_before_the_work(tmp_path, capsys):
     """common.out_dir: a file in the way is SystemExit naming --out (was a FileExistsError
     traceback, in fp8_fix/fp8_encode after the whole run, in compile_time after a child)."""
-    from benchmarks import compile_time, fp8_encode
+    from benchmarks import compile_time
     from benchmarks.common import out_dir
 
     afile = tmp_path / "afile"
@@ -447,33 +319,7 @@ def test_out_folder_that_cannot_be_made_is_a_clear_error_before_the_work(tmp_pat
             out_dir(str(bad))
     t0 = __import__("time").time()
     with pytest.raises(SystemExit, match="--out must name a folder"):
-        fp8_encode.main(["--quick", "--out", str(afile)])
-    with pytest.raises(SystemExit, match="--out must name a folder"):
         compile_time.main(["--size", "small", "--recipes", "bf16", "--flags", "default", "--out", str(afile)])
     assert __import__("time").time() - t0 < 20  # refused before any timing or child process
 
 
-
-def test_xla_dequant_probe_checks_every_variant_and_refuses_bad_arguments(tmp_path, capsys, monkeypatch):
-    """benchmarks/xla_dequant_probe.py (session 11): every formulation of the w4a16 product it
-    times equals a float64 reference on CPU (--check-only: values, no timing), JSON written; bad
-    --shapes / --only are argparse errors (a refusal, not an AssertionError that -O would skip)."""
-    from benchmarks import xla_dequant_probe as probe
-
-    for argv in (["--shapes", "16x100x64"], ["--shapes", "0x64x64"], ["--shapes", "1x2"], ["--shapes", "axbxc"],
-                 ["--only", "bf16,nope"], ["--only", "tiles-300x64"], ["--w-exp", "1100"], ["--w-exp", "-200"]):
-        with pytest.raises(SystemExit):
-            monkeypatch.setattr(sys, "argv", ["xla_dequant_probe.py", *argv, "--out", str(tmp_path / "bad")])
-            probe.main()
-        assert "error:" in capsys.readouterr().err
-    monkeypatch.setattr(sys, "argv", ["xla_dequant_probe.py", "--shapes", "8x128x128", "--check-only", "--out",
-                                      str(tmp_path / "ok")])
-    assert probe.main() == 1  # "tiles" cannot run on CPU: the exit status says so (helper trial, session 13)
-    assert "1 variant(s) failed their check or could not run: tiles 8x128x128" in capsys.readouterr().out
-    rows = json.load(open(tmp_path / "ok" / "xla_dequant_probe.json"))["rows"]
-    assert [r["variant"] for r in rows] == list(probe.VARIANTS)
-    # "tiles" (the large-tile Mosaic GPU kernel, session 12) runs on a Hopper GPU only: an error
-    # row on CPU, never a value; every other variant is checked
-    assert all(r.get("ok") is True for r in rows if r["variant"] != "tiles"), rows
-    (tiles,) = [r for r in rows if r["variant"] == "tiles"]
-    assert "ok" not in tiles and "interpret" in tiles["error"], tiles

@@ -219,8 +219,7 @@ def test_kernel_rejects_non_bool_flags(bad, name):
 
 
 def test_pairs16_lowers_for_cuda():
-    """The uint16 variant lowers through Triton for CUDA on a CPU machine (its speed is timed by
-    benchmarks/fp8_encode.py on a GPU)."""
+    """The uint16 variant lowers through Triton for CUDA on a CPU machine."""
     f = jax.jit(lambda d, s: encode_rows_kernel(d, s, pairs16=True))
     txt = f.trace(jax.ShapeDtypeStruct((64, 512), jnp.uint8), jax.ShapeDtypeStruct((64, 32), jnp.uint8)).lower(
         lowering_platforms=("cuda",)).as_text()

@@ -188,22 +188,3 @@ def test_training_passes_fused_rotation_bit_identical(fused_on_cpu, monkeypatch)
     assert calls and not any(calls)  # the quantizer kernel without the rotation
     for g, v in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
         np.testing.assert_array_equal(np.asarray(g).view(np.uint32), np.asarray(v).view(np.uint32))
-
-
-def test_benchmark_quick_checks_and_times(tmp_path):
-    # benchmarks/hadamard_quantize.py --quick (interpreter): its device check passes here and it
-    # writes the JSON and the table, with the time budgets honoured
-    import json
-    import os
-    import sys
-
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-    from benchmarks import hadamard_quantize
-
-    hadamard_quantize.main(["--quick", "--check-s", "8", "--budget-s", "0", "--out", str(tmp_path)])
-    res = json.loads((tmp_path / "hadamard_quantize.json").read_text())
-    assert res["check_ok"] and any("skipped" not in r for r in res["check"])
-    rows = res["timing"]
-    assert rows[0]["case"] == "fused" and rows[0]["block"] == 256 and rows[0]["us"] > 0  # most informative first
-    assert all(r.get("skipped") == "budget" for r in rows[1:]) and len(rows) > 1  # budget 0: the first case only
-    assert "fused rotate+quantize" in (tmp_path / "hadamard_quantize.md").read_text()

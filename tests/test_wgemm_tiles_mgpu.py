@@ -1,7 +1,7 @@
 """The large-tile Mosaic GPU w4a16 kernel (jax_mxfp4/kernels/wgemm_tiles_mgpu.py) and its route.
 
-It runs only on an NVIDIA Hopper GPU (benchmarks/gpu_check.py ``tiles_checks`` and
-benchmarks/xla_dequant_probe.py check its values there against float64 references). Here, on a
+It runs only on an NVIDIA Hopper GPU (benchmarks/gpu_check.py ``tiles_checks`` checks its values
+there against float64 references). Here, on a
 CPU: its tiling rules and errors, that every tiling LOWERS for CUDA (Mosaic GPU's lowering runs
 without a GPU) to one kernel with the output shape and dtype asked for, that its setmaxnreg
 requests fit the CTA's register pool (a request past it waits forever on the GPU), and that
@@ -10,10 +10,6 @@ device and nothing else.
 """
 
 from __future__ import annotations
-
-import dataclasses
-import os
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -348,27 +344,3 @@ def test_dispatch_lowers_a_plain_weight_with_only_its_scales_transposed(monkeypa
     transposes = [ln for ln in txt.splitlines() if "stablehlo.transpose" in ln]
     assert len(transposes) == 1 and re.search(r"tensor<1x1024x64x(ui8|f8E8M0FNU)>", transposes[0]), transposes
     assert "shfl.sync.bfly.b32" in str(_mosaic_module(txt))
-
-
-# ---- the benchmark's variant names (benchmarks/xla_dequant_probe.py)
-
-def test_probe_variant_names_parse():
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-    from benchmarks import xla_dequant_probe as p
-
-    assert p.tiles_config("tiles") is None
-    assert p.tiles_config("tiles-256x64-r") == wt.TilesConfig(mt=256, bk=64, chunks=1, registers=True)
-    assert p.tiles_config("tiles-128x128-s3-c1-nofold-w2") == wt.TilesConfig(
-        mt=128, bk=128, stages=3, chunks=1, fold_scale=False, wn=2)
-    assert p.base_variant("tiles-256x64-r") == "tiles" and p.base_variant("pallas") == "pallas"
-    # "-n": the plain weight's natural bytes ("natural" decode); alone, the default tiling of that order
-    assert p.tiles_config("tiles-n") is None and p.tiles_order("tiles-n") == "natural"
-    assert p.tiles_config("tiles-256x64-r-n") == wt.TilesConfig(mt=256, bk=64, chunks=1, registers=True,
-                                                                decode="natural")
-    assert not p.tiles_config("tiles-256x64-r-nofold-n").fold_scale
-    assert [p.uses_prepared(v) for v in ("tiles", "tiles-256x64-r", "tiles-n", "pallas", "pallas-prepared",
-                                         "pallas-two-pass")] == [True, True, False, False, True, False]
-    for bad in ("tiles-256", "tiles-x", "tile", "tiles-256x64-q"):
-        with pytest.raises(ValueError):
-            p.tiles_config(bad)
-    assert dataclasses.replace(p.tiles_config("tiles-256x64"), registers=True).registers
