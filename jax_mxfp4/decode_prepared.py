@@ -282,7 +282,7 @@ def prepare_decode(w: MXFP4Array, byte_order: str = "lanes") -> DecodePrepared:
       w: an :class:`jax_mxfp4.MXFP4Array` of any rank, quantized along any axis, either scale
         layout (e.g. a Flax kernel [K, N] quantized along axis 0, as
         :func:`jax_mxfp4.flax.quantize_params` makes it).
-      byte_order: "lanes" (default since 2026-12-01 session 10: the "pairs" bytes with the
+      byte_order: "lanes" (default since 2026-12-01: the "pairs" bytes with the
         nibbles of each 32-bit word regrouped by :func:`lanes_order_bytes`, for the kernel's
         "lanes" decode, a mask and a multiply per register: kernel 18.3 vs 20.2 us at
         16x8192x8192 on the H200), "pairs" (the packed bytes of each 32-element block in the

@@ -43,7 +43,7 @@ SIZES = {
     # GPU size (issue 10): 8192 tokens per step, GEMMs 8192 x 1024 x 1024 / 4096, where the FP8
     # path and the fused quantization passes apply; not meant for a CPU
     "large": dict(d_model=1024, n_layers=4, n_heads=16, seq_len=512, batch=16, steps=300, lr=1e-3, sr_key="rbg"),
-    # a wider GPU size (session 8): GEMMs 8192 x 4096 x 4096 / 16384, where the FP8 GEMMs' gain
+    # a wider GPU size: GEMMs 8192 x 4096 x 4096 / 16384, where the FP8 GEMMs' gain
     # exceeds the quantize and rescale passes (at d = 1024 it does not: README "GPU speed");
     # lr 3e-4: at 1e-3 this width diverged within a few steps on the H200
     "xl": dict(d_model=4096, n_layers=4, n_heads=32, seq_len=512, batch=16, steps=300, lr=3e-4, sr_key="rbg"),

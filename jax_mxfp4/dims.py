@@ -1,7 +1,7 @@
 """``dimension_numbers`` -> the canonical [B, F, K] operand form and back (one place for the layout).
 
 Every GEMM of the package (the forward :func:`jax_mxfp4.gemm.dot_general` and the fprop, dgrad
-and wgrad of the custom VJP in :mod:`jax_mxfp4.training`) maps its operands with these helpers:
+and wgrad of the custom VJP in :mod:`jax_mxfp4.training`) maps its operands with these functions:
 batch dims first, then the free dims, then the contracting dims, flattened to [B, F, K] (the "TN"
 form every backend takes), and the [B, M, N] result back to ``lax.dot_general``'s output shape.
 Under an explicit-sharding mesh the merges keep their shardings (:mod:`jax_mxfp4.sharding`).

@@ -1,6 +1,6 @@
 """MXFP4 operands as FP8 E4M3 codes times one power of two per row: the "fp8" GEMM path.
 
-Why it is exact (``../shared/reference/gpu-speed.md`` §3.1): every E2M1 value times 2^d is a
+Why it is exact: every E2M1 value times 2^d is a
 ``float8_e4m3fn`` value for d in [-8, 6] (2^-9 is E4M3's smallest subnormal, 6 x 2^6 = 384 <=
 448). A row of K elements (the quantized axis) whose blocks holding a nonzero code have E8M0
 bytes b within 14 of their maximum b_max is therefore, exactly,

@@ -1,4 +1,4 @@
-"""Qwix providers that run a model's matmuls through jax_mxfp4, without touching the model's code.
+"""Qwix providers that route a model's matmuls through jax_mxfp4, without touching the model's code.
 
 `Qwix <https://github.com/google/qwix>`_ (``pip install qwix``) intercepts ``jax.lax.dot_general``
 and ``jax.numpy.einsum`` inside the Flax (linen or nnx) modules that a rule's ``module_path``

@@ -1,10 +1,10 @@
-"""Sharding helpers for explicit-sharding meshes (``jax.make_mesh`` default ``AxisType.Explicit``).
+"""Sharding functions for explicit-sharding meshes (``jax.make_mesh`` default ``AxisType.Explicit``).
 
 Under an explicit mesh, every reshape that merges sharded dims and every contraction over a
 sharded dim needs an explicit ``out_sharding``. The canonical GEMM mapping (:mod:`jax_mxfp4.gemm`)
-asks these helpers for those shardings, so the whole path stays shard-local: a 32-element block
+asks these functions for those shardings, so the whole path stays shard-local: a 32-element block
 never straddles a shard, and no hidden all-gather appears. Under ``AxisType.Auto`` meshes (or no
-mesh) every helper returns ``None`` and XLA's partitioner decides.
+mesh) every one of them returns ``None`` and XLA's partitioner decides.
 """
 
 from __future__ import annotations

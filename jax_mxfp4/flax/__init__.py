@@ -1,4 +1,4 @@
-"""Flax integration: drop-in MXFP4 layers and helpers for quantized inference parameters.
+"""Flax integration: drop-in MXFP4 layers and functions for quantized inference parameters.
 
 * :class:`jax_mxfp4.flax.linen.Dense`, :class:`jax_mxfp4.flax.linen.DenseGeneral` and
   :class:`jax_mxfp4.flax.nnx.Linear`: the parameter names, shapes, dtypes and initializers of

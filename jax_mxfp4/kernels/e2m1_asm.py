@@ -87,8 +87,8 @@ and.b32 a, a, 0x81C081C0;
 # jax_mxfp4.decode_prepared.lanes_order_bytes): the register holds the low-lane nibbles of its four
 # outputs at bits 0-15 (output k at bits 4k..4k+3) and the high-lane nibbles at bits 16-31, so each
 # output is a mask and one multiply away (outputs 2, 3 from the register shifted right by 8): 13
-# PTX integer instructions per register against 17 for "pairs" (a prmt more per output; 25 before
-# session 13, when "pairs" used two shifts and three logic operations per output).
+# PTX integer instructions per register against 17 for "pairs" (a prmt more per output; 25 with
+# two shifts and three logic operations per output instead).
 _DECODE_LANES_PTX = (
     "{\n.reg .b32 q8, u, a, k;\nmov.b32 k, 0x7E807E80;\nshr.u32 q8, $4, 8;\n"
     + _lane_pair("$0", "$4", 0x000F000F, 0x1040) + _lane_pair("$1", "$4", 0x00F000F0, 0x104)
@@ -119,8 +119,8 @@ _DECODE_LANES_FOLD_PTX = (
 # 2j+1 in the high lane), the layout a bfloat16 WGMMA A fragment wants for two consecutive K
 # columns. Per byte k: one prmt puts byte k of q into the low lane and byte k of q >> 4 (whose low
 # nibble is byte k's high nibble) into the high lane; then the "lanes" formula on the nibbles at
-# bits 0-3 of each lane (_lane_pair: a mask and one integer multiply; session 13, 4 integer
-# instructions per output instead of the prmt, two shifts and three logic operations before).
+# bits 0-3 of each lane (_lane_pair: a mask and one integer multiply: 4 integer
+# instructions per output instead of the prmt, two shifts and three logic operations).
 # $0..$3: bytes 0..3 of $4; $5: the block scale in both lanes (all four bytes share one block), or
 # (the _FOLD form, for E8M0 bytes <= FOLD_MAX_BYTE) 2^(b-1) as for "lanes".
 _PAIR_SELECTORS = (0x4400, 0x5511, 0x6622, 0x7733)  # byte k of {q (0-3), q >> 4 (4-7)} per lane

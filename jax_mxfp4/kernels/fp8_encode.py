@@ -1,9 +1,8 @@
 """Fused MXFP4 -> FP8-operand pass on GPU: :func:`jax_mxfp4.fp8.encode_rows` as one Pallas kernel.
 
 ``encode_rows`` in jnp is several XLA fusions (nibble unpack, per-block reductions, the row
-maximum, the encode) and cost ~0.3 ms for an 8192 x 8192 weight on one H200 (fp8 minus fp8-prepared at 1024x8192x8192 in one run,
-benchmarks/results/session3/gemm_large_log.txt), against
-~30 us for its bytes at HBM speed. Here one program owns ``br`` whole rows and reads them twice
+maximum, the encode) and cost ~0.3 ms for an 8192 x 8192 weight on one NVIDIA H200 (jax 0.11.2,
+2026-11-30: fp8 minus fp8-prepared at 1024x8192x8192), against ~30 us for its bytes at HBM speed. Here one program owns ``br`` whole rows and reads them twice
 (the second read mostly from L2): pass A gathers per row the largest and smallest scale byte of
 the blocks holding a nonzero code, the NaN bytes and the special blocks (:func:`jax_mxfp4.fp8.
 special_blocks`); pass B writes the E4M3 bytes with the per-block shift of
@@ -30,12 +29,9 @@ MAX_CHUNK_BLOCKS = 32
 """Blocks per loop step (1024 elements of a row) where a program owns several rows."""
 ROW_CHUNK_BLOCKS = 256
 """Blocks per loop step where a program owns one row (few rows: :func:`default_rows_per_program`
-gives 1): whole-row steps for K <= 8192. H200, session 6 (same-shape profiles of runs c and d):
-a 1024 x 8192 operand 21.6 us with whole-row steps vs 23 us with 32-block steps (1 row per
-program either way); an 8192 x 8192 operand 156 us with whole-row steps and 1 row per program vs
-129 us with 32-block steps and 8 rows. Either way the per-element kernel moves its bytes at well
-under HBM speed (~0.8 TB/s at 8192^2: integer-bound); the word-parallel kernel (session 9) takes
-the same tiles at ~1.8 TB/s."""
+gives 1): whole-row steps for K <= 8192 (NVIDIA H200, jax 0.11.2, 2026-12-01: 21.6 against 23 us
+for a 1024 x 8192 operand). The per-element kernel is integer-bound (~0.8 TB/s at 8192^2); the
+word-parallel kernel takes the same tiles at ~1.8 TB/s."""
 STEP_ELEMENTS = 8192
 """Elements per program and loop step at most (rows x chunk): 64 per thread at 4 warps."""
 
@@ -284,14 +280,9 @@ def _encode_kernel(data_ref, scale_ref, codes_ref, exp_ref, flag_ref, *, n_rows,
 
 DISPATCH_TILE = dict(rows_per_program=1, chunk_blocks=ROW_CHUNK_BLOCKS, num_warps=8, swar=True, fast_path=True)
 """The tile :func:`jax_mxfp4.fp8.encode_rows_on` runs: the word-parallel kernel with its per-chunk
-fast path, one row per program, whole-row steps up to 8192 elements, 8 warps. H200 session 9 run a
-(benchmarks/fp8_encode.py, every variant checked bit for bit on the device), operands with scales
-in a 6-binade band: 8192 x 8192 0.0571 ms against 0.1395 for the per-element kernel's best tile
-(same rows, chunk and warps, ``pairs16``; 0.1467 in session 8), 1024 x 8192 0.0214 against
-0.0314. Scales filling the whole 15-binade window (subnormal E4M3 results in every row, so the
-fast path's branch goes to the general form each chunk): 1024 x 8192 0.0325 (0.0257 without the
-fast path, 0.0217 with 4 warps; 8192 rows not timed). In the 8192^3 ``fp8-prepared`` GEMM the
-activation's encode took 42.7 us of 790 us of kernels (session 8: 129 us)."""
+fast path, one row per program, whole-row steps up to 8192 elements, 8 warps: 2.4x faster than the
+per-element kernel's best tile at 8192 x 8192 (NVIDIA H200, jax 0.11.2, 2026-12-01; figures:
+docs/performance.md)."""
 
 
 def _chunk_blocks(n_blocks: int, cap: int = MAX_CHUNK_BLOCKS) -> int:
@@ -302,7 +293,7 @@ def _chunk_blocks(n_blocks: int, cap: int = MAX_CHUNK_BLOCKS) -> int:
 MIN_PROGRAMS = 1024
 """Programs the default tile aims for (about 8 per H200 SM): with 8 rows per program a 1024-row
 operand ran as 128 programs, under one per SM, and took 27.7 us of a 176 us 1024x8192x8192 FP8
-GEMM call (session 6 run b profile); more programs keep every SM's loads in flight."""
+GEMM call (NVIDIA H200 profile, 2026-12-01); more programs keep every SM's loads in flight."""
 
 
 def default_rows_per_program(n_rows: int, chunk_blocks: int = 32) -> int:
@@ -336,7 +327,7 @@ def encode_rows_kernel(data, scale_bytes, *, rows_per_program: int | None = None
         :data:`MAX_CHUNK_BLOCKS`.
       pairs16: store the two E4M3 bytes of each packed byte as one uint16 (no interleave of the
         low- and high-nibble results in registers; the uint16 array is bit-cast to bytes after the
-        kernel); same bytes (session 8's dispatch tile). Ignored with ``swar``.
+        kernel); same bytes. Ignored with ``swar``.
       swar: the word-parallel form (:func:`_encode_swar_kernel`: 4-8 codes per integer operation
         instead of one; the per-element form is integer-bound: ~33 operations per element);
         same bytes.

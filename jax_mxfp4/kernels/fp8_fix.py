@@ -6,9 +6,9 @@ lhs and columns (rhs rows) flagged by the encoding (``FLAG_EXACT``: blocks outsi
 window, flushed or overflowing elements) must be recomputed exactly. The portable form of that
 step is a ``lax.while_loop`` whose trip count depends on the flags: on a GPU XLA copies its
 predicate to the host before every trip (a device-to-host sync per GEMM, which stalls the stream:
-~20 us of a 176 us 1024x8192x8192 call on an H200, session 6 run b), and its body holds three
-GEMMs that XLA's autotuner compiles for every call site (90 s to compile one FP8 GEMM with
-default flags, run a). This kernel replaces it on CUDA:
+~20 us of a 176 us 1024x8192x8192 call on an NVIDIA H200, jax 0.11.2, 2026-12-01), and its body
+holds three GEMMs that XLA's autotuner compiles for every call site (90 s to compile one FP8 GEMM
+with default flags). This kernel replaces it on CUDA:
 
 - the flagged lhs rows and rhs rows (output columns) are first listed by a small kernel
   (:func:`exact_rows_index`: their indices in order, then -1; in XLA that was a cumulative sum
@@ -26,8 +26,8 @@ default flags, run a). This kernel replaces it on CUDA:
 
 So the work follows the flagged rows, not the 128 x 128 tiles they touch: the earlier tile walk
 recomputed a whole tile for one flagged row in it, and at d_model 4096 (0.07% of one operand's rows
-flagged, 9% of its 128-row groups; H200 session 8) the demo step spent 38 ms of 112 there
-(session 7 run d).
+flagged, 9% of its 128-row groups) the demo step spent 38 ms of 112 there (NVIDIA H200, jax
+0.11.2, 2026-12-01).
 
 Exact values from the FP8 operand (:class:`jax_mxfp4.fp8.FP8Prepared` fields): a row without
 flags holds ``code x 2^row_exp`` exactly; a FLAG_EXACT row stores d = 0, so its codes are the E2M1
@@ -61,8 +61,7 @@ class FixConfig:
     bk: int = 64
     num_warps: int = 4
     max_programs: int = 512
-    group: int = 64  # H200 session 8 run c (benchmarks/fp8_fix.py, 8192x16384x4096): 64 vs 16 listed rows per
-    # unit: 0.49 vs 1.11 ms with 1% of the rows flagged, 3.05 vs 9.45 ms with 10%, 0.42 vs 0.36 ms with 0.1%
+    group: int = 64  # 2-3x faster than 16 with 1-10% of the rows flagged (H200, jax 0.11.2, 2026-12-01)
 
     def __post_init__(self):
         least = {"bm": 16, "bn": 16, "group": 16, "bk": BLOCK_SIZE, "num_warps": 1}  # tensor-core tiles; whole blocks
@@ -145,7 +144,7 @@ def exact_rows_index(*row_flags, group: int = 1, interpret: bool = False):
 
     Why: in XLA the list is a cumulative sum (a reduce_window over the whole row: O(R^2) work),
     a scatter, a sum and a pad, ~13-17 us per FP8-path GEMM on an H200 with no row flagged
-    (session 9 run b profile of 1024x8192x8192 ``fp8-prepared``: 2 reduce_window + a convert/reduce
+    (profile of 1024x8192x8192 ``fp8-prepared``, 2026-12-01: 2 reduce_window + a convert/reduce
     + a copy, 13.4 us of a 122 us call); here one launch reads each flag array twice.
 
     Args:

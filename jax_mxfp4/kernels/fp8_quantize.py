@@ -17,14 +17,14 @@ and reading the scales). Whole rows in registers cost register pressure for long
 quantized length is capped (:data:`MAX_ROW`), and the caller falls back to the unfused path
 beyond it.
 
-Measured (H200, 8192x8192 bf16, session 4, ``benchmarks/train_step.py --kernel``): along rows
+Measured (NVIDIA H200, jax 0.11.2, 2026-11-30, 8192x8192 bf16, ``benchmarks/train_step.py --kernel``): along rows
 0.146-0.160 ms (the unfused quantize + encode: 0.215 ms), with Threefry stochastic rounding 0.398
 ms (0.478); the transposed layout 1.1-1.6 ms (unfused 0.289): its column reads are strided. So
 training transposes such operands with XLA first and uses the rows layout
-(:mod:`jax_mxfp4.training`). Since the SWAR quantizer (session 13) the unfused passes are faster
-for round to nearest (0.120 ms against 0.185 for this kernel's 1-row x 16-warp tile, session 14
-run a), so training's default (``JAX_MXFP4_FUSED_TRAINING=sr``) runs this kernel for the
-stochastically rounded operands only.
+(:mod:`jax_mxfp4.training`). With the SWAR quantizer the unfused passes are faster for round to
+nearest (0.120 ms against 0.185 for this kernel's 1-row x 16-warp tile, 2026-12-02), so
+training's default (``JAX_MXFP4_FUSED_TRAINING=sr``) runs this kernel for the stochastically
+rounded operands only.
 
 Every rule is shared code: the block scale and the E2M1 rounding (nearest, or stochastic with
 the reference's uniforms, generated in the kernel for Threefry keys or read as an input array
@@ -90,11 +90,10 @@ rounded up to a power of two) <= this many elements."""
 ELEMENTS_PER_THREAD = 16
 """Default warps with stochastic rounding and in the transposed layout: the tile spread at about
 this many elements per thread (up to 16 warps), so that the row's values and the Threefry state
-stay in registers (H200, session 6 run c, 8192x8192 bf16, plain path: SR with an rbg key 0.183 ms
-at 16 warps vs 0.202 at 4, threefry 0.321 vs 0.371)."""
+stay in registers (NVIDIA H200, jax 0.11.2, 2026-12-01, 8192x8192 bf16: 16 warps ~10% faster than 4)."""
 TILE_ELEMENTS_NEAREST, ELEMENTS_PER_THREAD_NEAREST = 16384, 128
-"""The same for round to nearest along rows: fewer, fuller threads won in the same run (rows=2,
-4 warps: 0.127 ms; rows=1: 4 warps 0.141, 8 warps 0.183, 16 warps 0.190; 2 warps 1.68: spills)."""
+"""The same for round to nearest along rows: fewer, fuller threads won in the same measurement (rows=2,
+4 warps: 0.127 ms against 0.141-0.190 for one row on 4-16 warps)."""
 
 
 def default_config(kq: int, itemsize: int, transposed: bool, stochastic: bool = False) -> Fp8QuantizeConfig:
@@ -129,8 +128,8 @@ def default_config(kq: int, itemsize: int, transposed: bool, stochastic: bool = 
 LONG_ROW_NEAREST = 8192
 """Round to nearest along rows longer than this: one row per program on 16 warps. The
 elements-per-thread rule gave 4 warps at 16384 (128 elements per thread, as 2 rows x 4 warps at
-8192): 3.29 ms at 8192x16384 bf16 against 0.295 ms with 16 warps (copy 0.173 ms; H200, session 7,
-``benchmarks/train_step.py --kernel --kernel-shape 8192x16384``); it cost the demo at d_model 4096
+8192): 3.29 ms at 8192x16384 bf16 against 0.295 ms with 16 warps (NVIDIA H200, jax 0.11.2,
+2026-12-01); it cost the demo at d_model 4096
 (hidden 16384) ~3.4 ms per MLP down-projection."""
 
 

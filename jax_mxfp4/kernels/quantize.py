@@ -667,11 +667,9 @@ def default_config(dtype) -> QuantizeConfig:
 def swar_supported() -> bool:
     """Whether the default device runs the SWAR word program (``QuantizeConfig.swar``): an NVIDIA
     GPU of compute capability >= 9.0 (its ``max.u16x2``/``min.u16x2`` need sm_90; inline PTX is
-    NVIDIA only, so ROCm, CPU and the interpreter keep the portable formulation). H200, session
-    13 run e (benchmarks/results/session13/e_quant_probe_*), bf16 16384x8192 round to nearest,
-    time / same-run copy as benchmarks/quantize.py reports it: floor 0.837x (109.5 us) and even
-    0.847x (108.2 us) against 0.647x / 0.636x (141.7 / 144.1 us) without it, bit-exact against
-    the reference on the device (both modes; ceil and rceil run the same word program on other
+    NVIDIA only, so ROCm, CPU and the interpreter keep the portable formulation). NVIDIA H200, jax
+    0.11.2, 2026-12-02, bf16 16384x8192 round to nearest: 0.84x of a copy's speed against 0.64x
+    without it, bit-exact against the reference on the device (both modes; ceil and rceil run the same word program on other
     scale exponents, checked over every exponent in the CPU emulation, tests/test_fast_quantize.py)."""
     from .. import platform  # not backends.fp8: kernels sit below the backends (no import cycle)
 
@@ -687,7 +685,7 @@ DEFAULT_CONFIGS = {
 """Per input dtype, from ``benchmarks/quantize.py --sweep`` on one NVIDIA H200 (2026-11-30, 16384x8192,
 even/nearest): bfloat16 32x128 w4 0.573x of copy (21 tiles spanned 0.35-0.57x, most 0.50-0.57x:
 the tile is not the limiter), float32 2x2048 w8 0.761x. float16 follows bfloat16 (not swept).
-:func:`default_config` adds ``swar`` for bfloat16 on Hopper (session 13: 0.84-0.85x)."""
+:func:`default_config` adds ``swar`` for bfloat16 on Hopper (2026-12-02: 0.84-0.85x)."""
 
 
 MAX_KERNEL_ELEMENTS = 2**31

@@ -22,13 +22,13 @@ x arrive by TMA; the bytes are loaded into registers and decoded there:
   every 16-byte block, done once by :func:`jax_mxfp4.prepare_decode`); one x tile and one WGMMA
   per step, no per-call work on x. Natural-order bytes work too, with x permuted per call
   (:func:`permute_x_pairs`);
-- ``decode="lanes"`` (since 2026-12-01 session 10, the default for prepared weights): the "pairs"
+- ``decode="lanes"`` (since 2026-12-01, the default for prepared weights): the "pairs"
   decode's outputs from weight bytes whose 32-bit words have their nibbles regrouped by bfloat16
   lane (:func:`jax_mxfp4.decode_prepared.lanes_order_bytes`, what :func:`jax_mxfp4.prepare_decode`
   stores by default): a mask and one multiply per output register (``e2m1_asm._DECODE_LANES_PTX``)
-  instead of a byte permute and two shifts. H200 session 10: the kernel is compute-bound
-  (benchmarks/decode_probe.py: 11.8 us of data movement vs 20.3 us whole at 16x8192x8192 with
-  "pairs"); "lanes" 18.3 us, decoded in two parts (:attr:`MgpuConfig.chunks`) 17.8;
+  instead of a byte permute and two shifts. The kernel is compute-bound (NVIDIA H200, jax 0.11.2,
+  2026-12-01, 16x8192x8192: 11.8 us of data movement vs 20.3 us whole with "pairs"); "lanes"
+  18.3 us, decoded in two parts (:attr:`MgpuConfig.chunks`) 17.8;
 - ``decode="mul"`` / ``"select"`` (portable Pallas operations, one 32-element block at a time):
   E2M1 code c -> bfloat16 bits ``sign << 15 | (c & 7) << 6`` = value x 2^-126, times 2^126
   (``"mul"``; the E2M1 0.5 passes through a bfloat16 subnormal), or ``(c & 7) << 6 + 0x3F00``
@@ -45,20 +45,20 @@ warpgroup; optionally reading the E8M0 bytes as stored). Split-K over the grid f
 N/64 tiles are few; float32 partial sums are added afterwards in a fixed order. Otherwise the
 scales arrive as E8M0 bytes in a K-major [K/32, N] layout by TMA and are converted to bfloat16
 in registers (``scales_form``; :func:`jax_mxfp4.prepare_decode` stores weights that way).
-``k_split_wgs`` (checked on the H200 in session 6, timed in session 7 and the dispatch default for
+``k_split_wgs`` (checked and timed on the H200, 2026-12-01, and the dispatch default for
 "pairs" bytes with 4 warpgroups: :func:`default_mgpu_config`): ONE kernel per call instead of the kernel
 plus XLA's split-K sum/transpose/cast (each extra kernel costs ~4-5 us of launch gap at decode
 sizes): the warp-specialized CTA's compute warpgroups share one 64-row tile and split each K
 step between them, warpgroup 0 adds their partial sums in a fixed order and stores the final
-``[mp, N]`` tile of ``out_dtype`` transposed, by TMA (:func:`_k_split_call`). Its first H200 run
-(jax 0.11.2) hung with 4 compute warpgroups: jax's ``emit_pipeline_warp_specialized`` asks for
+``[mp, N]`` tile of ``out_dtype`` transposed, by TMA (:func:`_k_split_call`). With jax 0.11.2's
+pipeline it hangs on the H200 with 4 compute warpgroups: jax's ``emit_pipeline_warp_specialized`` asks for
 more registers than the CTA is launched with (MgpuConfig.k_split_pipeline); it now runs its own
 pipeline (:func:`_k_split_own_pipeline`) without register reallocation.
 
 Status: every variant lowers for CUDA on a CPU machine (tests/test_wgemm_mgpu.py). On the H200
-(jax 0.11.2) the ``plgpu.kernel`` launchers are correct, ``raw_scales`` too since session 4
+(jax 0.11.2) the ``plgpu.kernel`` launchers are correct, ``raw_scales`` too
 (benchmarks/wgemm_mgpu_check.py); through ``dot_general`` with a prepared weight 16x8192x8192
-runs at 0.71x of bf16 and 1x8192x8192 at 0.84x (session 7, the 4-warpgroup one-kernel tiling);
+runs at 0.71x of bf16 and 1x8192x8192 at 0.84x (2026-12-01, the 4-warpgroup one-kernel tiling);
 the ``pallas_call`` launcher of the split-K kernel fails
 in jax 0.11.2's lowering (bare AssertionError). Dispatch takes it for decode-size w4a16 and a4w4
 on Hopper (``jax_mxfp4.backends.pallas.W4A16_MOSAIC_GPU``).
@@ -165,10 +165,10 @@ class MgpuConfig:
     the 2026-12-01 H200 run), whatever K is; no ``memory_registers`` value fits (:func:`_ws_register_demand`).
     cluster (one-kernel tiling, "own" pipeline): 1, 2 or 4 CTAs per cluster sharing each x tile by
     TMA multicast (each issues a part; the consumed barrier spans the cluster), N/64 a multiple of
-    it and x's tile splittable (:func:`multicast_splits`); measured no faster (H200 session 10).
+    it and x's tile splittable (:func:`multicast_splits`); measured no faster (NVIDIA H200, jax 0.11.2, 2026-12-01).
     tile_major (same tiling): the weight bytes and K-major scale bytes are given in
     :func:`tile_major_layout`'s order for this ``bk`` (one contiguous block per CTA and step);
-    measured 2% faster at most (session 10), not a default. chunks (same tiling, "pairs"/"lanes"
+    measured 2% faster at most, not a default. chunks (same tiling, "pairs"/"lanes"
     decodes): each warpgroup decodes its slice of a step in this many parts, issuing each part's
     WGMMAs before decoding the next (parts of whole 64-element x swizzle tiles);
     :func:`k_split_config` takes 2 where allowed.
@@ -176,7 +176,7 @@ class MgpuConfig:
     bfloat16x2 multiply by 2^(b-1) wherever every thread of a warp has all its E8M0 bytes of the
     decoded part (a step, or a part of it with ``chunks``) <= 128 (scales <= 2; one
     ``vote.sync.all`` per warp), the two-multiply form otherwise (:func:`_decode_folded`);
-    same bits. Not with ``delay_release`` (wrong on the H200 at 2 warpgroups, session 11).
+    same bits. Not with ``delay_release`` (wrong results on the H200 at 2 warpgroups, jax 0.11.2).
     delay_release (one-kernel tiling, "own" pipeline): each step's WGMMAs are waited for only
     after the next step's are issued, and its slot released then (:func:`_k_split_own_pipeline`'s
     ``drain``), so a step's decode overlaps the previous step's WGMMAs.
@@ -266,7 +266,7 @@ class MgpuConfig:
             raise ValueError(f'MgpuConfig.fold_scale needs decode="lanes" with the one-kernel tiling (k_split_wgs > 1), '
                              f"got decode={self.decode!r}, k_split_wgs={self.k_split_wgs}")
         if self.delay_release and self.fold_scale:
-            raise ValueError("MgpuConfig.delay_release with fold_scale: wrong results on the H200 (session 11 run a, "
+            raise ValueError("MgpuConfig.delay_release with fold_scale: wrong results on the H200 (jax 0.11.2, "
                              "2 warpgroups; each alone passed there); not supported together")
         if self.delay_release and (self.k_split_wgs == 1 or self.k_split_pipeline != "own"):
             raise ValueError('MgpuConfig.delay_release needs the one-kernel tiling (k_split_wgs > 1) with '
@@ -458,7 +458,7 @@ def _decode_folded(fa, sref, raw: bool, b0: int, b1: int, out, pairs_asm: bool =
         top = arith.maxui(top, sb)
     small = arith.cmpi(arith.CmpIPredicate.ule, top, arith.constant(i32, e2m1_asm.FOLD_MAX_BYTE))
     # one side per warp (vote.sync.all): a warp whose threads disagreed would run both sides
-    # (H200 session 11 run b, decode_probe with bytes 120..129: 24.3 us against 17.7 unfolded)
+    # (NVIDIA H200, jax 0.11.2, 2026-12-02, scale bytes 120..129: 24.3 us against 17.7 unfolded)
     voted = llvm.inline_asm(i32, [arith.extui(i32, small)], e2m1_asm.WARP_ALL_PTX, "=r,r")
     small = arith.cmpi(arith.CmpIPredicate.ne, voted, arith.constant(i32, 0))
     branch = scf.IfOp(small, [bf2] * (4 * len(items)), has_else=True)
@@ -835,8 +835,8 @@ def _k_split_call(xs, w_data, scales, *, cfg: MgpuConfig, n: int, mp: int, out_d
     ``xs`` may have fewer rows than ``mp`` (fewer than 8, or a multiple of 8: Mosaic GPU's TMA
     tiling) with the "own" pipeline: its TMA copies read a box of
     ``mp`` rows, and the hardware fills rows past the array's end with zeros (and the output's TMA
-    store writes none past it), so the call needs no pad of x and no slice of the result (H200
-    session 9: 1.5 + 1.0 us of separate kernels per call at M = 1); the output then has
+    store writes none past it), so the call needs no pad of x and no slice of the result (H200,
+    2026-12-01: 1.5 + 1.0 us of separate kernels per call at M = 1); the output then has
     ``xs[0]``'s rows. Both: ``stages`` shared-memory slots; step t uses slot t % stages; ready[slot] completes when
     the slot's TMA copies have landed (every compute warpgroup waits on it), consumed[slot] when
     all kw compute warpgroups have finished reading it (each arrives once per step, after its
@@ -1287,7 +1287,7 @@ def default_mgpu_config(m: int, n: int, k: int, w_order: str = "natural") -> Mgp
     sums 23.7 vs 23.2 us: the gain is the x split's kernel and its launch); natural bytes keep the
     "ptx" decode: its x split (one XLA fusion, ~1.9 us through dispatch) is cheaper than the
     "pairs" x permutation (~3.4 us). "pairs" bytes take the one-kernel tiling with 4 compute
-    warpgroups where it applies (:func:`k_split_config`; session 7, 2026-12-01, same run of
+    warpgroups where it applies (:func:`k_split_config`; NVIDIA H200, jax 0.11.2, 2026-12-01,
     benchmarks/wgemm_mgpu_check.py: 16x8192x8192 33.0 us = 0.70x of bf16 against 36.1 us = 0.77x for
     the split-K kernel, 1x8192x8192 0.89x against 0.95x; checked there at 1, 16 and 40 rows and on
     every E8M0 byte); natural bytes keep the split-K kernel (the "ptx" one-kernel variant is untimed).
@@ -1317,7 +1317,7 @@ def k_split_config(m: int, n: int, k: int, w_order: str = "natural", k_split_wgs
     apply: bk 512 (each of 2 warpgroups a 256-element slice: whole 128-byte swizzle tiles), else
     256 or 128, the largest that divides K in at least two steps and gives each warpgroup at least
     64 elements, and two pipeline stages fit in shared memory for ``m`` rows (padded to 16; 64 rows
-    and K 2048 at bk 512 did not: H200 session 7); stages 5 (lowered where shared memory is
+    and K 2048 at bk 512 did not on the H200); stages 5 (lowered where shared memory is
     short). Decode by byte order as
     :func:`default_mgpu_config`, which takes it with ``k_split_wgs=4`` for "pairs" bytes (measured
     faster there; the "ptx" decode's one-kernel variant is untimed).
@@ -1336,11 +1336,11 @@ def k_split_config(m: int, n: int, k: int, w_order: str = "natural", k_split_wgs
         if (bk % (k_split_wgs * _K_SLICE_MIN) == 0 and k % bk == 0 and k // bk >= 2
                 and _SMEM_BUDGET - fixed >= 2 * per_stage):
             decode = w_order if w_order in _PAIR_DECODES else "ptx"
-            # decode in two parts where each part is whole x swizzle tiles (H200 session 10 run d,
-            # "lanes" 16x8192x8192: kernel 17.78 vs 18.33 us; M = 1 16.91 vs 16.75: a wash there)
+            # decode in two parts where each part is whole x swizzle tiles (H200, jax 0.11.2,
+            # 2026-12-01, "lanes" 16x8192x8192: 3% faster; a wash at M = 1)
             chunks = 2 if decode in _PAIR_DECODES and (bk // k_split_wgs) % (2 * _K_SLICE_MIN) == 0 else 1
-            # one multiply for x 2^126 x scale (H200 session 11 run a, 4 warpgroups: kernel 16.54 vs
-            # 17.90 us at 16x8192x8192, 15.41 vs 16.90 at M = 1; checked there on every E8M0 byte)
+            # one multiply for x 2^126 x scale (H200, jax 0.11.2, 2026-12-02, 4 warpgroups: 8-9% faster
+            # at 16x8192x8192 and M = 1; checked there on every E8M0 byte)
             fold = decode == "lanes" and k_split_wgs == 4
             return MgpuConfig(bk=bk, split_k=1, stages=5, decode=decode, warp_specialized=True,
                               k_split_wgs=k_split_wgs, chunks=chunks, fold_scale=fold)

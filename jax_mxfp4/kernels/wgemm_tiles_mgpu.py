@@ -10,8 +10,8 @@ decode-size kernel (:mod:`jax_mxfp4.kernels.wgemm_mgpu`) reads every weight byte
 few activation rows; here each decoded weight tile meets ``mt`` (64, 128 or 256) activation rows, so
 the decode's cost is spread over ``mt`` multiply-adds per element and the tensor cores set the
 pace, as in a bfloat16 GEMM. The alternative (issue 9: a pass that decodes the whole weight to
-bfloat16, then XLA's GEMM) writes and reads 2 bytes per weight element more; H200 session 11:
-1.28x of bf16 at 1024x8192x8192, against a GEMM of 0.165 ms plus a decode pass >= 0.045 ms.
+bfloat16, then XLA's GEMM) writes and reads 2 bytes per weight element more; NVIDIA H200, jax
+0.11.2, 2026-12-02: 1.28x of bf16 at 1024x8192x8192, against a GEMM of 0.165 ms plus a decode pass >= 0.045 ms.
 
 One CTA per (128 wn weight rows, ``mt`` activation rows) output tile; grid N/(128 wn) x ceil(M/mt), the
 activation tiles of one weight tile in consecutive CTAs (the weight tile is read from HBM once and
@@ -33,8 +33,7 @@ accumulation (the contract of every GEMM path of the project).
 
 Status: lowers for CUDA on a CPU machine (tests/test_wgemm_tiles_mgpu.py; the PTX of the decodes
 and of the quad transpose run in a NumPy model of a warp in tests/test_wgemm.py); checked and timed
-on the H200 by benchmarks/xla_dequant_probe.py (variants "tiles-*") and benchmarks/gpu_check.py:
-numbers in benchmarks/results/NOTES.md (sessions 12 and 13).
+on the H200 (jax 0.11.2, 2026-12-02) by benchmarks/gpu_check.py: numbers in docs/performance.md.
 """
 
 from __future__ import annotations
@@ -80,11 +79,11 @@ class TilesConfig:
     registers and the compute warpgroups take them (``setmaxnreg`` :data:`REGISTERS`, 40 + 2 x 232
     of the 3 x 168 a CTA of 384 threads has: jax's ``emit_pipeline_warp_specialized`` does the
     same), for accumulators of 128 registers per thread (mt 256, or wn 2 with mt 128), which
-    spill at 168 (H200 session 12 run a: mt 256 used 166 registers and spilled); decode:
+    spill at 168 (on the H200 mt 256 used 166 registers and spilled); decode:
     the weight's byte order (:func:`mgpu_w4a16_tiles`'s ``w_order``): "lanes" (prepare_decode's
     default), "pairs", or "natural" (a plain MXFP4Array's bytes: each 32-bit word moved to the
     "pairs" order across its quad of threads by two warp shuffles, then the "pairs" decode);
-    every decode has the folded form (the "pairs" one since session 13).
+    every decode has the folded form.
     Raises TypeError / ValueError naming the field and the rule."""
 
     mt: int = 128
@@ -314,20 +313,17 @@ def unsupported_reason(m: int, n: int, k: int, cfg: TilesConfig | None = None) -
 
 
 def default_tiles_config(m: int, n: int, k: int, out_dtype=jnp.bfloat16, w_order: str = "lanes") -> TilesConfig | None:
-    """The tiling for a shape (None where :func:`unsupported_reason` says no), from H200 session 12
-    runs of benchmarks/xla_dequant_probe.py (jax 0.11.2, kernel times, 1024x8192x8192, bf16
-    0.170 ms in the same run b): 256 activation rows per CTA, bk 64, 4 stages, setmaxnreg
-    (0.166 ms = 0.975x of bf16; mt 256 bk 128 2 stages 1.019x; 128 rows x 256 weight rows
-    1.086x; mt 128 1.19x with or without setmaxnreg; run a: mt 256 without it spilled, 1.26x).
+    """The tiling for a shape (None where :func:`unsupported_reason` says no), from kernel times on
+    an NVIDIA H200 (jax 0.11.2, 2026-12-02, 1024x8192x8192): 256 activation rows per CTA, bk 64,
+    4 stages, setmaxnreg (0.975x of bf16; the other tilings 1.02-1.26x).
     mt 128 (with setmaxnreg) where 256-row tiles would leave the grid under 128 CTAs (the H200
     has 132 SMs: few activation rows, few weight rows) or the output is 4 bytes wide (a float32
     [256, 64] tile per warpgroup leaves room for two pipeline stages only): at 256x8192x8192
-    1.11x with 128-row tiles against 1.66x with 256-row ones (run c); float32 output unmeasured.
+    1.11x with 128-row tiles against 1.66x with 256-row ones; float32 output unmeasured.
     ``w_order``: the decode of that name, with ``fold_scale``. The "natural" decode (and "pairs",
     its decode without the quad transpose; not timed on its own) takes bk 128 in two stages with
-    each step decoded in two chunks at 256-row tiles, where K allows: session 13 run b, kernel
-    time / bf16 at [rows]x8192x8192: 1024 rows 1.084x against 1.114x with bk 64 in 4 stages,
-    2048 1.051x / 1.089x, 512 1.104x / 1.124x (the heavier decode is hidden better behind the
+    each step decoded in two chunks at 256-row tiles, where K allows: 2-4% faster than bk 64 in
+    4 stages at 512-2048 rows (H200, 2026-12-02; the heavier decode is hidden better behind the
     first chunk's WGMMAs). Raises TypeError for non-int sizes, ValueError for another ``w_order``
     or an ``out_dtype`` other than bfloat16, float16, float32 (None: float32)."""
     _check_dims("default_tiles_config", m, n, k)

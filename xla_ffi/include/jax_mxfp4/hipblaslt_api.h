@@ -1,7 +1,7 @@
 // The subset of the hipBLASLt and HIP runtime C ABI that jax_mxfp4 uses, declared here so the
 // extension builds with no ROCm SDK and loads the libraries with dlopen on first use.
 //
-// Every value below equals shared/reference/hipblaslt-abi.json (its sources: hipblaslt.h in
+// Every value below is taken from the public headers: hipblaslt.h in
 // ROCm/rocm-libraries projects/hipblaslt/library/include/hipblaslt/hipblaslt.h and the ROCm
 // 7.0.2-7.2.3 release headers; hipblas-common.h from ROCm/hipBLAS-common; hip/library_types.h,
 // hip/hip_runtime_api.h and hip/driver_types.h from ROCm/HIP / rocm-systems). Where ROCm is
