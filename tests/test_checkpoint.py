@@ -37,8 +37,7 @@ def random_pair(rng, lead, nblk):
     return blocks, scales
 
 
-def test_file_from_safetensors_round_trips_bit_exactly(tmp_path):
-    rng = np.random.default_rng()
+def test_file_from_safetensors_round_trips_bit_exactly(tmp_path, rng):
     blocks, scales = random_pair(rng, (3, 5), 4)          # e.g. experts x rows x K/32
     norm = rng.standard_normal(7).astype(np.float32)
     src = tmp_path / "src.safetensors"
@@ -56,8 +55,7 @@ def test_file_from_safetensors_round_trips_bit_exactly(tmp_path):
     assert again["mlp.w1_blocks"].dtype == again["mlp.w1_scales"].dtype == np.uint8
 
 
-def test_decoded_values_equal_independent_numpy_decode(tmp_path):
-    rng = np.random.default_rng()
+def test_decoded_values_equal_independent_numpy_decode(tmp_path, rng):
     blocks, scales = random_pair(rng, (6,), 3)
     q = from_blocks_scales(blocks, scales, dtype=jnp.float32)
     np.testing.assert_array_equal(np.asarray(mx.dequantize(q), np.float64), numpy_decode(blocks, scales))
@@ -68,8 +66,8 @@ def test_decoded_values_equal_independent_numpy_decode(tmp_path):
 
 
 @pytest.mark.parametrize("shape,axis", [((64, 24), 0), ((5, 96), 1), ((2, 64, 3), 1)])
-def test_quantized_arrays_survive_save_and_load(tmp_path, shape, axis):
-    x = jnp.asarray(np.random.default_rng().standard_normal(shape), jnp.float32)
+def test_quantized_arrays_survive_save_and_load(tmp_path, shape, axis, rng):
+    x = jnp.asarray(rng.standard_normal(shape), jnp.float32)
     q = mx.quantize(x, axis=axis)
     save_mxfp4(tmp_path / "q.safetensors", {"w": q, "swz": q.with_scale_layout("swizzled")})
     back = load_mxfp4(tmp_path / "q.safetensors", dtype=jnp.float32, axes={"w": axis, "swz": axis})
@@ -82,8 +80,7 @@ def test_quantized_arrays_survive_save_and_load(tmp_path, shape, axis):
     np.testing.assert_array_equal(numpy_decode(b, s), np.moveaxis(np.asarray(mx.dequantize(q), np.float64), axis, -1))
 
 
-def test_wrong_tensors_name_themselves(tmp_path):
-    rng = np.random.default_rng()
+def test_wrong_tensors_name_themselves(tmp_path, rng):
     blocks, scales = random_pair(rng, (2,), 2)
     cases = [
         ({"a_blocks": blocks.astype(np.int8), "a_scales": scales}, TypeError, "a_blocks.*uint8"),

@@ -49,8 +49,7 @@ def u8(a):
                                         ((3, 5, 64), 2), ((256,), 0)])
 @pytest.mark.parametrize("layout", ["plain", "swizzled"])
 @pytest.mark.parametrize("byte_order", ["pairs", "natural", "lanes"])
-def test_layout_and_round_trip_bit_exact_every_e8m0_byte(shape, axis, layout, byte_order):
-    rng = np.random.default_rng()
+def test_layout_and_round_trip_bit_exact_every_e8m0_byte(shape, axis, layout, byte_order, rng):
     q, codes, sb = mk(rng, shape, axis, every_byte=True)
     q = q.with_scale_layout(layout)
     p = prepare_decode(q, byte_order=byte_order) if byte_order != "lanes" else prepare_decode(q)  # "lanes": the default
@@ -78,8 +77,7 @@ def test_layout_and_round_trip_bit_exact_every_e8m0_byte(shape, axis, layout, by
     np.testing.assert_array_equal(got, np.asarray(mx.dequantize(q)))
 
 
-def test_hadamard_and_scale_mode_survive_the_round_trip():
-    rng = np.random.default_rng()
+def test_hadamard_and_scale_mode_survive_the_round_trip(rng):
     q, _, _ = mk(rng, (64, 32), 0)
     q = dataclasses.replace(q, scale_mode="floor", hadamard=(32, 7))
     p = prepare_decode(q)
@@ -95,8 +93,7 @@ def test_hadamard_and_scale_mode_survive_the_round_trip():
     ((3, 64, 40), 1, (1,), (0,)),  # stacked [L, K, N], L batch
     ((3, 40, 64), 2, (2,), (0,)),  # stacked [L, N, K]
 ])
-def test_canonical_reshapes_only_in_the_common_orders(shape, axis, contracting, batch):
-    rng = np.random.default_rng()
+def test_canonical_reshapes_only_in_the_common_orders(shape, axis, contracting, batch, rng):
     q, codes, sb = mk(rng, shape, axis)
     p = prepare_decode(q)
     jaxpr = jax.make_jaxpr(lambda d, s: jax.tree_util.tree_leaves(
@@ -114,8 +111,7 @@ def test_canonical_reshapes_only_in_the_common_orders(shape, axis, contracting, 
     ((5, 3, 64), 2, (2,), (1,)),  # batch dim after a free dim: data transposed
     ((4, 64), 1, (1,), (0,)),  # no free dim
 ])
-def test_canonical_other_orders_are_correct(shape, axis, contracting, batch):
-    rng = np.random.default_rng()
+def test_canonical_other_orders_are_correct(shape, axis, contracting, batch, rng):
     q, _, _ = mk(rng, shape, axis, every_byte=True)
     c = canonical(prepare_decode(q), contracting, batch)
     free = tuple(d for d in range(len(shape)) if d not in batch + contracting)
@@ -141,9 +137,8 @@ def ref_product(x, codes, sb, axis, dn):
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_dot_general_equals_the_mxfp4array_product_xla(case):
+def test_dot_general_equals_the_mxfp4array_product_xla(case, rng):
     wshape, axis, xshape, dn = CASES[case]
-    rng = np.random.default_rng()
     q, codes, sb = mk(rng, wshape, axis)
     x = jnp.asarray(rng.standard_normal(xshape), jnp.float32)
     p = prepare_decode(q)
@@ -164,9 +159,8 @@ def test_dot_general_equals_the_mxfp4array_product_xla(case):
 
 
 @pytest.mark.parametrize("case", ["[K,N] axis 0", "[N,K] axis 1", "[B,K,N] axis 1"])
-def test_dot_general_pallas_interpreter_w4a16(case):
+def test_dot_general_pallas_interpreter_w4a16(case, rng):
     wshape, axis, xshape, dn = CASES[case]
-    rng = np.random.default_rng()
     q, codes, sb = mk(rng, wshape, axis)
     x = jnp.asarray(rng.standard_normal(xshape), jnp.bfloat16)
     got = np.asarray(mx.dot_general(x, prepare_decode(q), dn, preferred_element_type=jnp.float32, recipe=W4A16_PALLAS))
@@ -177,8 +171,7 @@ def test_dot_general_pallas_interpreter_w4a16(case):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
 
 
-def test_prepared_on_the_lhs_and_facing_other_quantized_operands():
-    rng = np.random.default_rng()
+def test_prepared_on_the_lhs_and_facing_other_quantized_operands(rng):
     qa, _, _ = mk(rng, (8, 128), 1)  # an activation [M, K]
     qw, _, _ = mk(rng, (128, 64), 0)  # a weight [K, N]
     dn = (((1,), (0,)), ((), ()))
@@ -197,8 +190,7 @@ def test_prepared_on_the_lhs_and_facing_other_quantized_operands():
         np.testing.assert_allclose(want, ref, rtol=1e-5, atol=1e-6 * np.abs(ref).max())
 
 
-def test_rotated_weight_rotates_the_float_operand_the_same_way():
-    rng = np.random.default_rng()
+def test_rotated_weight_rotates_the_float_operand_the_same_way(rng):
     w = jnp.asarray(rng.standard_normal((128, 32)), jnp.float32)
     x = jnp.asarray(rng.standard_normal((4, 128)), jnp.float32)
     from jax_mxfp4.hadamard import random_hadamard_transform
@@ -209,8 +201,7 @@ def test_rotated_weight_rotates_the_float_operand_the_same_way():
                                   np.asarray(mx.dot_general(x, q, dn, recipe=XLA)))
 
 
-def test_dense_takes_a_prepared_kernel():
-    rng = np.random.default_rng()
+def test_dense_takes_a_prepared_kernel(rng):
     x = jnp.asarray(rng.standard_normal((5, 70)), jnp.bfloat16)  # K = 70: padded to 96
     q = mx.quantize(jnp.pad(jnp.asarray(rng.standard_normal((70, 24)), jnp.float32), ((0, 26), (0, 0))), 0)
     got = mx.dense(x, prepare_decode(q), recipe=XLA)
@@ -219,11 +210,10 @@ def test_dense_takes_a_prepared_kernel():
 
 
 # ------------------------------------------------------------------ pytree, jit, sharding, orbax
-def test_pytree_jit_sharding_and_orbax(tmp_path):
+def test_pytree_jit_sharding_and_orbax(tmp_path, rng):
     import orbax.checkpoint as ocp
     from jax.sharding import NamedSharding, PartitionSpec as P
 
-    rng = np.random.default_rng()
     q, _, _ = mk(rng, (128, 64), 0)
     x = jnp.asarray(rng.standard_normal((16, 128)), jnp.float32)
     p = prepare_decode(q)
@@ -269,8 +259,7 @@ def test_unknown_byte_order_is_a_value_error(bad):
     assert DecodePrepared(p.data, p.scales, 0, (64, 64), jnp.float32, byte_order="natural").byte_order == "natural"
 
 
-def test_bad_input_is_named(tmp_path):
-    rng = np.random.default_rng()
+def test_bad_input_is_named(tmp_path, rng):
     q, _, _ = mk(rng, (64, 64), 0)
     p = prepare_decode(q)
     with pytest.raises(TypeError, match="prepare_decode takes an MXFP4Array, got ArrayImpl .*quantize"):
@@ -367,7 +356,7 @@ def test_cuda_dispatch_route_reads_the_prepared_weight_without_transposes(monkey
 @pytest.mark.skipif(len(jax.devices()) < 8, reason="needs 8 (simulated) devices")
 @pytest.mark.parametrize("style", ["auto", "explicit"])
 @pytest.mark.parametrize("layout", ["tp-column", "tp-row"])
-def test_prepared_weight_through_the_partitioning_rule(monkeypatch, style, layout):
+def test_prepared_weight_through_the_partitioning_rule(monkeypatch, style, layout, rng):
     """The pallas backend handed the DecodePrepared itself (as on the Mosaic GPU route; here its
     interpreter route, which converts inside the shard): the custom_partitioning rule shards the
     K-major scales [B, K/32, N] with the data [B, N, K/2] - no all-gather, tp-row one all-reduce."""
@@ -376,7 +365,6 @@ def test_prepared_weight_through_the_partitioning_rule(monkeypatch, style, layou
 
     monkeypatch.setattr(pallas_mod.PallasBackend, "takes_decode_prepared",
                         lambda self, problem: (problem.lhs_decode_prepared, problem.rhs_decode_prepared))
-    rng = np.random.default_rng()
     q, codes, sb = mk(rng, (256, 128), 0)
     p = prepare_decode(q)
     x = jnp.asarray(rng.standard_normal((16, 256)), jnp.bfloat16)
@@ -405,12 +393,11 @@ def test_prepared_weight_through_the_partitioning_rule(monkeypatch, style, layou
         np.testing.assert_array_equal(out, single)
 
 
-def test_explain_and_batched_prepared_operands_raise_like_dot_general():
+def test_explain_and_batched_prepared_operands_raise_like_dot_general(rng):
     """explain() raises what dot_general raises for a quantized operand contracted along a
     non-quantized axis (it used to pick a backend); a prepared operand batched by vmap/scan is
     named as such by dot_general and dense (it used to read as a contracting-shape mismatch or
     "kernel must be 2-D")."""
-    rng = np.random.default_rng()
     q, _, _ = mk(rng, (64, 64), 0)
     x = jnp.asarray(rng.standard_normal((4, 64)), jnp.float32)
     wrong = (((1,), (1,)), ((), ()))  # rhs contracted along dim 1, quantized along 0
@@ -439,7 +426,7 @@ def test_explain_and_batched_prepared_operands_raise_like_dot_general():
     np.testing.assert_allclose(np.asarray(got, np.float64), ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
 
 
-def test_children_sharded_along_different_dims_are_named():
+def test_children_sharded_along_different_dims_are_named(rng):
     """Under an explicit mesh, scales sharded otherwise than the data (e.g. one spec given to both
     children, as jax.device_put(prepared, sharding) does) failed deep in JAX (DuplicateSpecError,
     ShardingTypeError); now a ValueError with the spec to use. Consistent shardings (K-major
@@ -447,7 +434,6 @@ def test_children_sharded_along_different_dims_are_named():
     float64 reference product."""
     from jax.sharding import NamedSharding, PartitionSpec as P
 
-    rng = np.random.default_rng()
     q, codes, sb = mk(rng, (256, 64), 0)
     p = prepare_decode(q)
     x = jnp.asarray(rng.standard_normal((8, 256)), jnp.float32)
@@ -473,12 +459,11 @@ def test_children_sharded_along_different_dims_are_named():
                 jax.jit(lambda b: b.to_mxfp4().dequantize())(put(dspec, sspec))
 
 
-def test_lanes_order_bytes_round_trip_and_refusal():
+def test_lanes_order_bytes_round_trip_and_refusal(rng):
     """lanes_order_bytes and its inverse undo each other on fresh random bytes (NumPy and jnp give
     the same bytes); a last axis that is not whole 32-bit words is a ValueError naming the rule."""
     from jax_mxfp4.decode_prepared import lanes_order_bytes
 
-    rng = np.random.default_rng()
     b = rng.integers(0, 256, (3, 5, 64), dtype=np.uint8)
     fwd = lanes_order_bytes(b)
     np.testing.assert_array_equal(fwd, lanes_ref(b))

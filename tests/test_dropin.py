@@ -20,15 +20,15 @@ import jax_mxfp4.flax as mxf  # noqa: E402
 DN = (((1,), (0,)), ((), ()))
 
 
-def rnd(shape, dtype=jnp.float32):
-    return jnp.asarray(np.random.default_rng().standard_normal(shape), dtype)
+def rnd(rng, shape, dtype=jnp.float32):
+    return jnp.asarray(rng.standard_normal(shape), dtype)
 
 
 @pytest.mark.parametrize("ldt,rdt", [(jnp.bfloat16, jnp.bfloat16), (jnp.float16, jnp.float16),
                                      (jnp.bfloat16, jnp.float32), (jnp.float32, jnp.float32),
                                      (jnp.bfloat16, jnp.float16)])
-def test_default_output_dtype_is_lax_dot_generals(ldt, rdt):
-    a, b = rnd((4, 64), ldt), rnd((64, 8), rdt)
+def test_default_output_dtype_is_lax_dot_generals(ldt, rdt, rng):
+    a, b = rnd(rng, (4, 64), ldt), rnd(rng, (64, 8), rdt)
     want = jax.lax.dot_general(a, b, DN).dtype
     assert mx.dot_general(a, b, DN).dtype == want
     assert jax.grad(lambda a: mx.dot_general(a, b, DN).astype(jnp.float32).sum())(a).dtype == a.dtype
@@ -39,16 +39,16 @@ def test_default_output_dtype_is_lax_dot_generals(ldt, rdt):
     np.testing.assert_array_equal(mx.dot_general(a, b, DN), f32.astype(want))
 
 
-def test_flax_dense_with_mxfp4_dot_general_keeps_bf16_like_flax():
-    x = rnd((2, 64), jnp.bfloat16)
+def test_flax_dense_with_mxfp4_dot_general_keeps_bf16_like_flax(rng):
+    x = rnd(rng, (2, 64), jnp.bfloat16)
     plain = nn.Dense(32, dtype=jnp.bfloat16)
     ours = nn.Dense(32, dtype=jnp.bfloat16, dot_general=mx.dot_general)
     p = plain.init(jax.random.key(0), x)
     assert plain.apply(p, x).dtype == ours.apply(p, x).dtype == jnp.bfloat16
 
 
-def test_asarray_on_mxfp4array_points_to_dequantize():
-    q = mx.quantize(rnd((4, 64)))
+def test_asarray_on_mxfp4array_points_to_dequantize(rng):
+    q = mx.quantize(rnd(rng, (4, 64)))
     for conv in (np.asarray, np.array, jnp.asarray, jnp.array):
         with pytest.raises(TypeError, match="dequantize"):
             conv(q)
@@ -57,9 +57,9 @@ def test_asarray_on_mxfp4array_points_to_dequantize():
     np.testing.assert_array_equal(jax.jit(mx.dequantize)(q), mx.dequantize(q))
 
 
-def test_grad_wrt_mxfp4array_with_allow_int_gives_the_clear_error():
-    q = mx.quantize(rnd((64, 8)), axis=0)
-    x = rnd((2, 64))
+def test_grad_wrt_mxfp4array_with_allow_int_gives_the_clear_error(rng):
+    q = mx.quantize(rnd(rng, (64, 8)), axis=0)
+    x = rnd(rng, (2, 64))
     with pytest.raises(ValueError, match="inference only"):
         jax.grad(lambda q: mx.dot_general(x, q, DN).sum(), allow_int=True)(q)
 
@@ -93,8 +93,8 @@ class Mixed2(nn.Module):
         return c.sum(axis=(1, 2, 3))
 
 
-def test_quantize_params_with_model_selects_exactly_and_apply_works():
-    x = rnd((4, 64))
+def test_quantize_params_with_model_selects_exactly_and_apply_works(rng):
+    x = rnd(rng, (4, 64))
     model = Mixed2()
     v = model.init(jax.random.key(0), x)
     q = mxf.quantize_params(v, model=model, inputs=(x,))
@@ -121,8 +121,8 @@ def test_quantize_params_with_model_selects_exactly_and_apply_works():
     assert y_q.shape == y_f.shape and bool(jnp.all(jnp.isfinite(y_q)))
 
 
-def test_quantize_params_without_model_leaves_non_2d_kernels_float():
-    x = rnd((4, 64))
+def test_quantize_params_without_model_leaves_non_2d_kernels_float(rng):
+    x = rnd(rng, (4, 64))
     model = Mixed2()
     v = model.init(jax.random.key(0), x)
     q = mxf.quantize_params(v)
@@ -133,8 +133,8 @@ def test_quantize_params_without_model_leaves_non_2d_kernels_float():
         assert not isinstance(a, mx.MXFP4Array), path
 
 
-def test_quantize_params_explicit_requests_it_cannot_serve():
-    x = rnd((4, 64))
+def test_quantize_params_explicit_requests_it_cannot_serve(rng):
+    x = rnd(rng, (4, 64))
     model = Mixed2()
     v = model.init(jax.random.key(0), x)
     with pytest.raises(ValueError, match="conv/kernel.*no jax_mxfp4 layer"):
@@ -148,7 +148,7 @@ def test_quantize_params_explicit_requests_it_cannot_serve():
     assert q["params"]["stack"]["ff"]["kernel"].axis == 1
 
 
-def test_quantize_params_nnx_model_leaves_flax_layers_float():
+def test_quantize_params_nnx_model_leaves_flax_layers_float(rng):
     class Net(nnx.Module):
         def __init__(self, rngs):
             self.ours = mxf.nnx.Linear(64, 64, rngs=rngs)
@@ -162,7 +162,7 @@ def test_quantize_params_nnx_model_leaves_flax_layers_float():
             return self.mha(y[:, None, :])[:, 0]
 
     net = Net(nnx.Rngs(0))
-    x = rnd((2, 64))
+    x = rnd(rng, (2, 64))
     state = nnx.state(net, nnx.Param)
     q = mxf.quantize_params(state, model=net)
     nnx.update(net, q)

@@ -40,8 +40,7 @@ CASES = [
 
 
 @pytest.mark.parametrize("subscripts,ls,rs", CASES)
-def test_values_match_float64_reference(subscripts, ls, rs):
-    rng = np.random.default_rng()
+def test_values_match_float64_reference(subscripts, ls, rs, rng):
     a = rng.standard_normal(ls).astype(np.float32)
     b = rng.standard_normal(rs).astype(np.float32)
     (lc, rc), _ = parse_subscripts(subscripts, len(ls), len(rs))[0]
@@ -53,8 +52,7 @@ def test_values_match_float64_reference(subscripts, ls, rs):
     assert np.all(np.abs(np.asarray(got, np.float64) - want) <= bound)
 
 
-def test_gradients_equal_the_dot_general_form():
-    rng = np.random.default_rng()
+def test_gradients_equal_the_dot_general_form(rng):
     a = jnp.asarray(rng.standard_normal((2, 3, 64)), jnp.float32)
     w = jnp.asarray(rng.standard_normal((64, 4, 8)), jnp.float32)
     f_es = lambda a, w: (mx.einsum("bsd,dnh->bsnh", a, w) ** 2).sum()  # noqa: E731
@@ -69,8 +67,7 @@ def test_gradients_equal_the_dot_general_form():
     np.testing.assert_array_equal(g1, g2)
 
 
-def test_output_dtype_follows_jnp_einsum_and_mxfp4_operands():
-    rng = np.random.default_rng()
+def test_output_dtype_follows_jnp_einsum_and_mxfp4_operands(rng):
     a = jnp.asarray(rng.standard_normal((4, 64)), jnp.bfloat16)
     w = jnp.asarray(rng.standard_normal((64, 8)), jnp.bfloat16)
     assert mx.einsum("mk,kn->mn", a, w).dtype == jnp.bfloat16 == jnp.einsum("mk,kn->mn", a, w).dtype

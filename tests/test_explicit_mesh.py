@@ -36,8 +36,8 @@ def mesh_data2():
     return jax.make_mesh((2,), ("data",), axis_types=(AxisType.Explicit,), devices=jax.devices()[:2])
 
 
-def normal(*shape, dtype=jnp.float32, scale=1.0):
-    return jnp.asarray(np.random.default_rng().standard_normal(shape) * scale, dtype)
+def normal(rng, *shape, dtype=jnp.float32, scale=1.0):
+    return jnp.asarray(rng.standard_normal(shape) * scale, dtype)
 
 
 def spec_of(x):
@@ -55,20 +55,20 @@ def assert_within_reassociation(got, want, rel=1e-5):
 
 # ----------------------------------------------------------------------------- (a0)
 def _entry_points():
-    """name -> (make params outside the mesh, apply(params, x, recipe))."""
-    def dense(recipe):
-        w = normal(64, 32, scale=0.1)
+    """name -> (make params outside the mesh from (recipe, rng), apply(params, x))."""
+    def dense(recipe, rng):
+        w = normal(rng, 64, 32, scale=0.1)
         return w, lambda w, x: mx.dense(x, w, recipe=recipe)
 
-    def linen_dense(recipe):
+    def linen_dense(recipe, rng):
         m = mxf.linen.Dense(32, recipe=recipe)
         return m.init(jax.random.key(0), jnp.ones((2, 64, 64))), lambda p, x: m.apply(p, x)
 
-    def linen_general(recipe):
+    def linen_general(recipe, rng):
         m = mxf.linen.DenseGeneral((4, 8), recipe=recipe)
         return m.init(jax.random.key(0), jnp.ones((2, 64, 64))), lambda p, x: m.apply(p, x).reshape(2, 64, 32)
 
-    def nnx_linear(recipe):
+    def nnx_linear(recipe, rng):
         lin = mxf.nnx.Linear(64, 32, recipe=recipe, rngs=nnx.Rngs(0))
         graph, state = nnx.split(lin)
         return state, lambda s, x: nnx.merge(graph, s)(x)
@@ -84,14 +84,14 @@ A0_CASES = [(e, "xla") for e in ENTRY_POINTS] + [(e, b) for b in BACKENDS[1:] fo
 
 
 @pytest.mark.parametrize("entry,backend", A0_CASES)
-def test_a0_batch_sharded_3d_activation_with_weight_made_outside_the_mesh(entry, backend):
+def test_a0_batch_sharded_3d_activation_with_weight_made_outside_the_mesh(entry, backend, rng):
     """Issue case (a0): x [2, 64, 64] on P("data", None, None) of a 2-device explicit mesh, the
     weight created before entering the mesh. Output: the single-device values bit for bit and
     the sharding of plain ``x @ w``; gradients: the single-device ones (wgrad sums over the
     token shards: reassociation bound)."""
     recipe = NEAREST.replace(backend=backend)
-    params, apply = ENTRY_POINTS[entry](recipe)
-    x = normal(2, 64, 64)
+    params, apply = ENTRY_POINTS[entry](recipe, rng)
+    x = normal(rng, 2, 64, 64)
     loss = lambda p, a: jnp.sum(apply(p, a) * jnp.arange(32.0) / 32)  # noqa: E731
     single = jax.jit(apply)(params, x)
     g1 = jax.jit(jax.grad(loss, argnums=(0, 1)))(params, x)
@@ -110,12 +110,12 @@ def test_a0_batch_sharded_3d_activation_with_weight_made_outside_the_mesh(entry,
 
 # ----------------------------------------------------------------------------- (a)
 @pytest.mark.parametrize("w4a16", [False, True], ids=["a4w4", "w4a16"])
-def test_a_pallas_under_explicit_mesh_equals_single_device(w4a16):
+def test_a_pallas_under_explicit_mesh_equals_single_device(w4a16, rng):
     """Issue case (a): bf16 lhs [16, 256] on P("data", None) of a 2x4 explicit mesh, rhs
     [256, 512], Recipe(backend="pallas") (interpreter on CPU): the single-device result exactly,
     forward and both gradients (the backward GEMMs run on pallas too)."""
     recipe = mx.Recipe(backend="pallas", quantize_activations=not w4a16, grad_rounding="nearest")
-    x, w = normal(16, 256, dtype=jnp.bfloat16), normal(256, 512, dtype=jnp.bfloat16)
+    x, w = normal(rng, 16, 256, dtype=jnp.bfloat16), normal(rng, 256, 512, dtype=jnp.bfloat16)
     if w4a16:
         w = mx.quantize(w, axis=0)
     f = lambda a, b: mx.dot_general(a, b, (((1,), (0,)), ((), ())), recipe=recipe)  # noqa: E731
@@ -133,12 +133,12 @@ def test_a_pallas_under_explicit_mesh_equals_single_device(w4a16):
 
 # ----------------------------------------------------------------------------- (b)
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_b_backward_whose_shards_split_a_block_equals_single_device(backend):
+def test_b_backward_whose_shards_split_a_block_equals_single_device(backend, rng):
     """Issue case (b): x [64, 256] on P("data", None), w [256, 64] on P(None, "model") of a 2x4
     explicit mesh: dY's N = 64 is 16 per shard, so dgrad (quantizing dY and w along N) regathers
     N first. Gradients equal the single-device ones."""
     recipe = NEAREST.replace(backend=backend)
-    x, w = normal(64, 256), normal(256, 64, scale=0.1)
+    x, w = normal(rng, 64, 256), normal(rng, 256, 64, scale=0.1)
     loss = lambda a, b: jnp.sum(mx.dot_general(a, b, (((1,), (0,)), ((), ())), recipe=recipe) ** 2)  # noqa: E731
     g1 = jax.jit(jax.grad(loss, argnums=(0, 1)))(x, w)
     mesh = mesh_2x4()
@@ -151,7 +151,7 @@ def test_b_backward_whose_shards_split_a_block_equals_single_device(backend):
     assert_within_reassociation(gw, g1[1])
 
 
-def test_b_block_rule_is_checked_before_any_reshape_or_quantization():
+def test_b_block_rule_is_checked_before_any_reshape_or_quantization(rng):
     """The documented error (names the dim, its mesh axes and the 32-block rule), never JAX's
     internal ShardingTypeError: forward K (incl. a K that dense would pad), quantize()'s axis."""
     mesh = mesh_2x4()
@@ -169,7 +169,7 @@ def test_b_block_rule_is_checked_before_any_reshape_or_quantization():
         with pytest.raises(ValueError, match=r"\('data',\) \(2 shards\)"):
             jax.jit(lambda a: mx.dense(a, wq))(x40)
         # whole blocks per shard are fine: K = 256 over 4 shards, and quantize along it
-        x256 = jax.device_put(normal(8, 256), NamedSharding(mesh, P(None, "model")))
+        x256 = jax.device_put(normal(rng, 8, 256), NamedSharding(mesh, P(None, "model")))
         q = jax.jit(lambda a: mx.quantize(a, axis=1))(x256)
     np.testing.assert_array_equal(np.asarray(q.data), np.asarray(mx.quantize(np.asarray(x256), axis=1).data))
 
@@ -177,14 +177,14 @@ def test_b_block_rule_is_checked_before_any_reshape_or_quantization():
 # ----------------------------------------------------------------------------- tokens per device
 @pytest.mark.parametrize("variant", ["step-key", "fallback-key+hadamard"])
 @pytest.mark.parametrize("tokens", [48, 100])
-def test_data_parallel_training_with_token_counts_not_a_multiple_of_32(tokens, variant):
+def test_data_parallel_training_with_token_counts_not_a_multiple_of_32(tokens, variant, rng):
     """Per-device token counts 48 and 100 (wgrad contracts the tokens: blocks straddle devices,
     and 200 tokens are padded to 224): a Flax training step with stochastic rounding gives the
     single-device gradients on the explicit mesh, as on an Auto mesh -- with a step key from the
     RNG stream, and with the data-derived fallback key plus the wgrad Hadamard transform."""
     hadamard = variant != "step-key"
     model = mxf.linen.Dense(32, recipe=mx.Recipe(hadamard=hadamard))
-    x, t = normal(2 * tokens, 64), normal(2 * tokens, 32)
+    x, t = normal(rng, 2 * tokens, 64), normal(rng, 2 * tokens, 32)
     params = model.init(jax.random.key(0), x)
     rngs = None if hadamard else {"stochastic_rounding": jax.random.key(7)}
 
@@ -202,12 +202,12 @@ def test_data_parallel_training_with_token_counts_not_a_multiple_of_32(tokens, v
             assert_within_reassociation(g, w)
 
 
-def test_wgrad_keeps_the_token_shards_that_hold_whole_blocks():
+def test_wgrad_keeps_the_token_shards_that_hold_whole_blocks(rng):
     """256 tokens over ("data", "model") = 8 shards of 32 hold whole blocks (no regather); 128
     tokens over 8 shards of 16 do not: "model" is dropped from the token dim (2 shards of 64) and
     the partial wgrads are summed over "data". Both equal the single-device gradients."""
     for tokens in (256, 128):
-        x, w = normal(tokens, 64), normal(64, 32, scale=0.1)
+        x, w = normal(rng, tokens, 64), normal(rng, 64, 32, scale=0.1)
         grad = jax.grad(lambda a, b: jnp.sum(mx.dense(a, b, recipe=NEAREST) ** 2), argnums=(0, 1))
         want = jax.jit(grad)(x, w)
         mesh = mesh_2x4()
@@ -221,11 +221,11 @@ def test_wgrad_keeps_the_token_shards_that_hold_whole_blocks():
 
 # ----------------------------------------------------------------------------- MXFP4Array weights
 @pytest.mark.parametrize("wspec", [P(None, None), P(None, "model")], ids=["replicated", "tp-column"])
-def test_pre_quantized_weight_serving_and_activation_grad(wspec):
+def test_pre_quantized_weight_serving_and_activation_grad(wspec, rng):
     """quantize_params-style MXFP4Array weight (device_put replicated or column-sharded) against
     batch-sharded 3-D activations: forward bit-equal to one device with plain ``x @ w``'s
     sharding, and the activation gradient (e.g. for an adapter upstream) equal too."""
-    x, w = normal(4, 16, 64), normal(64, 32, scale=0.1)
+    x, w = normal(rng, 4, 16, 64), normal(rng, 64, 32, scale=0.1)
     wq = mx.quantize(w, axis=0)
     f = lambda a, b: mx.dense(a, b, recipe=NEAREST)  # noqa: E731
     single = jax.jit(f)(x, wq)
@@ -244,9 +244,9 @@ def test_pre_quantized_weight_serving_and_activation_grad(wspec):
     assert spec_of(g) == ("data", None, None)
 
 
-def test_nnx_out_sharding_on_an_explicit_mesh():
+def test_nnx_out_sharding_on_an_explicit_mesh(rng):
     lin = mxf.nnx.Linear(64, 32, rngs=nnx.Rngs(0))
-    x = normal(4, 16, 64)
+    x = normal(rng, 4, 16, 64)
     single = lin(x)
     mesh = mesh_2x4()
     with jax.set_mesh(mesh):
@@ -258,12 +258,12 @@ def test_nnx_out_sharding_on_an_explicit_mesh():
 
 # ----------------------------------------------------------------------------- batch dims
 @pytest.mark.parametrize("backend", BACKENDS)
-def test_batch_dims_sharded_against_a_replicated_weight(backend):
+def test_batch_dims_sharded_against_a_replicated_weight(backend, rng):
     """dot_general with a batch dim sharded on "data" (lhs) against a weight with the same
     batch dim created outside the mesh: single-device values, plain-JAX output sharding."""
     recipe = NEAREST.replace(backend=backend)
     dims = (((2,), (1,)), ((0,), (0,)))
-    x, w = normal(4, 16, 64), normal(4, 64, 32, scale=0.1)
+    x, w = normal(rng, 4, 16, 64), normal(rng, 4, 64, 32, scale=0.1)
     f = lambda a, b: mx.dot_general(a, b, dims, recipe=recipe)  # noqa: E731
     single = jax.jit(f)(x, w)
     g1 = jax.jit(jax.grad(lambda a, b: jnp.sum(f(a, b) ** 2), argnums=(0, 1)))(x, w)
@@ -330,7 +330,8 @@ def test_random_shardings_train_like_one_device(problem, backend, recipe_name, w
     if weight_outside_mesh:
         ws = P(None, None)
     recipe = RECIPES[recipe_name].replace(backend=backend)
-    x, w, c = normal(*lead, k), normal(k, n, scale=0.1), normal(*lead, n)
+    rng = np.random.default_rng(0)  # a fixed seed: hypothesis draws the shapes
+    x, w, c = normal(rng, *lead, k), normal(rng, k, n, scale=0.1), normal(rng, *lead, n)
     f = lambda a, b: mx.dense(a, b, recipe=recipe)  # noqa: E731
     grad = jax.grad(lambda a, b: jnp.sum(f(a, b) * c), argnums=(0, 1))  # dY = c: no forward dependence
     single, g1 = jax.jit(f)(x, w), jax.jit(grad)(x, w)

@@ -217,12 +217,11 @@ def test_orbax_round_trip_is_bit_exact(tmp_path):
 
 
 
-def test_layers_take_a_prepared_kernel():
+def test_layers_take_a_prepared_kernel(rng):
     """A DecodePrepared / FP8Prepared kernel in a layer's params: the nnx layer took it, while
     linen reported its children as a kernel of the wrong shape (Flax's ScopeParamShapeError). Now
     every layer takes it: the same output as the MXFP4Array kernel, bit for bit, equal to the
     float64 reference, and a finite input gradient."""
-    rng = np.random.default_rng()
     x = jnp.asarray(rng.standard_normal((4, 64)), jnp.float32)
     w = rng.standard_normal((64, 96)).astype(np.float32)
     q = mx.quantize(jnp.asarray(w), 0)

@@ -16,15 +16,15 @@ import jax_mxfp4 as mx  # noqa: E402
 import jax_mxfp4.flax as mxf  # noqa: E402
 
 
-def test_linen_einsum_params_match_flax_and_forward_is_mxfp4_einsum():
-    x = jnp.asarray(np.random.default_rng().standard_normal((2, 3, 64)), jnp.float32)
+def test_linen_einsum_params_match_flax_and_forward_is_mxfp4_einsum(rng):
+    x = jnp.asarray(rng.standard_normal((2, 3, 64)), jnp.float32)
     ours = mxf.linen.Einsum((64, 4, 8), "bsd,dnh->bsnh")
     theirs = nn.Einsum((64, 4, 8), "bsd,dnh->bsnh")
     p = ours.init(jax.random.key(1), x)
     q = theirs.init(jax.random.key(1), x)
     assert jax.tree.map(jnp.shape, p) == jax.tree.map(jnp.shape, q) == {"params": {"kernel": (64, 4, 8), "bias": (4, 8)}}
     np.testing.assert_array_equal(p["params"]["kernel"], q["params"]["kernel"])
-    bias = jnp.asarray(np.random.default_rng().standard_normal((4, 8)), jnp.float32)
+    bias = jnp.asarray(rng.standard_normal((4, 8)), jnp.float32)
     p = {"params": {"kernel": p["params"]["kernel"], "bias": bias}}
     want = mx.einsum("bsd,dnh->bsnh", x, p["params"]["kernel"]) + bias
     np.testing.assert_array_equal(ours.apply(p, x), want)
@@ -33,8 +33,8 @@ def test_linen_einsum_params_match_flax_and_forward_is_mxfp4_einsum():
     assert 0 < err < 0.5 * np.abs(theirs.apply(p, x)).max()
 
 
-def test_linen_einsum_any_k_and_quantized_kernel():
-    x = jnp.asarray(np.random.default_rng().standard_normal((5, 40)), jnp.float32)
+def test_linen_einsum_any_k_and_quantized_kernel(rng):
+    x = jnp.asarray(rng.standard_normal((5, 40)), jnp.float32)
     layer = mxf.linen.Einsum((40, 6), "mk,kn->mn")
     p = layer.init(jax.random.key(0), x)
     y = layer.apply(p, x)
@@ -46,8 +46,8 @@ def test_linen_einsum_any_k_and_quantized_kernel():
     np.testing.assert_array_equal(layer.apply(qp, x), y)  # same quantized values as the float path
 
 
-def test_nnx_einsum_params_match_flax_forward_and_errors():
-    x = jnp.asarray(np.random.default_rng().standard_normal((2, 3, 32)), jnp.bfloat16)
+def test_nnx_einsum_params_match_flax_forward_and_errors(rng):
+    x = jnp.asarray(rng.standard_normal((2, 3, 32)), jnp.bfloat16)
     ours = mxf.nnx.Einsum("bsd,dnh->bsnh", (32, 4, 8), (4, 8), rngs=nnx.Rngs(0))
     theirs = nnx.Einsum("bsd,dnh->bsnh", (32, 4, 8), (4, 8), rngs=nnx.Rngs(0))
     np.testing.assert_array_equal(ours.kernel[...], theirs.kernel[...])

@@ -23,8 +23,8 @@ XLA = mx.Recipe(backend="xla", grad_rounding="nearest")
 IS_Q = lambda x: isinstance(x, (mx.MXFP4Array, mx.DecodePrepared, mx.FP8Prepared))  # noqa: E731
 
 
-def rnd(shape, dtype=jnp.float32):
-    return jnp.asarray(np.random.default_rng().standard_normal(shape), dtype)
+def rnd(rng, shape, dtype=jnp.float32):
+    return jnp.asarray(rng.standard_normal(shape), dtype)
 
 
 def kinds(tree):
@@ -55,10 +55,10 @@ LINEN_CASES = {
 
 
 @pytest.mark.parametrize("case", sorted(LINEN_CASES))
-def test_linen_layers_prepared_kernels_are_bit_identical(case):
+def test_linen_layers_prepared_kernels_are_bit_identical(case, rng):
     make, xshape = LINEN_CASES[case]
-    model, x = make(), rnd(xshape)
-    v = model.init(jax.random.key(int(np.random.default_rng().integers(1 << 30))), x)
+    model, x = make(), rnd(rng, xshape)
+    v = model.init(jax.random.key(int(rng.integers(1 << 30))), x)
     q = mxf.quantize_params(v, model=model, inputs=(x,))
     qd = mxf.quantize_params(v, model=model, inputs=(x,), prepare="decode")
     assert kinds(q) == ["MXFP4Array"] and kinds(qd) == ["DecodePrepared"]
@@ -86,8 +86,8 @@ class _Scanned(nn.Module):
         return y
 
 
-def test_linen_scanned_stack_prepared_kernels_are_bit_identical():
-    model, x = _Scanned(), rnd((4, 40))
+def test_linen_scanned_stack_prepared_kernels_are_bit_identical(rng):
+    model, x = _Scanned(), rnd(rng, (4, 40))
     v = model.init(jax.random.key(0), x)
     q = mxf.quantize_params(v, model=model, inputs=(x,))
     qd = mxf.quantize_params(v, model=model, inputs=(x,), prepare="decode")
@@ -107,12 +107,12 @@ def _nnx_apply(model, state, x):
 
 
 @pytest.mark.parametrize("case", ["Linear", "Einsum"])
-def test_nnx_layers_prepared_kernels_are_bit_identical(case):
-    rngs = nnx.Rngs(int(np.random.default_rng().integers(1 << 30)))
+def test_nnx_layers_prepared_kernels_are_bit_identical(case, rng):
+    rngs = nnx.Rngs(int(rng.integers(1 << 30)))
     if case == "Linear":
-        model, x = mxf.nnx.Linear(50, 24, recipe=XLA, rngs=rngs), rnd((3, 5, 50))
+        model, x = mxf.nnx.Linear(50, 24, recipe=XLA, rngs=rngs), rnd(rng, (3, 5, 50))
     else:
-        model, x = mxf.nnx.Einsum("bk,khn->bhn", (64, 4, 16), (4, 16), recipe=XLA, rngs=rngs), rnd((7, 64))
+        model, x = mxf.nnx.Einsum("bk,khn->bhn", (64, 4, 16), (4, 16), recipe=XLA, rngs=rngs), rnd(rng, (7, 64))
     state = nnx.state(model, nnx.Param)
     q = mxf.quantize_params(state, model=model)
     qd = mxf.quantize_params(state, model=model, prepare="decode")
@@ -141,8 +141,8 @@ class _NnxStack(nnx.Module):
         return step(self.layers, x)
 
 
-def test_nnx_vmapped_stack_prepared_kernels_are_bit_identical():
-    model, x = _NnxStack(nnx.Rngs(int(np.random.default_rng().integers(1 << 30)))), rnd((4, 64))
+def test_nnx_vmapped_stack_prepared_kernels_are_bit_identical(rng):
+    model, x = _NnxStack(nnx.Rngs(int(rng.integers(1 << 30)))), rnd(rng, (4, 64))
     state = nnx.state(model, nnx.Param)
     q = mxf.quantize_params(state, model=model)
     qd = mxf.quantize_params(state, model=model, prepare="decode")
@@ -155,13 +155,13 @@ def test_nnx_vmapped_stack_prepared_kernels_are_bit_identical():
 
 
 # ------------------------------------------------------------------------ float64 reference
-def test_prepared_kernel_matches_float64_reference_decoded_from_its_bytes():
+def test_prepared_kernel_matches_float64_reference_decoded_from_its_bytes(rng):
     """The layer's output against NumPy float64: x's MXFP4 values (a4w4 forward) times the kernel
     decoded from the DecodePrepared's own bytes (data [N, K/2], scales K-major [K/32, N], read with
     the reference unpacker), which must equal the reference quantization of the float kernel."""
     k_in, n = 50, 24
-    model, x = mxf.linen.Dense(n, recipe=XLA), rnd((9, k_in))
-    v = model.init(jax.random.key(int(np.random.default_rng().integers(1 << 30))), x)
+    model, x = mxf.linen.Dense(n, recipe=XLA), rnd(rng, (9, k_in))
+    v = model.init(jax.random.key(int(rng.integers(1 << 30))), x)
     v = jax.tree_util.tree_map(lambda a: a + 0.01, v)  # non-zero bias
     qd = mxf.quantize_params(v, prepare="decode")  # default_select: the 2-D kernel along axis 0
     kd = qd["params"]["kernel"]
@@ -178,8 +178,8 @@ def test_prepared_kernel_matches_float64_reference_decoded_from_its_bytes():
 
 
 # ---------------------------------------------------------------------- quantize_params rules
-def test_prepare_decode_prepares_existing_mxfp4_leaves_and_keeps_prepared_ones():
-    model, x = mxf.linen.Dense(16, recipe=XLA), rnd((2, 64))
+def test_prepare_decode_prepares_existing_mxfp4_leaves_and_keeps_prepared_ones(rng):
+    model, x = mxf.linen.Dense(16, recipe=XLA), rnd(rng, (2, 64))
     v = model.init(jax.random.key(0), x)
     q = mxf.quantize_params(v)  # e.g. what a checkpoint restores
     qd = mxf.quantize_params(q, prepare="decode")
@@ -194,9 +194,9 @@ def test_prepare_decode_prepares_existing_mxfp4_leaves_and_keeps_prepared_ones()
     assert mxf.consumed_kernels(model, qd, (x,)) == {}
 
 
-def test_prepare_decode_keeps_rotation_and_scale_rule():
+def test_prepare_decode_keeps_rotation_and_scale_rule(rng):
     recipe = mx.Recipe(backend="xla", hadamard=("fprop",), scale_mode="rceil")
-    model, x = mxf.linen.Dense(16, recipe=recipe), rnd((3, 64))
+    model, x = mxf.linen.Dense(16, recipe=recipe), rnd(rng, (3, 64))
     v = model.init(jax.random.key(1), x)
     q = mxf.quantize_params(v, recipe=recipe)
     qd = mxf.quantize_params(v, recipe=recipe, prepare="decode")
@@ -217,9 +217,9 @@ def _wrong_axis(kernel, axis):
     return mx.prepare_decode(mx.quantize(kernel, axis))
 
 
-def test_prepared_kernel_along_the_wrong_axis_is_refused_by_name():
-    x = rnd((2, 64))
-    w = rnd((64, 64))
+def test_prepared_kernel_along_the_wrong_axis_is_refused_by_name(rng):
+    x = rnd(rng, (2, 64))
+    w = rnd(rng, (64, 64))
     bad = {"params": {"kernel": _wrong_axis(w, 1), "bias": jnp.zeros((64,))}}
     with pytest.raises(ValueError, match=r"quantized kernel \(DecodePrepared\) must be 2-D \[K, N\] quantized along axis 0"):
         mxf.linen.Dense(64, recipe=XLA).apply(bad, x)
@@ -237,29 +237,29 @@ def test_prepared_kernel_along_the_wrong_axis_is_refused_by_name():
         lin(x)
 
 
-def test_prepared_kernel_other_mismatches_are_refused_by_name():
-    w, x = rnd((64, 16)), rnd((2, 64))
+def test_prepared_kernel_other_mismatches_are_refused_by_name(rng):
+    w, x = rnd(rng, (64, 16)), rnd(rng, (2, 64))
     kd = mx.prepare_decode(mx.quantize(w, 0))
     with pytest.raises(ValueError, match="x has K=96 but the DecodePrepared kernel has K=64"):
-        mxf.linen.Dense(16, recipe=XLA).apply({"params": {"kernel": kd, "bias": jnp.zeros((16,))}}, rnd((2, 96)))
+        mxf.linen.Dense(16, recipe=XLA).apply({"params": {"kernel": kd, "bias": jnp.zeros((16,))}}, rnd(rng, (2, 96)))
     rceil = mx.prepare_decode(mx.quantize(w, 0, scale_mode="rceil"))
     with pytest.raises(ValueError, match=r"kernel: a DecodePrepared quantized with scale_mode='rceil', but this "
                                          r"layer's recipe trains with scale_mode='even'"):
         mxf.linen.Dense(16, recipe=XLA).apply({"params": {"kernel": rceil, "bias": jnp.zeros((16,))}}, x)
 
 
-def test_prepared_kernel_sliced_along_a_non_leading_dim_is_refused():
+def test_prepared_kernel_sliced_along_a_non_leading_dim_is_refused(rng):
     """Only stacks along leading dims (nn.scan/nnx.vmap's default) are re-described per layer;
     children sliced otherwise keep DecodePrepared's own error (never a wrong answer)."""
-    kd = mx.prepare_decode(mx.quantize(rnd((3, 64, 16)), 1))  # data [3, 16, 32], scales [3, 2, 16]
+    kd = mx.prepare_decode(mx.quantize(rnd(rng, (3, 64, 16)), 1))  # data [3, 16, 32], scales [3, 2, 16]
     leaves, treedef = jax.tree_util.tree_flatten(kd)
     sliced = jax.tree_util.tree_unflatten(treedef, [leaf[:, 0] for leaf in leaves])  # a dim-1 slice
     assert mxf.params.quantized_kernel(sliced) is sliced
     with pytest.raises(ValueError, match="batching a DecodePrepared with vmap/scan is not supported"):
-        mxf.linen.Dense(16, recipe=XLA).apply({"params": {"kernel": sliced, "bias": jnp.zeros((16,))}}, rnd((2, 64)))
+        mxf.linen.Dense(16, recipe=XLA).apply({"params": {"kernel": sliced, "bias": jnp.zeros((16,))}}, rnd(rng, (2, 64)))
     with pytest.raises(ValueError, match="batching a DecodePrepared with vmap/scan is not supported"):
         mxf.linen.Einsum((3, 64, 16), "bk,lkn->bln", use_bias=False, recipe=XLA).apply(
-            {"params": {"kernel": sliced}}, rnd((2, 64)))
+            {"params": {"kernel": sliced}}, rnd(rng, (2, 64)))
     per_layer = jax.tree_util.tree_unflatten(treedef, [leaf[1] for leaf in leaves])  # a leading-dim slice
     fixed = mxf.params.quantized_kernel(per_layer)
     assert (fixed.shape, fixed.axis) == ((64, 16), 0)

@@ -55,8 +55,7 @@ def run(a, b, recipe=FP8, out=jnp.float32, **kw):
 
 # ------------------------------------------------------------------ equality with backend "xla"
 @pytest.mark.parametrize("out", [jnp.float32, jnp.bfloat16])
-def test_random_in_window_equals_xla_and_reference_bound(out):
-    rng = np.random.default_rng()
+def test_random_in_window_equals_xla_and_reference_bound(out, rng):
     ca, sa = rand_operand(rng, (2, 37, 256), span=14)
     cb, sb = rand_operand(rng, (2, 19, 256), span=14, base=120)
     a, b = mk(ca, sa), mk(cb, sb)
@@ -68,9 +67,8 @@ def test_random_in_window_equals_xla_and_reference_bound(out):
         assert (np.abs(got - e) <= 256 * 2.0**-24 * mag).all()
 
 
-def test_window_edges_exact():
+def test_window_edges_exact(rng):
     """One nonzero element at d = 6 (b = b_max) and one at d = -8 (b = b_max - 14): exact."""
-    rng = np.random.default_rng()
     k = 128
     ca = np.zeros((1, 8, k), np.uint8)
     sa = np.full((1, 8, k // 32), 127, np.uint8)
@@ -93,8 +91,7 @@ def test_window_edges_exact():
 
 
 @pytest.mark.parametrize("n_flagged", [1, 3, 40])  # strips (capacity 16) and the full exact GEMM
-def test_rows_outside_window_are_exact(n_flagged):
-    rng = np.random.default_rng()
+def test_rows_outside_window_are_exact(n_flagged, rng):
     m, n, k = 48, 24, 256
     ca, sa = rand_operand(rng, (1, m, k), span=10, base=140)
     cb, sb = rand_operand(rng, (1, n, k), span=10)
@@ -129,7 +126,7 @@ def test_rows_outside_window_are_exact(n_flagged):
     assert not np.array_equal(scaled.astype(jnp.float8_e4m3fn).astype(np.float64), scaled)
 
 
-def test_exact_path_in_bfloat16_is_lossless_and_within_the_float32_bound():
+def test_exact_path_in_bfloat16_is_lossless_and_within_the_float32_bound(rng):
     """The exact-row path's bfloat16 operands (CUDA: tensor cores): every dequantized MXFP4 value
     (every code x every E8M0 byte, the flushed 0x00/0x01 blocks, the 0xFD/0xFE overflows to Inf,
     NaN for 0xFF) survives float32 -> bfloat16 bit for bit, and the bfloat16 GEMM matches the
@@ -142,7 +139,6 @@ def test_exact_path_in_bfloat16_is_lossless_and_within_the_float32_bound():
     assert np.array_equal(np.isnan(back), np.isnan(f32))
     ok = ~np.isnan(f32)
     assert np.array_equal(back[ok].view(np.uint32), f32[ok].view(np.uint32))  # signs of zeros too
-    rng = np.random.default_rng()
     m, n, k = 24, 16, 256
     ca, sa = rand_operand(rng, (1, m, k), span=60, base=150)  # spans > 14 binades: flagged rows
     cb, sb2 = rand_operand(rng, (1, n, k), span=60, base=150)
@@ -158,8 +154,7 @@ def test_exact_path_in_bfloat16_is_lossless_and_within_the_float32_bound():
     assert fp8_backend.exact_operand_dtype("cpu") == jnp.float32
 
 
-def test_zero_rows_and_all_zero_operands():
-    rng = np.random.default_rng()
+def test_zero_rows_and_all_zero_operands(rng):
     ca, sa = rand_operand(rng, (1, 6, 64), span=5)
     cb, sb = rand_operand(rng, (1, 4, 64), span=5)
     ca[0, 2] = 0
@@ -191,8 +186,7 @@ def test_k0_operands_prepare_and_multiply():
     assert (want == 0).all()
 
 
-def test_nan_scale_byte_poisons_row_and_column():
-    rng = np.random.default_rng()
+def test_nan_scale_byte_poisons_row_and_column(rng):
     ca, sa = rand_operand(rng, (2, 8, 96), span=6)
     cb, sb = rand_operand(rng, (2, 5, 96), span=6)
     sa[0, 3, 1] = 255
@@ -210,8 +204,7 @@ def test_nan_scale_byte_poisons_row_and_column():
     np.testing.assert_array_equal(nan, want)
 
 
-def test_e8m0_extremes_flush_overflow_and_wide_output_exponents():
-    rng = np.random.default_rng()
+def test_e8m0_extremes_flush_overflow_and_wide_output_exponents(rng):
     k = 64
     ca, sa = rand_operand(rng, (1, 8, k), span=3, base=130)
     cb, sb = rand_operand(rng, (1, 6, k), span=3, base=125)
@@ -261,8 +254,7 @@ def test_special_blocks_matches_the_reference_decoding_for_every_byte_and_code()
     assert want.sum() == 2 * 3 + 2 * 1 + 2 * 4 + 2 * 2  # bytes 0, 1, 254, 253 with both signs
 
 
-def test_batch_dims_and_transposes_through_dot_general():
-    rng = np.random.default_rng()
+def test_batch_dims_and_transposes_through_dot_general(rng):
     x = jnp.asarray(rng.standard_normal((3, 20, 2, 64)), jnp.float32)  # [B, M, X, K]
     w = jnp.asarray(rng.standard_normal((3, 64, 12)), jnp.float32)  # [B, K, N]
     dims = (((3,), (1,)), ((0,), (0,)))
@@ -279,8 +271,7 @@ def test_batch_dims_and_transposes_through_dot_general():
                                   np.asarray(mx.dot_general(x, w, dims, recipe=XLA)))
 
 
-def test_rescale_is_one_rounding_over_the_whole_exponent_range():
-    rng = np.random.default_rng()
+def test_rescale_is_one_rounding_over_the_whole_exponent_range(rng):
     acc = jnp.asarray(rng.integers(1, 2**20, size=(1, 64, 1)) * 2.0**-18 * rng.choice([-1, 1], (1, 64, 1)), jnp.float32)
     el = jnp.asarray(rng.integers(-133, 122, size=(1, 64)), jnp.int32)
     er = jnp.asarray([[-133, 0, 121]], jnp.int32)
@@ -297,8 +288,7 @@ def test_rescale_is_one_rounding_over_the_whole_exponent_range():
 
 # ------------------------------------------------------------------ prepared weights
 @pytest.mark.parametrize("axis,layout", [(0, "plain"), (1, "swizzled"), (2, "plain")])
-def test_prepared_round_trip_is_bit_exact(axis, layout):
-    rng = np.random.default_rng()
+def test_prepared_round_trip_is_bit_exact(axis, layout, rng):
     shape = [3, 5, 7]
     shape[axis] = 96
     codes = rng.integers(0, 16, size=shape, dtype=np.uint8)
@@ -315,11 +305,10 @@ def test_prepared_round_trip_is_bit_exact(axis, layout):
     np.testing.assert_array_equal(np.asarray(p.dequantize()), np.asarray(mx.dequantize(q)))
 
 
-def test_prepared_is_a_pytree_for_jit_sharding_and_orbax(tmp_path):
+def test_prepared_is_a_pytree_for_jit_sharding_and_orbax(tmp_path, rng):
     import orbax.checkpoint as ocp
     from jax.sharding import NamedSharding, PartitionSpec as P
 
-    rng = np.random.default_rng()
     w = jnp.asarray(rng.standard_normal((128, 64)), jnp.float32)
     x = jnp.asarray(rng.standard_normal((16, 128)), jnp.float32)
     p = prepare_fp8(mx.quantize(w, 0))
@@ -345,8 +334,7 @@ def test_prepared_is_a_pytree_for_jit_sharding_and_orbax(tmp_path):
                                       np.asarray(b_).view(np.uint8) if b_.dtype.itemsize == 1 else np.asarray(b_))
 
 
-def test_dense_takes_a_prepared_kernel():
-    rng = np.random.default_rng()
+def test_dense_takes_a_prepared_kernel(rng):
     x = jnp.asarray(rng.standard_normal((5, 70)), jnp.bfloat16)  # K = 70: padded to 96
     q = mx.quantize(jnp.pad(jnp.asarray(rng.standard_normal((70, 24)), jnp.float32), ((0, 26), (0, 0))), 0)
     want = np.asarray(mx.dense(x, q, recipe=XLA), np.float32)

@@ -27,12 +27,11 @@ def test_e4m3_byte_every_code_and_shift():
 
 
 @pytest.mark.parametrize("normal_only", [False, True])
-def test_e4m3_word_every_code_and_shift(normal_only):
+def test_e4m3_word_every_code_and_shift(normal_only, rng):
     """The word-parallel byte step (four codes per uint32) against ml_dtypes for every code in
     every byte position and every shift d (normal_only: d >= -5, where it is documented to hold)."""
     from jax_mxfp4.kernels.fp8_encode import e4m3_word
 
-    rng = np.random.default_rng()
     for d in range(-5 if normal_only else -8, 7):
         codes = np.concatenate([np.stack([np.roll(np.arange(16), j) for j in range(4)], 1),  # each code in each byte
                                 rng.integers(0, 16, (512, 4))])
@@ -43,10 +42,10 @@ def test_e4m3_word_every_code_and_shift(normal_only):
         np.testing.assert_array_equal(got.view(np.uint8).reshape(-1, 4), want, err_msg=f"d={d}")
 
 
-def test_spread_nibbles_is_element_order():
+def test_spread_nibbles_is_element_order(rng):
     from jax_mxfp4.kernels.fp8_encode import spread_nibbles
 
-    x = np.random.default_rng().integers(0, 65536, 4096).astype(np.uint32)
+    x = rng.integers(0, 65536, 4096).astype(np.uint32)
     b = x.astype(np.uint16).view(np.uint8).reshape(-1, 2)
     want = np.stack([b[:, 0] & 15, b[:, 0] >> 4, b[:, 1] & 15, b[:, 1] >> 4], 1)
     np.testing.assert_array_equal(np.asarray(spread_nibbles(jnp.asarray(x))).view(np.uint8).reshape(-1, 4), want)
@@ -55,12 +54,11 @@ def test_spread_nibbles_is_element_order():
 @pytest.mark.parametrize("fast_path", [False, True])
 @pytest.mark.parametrize("band", [(100, 150), (120, 135)])  # most rows flagged / most rows inside the window
 @pytest.mark.parametrize("rows,k,rpp,chunk", [(13, 1024, 8, 32), (7, 16384, 1, 256), (5, 96, 4, 32), (33, 1280, 8, 4)])
-def test_swar_kernel_matches_encode_rows(rows, k, rpp, chunk, band, fast_path):
+def test_swar_kernel_matches_encode_rows(rows, k, rpp, chunk, band, fast_path, rng):
     """The word-parallel kernel equals the jnp rule bit for bit. The (120, 135) band keeps most rows
     inside the 15-binade window, so blocks 12-14 binades below their row maximum take the
     subnormal E4M3 cases (d = -8..-6); edge rows: a block outside the window, NaN, 0x00 over codes
     1 (flushed), 0xFE over codes 7 (Inf), 0x01 over code 1, 0xFD over code 6, all-zero row."""
-    rng = np.random.default_rng()
     data = rng.integers(0, 256, (rows, k // 2), dtype=np.uint8)
     sb = rng.integers(*band, (rows, k // 32)).astype(np.uint8)
     nb = k // 32
@@ -92,7 +90,7 @@ def test_swar_lowers_for_cuda():
         assert "mxfp4_encode_fp8_rows_swar" in txt
 
 
-def test_kernel_names_bad_containers_and_takes_numpy_tiles():
+def test_kernel_names_bad_containers_and_takes_numpy_tiles(rng):
     """A list or None is named (was an AttributeError on .ndim); numpy ints are tile sizes like
     ints; ``interpret`` must be a bool; spread_nibbles takes a uint16 without losing its high byte."""
     from jax_mxfp4.kernels.fp8_encode import spread_nibbles
@@ -104,7 +102,6 @@ def test_kernel_names_bad_containers_and_takes_numpy_tiles():
         encode_rows_kernel(jnp.zeros((1, 16), jnp.uint8), [[127]], swar=True, interpret=True)
     with pytest.raises(TypeError, match="interpret must be a bool"):
         encode_rows_kernel(jnp.zeros((1, 16), jnp.uint8), s, interpret="yes")
-    rng = np.random.default_rng()
     data = jnp.asarray(rng.integers(0, 256, (4, 16), dtype=np.uint8))
     sb = jnp.asarray(rng.integers(120, 130, (4, 1)).astype(np.uint8))
     got = encode_rows_kernel(data, sb, rows_per_program=np.int64(2), num_warps=np.int32(4), swar=True,
@@ -126,8 +123,7 @@ def _as_bytes(v):
 @pytest.mark.parametrize("pairs16", [False, True])  # the uint16 store of byte pairs: same bytes
 @pytest.mark.parametrize("chunk", [256, 32, 4])  # one step for K <= 8192, the default, many steps
 @pytest.mark.parametrize("rows,k,rpp", [(8, 64, 8), (13, 1024, 8), (33, 96, 4), (5, 1280, 8), (1, 32, 8)])
-def test_kernel_matches_encode_rows(rows, k, rpp, chunk, pairs16):
-    rng = np.random.default_rng()
+def test_kernel_matches_encode_rows(rows, k, rpp, chunk, pairs16, rng):
     data = rng.integers(0, 256, (rows, k // 2), dtype=np.uint8)
     sb = rng.integers(100, 150, (rows, k // 32)).astype(np.uint8)
     edge = {  # row -> what it exercises
@@ -168,13 +164,12 @@ def test_kernel_matches_encode_rows(rows, k, rpp, chunk, pairs16):
 
 
 @pytest.mark.parametrize("rows,k", [(7, 16384), (3, 96), (6, 8192)])  # two whole-row steps, one short, one
-def test_dispatch_tile_matches_encode_rows(rows, k):
+def test_dispatch_tile_matches_encode_rows(rows, k, rng):
     """The tile encode_rows_on runs on CUDA (one row per program, 256-block steps, uint16 pair
     store) equals the jnp rule bit for bit, edge rows included (a block outside the window, NaN,
     0x00 and 0xFE scale bytes)."""
     from jax_mxfp4.kernels.fp8_encode import DISPATCH_TILE
 
-    rng = np.random.default_rng()
     data = rng.integers(0, 256, (rows, k // 2), dtype=np.uint8)
     sb = rng.integers(100, 150, (rows, k // 32)).astype(np.uint8)
     sb[0, -1] = 60  # far below the row maximum: flagged
@@ -187,8 +182,7 @@ def test_dispatch_tile_matches_encode_rows(rows, k):
     assert np.asarray(want[2])[0] & 1 and np.asarray(want[2])[1] & 2
 
 
-def test_encode_rows_on_cpu_is_the_jnp_form():
-    rng = np.random.default_rng()
+def test_encode_rows_on_cpu_is_the_jnp_form(rng):
     data = jnp.asarray(rng.integers(0, 256, (2, 3, 32), dtype=np.uint8))
     sb = jnp.asarray(rng.integers(120, 135, (2, 3, 2)).astype(np.uint8))
     for w, g in zip(encode_rows(data, sb), encode_rows_on(data, sb, "cpu")):
@@ -226,9 +220,8 @@ def test_pairs16_lowers_for_cuda():
     assert "mxfp4_encode_fp8_rows" in txt
 
 
-def test_scales_as_e8m0_are_read_as_bytes():
+def test_scales_as_e8m0_are_read_as_bytes(rng):
     """float8_e8m0fnu scales are bit-cast, not converted by value (a value cast would give 2^b-127)."""
-    rng = np.random.default_rng()
     data = jnp.asarray(rng.integers(0, 256, (4, 32), dtype=np.uint8))
     sb = rng.integers(100, 140, (4, 2)).astype(np.uint8)
     from jax import lax

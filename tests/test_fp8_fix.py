@@ -20,10 +20,9 @@ def _fields(x):
     return p.codes, as_scale_bytes(p.scales), p.row_exp, p.row_flag
 
 
-def test_exact_values_every_byte_and_flag():
+def test_exact_values_every_byte_and_flag(rng):
     """Rows in the FP8 window (codes x 2^row_exp), flagged rows (E2M1 values x block scale: every
     byte 0..254 incl. the flushed 0x00/0x01 and overflowing 0xFD/0xFE blocks) and NaN rows."""
-    rng = np.random.default_rng()
     k = 256
     ca, sa = rand_operand(rng, (1, 40, k), span=12, base=140)  # in the window
     codes = np.tile(np.arange(16, dtype=np.uint8), 2 * k // 16 * 32)[: 32 * k].reshape(32, k)
@@ -49,11 +48,10 @@ def test_exact_values_every_byte_and_flag():
 @pytest.mark.parametrize("n_flagged", [0, 1, 5, 20])  # 20: two groups of 16 listed rows and of columns
 @pytest.mark.parametrize("out_dtype", [jnp.float32, jnp.bfloat16])
 @pytest.mark.parametrize("max_programs,group", [(512, 16), (4, 16), (4, 64)])  # several units per program; the default group
-def test_fix_flagged_rows_and_columns(n_flagged, out_dtype, max_programs, group):
+def test_fix_flagged_rows_and_columns(n_flagged, out_dtype, max_programs, group, rng):
     """Ragged M and N (not multiples of the tile), flagged lhs rows and rhs columns anywhere (rows
     and columns crossing): those entries equal the float64 GEMM within the float32 accumulation
     bound, every other entry is the input bit for bit; no flag: the output is the input."""
-    rng = np.random.default_rng()
     b, m, n, k = 2, 40, 24, 128
     ca, sa = rand_operand(rng, (b, m, k), span=10, base=140)
     cb, sb = rand_operand(rng, (b, n, k), span=10)
@@ -85,11 +83,10 @@ def test_fix_flagged_rows_and_columns(n_flagged, out_dtype, max_programs, group)
 
 @pytest.mark.parametrize("bsz,r,group,p", [(1, 5, 1, 0.5), (2, 100, 16, 0.1), (3, 1024, 64, 0.01),
                                           (1, 5000, 64, 0.3), (2, 8192, 64, 0.0), (1, 9000, 64, 1.0), (1, 70, 64, 1.0)])
-def test_exact_rows_index_kernel_against_numpy(bsz, r, group, p):
+def test_exact_rows_index_kernel_against_numpy(bsz, r, group, p, rng):
     """The listing kernel: FLAG_EXACT rows (the NaN bit alone does not list a row) in increasing
     order, then -1 up to a multiple of ``group`` slots; counts. Shapes: one row, a list across
     several 4096-flag chunks (5000, 9000), none flagged, all flagged, R below the group."""
-    rng = np.random.default_rng()
     f = rng.random((bsz, r)) < p
     flag = (f * 1 | (rng.random((bsz, r)) < 0.3) * 2).astype(np.uint8)
     other = (rng.random((bsz, 37)) < 0.5).astype(np.uint8)  # a second operand in the same launch
@@ -133,10 +130,9 @@ def test_exact_rows_index_empty_shapes():
         assert idx.shape == (shape[0], -(-shape[1] // 4) * 4) and cnt.shape == (shape[0],)
         assert (np.asarray(idx) == -1).all() and (np.asarray(cnt) == 0).all()
 
-def test_fix_flagged_default_tile_and_nan_column():
+def test_fix_flagged_default_tile_and_nan_column(rng):
     """The default 128 x 128 tile over a 1 x 130 x 70 output (ragged, one program row of two) with
     a flagged rhs column next to a NaN lhs row: the NaN row stays NaN in the fixed column."""
-    rng = np.random.default_rng()
     m, n, k = 130, 70, 96
     ca, sa = rand_operand(rng, (1, m, k), span=8, base=130)
     cb, sb = rand_operand(rng, (1, n, k), span=8)
@@ -183,14 +179,13 @@ def test_fix_flagged_lowers_for_cuda():
     assert "mxfp4_fp8_fix_flagged" in text
 
 
-def test_fp8_gemm_routes_the_fix_kernel_on_cuda_only(monkeypatch):
+def test_fp8_gemm_routes_the_fix_kernel_on_cuda_only(monkeypatch, rng):
     """fp8_gemm's CUDA branch (traced, not run) holds the flagged-row kernel and no while loop;
     with JAX_MXFP4_FP8_FIX_KERNEL=0, on CPU, and under a mesh (a pallas_call is opaque to SPMD
     partitioning) it keeps the lax.while_loop. A typo in the switch is refused."""
     import jax_mxfp4 as mx
     from jax_mxfp4.backends import fp8 as fb
 
-    rng = np.random.default_rng()
     a = mx.quantize(jnp.asarray(rng.standard_normal((1, 64, 64)), jnp.float32), 2)
     b = mx.quantize(jnp.asarray(rng.standard_normal((1, 32, 64)), jnp.float32), 2)
 
@@ -216,11 +211,10 @@ def test_fp8_gemm_routes_the_fix_kernel_on_cuda_only(monkeypatch):
 
 
 @pytest.mark.parametrize("b,m,n,k", [(1, 0, 8, 64), (1, 8, 0, 64), (0, 8, 8, 64), (1, 8, 8, 0)])
-def test_fix_flagged_empty_shapes(b, m, n, k):
+def test_fix_flagged_empty_shapes(b, m, n, k, rng):
     """Zero-size batch, M, N (the result comes back as it is) and K = 0 (flagged entries are empty
     sums, 0; others untouched): no ZeroDivisionError from a zero-size grid or block. The FP8 path
     reaches this kernel on CUDA with such shapes (fp8_gemm's rescale already skipped them)."""
-    rng = np.random.default_rng()
 
     def fields(r):
         flag = np.zeros((b, r), np.uint8)
@@ -259,10 +253,9 @@ def test_fix_flagged_rejects_dtypes():
 
 
 
-def test_fix_flagged_float16_out():
+def test_fix_flagged_float16_out(rng):
     """A float16 result (the FP8 path's preferred_element_type=float16 on CUDA) is fixed as the
     float32 one rounded once to float16 (the dtype check must not refuse it)."""
-    rng = np.random.default_rng()
     m, n, k = 24, 20, 64
     ca, sa = rand_operand(rng, (1, m, k), span=6)
     cb, sb = rand_operand(rng, (1, n, k), span=6)
@@ -281,7 +274,7 @@ def test_fix_flagged_float16_out():
 
 
 @pytest.mark.parametrize("out_dtype", [jnp.float32, jnp.bfloat16, jnp.float16])
-def test_fp8_gemm_cuda_route_in_the_interpreter(monkeypatch, out_dtype):
+def test_fp8_gemm_cuda_route_in_the_interpreter(monkeypatch, out_dtype, rng):
     """fp8_gemm's CUDA route (encode kernel, FP8 dot, rescale kernel, this fix kernel) with every
     Pallas kernel in the interpreter equals the CPU route (jnp encode, XLA rescale, while_loop
     fix) bit for bit outside the flagged rows and columns, and both equal the float64 GEMM
@@ -297,7 +290,6 @@ def test_fp8_gemm_cuda_route_in_the_interpreter(monkeypatch, out_dtype):
     for mod, name in ((fp8_fix, "fix_flagged"), (rescale_mod, "rescale_kernel"), (fp8_encode, "encode_rows_kernel")):
         monkeypatch.setattr(mod, name, functools.partial(getattr(mod, name), interpret=True))
     gemm = fp8_backend.fp8_gemm.__wrapped__  # traced afresh: no cached non-interpreted trace
-    rng = np.random.default_rng()
     b, m, n, k = 2, 40, 24, 128
     ca, sa = rand_operand(rng, (b, m, k), span=10, base=140)
     cb, sb = rand_operand(rng, (b, n, k), span=10)

@@ -62,8 +62,7 @@ def _assert_same(got, want):
 @pytest.mark.parametrize("transposed", [False, True])
 @pytest.mark.parametrize("rounding", ["nearest", "stochastic"])
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
-def test_kernel_bit_identical_to_reference(transposed, rounding, dtype):
-    rng = np.random.default_rng()
+def test_kernel_bit_identical_to_reference(transposed, rounding, dtype, rng):
     rows, kq = 10, 96  # rows not a multiple of the tile, 3 blocks (padded to 4) per row
     xr = _hard_rows(rng, rows, kq, dtype)  # [rows, kq], quantized axis last
     x = xr.T if transposed else xr
@@ -80,8 +79,7 @@ def test_kernel_bit_identical_to_reference(transposed, rounding, dtype):
 
 
 @pytest.mark.parametrize("scale_mode", ["floor", "ceil", "rceil"])
-def test_kernel_scale_modes(scale_mode):
-    rng = np.random.default_rng()
+def test_kernel_scale_modes(scale_mode, rng):
     x = _hard_rows(rng, 8, 64, jnp.float32)
     got = fq.quantize_fp8_2d(x, scale_mode=scale_mode, cfg=fq.Fp8QuantizeConfig(rows=2, num_warps=4),
                              interpret=True)
@@ -102,11 +100,10 @@ def _key(impl, rng):
 @pytest.mark.parametrize("transposed", [False, True])
 @pytest.mark.parametrize("impl", ["threefry2x32", "rbg", "unsafe_rbg"])
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
-def test_kernel_reads_the_reference_uniforms(transposed, impl, dtype):
+def test_kernel_reads_the_reference_uniforms(transposed, impl, dtype, rng):
     """uniform= (the reference's draw, read by the kernel): bit-identical to quantize(x, axis,
     "stochastic", key) then encode_rows, for any key implementation; for threefry also equal to
     the in-kernel generation (key_data=)."""
-    rng = np.random.default_rng()
     rows, kq = 10, 96
     xr = _hard_rows(rng, rows, kq, dtype)
     x, axis = (xr.T, 0) if transposed else (xr, 1)
@@ -159,12 +156,11 @@ def _sr_model(x, u, scale_mode):
 
 @pytest.mark.parametrize("transposed", [False, True])
 @pytest.mark.parametrize("scale_mode", SCALE_MODES)
-def test_kernel_given_uniforms_at_the_rounding_edges(transposed, scale_mode):
+def test_kernel_given_uniforms_at_the_rounding_edges(transposed, scale_mode, rng):
     """Chosen uniforms: 0, 0.5, the largest float32 below 1, random, and u equal to each
     element's fraction (the rule is u < frac: rounds down) on rows with E2M1 grid values and
     ties. Against the MXFP4 quantizer fed the same uniforms then encode_rows (every row, bit for
     bit) and the NumPy float64 model (rows on the FP8 fast path: codes x 2^row_exp)."""
-    rng = np.random.default_rng()
     rows, kq = 16, 64
     xr = np.asarray(_hard_rows(rng, 10, kq, jnp.float32))
     xr = np.concatenate([xr, xr[[0, 0, 1, 8, 9, 8]]])  # ties and signed zeros under other uniforms
@@ -223,7 +219,7 @@ def test_kernel_uniform_errors_name_the_argument():
                                     "transposed-tiled"])
 @pytest.mark.parametrize("impl", ["threefry2x32", "threefry2x32-input", "rbg", "unsafe_rbg"])
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
-def test_fused_sr_operand_equals_unfused(monkeypatch, layout, impl, dtype):
+def test_fused_sr_operand_equals_unfused(monkeypatch, layout, impl, dtype, rng):
     """training._fp8_fused with stochastic rounding, the operand of dgrad (dY along N: rows) and
     of wgrad (dY along the token axis M: transposed, either by XLA then rows, or by the kernel;
     "-tiled": the two-pass tiled kernel in that layout):
@@ -232,7 +228,6 @@ def test_fused_sr_operand_equals_unfused(monkeypatch, layout, impl, dtype):
     if impl.endswith("-input"):
         monkeypatch.setattr(kquant, "SR_UNIFORMS", "input")
         impl = impl[:-len("-input")]
-    rng = np.random.default_rng()
     scale_mode = SCALE_MODES[rng.integers(4)]  # one per case, drawn (the kernel tests cover each)
     hard = _hard_rows(rng, 10, 96, dtype)  # rows x quantized length
     kernel = {"rows": "rows", "transposed-rows-only": "rows", "transposed-kernel": "all"}.get(layout, "tiled")
@@ -261,12 +256,11 @@ def _grads(monkeypatch, mode, x, w, recipe, key):
                                                      ("stochastic", None, jnp.bfloat16),
                                                      ("stochastic", "rbg", jnp.bfloat16),
                                                      ("nearest", None, jnp.float32)])
-def test_training_fused_equals_unfused(monkeypatch, rounding, key_impl, dtype):
+def test_training_fused_equals_unfused(monkeypatch, rounding, key_impl, dtype, rng):
     """Recipe(backend="fp8") on CPU: the fused passes (interpreter) give bit-identical loss and
     gradients to today's quantize-then-convert passes, flagged rows included. Stochastic rounding
     with a caller's threefry or rbg key (rbg: the kernels read the reference's drawn uniforms)
     or the data-derived key (None)."""
-    rng = np.random.default_rng()
     t, k, n = 40, 64, 96  # T not a multiple of 32: wgrad pads the token axis
     x = _hard_rows(rng, t, k, jnp.float32)
     x = jnp.where(jnp.isfinite(x), x, 1.0).astype(dtype)  # finite training data (NaN rows: kernel tests above)
@@ -325,10 +319,9 @@ def test_fused_route_on_cuda(monkeypatch, mode, want):
     assert training._fused_route(x, w, canon, jnp.bfloat16, mx.Recipe(backend="xla")) is None
 
 
-def test_training_fused_hadamard_and_batch_dims(monkeypatch):
+def test_training_fused_hadamard_and_batch_dims(monkeypatch, rng):
     """A rotated wgrad (it takes the rotate+quantize kernel, quantize_rotated; fprop and dgrad the
     fused FP8 passes) and a leading batch of tokens: still bit-identical."""
-    rng = np.random.default_rng()
     x = jnp.asarray(rng.standard_normal((2, 24, 64)), jnp.float32)  # tokens [2, 24] -> M = 48
     w = jnp.asarray(rng.standard_normal((64, 64)) * 0.1, jnp.float32)
     recipe = mx.Recipe(backend="fp8", hadamard=("wgrad",))
@@ -340,9 +333,8 @@ def test_training_fused_hadamard_and_batch_dims(monkeypatch):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
-def test_training_other_backends_unfused(monkeypatch):
+def test_training_other_backends_unfused(monkeypatch, rng):
     """Only GEMMs routed to "fp8" take the fused passes: backend "xla" stays as it was."""
-    rng = np.random.default_rng()
     x = jnp.asarray(rng.standard_normal((32, 64)), jnp.float32)
     w = jnp.asarray(rng.standard_normal((64, 32)), jnp.float32)
     (_, _), count = _grads(monkeypatch, "interpret", x, w, mx.Recipe(backend="xla"), None)
@@ -396,12 +388,11 @@ def _plain_rows(rng, rows, nb):
 
 @pytest.mark.parametrize("scale_mode", SCALE_MODES)
 @pytest.mark.parametrize("rounding", ["nearest", "stochastic"])
-def test_plain_path_equals_general_path(scale_mode, rounding):
+def test_plain_path_equals_general_path(scale_mode, rounding, rng):
     """The fused kernel's plain path (jax_mxfp4/kernels/fp8_quantize.py, taken when every block
     of a tile is plain) gives the general path's bits on every plain tile: values (codes), row
     exponents and flags; stochastic rounding with random uniforms and with u = 0 everywhere in
     some rows (the case where an unflushed subnormal would round up)."""
-    rng = np.random.default_rng()
     rows, nb = 12, 6
     x = _plain_rows(rng, rows, nb)
     bits, a, amax, bad, byte, inv = _tile_parts(x, scale_mode)
@@ -442,10 +433,9 @@ def test_plain_path_threshold_is_needed():
 
 
 @pytest.mark.parametrize("plain_path", [True, False])
-def test_kernel_plain_and_general_tiles(plain_path):
+def test_kernel_plain_and_general_tiles(plain_path, rng):
     """The kernel on a mix of plain tiles and tiles with edge blocks (_hard_rows), with the plain
     path on and off: the reference's bits either way."""
-    rng = np.random.default_rng()
     x = jnp.asarray(np.concatenate([np.asarray(_hard_rows(rng, 8, 192, jnp.float32)), _plain_rows(rng, 12, 6)]))
     cfg = fq.Fp8QuantizeConfig(rows=2, num_warps=4, plain_path=plain_path)
     for rounding in ("nearest", "stochastic"):

@@ -30,8 +30,7 @@ def _rows(rng, dtype, rows=10, kq=96):
 @pytest.mark.parametrize("transposed", [False, True])
 @pytest.mark.parametrize("rounding", ["nearest", "threefry", "rbg"])
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
-def test_tiled_bit_identical_to_reference(transposed, rounding, dtype):
-    rng = np.random.default_rng()
+def test_tiled_bit_identical_to_reference(transposed, rounding, dtype, rng):
     xr = _rows(rng, dtype)
     x, axis = (xr.T, 0) if transposed else (xr, 1)
     key = None
@@ -51,9 +50,8 @@ def test_tiled_bit_identical_to_reference(transposed, rounding, dtype):
 
 @pytest.mark.parametrize("scale_mode", SCALE_MODES)
 @pytest.mark.parametrize("transposed", [False, True])
-def test_tiled_scale_modes_equal_the_one_pass_kernel(scale_mode, transposed):
+def test_tiled_scale_modes_equal_the_one_pass_kernel(scale_mode, transposed, rng):
     """Every scale rule, both roundings: the same bits as the one-pass kernel and the reference."""
-    rng = np.random.default_rng()
     xr = _rows(rng, jnp.float32, rows=8, kq=64)
     x, axis = (xr.T, 0) if transposed else (xr, 1)
     for rounding in ("nearest", "stochastic"):
@@ -70,11 +68,10 @@ def test_tiled_scale_modes_equal_the_one_pass_kernel(scale_mode, transposed):
 
 
 @pytest.mark.parametrize("plain_path", [True, False])
-def test_tiled_plain_and_general_paths(plain_path):
+def test_tiled_plain_and_general_paths(plain_path, rng):
     """A row of many blocks spread over several tiles along the quantized axis: its b_max (the
     row exponent) sits in one tile, its out-of-window block in another; tiles of plain blocks
     beside tiles with special blocks; the plain path on and off give the reference's bits."""
-    rng = np.random.default_rng()
     x = np.array(_rows(rng, jnp.float32, rows=8, kq=256))
     x[9, :32] *= np.float32(2.0**30)  # this row's largest block in the first tile...
     x[9, 200:232] *= np.float32(2.0**-20)  # ... and a block 50 binades below it in the last
@@ -88,9 +85,8 @@ def test_tiled_plain_and_general_paths(plain_path):
         assert np.asarray(got[3])[9] & FLAG_EXACT
 
 
-def test_tiled_takes_rows_longer_than_max_row():
+def test_tiled_takes_rows_longer_than_max_row(rng):
     """No MAX_ROW cap: a quantized length above the one-pass kernel's (which refuses it)."""
-    rng = np.random.default_rng()
     kq = 2 * fq.MAX_ROW
     x = jnp.asarray(rng.standard_normal((2, kq)) * 2.0 ** rng.integers(-5, 5, (2, kq)), jnp.float32)
     got = ft.quantize_fp8_2d_tiled(x, cfg=ft.TiledConfig(rows=2, blocks=64), interpret=True)
@@ -135,11 +131,10 @@ def test_tiled_lowers_for_cuda(transposed, rng_kind):
 
 
 @pytest.mark.parametrize("transposed", [False, True])
-def test_both_kernels_run_under_x64(transposed):
+def test_both_kernels_run_under_x64(transposed, rng):
     """With jax_enable_x64 on, float32 input: every view of both quantize-to-FP8 kernels starts at
     int32 indices (a bare ':' or a Python 0 became int64 beside the int32 program ids: the
     interpreter raised a dynamic_slice TypeError, found by the session 14 helper trial)."""
-    rng = np.random.default_rng()
     xr = _rows(rng, jnp.float32, rows=8, kq=64)
     x, axis = (xr.T, 0) if transposed else (xr, 1)
     key = jax.random.key(int(rng.integers(2**31)))

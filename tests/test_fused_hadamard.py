@@ -63,8 +63,7 @@ def _input(rng, rows, k):
 
 @pytest.mark.parametrize("block", BLOCKS)
 @pytest.mark.parametrize("rounding", ["nearest", "stochastic"])
-def test_fused_rotation_bit_identical_to_two_pass(block, rounding):
-    rng = np.random.default_rng()
+def test_fused_rotation_bit_identical_to_two_pass(block, rounding, rng):
     seed = int(rng.integers(1 << 31))
     rows, k = 13, 3 * block  # rows overhang the tile; K = 3 rotation blocks (the last tile part-masked)
     x32 = _input(rng, rows, k)
@@ -88,8 +87,7 @@ def test_fused_rotation_bit_identical_to_two_pass(block, rounding):
             np.testing.assert_array_equal(_bits(got[1])[keep], byte)
 
 
-def test_fused_rotation_other_axis_and_float16():
-    rng = np.random.default_rng()
+def test_fused_rotation_other_axis_and_float16(rng):
     x = jnp.asarray(rng.standard_normal((128, 6)) * 50, jnp.float16)  # rotated/quantized along axis 0
     key = jax.random.key(int(rng.integers(1 << 30)))
     for rounding in ("nearest", "stochastic"):
@@ -140,8 +138,7 @@ def _same_array(p, q):
     np.testing.assert_array_equal(_bits(p.scales), _bits(q.scales))
 
 
-def test_quantize_rotated_fused_equals_two_pass(fused_on_cpu):
-    rng = np.random.default_rng()
+def test_quantize_rotated_fused_equals_two_pass(fused_on_cpu, rng):
     x = jnp.asarray(rng.standard_normal((3, 256, 5)) * 7, jnp.bfloat16)
     key = jax.random.key(int(rng.integers(1 << 30)))
     for rounding, k in (("nearest", None), ("stochastic", key)):
@@ -154,16 +151,15 @@ def test_quantize_rotated_fused_equals_two_pass(fused_on_cpu):
         quantize_rotated(jnp.ones((4, 96)), 1, (256, 0))
 
 
-def test_quantize_rotated_reference_path():
+def test_quantize_rotated_reference_path(rng):
     # CPU: the two-pass route, the same MXFP4Array as quantize(random_hadamard_transform(...))
-    x = jnp.asarray(np.random.default_rng().standard_normal((64, 40)), jnp.float32)
+    x = jnp.asarray(rng.standard_normal((64, 40)), jnp.float32)
     _same_array(quantize_rotated(x, 0, (32, 4), scale_mode="floor"),
                 quantize(random_hadamard_transform(x, 0, 4, 32), 0, scale_mode="floor"))
 
 
-def test_training_passes_fused_rotation_bit_identical(fused_on_cpu, monkeypatch):
+def test_training_passes_fused_rotation_bit_identical(fused_on_cpu, monkeypatch, rng):
     # every pass rotated (block 64): loss and both gradients equal with and without the fused route
-    rng = np.random.default_rng()
     x = jnp.asarray(rng.standard_normal((64, 128)), jnp.float32)
     w = jnp.asarray(rng.standard_normal((128, 64)) * 0.1, jnp.float32)
     key = jax.random.key(int(rng.integers(1 << 30)))

@@ -58,10 +58,10 @@ CASES = {
 
 @pytest.mark.parametrize("case", list(CASES))
 @pytest.mark.parametrize("mode", MODES)
-def test_float_operands_vs_float64_reference(case, mode):
+def test_float_operands_vs_float64_reference(case, mode, rng):
     ls, rs, dims = CASES[case]
     (lc, rc), _ = dims
-    ka, kb = jax.random.split(jax.random.key(np.random.default_rng().integers(1 << 30)))
+    ka, kb = jax.random.split(jax.random.key(rng.integers(1 << 30)))
     lhs = jax.random.normal(ka, ls)
     rhs = jax.random.normal(kb, rs)
     out = jax.jit(lambda a, b: mx.dot_general(a, b, dims, recipe=mx.Recipe(scale_mode=mode)))(lhs, rhs)
@@ -70,10 +70,9 @@ def test_float_operands_vs_float64_reference(case, mode):
 
 
 @pytest.mark.parametrize("case", ["NN", "TT", "batch"])
-def test_mxfp4array_operands(case):
+def test_mxfp4array_operands(case, rng):
     ls, rs, dims = CASES[case]
     (lc, rc), _ = dims
-    rng = np.random.default_rng()
     lhs = jnp.asarray(rng.standard_normal(ls), jnp.bfloat16)
     rhs = jnp.asarray(rng.standard_normal(rs), jnp.float32)
     lq = mx.quantize(lhs, axis=lc[0], scale_mode="rceil")
@@ -85,8 +84,7 @@ def test_mxfp4array_operands(case):
     check_close(mixed, ref_operand(lhs, lc[0], "rceil"), ref_operand(rhs, rc[0], "even"), dims, ls[lc[0]])
 
 
-def test_multiple_contracting_dims_flatten_into_one_k():
-    rng = np.random.default_rng()
+def test_multiple_contracting_dims_flatten_into_one_k(rng):
     lhs = rng.standard_normal((6, 4, 16)).astype(np.float32)
     rhs = rng.standard_normal((4, 16, 5)).astype(np.float32)
     dims = (((1, 2), (0, 1)), ((), ()))
@@ -97,9 +95,8 @@ def test_multiple_contracting_dims_flatten_into_one_k():
 
 
 @pytest.mark.parametrize("out_dtype", [jnp.bfloat16, jnp.float16])
-def test_output_dtypes(out_dtype):
+def test_output_dtypes(out_dtype, rng):
     ls, rs, dims = CASES["NT"]
-    rng = np.random.default_rng()
     lhs, rhs = rng.standard_normal(ls).astype(np.float32), rng.standard_normal(rs).astype(np.float32)
     out = mx.dot_general(jnp.asarray(lhs), jnp.asarray(rhs), dims, preferred_element_type=out_dtype)
     assert out.dtype == jnp.dtype(out_dtype)
@@ -109,8 +106,7 @@ def test_output_dtypes(out_dtype):
     np.testing.assert_allclose(np.asarray(out, np.float64), ref, rtol=eps, atol=1e-3)
 
 
-def test_w4a16_keeps_the_float_operand_unquantized():
-    rng = np.random.default_rng()
+def test_w4a16_keeps_the_float_operand_unquantized(rng):
     x = jnp.asarray(rng.standard_normal((8, 64)), jnp.bfloat16)
     w = rng.standard_normal((64, 16)).astype(np.float32)
     wq = mx.quantize(jnp.asarray(w), axis=0)
@@ -121,9 +117,8 @@ def test_w4a16_keeps_the_float_operand_unquantized():
     assert not np.array_equal(np.asarray(out), np.asarray(a4w4))  # activations really were quantized there
 
 
-def test_scaled_dot_backend_agrees_with_xla():
+def test_scaled_dot_backend_agrees_with_xla(rng):
     ls, rs, dims = CASES["batch"]
-    rng = np.random.default_rng()
     lhs, rhs = jnp.asarray(rng.standard_normal(ls), jnp.float32), jnp.asarray(rng.standard_normal(rs), jnp.float32)
     a = mx.dot_general(lhs, rhs, dims, recipe=mx.Recipe(backend="xla"))
     b = mx.dot_general(lhs, rhs, dims, recipe=mx.Recipe(backend="scaled_dot"))

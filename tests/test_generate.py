@@ -33,8 +33,7 @@ def decode_all(params, tokens):
 
 
 @pytest.mark.parametrize("kind", ["bf16", "mxfp4"])
-def test_kv_cache_decoder_matches_the_linen_forward(kind):
-    rng = np.random.default_rng()
+def test_kv_cache_decoder_matches_the_linen_forward(kind, rng):
     tokens = jnp.asarray(rng.integers(0, 256, size=(2, 16)), jnp.int32)
     recipe = mx.Recipe(**demo.BF16_RECIPE_FIELDS) if kind == "bf16" else mx.Recipe(quantize_activations=False)
     model = demo.build_model(CFG, recipe)

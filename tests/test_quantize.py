@@ -36,8 +36,7 @@ def random_blocks(rng, shape, dtype):
 
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: jnp.dtype(d).name)
-def test_quantize_matches_reference_bit_for_bit(mode, dtype):
-    rng = np.random.default_rng()
+def test_quantize_matches_reference_bit_for_bit(mode, dtype, rng):
     x = random_blocks(rng, (17, 96), dtype)
     q = mx.quantize(jnp.asarray(x), axis=1, scale_mode=mode)
     codes, sbytes = quantize_ref(np.asarray(x, np.float32), 1, mode)
@@ -108,8 +107,7 @@ def test_nearest_rounding_saturates_and_keeps_sign_of_zero():
 
 @pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
 @pytest.mark.parametrize("mode", MODES)
-def test_nan_or_inf_poisons_only_its_block(bad, mode):
-    rng = np.random.default_rng()
+def test_nan_or_inf_poisons_only_its_block(bad, mode, rng):
     x = rng.standard_normal((2, 96)).astype(np.float32)
     x[1, 40] = bad
     q = mx.quantize(jnp.asarray(x), scale_mode=mode)
@@ -190,8 +188,7 @@ def test_dequantized_values_below_min_normal_flush_to_zero_everywhere():
         np.testing.assert_array_equal(got, dequantize_ref(codes, sbytes, 1).astype(np.float32))
 
 
-def test_stochastic_rounding_is_unbiased_and_needs_a_key():
-    rng = np.random.default_rng()
+def test_stochastic_rounding_is_unbiased_and_needs_a_key(rng):
     # amax 6 pins scale 2^0 (mode even); values strictly between grid points, both signs
     vals = rng.uniform(-6, 6, 31).astype(np.float32)
     x = np.concatenate([[6.0], vals]).astype(np.float32)
@@ -216,8 +213,7 @@ def test_stochastic_rounding_is_unbiased_and_needs_a_key():
 
 
 @pytest.mark.parametrize("axis", [0, 1, 2, -1])
-def test_any_axis_matches_reference(axis):
-    rng = np.random.default_rng()
+def test_any_axis_matches_reference(axis, rng):
     shape = [64, 32, 96]
     x = random_blocks(rng, tuple(shape), np.float32)
     x = np.moveaxis(x, -1, axis)

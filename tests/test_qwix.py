@@ -35,16 +35,16 @@ def make_linen(dense, einsum, recipe=None):
     return Net()
 
 
-def x_of(shape):
-    return jnp.asarray(np.random.default_rng().standard_normal(shape), jnp.float32)
+def x_of(rng, shape):
+    return jnp.asarray(rng.standard_normal(shape), jnp.float32)
 
 
 def same(a, b):
     return jax.tree.all(jax.tree.map(lambda u, v: bool(jnp.array_equal(u, v)), a, b))
 
 
-def test_linen_training_provider_is_bit_identical_to_jax_mxfp4_layers():
-    x = x_of((8, 40))  # K=40: zero-padded to 64 inside, as the layers do
+def test_linen_training_provider_is_bit_identical_to_jax_mxfp4_layers(rng):
+    x = x_of(rng, (8, 40))  # K=40: zero-padded to 64 inside, as the layers do
     plain = make_linen(nn.Dense, nn.Einsum)
     ours = make_linen(mxf.linen.Dense, mxf.linen.Einsum, RECIPE)
     qmodel = qwix.quantize_model(plain, MxQtProvider([MxRule(module_path="up|es", recipe=RECIPE)]))
@@ -60,8 +60,8 @@ def test_linen_training_provider_is_bit_identical_to_jax_mxfp4_layers():
     assert same(jax.jit(jax.grad(loss(qmodel)))(p), jax.jit(jax.grad(loss(ours)))(p))
 
 
-def test_unmatched_modules_and_ops_are_untouched():
-    x = x_of((8, 64))
+def test_unmatched_modules_and_ops_are_untouched(rng):
+    x = x_of(rng, (8, 64))
     plain = make_linen(nn.Dense, nn.Einsum)
     p = plain.init(jax.random.key(1), x)
     for rule in (MxRule(module_path="nothing_matches"), MxRule(module_path=".*", op_names=("conv_general_dilated",))):
@@ -83,8 +83,8 @@ class NnxNet(nnx.Module):
         return self.out(self.es(jax.nn.gelu(self.up(x))).reshape(x.shape[0], 64))
 
 
-def test_nnx_training_provider_is_bit_identical_to_jax_mxfp4_layers():
-    x = x_of((8, 40))
+def test_nnx_training_provider_is_bit_identical_to_jax_mxfp4_layers(rng):
+    x = x_of(rng, (8, 40))
     plain = NnxNet(nnx.Linear, nnx.Einsum, nnx.Rngs(0))
     ours = NnxNet(mxf.nnx.Linear, mxf.nnx.Einsum, nnx.Rngs(0), recipe=RECIPE)
     qmodel = qwix.quantize_model(plain, MxQtProvider([MxRule(module_path="up|es", recipe=RECIPE)]), x)
@@ -93,8 +93,8 @@ def test_nnx_training_provider_is_bit_identical_to_jax_mxfp4_layers():
     assert same(nnx.to_pure_dict(nnx.grad(loss)(qmodel)), nnx.to_pure_dict(nnx.grad(loss)(ours)))
 
 
-def test_linen_serving_provider_stores_mxfp4_weights_and_matches_quantize_params():
-    x = x_of((8, 32))
+def test_linen_serving_provider_stores_mxfp4_weights_and_matches_quantize_params(rng):
+    x = x_of(rng, (8, 32))
     plain = make_linen(nn.Dense, nn.Einsum)
     qmodel = qwix.quantize_model(plain, MxPtqProvider([MxRule(module_path="up|es", recipe=W4A16)]))
     p = plain.init(jax.random.key(2), x)
@@ -109,8 +109,8 @@ def test_linen_serving_provider_stores_mxfp4_weights_and_matches_quantize_params
     np.testing.assert_array_equal(qmodel.apply({"params": qp}, x), want)  # both eager (XLA fusion may move 1 ulp)
 
 
-def test_serving_provider_nnx_and_clear_error():
-    x = x_of((8, 32))
+def test_serving_provider_nnx_and_clear_error(rng):
+    x = x_of(rng, (8, 32))
     plain = NnxNet(nnx.Linear, nnx.Einsum, nnx.Rngs(0), k=32)
     ours = NnxNet(mxf.nnx.Linear, mxf.nnx.Einsum, nnx.Rngs(0), k=32, recipe=W4A16)
     qmodel = qwix.quantize_model(plain, MxPtqProvider([MxRule(module_path="up|es", recipe=W4A16)]), x)
@@ -119,7 +119,7 @@ def test_serving_provider_nnx_and_clear_error():
     np.testing.assert_array_equal(qmodel(x), ours(x))
     bad = NnxNet(nnx.Linear, nnx.Einsum, nnx.Rngs(0), k=40)
     with pytest.raises(ValueError, match="'kernel' of module 'up'.*multiple of 32"):
-        qwix.quantize_model(bad, MxPtqProvider([MxRule(module_path="up")]), x_of((8, 40)))
+        qwix.quantize_model(bad, MxPtqProvider([MxRule(module_path="up")]), x_of(rng, (8, 40)))
     with pytest.raises(TypeError, match="MxRule.recipe"):
         MxRule(recipe="a4w4")
 

@@ -73,9 +73,8 @@ def numpy_rescale(acc, el, er, nl, nr, out_dtype, flush_subnormals):
 
 @pytest.mark.parametrize("acc_dtype,out_dtype", [("bf16", "bf16"), ("f32", "f32"), ("f32", "bf16"), ("f32", "f16")])
 @pytest.mark.parametrize("family", ["edge", "random"])
-def test_kernel_bit_identical_to_rescale(acc_dtype, out_dtype, family):
+def test_kernel_bit_identical_to_rescale(acc_dtype, out_dtype, family, rng):
     """Ragged M and N (edge tiles masked), a batch of 2, two tile shapes."""
-    rng = np.random.default_rng()
     make = edge_data if family == "edge" else random_data
     args = make(rng, 2, 40, 72, OUT[acc_dtype])
     want = rescale(*args, OUT[out_dtype])
@@ -86,10 +85,9 @@ def test_kernel_bit_identical_to_rescale(acc_dtype, out_dtype, family):
 
 
 @pytest.mark.parametrize("out_dtype", ["f32", "bf16", "f16"])
-def test_rescale_matches_numpy_ldexp(out_dtype):
+def test_rescale_matches_numpy_ldexp(out_dtype, rng):
     """The rule itself against an independent formulation, edges included; the edge data must
     really reach Inf, zero and subnormal results (else the test would be vacuous)."""
-    rng = np.random.default_rng()
     args = edge_data(rng, 1, 64, 96, jnp.float32)
     got = np.asarray(rescale(*args, OUT[out_dtype]))
     cpu = jax.default_backend() == "cpu"
@@ -102,10 +100,9 @@ def test_rescale_matches_numpy_ldexp(out_dtype):
     assert (bits(got) == bits(np.array(-0.0, got.dtype))).any()  # -0.0 kept
 
 
-def test_rescale_on_routes_the_kernel_on_cuda_only(monkeypatch):
+def test_rescale_on_routes_the_kernel_on_cuda_only(monkeypatch, rng):
     """rescale_on: XLA's fusion off CUDA and with JAX_MXFP4_RESCALE_KERNEL=0; the kernel on CUDA
     (spied here: a CPU test cannot run Triton). A typo in the switch is refused."""
-    rng = np.random.default_rng()
     args = random_data(rng, 1, 16, 24, jnp.bfloat16)
     calls = []
 
@@ -127,12 +124,11 @@ def test_rescale_on_routes_the_kernel_on_cuda_only(monkeypatch):
         rescale_on(*args, jnp.bfloat16, "cuda")
 
 
-def test_fp8_gemm_on_cuda_traces_the_kernel(monkeypatch):
+def test_fp8_gemm_on_cuda_traces_the_kernel(monkeypatch, rng):
     """The GEMM's CUDA branch (traced, not run) holds one rescale kernel; with the switch off none
     (the switch is read when fp8_gemm is traced: its jit cache is cleared in between)."""
     import jax_mxfp4 as mx
 
-    rng = np.random.default_rng()
     a = mx.quantize(jnp.asarray(rng.standard_normal((1, 64, 64)), jnp.float32), 2)
     b = mx.quantize(jnp.asarray(rng.standard_normal((1, 32, 64)), jnp.float32), 2)
     jaxpr = lambda: str(jax.make_jaxpr(lambda a, b: fp8_backend.fp8_gemm(a, b, jnp.bfloat16, "default", "cuda"))(a, b))  # noqa: E731
@@ -152,8 +148,7 @@ def test_kernel_lowers_for_cuda():
         assert "triton" in traced.lower(lowering_platforms=("cuda",)).as_text()
 
 
-def test_kernel_errors_name_the_argument():
-    rng = np.random.default_rng()
+def test_kernel_errors_name_the_argument(rng):
     acc, el, er, nl, nr = random_data(rng, 1, 8, 16, jnp.float32)
     with pytest.raises(ValueError, match="e_rhs"):
         rescale_kernel(acc, el, er[:, :8], nl, nr, jnp.float32, interpret=True)

@@ -39,8 +39,7 @@ def collectives(compiled_text):
     return {c for c in COLLECTIVES if re.search(rf"\b{c}(-start)?\(", compiled_text)}
 
 
-def operands():
-    rng = np.random.default_rng()
+def operands(rng):
     x = jnp.asarray(rng.standard_normal((8, 16, 256)), jnp.float32)
     w = jnp.asarray(rng.standard_normal((256, 128)) / 16, jnp.float32)
     return x, w
@@ -62,10 +61,10 @@ def backend_params():
 @pytest.mark.parametrize("backend", backend_params())
 @pytest.mark.parametrize("style", ["auto", "explicit"])
 @pytest.mark.parametrize("layout", list(LAYOUTS))
-def test_forward_matches_single_device_with_expected_collectives(style, layout, backend):
+def test_forward_matches_single_device_with_expected_collectives(style, layout, backend, rng):
     """"xla" is partitioned by XLA itself; "ffi-cpu" (an opaque custom call) through the
     custom_partitioning rule of jax_mxfp4.partitioning: neither may all-gather an operand."""
-    x, w = operands()
+    x, w = operands(rng)
     xs, ws, expected = LAYOUTS[layout]
     recipe = mx.Recipe(backend=backend)
     fwd = lambda a, b: mx.dot_general(a, b, DIMS, recipe=recipe)  # noqa: E731
@@ -89,8 +88,8 @@ def test_forward_matches_single_device_with_expected_collectives(style, layout, 
 
 @pytest.mark.parametrize("style", ["auto", "explicit"])
 @pytest.mark.parametrize("layout", list(LAYOUTS))
-def test_backward_matches_single_device(style, layout):
-    x, w = operands()
+def test_backward_matches_single_device(style, layout, rng):
+    x, w = operands(rng)
     xs, ws, _ = LAYOUTS[layout]
     recipe = mx.Recipe(grad_rounding="nearest")
 
@@ -123,8 +122,8 @@ def test_explicit_mesh_rejects_k_shards_that_split_blocks():
             jax.jit(lambda a, b: mx.dot_general(a, b, (((1,), (0,)), ((), ()))))(xx, ww)
 
 
-def test_out_sharding_is_honoured():
-    x, w = operands()
+def test_out_sharding_is_honoured(rng):
+    x, w = operands(rng)
     mesh = make_mesh("explicit")
     with jax.set_mesh(mesh):
         xx = jax.device_put(x, NamedSharding(mesh, P("data", None, "model")))
@@ -134,10 +133,9 @@ def test_out_sharding_is_honoured():
 
 
 @pytest.mark.skipif("ffi-cpu" not in mx.available_backends(), reason="compiled extension not built")
-def test_partitioned_ffi_gemm_under_vmap_and_grad_of_activations():
+def test_partitioned_ffi_gemm_under_vmap_and_grad_of_activations(rng):
     """The outer primitive folds vmap into the canonical batch dim (custom_partitioning itself
     has no batching rule); its result equals the per-example calls."""
-    rng = np.random.default_rng()
     xs = jnp.asarray(rng.standard_normal((3, 16, 64)), jnp.float32)
     wq = mx.quantize(jnp.asarray(rng.standard_normal((64, 32)), jnp.float32), axis=0)
     recipe = mx.Recipe(backend="ffi-cpu")

@@ -28,8 +28,7 @@ def torchao_bytes(x: np.ndarray, mode: str):
 
 
 @pytest.mark.parametrize("mode", list(MODES))
-def test_bit_for_bit_with_torchao_to_mx(mode):
-    rng = np.random.default_rng()
+def test_bit_for_bit_with_torchao_to_mx(mode, rng):
     rows = 512
     # normal float32 across the whole exponent range, plus exact ties and E2M1 grid points
     x = rng.standard_normal((rows, 64)) * np.exp2(rng.integers(-120, 120, (rows, 1)))

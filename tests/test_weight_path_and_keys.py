@@ -26,12 +26,12 @@ def bits(x):
 
 
 # ----------------------------------------------------------------------------- (c) weight path
-def test_issue_case_nnx_bf16_trains_and_serves_the_same_weights():
+def test_issue_case_nnx_bf16_trains_and_serves_the_same_weights(rng):
     """Issue case (c): nnx.Linear(64, 32, dtype=bfloat16) on a bf16 [4, 64] input, then the same
     input after quantize_params: bit-identical outputs. The float64 oracle confirms the forward
     used the float32 kernel's MXFP4 values (which differ from those of bfloat16(kernel))."""
     layer = mxf.nnx.Linear(64, 32, dtype=jnp.bfloat16, rngs=nnx.Rngs(0))
-    x = jnp.asarray(np.random.default_rng().standard_normal((4, 64)), jnp.bfloat16)
+    x = jnp.asarray(rng.standard_normal((4, 64)), jnp.bfloat16)
     kernel = np.asarray(layer.kernel.get_value(), np.float32)
     trained = layer(x)
     nnx.update(layer, mxf.quantize_params(nnx.state(layer, nnx.Param)))
@@ -46,9 +46,9 @@ def test_issue_case_nnx_bf16_trains_and_serves_the_same_weights():
     np.testing.assert_allclose(np.asarray(trained, np.float64), ref_bf16, rtol=2**-7, atol=1e-6)
 
 
-def _layers(k, dtype, param_dtype, use_bias):
+def _layers(rng, k, dtype, param_dtype, use_bias):
     """(name, init-and-apply callables) for every Flax layer: returns (train_fn, serve_fn)."""
-    x = jnp.asarray(np.random.default_rng().standard_normal((3, 5, k)), jnp.bfloat16)
+    x = jnp.asarray(rng.standard_normal((3, 5, k)), jnp.bfloat16)
 
     def linen(module):
         params = module.init(jax.random.key(1), x)
@@ -77,17 +77,17 @@ def _layers(k, dtype, param_dtype, use_bias):
     (jnp.float32, jnp.bfloat16, True),   # bf16 params, float32 compute
     (jnp.float16, jnp.float32, True),
 ])
-def test_every_layer_serves_bit_identically_to_its_trained_forward(k, dtype, param_dtype, use_bias):
-    for name, (train, serve) in _layers(k, dtype, param_dtype, use_bias):
+def test_every_layer_serves_bit_identically_to_its_trained_forward(k, dtype, param_dtype, use_bias, rng):
+    for name, (train, serve) in _layers(rng, k, dtype, param_dtype, use_bias):
         a, b = train(), serve()
         assert a.dtype == b.dtype, name
         np.testing.assert_array_equal(bits(a), bits(b), err_msg=name)
 
 
-def test_orbax_restore_serves_the_trained_forward(tmp_path):
+def test_orbax_restore_serves_the_trained_forward(tmp_path, rng):
     """train forward == quantize_params -> orbax save -> restore(abstract_params) -> serve."""
     model = mxf.linen.Dense(32, dtype=jnp.bfloat16)
-    x = jnp.asarray(np.random.default_rng().standard_normal((8, 96)), jnp.bfloat16)
+    x = jnp.asarray(rng.standard_normal((8, 96)), jnp.bfloat16)
     params = model.init(jax.random.key(3), x)
     q = mxf.quantize_params(params)
     ckpt = ocp.StandardCheckpointer()
@@ -114,12 +114,11 @@ def _dgrad_of_linear_loss(key, x, w):
     return jax.grad(lambda a: jnp.sum(0.3 * mx.dense(a, w, key=key)))(x)
 
 
-def test_issue_case_fresh_key_per_step_averages_out_the_rounding_noise():
+def test_issue_case_fresh_key_per_step_averages_out_the_rounding_noise(rng):
     """Issue case (d): loss = sum(0.3 * dense(x, W)), 32x32, fresh x every step. With a key per
     step (fold_in(seed, step)) the mean dgrad converges to its expectation (float64 oracle:
     0.3 * ones @ Q_nearest(W along N)^T, stochastic rounding being unbiased); with the
     data-derived fallback every step draws the same noise and the mean never moves."""
-    rng = np.random.default_rng()
     w = jnp.asarray(rng.standard_normal((32, 32)) * 0.5, jnp.float32)
     xs = jnp.asarray(rng.standard_normal((256, 32, 32)), jnp.float32)
     expected = 0.3 * np.ones((32, 32)) @ qdq(np.asarray(w), 1).T
@@ -137,10 +136,9 @@ def test_issue_case_fresh_key_per_step_averages_out_the_rounding_noise():
     assert err(fallback, 256) == pytest.approx(err(fallback, 1))
 
 
-def test_explicit_key_is_the_documented_source_of_both_passes():
+def test_explicit_key_is_the_documented_source_of_both_passes(rng):
     """dgrad rounds dY with fold_in(key, 1), wgrad with fold_in(key, 2): rebuilt here with
     jax_mxfp4.quantize on the canonical [1, M, N] dY and float64 products."""
-    rng = np.random.default_rng()
     m, k, n = 40, 64, 48  # N and M padded to 64 inside
     x = jnp.asarray(rng.standard_normal((m, k)), jnp.float32)
     w = jnp.asarray(rng.standard_normal((k, n)) * 0.1, jnp.float32)
@@ -167,10 +165,9 @@ def test_explicit_key_is_the_documented_source_of_both_passes():
     np.testing.assert_array_equal(np.asarray(pull(c)[0]), np.asarray(dx))
 
 
-def test_key_with_a_pre_quantized_weight_legacy_keys_and_vmap():
+def test_key_with_a_pre_quantized_weight_legacy_keys_and_vmap(rng):
     """The key also drives dgrad through an MXFP4Array weight; legacy uint32[2] keys work; under
     vmap each example may carry its own key."""
-    rng = np.random.default_rng()
     x = jnp.asarray(rng.standard_normal((40, 64)), jnp.float32)
     w = jnp.asarray(rng.standard_normal((64, 24)), jnp.float32)
     wq = mx.quantize(w, axis=0)
@@ -190,9 +187,9 @@ def test_bad_key_is_rejected_at_the_call():
         mx.dense(jnp.ones((4, 32)), jnp.ones((32, 8)), key=jnp.ones((3,)))
 
 
-def test_linen_rng_stream_gives_reproducible_fresh_noise_and_falls_back_without_it():
+def test_linen_rng_stream_gives_reproducible_fresh_noise_and_falls_back_without_it(rng):
     model = mxf.linen.Dense(24)
-    x = jnp.asarray(np.random.default_rng().standard_normal((40, 64)), jnp.float32)
+    x = jnp.asarray(rng.standard_normal((40, 64)), jnp.float32)
     params = model.init(jax.random.key(0), x)
 
     def grads(rngs):
@@ -207,10 +204,10 @@ def test_linen_rng_stream_gives_reproducible_fresh_noise_and_falls_back_without_
     np.testing.assert_array_equal(grads(None), fallback)
 
 
-def test_nnx_key_sources():
+def test_nnx_key_sources(rng):
     """Call-time rngs (a key) equals dense(..., key=key); a stream given at construction
     advances every call under nnx.jit and replays from the same seed."""
-    x = jnp.asarray(np.random.default_rng().standard_normal((40, 64)), jnp.float32)
+    x = jnp.asarray(rng.standard_normal((40, 64)), jnp.float32)
     lin = mxf.nnx.Linear(64, 24, rngs=nnx.Rngs(0))
     key = jax.random.key(5)
     g = nnx.grad(lambda m: jnp.sum(m(x, rngs=key) ** 2))(lin)

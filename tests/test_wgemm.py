@@ -163,13 +163,12 @@ def test_pairs_asm_decode_every_byte_pattern(scale_byte):
 
 
 @pytest.mark.parametrize("scale_byte", [0, 1, 100, 127, 128, 129, 200, 254, 255])
-def test_lanes_asm_decode_equals_pairs_on_regrouped_words(scale_byte):
+def test_lanes_asm_decode_equals_pairs_on_regrouped_words(scale_byte, rng):
     """The "lanes" PTX on a word regrouped by lanes_order_bytes gives, output for output and bit
     for bit, what the "pairs" PTX gives on the original word (every byte value in every position,
     fresh random words, each scale edge); so the "lanes" kernel computes the same product."""
     from jax_mxfp4.decode_prepared import lanes_order_bytes
 
-    rng = np.random.default_rng()
     sbits = int(np.asarray(e8m0_to_bf16_bits(jnp.uint8(scale_byte))))
     words = [int(v) for v in rng.integers(0, 2**32, 200, dtype=np.uint64)]
     words += [b * 0x01010101 for b in range(256)] + [b << (8 * (b % 4)) for b in range(256)]
@@ -202,13 +201,12 @@ def test_fold_scale_bits_are_two_to_the_b_minus_one():
 
 @pytest.mark.parametrize("decode", ["LANES", "PAIRS"])
 @pytest.mark.parametrize("scale_byte", [0, 1, 2, 64, 100, 126, 127, 128, "random"])
-def test_fold_asm_equals_two_multiplies_bit_for_bit(scale_byte, decode):
+def test_fold_asm_equals_two_multiplies_bit_for_bit(scale_byte, decode, rng):
     """The folded "lanes" and "pairs" PTX (one multiply by 2^(b-1)) give the two-multiply form's
     outputs bit for bit (signs, the E2M1 0.5 at the smallest scales where the product is a
     bfloat16 subnormal) on every byte value in every position and fresh random words, for the
     E8M0 bytes it is used for (b <= 128)."""
     plain, folded = getattr(e2m1_asm, f"_DECODE_{decode}_PTX"), getattr(e2m1_asm, f"_DECODE_{decode}_FOLD_PTX")
-    rng = np.random.default_rng()
     if scale_byte == "random":
         scale_byte = int(rng.integers(0, e2m1_asm.FOLD_MAX_BYTE + 1))
     sbits = int(np.asarray(e8m0_to_bf16_bits(jnp.uint8(scale_byte))))
@@ -222,14 +220,13 @@ def test_fold_asm_equals_two_multiplies_bit_for_bit(scale_byte, decode):
             assert got[f"${k}"] == want[f"${k}"], (hex(q), scale_byte, k)
 
 
-def test_quad_transpose_gives_the_pairs_order_in_every_quad():
+def test_quad_transpose_gives_the_pairs_order_in_every_quad(rng):
     """``QUAD_SELECTORS_PTX`` + ``QUAD_TRANSPOSE_PTX`` in a warp: lane 4r + l holds natural bytes
     4l..4l+3 of row r's 16-byte block and ends with what ``pair_order_bytes`` stores there (byte
     t = natural byte 4t + l), for random bytes; then the "pairs" decode of that word gives the
     natural elements 8t + 2l, 8t + 2l + 1 (the fragment columns of the WGMMA layout)."""
     from jax_mxfp4.decode_prepared import pair_order_bytes
 
-    rng = np.random.default_rng()
     blocks = rng.integers(0, 256, size=(8, 16), dtype=np.uint8)  # 8 rows (quads) x one 16-byte block
     words = blocks.view("<u4")  # [8, 4]: lane 4r + l holds word l of row r
     sel = run_ptx_warp(e2m1_asm.QUAD_SELECTORS_PTX, [{} for _ in range(32)])
@@ -370,7 +367,7 @@ def test_decode_to_bf16_bit_exact(decode):
 
 @pytest.mark.parametrize("out_dtype,gemm_out", [(jnp.bfloat16, jnp.bfloat16), (jnp.float32, jnp.float32),
                                                 (jnp.float16, jnp.float32)])
-def test_two_pass_route_gemm_writes_the_output_dtype(out_dtype, gemm_out, monkeypatch):
+def test_two_pass_route_gemm_writes_the_output_dtype(out_dtype, gemm_out, monkeypatch, rng):
     """The two-pass w4a16 route (large M on a GPU; here its decode kernel in the Pallas
     interpreter) asks XLA's GEMM for bfloat16 / float32 itself (no separate cast pass: 0.094 ms at
     8192^3 on the H200, session 11) and for float16 through float32; the product equals the
@@ -384,7 +381,6 @@ def test_two_pass_route_gemm_writes_the_output_dtype(out_dtype, gemm_out, monkey
     monkeypatch.setattr(wgemm, "decode_to_bf16", functools.partial(wgemm.decode_to_bf16, interpret=True))
     monkeypatch.setattr(pb, "decode_for", lambda platform: "f16")  # the portable decode (no PTX on a CPU)
     m, n, k = 256, 128, 512
-    rng = np.random.default_rng()
     x = jnp.asarray(rng.standard_normal((1, m, k)), jnp.bfloat16)
     q = mx.quantize(jnp.asarray(rng.standard_normal((1, n, k)), jnp.float32), axis=2)
     problem = GemmProblem(batch=1, m=m, n=n, k=k, out_dtype=np.dtype(out_dtype), scale_layout="plain",

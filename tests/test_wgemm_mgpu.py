@@ -253,12 +253,11 @@ def _pairs_fragment(stored, e2m1_values):
 
 
 @pytest.mark.parametrize("byte_order", ["pairs", "natural"])
-def test_pairs_decode_meets_x_in_the_right_order(byte_order):
+def test_pairs_decode_meets_x_in_the_right_order(byte_order, rng):
     """"pairs" bytes (pair_order_bytes) against x as it is, natural bytes against
     permute_x_pairs(x): both give the natural product exactly (small integers, float64)."""
     from jax_mxfp4.decode_prepared import pair_order_bytes
 
-    rng = np.random.default_rng()
     n, k = 5, 96
     codes = rng.integers(0, 16, (n, k)).astype(np.uint8)
     natural = codes[:, 0::2] | (codes[:, 1::2] << 4)
@@ -551,7 +550,7 @@ def _ptx_fragments_np(stored_bytes, scales, e2m1_values):
 
 @pytest.mark.parametrize("decode,kw,bk", [("pairs", 2, 512), ("pairs", 4, 512), ("pairs", 4, 256),
                                           ("ptx", 2, 256), ("ptx", 4, 512), ("ptx", 2, 128)])
-def test_k_split_index_model_gives_the_product(decode, kw, bk):
+def test_k_split_index_model_gives_the_product(decode, kw, bk, rng):
     """NumPy model of the k_split_wgs kernel's data flow, with the kernel's own slice arithmetic
     (_wg_k_slice) and the fragment orders modelled above: per 64-row tile, per K step, warpgroup
     w decodes ITS bytes with ITS scale blocks and multiplies ITS x columns (natural x for "pairs"
@@ -560,7 +559,6 @@ def test_k_split_index_model_gives_the_product(decode, kw, bk):
     Exact in float64 (small integers, power-of-two scales) against x @ W^T."""
     from jax_mxfp4.decode_prepared import pair_order_bytes
 
-    rng = np.random.default_rng()
     m, n, k = 5, 128, 2 * bk
     mp = 16
     codes = rng.integers(0, 16, (n, k)).astype(np.uint8)
@@ -877,11 +875,10 @@ KS4 = dict(bk=512, split_k=1, stages=5, decode="pairs", warp_specialized=True, k
 
 
 @pytest.mark.parametrize("n,k,bk", [(64, 1024, 512), (192, 2048, 512), (128, 512, 256)])
-def test_tile_major_layout_puts_each_step_block_together(n, k, bk):
+def test_tile_major_layout_puts_each_step_block_together(n, k, bk, rng):
     """Byte (tile i, step t, row r, column b) of the rearranged weight is w[64 i + r, t bk/2 + b],
     scale (i, t, block j, row r) is s[t bk/32 + j, 64 i + r], one contiguous run per (i, t);
     checked against an independent NumPy index computation on fresh random bytes."""
-    rng = np.random.default_rng()
     w = rng.integers(0, 256, (n, k // 2), dtype=np.uint8)
     s = rng.integers(0, 256, (k // 32, n), dtype=np.uint8)
     wt, st = (np.asarray(a) for a in wm.tile_major_layout(jnp.asarray(w), jnp.asarray(s), bk))
