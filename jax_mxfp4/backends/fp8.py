@@ -69,8 +69,8 @@ FALLBACK_MIN_ROWS = 16
 """Flagged rows (columns) recomputed as gathered strips: max(16, rows / 64) per batch element."""
 
 ERROR_BOUNDS = {  # (precision, data kind) -> max |out - exact| / sum_k |a_k b_k| over outputs
-    # Set from benchmarks/gpu_check.py on one NVIDIA H200 (2026-11-30, K = 1024 and 8192,
-    # benchmarks/results/gpu_check/gpu_check.json), which asserts them; measured maxima:
+    # Set from benchmarks/gpu_check.py on one NVIDIA H200 (2026-11-30, K = 1024 and 8192), which
+    # asserts them; measured maxima:
     # DEFAULT random 3.2e-4, adversarial 4.4e-3; HIGH random 3.2e-4, adversarial 1.9e-3.
     # "random": normal data with block scales spread over the window; "adversarial": data built
     # against the accumulator (a large first block then many small products, cancellation,

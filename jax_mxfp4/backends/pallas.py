@@ -37,17 +37,16 @@ from .base import Backend, GemmProblem
 
 FLOAT_OPERAND_DTYPES = (np.dtype(jnp.bfloat16),)
 
-# Shape rule for "auto", from fair timings on an NVIDIA H200 (2026-11-30, benchmarks/results/gemm/
-# gemm_decode16_partial.json and 2026-11-29 unfairly timed large shapes): decode-size a4w4 runs
-# the weight-stationary kernel (16x8192x8192: pallas 0.064 ms, scaled_dot 0.158, fp8 0.414, bf16
-# 0.047, one run); with both M and N large the tiled kernel loses to "fp8"/"scaled_dot" (8192^3:
+# Shape rule for "auto", from timings on an NVIDIA H200 (2026-11-29/30, docs/performance.md):
+# decode-size a4w4 runs the weight-stationary kernel (16x8192x8192: pallas 0.064 ms, scaled_dot
+# 0.158, fp8 0.414, bf16 0.047); with both M and N large the tiled kernel loses to "fp8"/"scaled_dot" (8192^3:
 # 8.1 vs 1.8 ms). For w4a16 neither "fp8" nor "scaled_dot" can run and pallas beats "xla" (the
 # float32 reference path) at every measured shape, so no rule applies.
 A4W4_MAX_SMALL_SIDE = 128
 # w4a16 with at least this many activation rows: decode the weight to bfloat16 once (one
 # memory-bound Pallas pass) and run XLA's bfloat16 GEMM, rather than decoding every weight tile
 # once per 128-row activation tile inside the kernel (H200: the kernel at 128 rows already takes
-# 2.4x of bf16, benchmarks/results/wgemm_tune).
+# 2.4x of bf16, 2026-11-30).
 W4A16_TWO_PASS_MIN_ROWS = 256
 # ... and below this many rows, on an NVIDIA Hopper GPU, the large-tile Mosaic GPU kernel instead
 # (jax_mxfp4/kernels/wgemm_tiles_mgpu.py: the decode inside the GEMM's K loop). NVIDIA H200, jax
@@ -133,7 +132,7 @@ class PallasBackend(Backend):
         if not problem.has_float_operand and min(problem.m, problem.n) > A4W4_MAX_SMALL_SIDE:
             return (
                 f"a4w4 with M={problem.m} and N={problem.n} both > {A4W4_MAX_SMALL_SIDE}: "
-                "decode-bound here, 'scaled_dot' measured faster on the H200 (benchmarks/results/gemm)"
+                "decode-bound here, 'scaled_dot' measured faster on the H200 (docs/performance.md)"
             )
         return None
 

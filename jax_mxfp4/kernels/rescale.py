@@ -7,8 +7,7 @@ GEMM, ~2 TB/s, about half of HBM speed (training-step profile of 2026-12-01, thr
 Here one program owns a [bm, bn] tile of one batch element: it reads the tile, the bm row and bn
 column exponents and NaN flags, and applies :func:`jax_mxfp4.fp8.rescale_elements`
 (imported, not copied: the same float32 operations in the same order), so the result is
-bit-identical to ``rescale`` (tests/test_rescale_kernel.py in the Pallas interpreter;
-benchmarks/rescale.py on the GPU, which also times both).
+bit-identical to ``rescale`` (tests/test_rescale_kernel.py in the Pallas interpreter).
 """
 
 from __future__ import annotations
@@ -26,7 +25,7 @@ from ..fp8 import rescale_elements  # the rule (jax_mxfp4.fp8 does not import th
 
 DEFAULT_TILE = (32, 256, 8)
 """(bm, bn, num_warps): rows and columns of one program's tile, warps per program (32
-elements per thread). PROVISIONAL, to be set from benchmarks/rescale.py on an H200."""
+elements per thread); not tuned on a GPU."""
 
 
 def _rescale_kernel(acc_ref, el_ref, er_ref, nl_ref, nr_ref, out_ref, *, m, n, bm, bn):

@@ -165,7 +165,7 @@ def weight_stationary_gemm(x, w_data, w_scales, *, out_dtype, cfg: WTileConfig,
 
 def default_wconfig(m: int, n: int, k: int, batch: int = 1, decode: str = "asm",
                     num_sms: int = 132) -> WTileConfig:
-    """Tiling by shape (H200 sweep, benchmarks/results/wgemm_tune/wgemm_tune.json): bm covers the
+    """Tiling by shape (NVIDIA H200 sweep, 2026-11-30): bm covers the
     activation rows (16..128), bn = 128 weight rows, bk = 256, the 3-D decode layout at decode
     sizes, split-K until the grid has ~2 (bm <= 64) or ~4 (bm = 128) tiles per SM."""
     bk = 256
