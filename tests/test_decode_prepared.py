@@ -484,8 +484,8 @@ def test_lanes_order_bytes_round_trip_and_refusal(rng):
     (np.zeros(8, np.uint8), {"inverse": "no"}, TypeError, "inverse must be a bool"),
 ])
 def test_lanes_order_bytes_bad_input_is_named(data, kw, err, msg):
-    """(helper trial, session 10: wider integers lost their high bits silently, 0-d arrays and
-    lists were IndexError / AttributeError, any truthy ``inverse`` ran the inverse)"""
+    """Bad input is refused with the function's name and the rule: wider integers (they lost their
+    high bits silently), 0-d arrays and lists, and an ``inverse`` that is not a bool."""
     from jax_mxfp4.decode_prepared import lanes_order_bytes
 
     with pytest.raises(err, match=f"lanes_order_bytes: .*{msg}"):

@@ -538,7 +538,7 @@ def test_probe_refuses_stochastic_and_rotation():
 
 def test_default_config_takes_swar_for_bfloat16_on_hopper_only(monkeypatch):
     """The SWAR word program is the bfloat16 default only where the default device is an NVIDIA
-    GPU of compute capability >= 9.0 (session 13 run e); elsewhere, and for other dtypes, not."""
+    GPU of compute capability >= 9.0; elsewhere, and for other dtypes, not."""
     from jax_mxfp4 import platform
     from jax_mxfp4.kernels import quantize as fq
 
@@ -556,8 +556,7 @@ def test_default_config_takes_swar_for_bfloat16_on_hopper_only(monkeypatch):
                                 dict(probe=np.array(["off"])), dict(grid=np.array(["rows"])), dict(swar="yes")])
 def test_config_fields_of_the_wrong_kind_named(kw):
     """QuantizeConfig names the field and the rule for every field of the wrong type or value
-    (helper trial, session 13: floats failed inside a bit operation, a one-element array passed
-    the membership test, num_warps=64 was taken)."""
+    (floats, one-element arrays, out-of-range values such as num_warps=64)."""
     name = next(iter(kw))
     with pytest.raises(ValueError, match=f"QuantizeConfig.{name} must be"):
         QuantizeConfig(**kw)
@@ -566,9 +565,8 @@ def test_config_fields_of_the_wrong_kind_named(kw):
 
 
 def test_direct_kernel_calls_refuse_what_quantize_refuses():
-    """quantize_impl / default_config called directly name the argument and the rule (helper
-    trial, session 13: int8 inputs returned bytes, rounding="bogus" rounded to
-    nearest, default_config took any dtype, an empty input divided by zero)."""
+    """quantize_impl / default_config called directly name the argument and the rule: integer
+    inputs, an unknown rounding, an unsupported dtype, an empty input."""
     from jax_mxfp4.kernels import quantize as fq
 
     x = jnp.ones((4, 64), jnp.bfloat16)
@@ -590,7 +588,7 @@ def test_direct_kernel_calls_refuse_what_quantize_refuses():
 @pytest.mark.parametrize("shape,axis", [((4, 0), 1), ((0, 64), 1), ((0, 64), 0)])
 def test_empty_input_takes_the_reference_path_on_a_gpu(monkeypatch, shape, axis):
     """mx.quantize of an empty array on a GPU platform: the reference path (the kernel has no grid;
-    it raised ZeroDivisionError there before session 13), same result as on CPU."""
+    no ZeroDivisionError), same result as on CPU."""
     import importlib
 
     import jax_mxfp4 as mx

@@ -113,8 +113,8 @@ def test_rows_outside_window_are_exact(n_flagged, rng):
     # Entries of no flagged row or column: the FP8 GEMM's exact products in a dot of the same
     # shape as backend "xla": bit for bit. Flagged ones: recomputed by the exact path as another
     # GEMM (gathered strips, or the full exact GEMM), whose float32 summation order XLA:CPU picks
-    # by shape and by CPU: equal up to that order (the contract; a session 7 machine gave 1-ulp
-    # differences in 2 of 3 runs where session 6's gave none).
+    # by shape and by CPU: equal up to that order (the contract; 1-ulp differences occur on some
+    # CPUs and not on others).
     fixed = np.zeros(got.shape, bool)
     fixed[0, rows, :] = True
     fixed[0, :, cols] = True

@@ -291,7 +291,7 @@ def test_fused_modes_parsed_and_typos_refused(monkeypatch):
         monkeypatch.setenv(training.FUSED_ENV, value)
         assert training.fused_mode() == mode, value
     monkeypatch.delenv(training.FUSED_ENV)
-    assert training.fused_mode() == "sr"  # the default (session 14)
+    assert training.fused_mode() == "sr"  # the default
     monkeypatch.setenv(training.FUSED_ENV, "row")
     with pytest.raises(ValueError, match="JAX_MXFP4_FUSED_TRAINING"):
         training.fused_mode()

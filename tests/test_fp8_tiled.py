@@ -134,7 +134,7 @@ def test_tiled_lowers_for_cuda(transposed, rng_kind):
 def test_both_kernels_run_under_x64(transposed, rng):
     """With jax_enable_x64 on, float32 input: every view of both quantize-to-FP8 kernels starts at
     int32 indices (a bare ':' or a Python 0 became int64 beside the int32 program ids: the
-    interpreter raised a dynamic_slice TypeError, found by the session 14 helper trial)."""
+    interpreter raised a dynamic_slice TypeError)."""
     xr = _rows(rng, jnp.float32, rows=8, kq=64)
     x, axis = (xr.T, 0) if transposed else (xr, 1)
     key = jax.random.key(int(rng.integers(2**31)))

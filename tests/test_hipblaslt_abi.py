@@ -1,7 +1,7 @@
 """The values compiled into the extension (xla_ffi/include/jax_mxfp4/hipblaslt_api.h) equal the
-ABI reference file shared/reference/hipblaslt-abi.json (compared entry by entry when the file is
-reachable: $JAX_MXFP4_ABI_JSON or ../shared/reference/ beside the repository) and the values the
-issue names. Struct sizes are also static_asserted at compile time; the real-header check is the
+values the issue names and, when $JAX_MXFP4_ABI_JSON names one, an ABI reference JSON
+(hipblaslt-abi.json: enums, struct sizes and offsets read from the ROCm 7.0-7.2 hipBLASLt and HIP
+headers), compared entry by entry. Struct sizes are also static_asserted at compile time; the real-header check is the
 CMake option JAX_MXFP4_CHECK_ROCM_HEADERS (needs ROCm)."""
 
 from __future__ import annotations
@@ -44,12 +44,9 @@ NOT_IN_THE_ABI_FILE = {
 
 
 def _abi_json():
-    candidates = [os.environ.get("JAX_MXFP4_ABI_JSON", "")]
-    here = pathlib.Path(__file__).resolve()
-    candidates += [str(p / "shared/reference/hipblaslt-abi.json") for p in here.parents]
-    for c in candidates:
-        if c and pathlib.Path(c).is_file():
-            return json.loads(pathlib.Path(c).read_text())
+    c = os.environ.get("JAX_MXFP4_ABI_JSON", "")
+    if c and pathlib.Path(c).is_file():
+        return json.loads(pathlib.Path(c).read_text())
     return None
 
 

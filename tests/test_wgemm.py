@@ -192,7 +192,7 @@ def test_fold_scale_bits_are_two_to_the_b_minus_one():
     for b in (129, 255, -1, np.uint8(200)):
         with pytest.raises(ValueError, match="E8M0 byte must be in 0..128"):
             e2m1_asm.fold_scale_bits(b)
-    # a NumPy byte is taken (helper trial, session 11: np.uint8 overflowed in the multiply)
+    # a NumPy byte is taken (np.uint8 must not overflow in the multiply)
     assert e2m1_asm.fold_scale_bits(np.uint8(128)) == e2m1_asm.fold_scale_bits(128) == 0x7F007F00
     for bad in (True, np.bool_(False), 1.0, np.float32(3), "5", None):
         with pytest.raises(TypeError, match="E8M0 byte must be an int"):
@@ -370,7 +370,7 @@ def test_decode_to_bf16_bit_exact(decode):
 def test_two_pass_route_gemm_writes_the_output_dtype(out_dtype, gemm_out, monkeypatch, rng):
     """The two-pass w4a16 route (large M on a GPU; here its decode kernel in the Pallas
     interpreter) asks XLA's GEMM for bfloat16 / float32 itself (no separate cast pass: 0.094 ms at
-    8192^3 on the H200, session 11) and for float16 through float32; the product equals the
+    8192^3 on the H200) and for float16 through float32; the product equals the
     float64 reference of x . dequantize(W)^T within float32 accumulation plus one rounding."""
     import functools
 

@@ -340,9 +340,9 @@ def test_dispatch_switch_routes_hopper_w4a16_to_the_kernel(monkeypatch):
                                    (16, 192, 96 * 64), (64, 1024, 2048), (64, 8192, 8192), (33, 128, 1024)])
 @pytest.mark.parametrize("order", ["natural", "pairs"])
 def test_default_config_lowers(m, n, k, order):
-    """Every dispatch default lowers, float32 output included (the largest output tile). The
-    H200 run of session 7 found "pairs" at 64 rows x K 2048 picking a bk whose two pipeline
-    stages did not fit in shared memory (a trace-time error inside dot_general)."""
+    """Every dispatch default lowers, float32 output included (the largest output tile): e.g.
+    "pairs" at 64 rows x K 2048 must not pick a bk whose two pipeline stages do not fit in shared
+    memory (a trace-time error inside dot_general)."""
     assert wm.unsupported_reason(m, n, k) is None
     cfg = wm.default_mgpu_config(m, n, k, order)
     for odt in (jnp.bfloat16, jnp.float32):
@@ -607,7 +607,7 @@ def test_k_split_index_model_gives_the_product(decode, kw, bk, rng):
 
 @pytest.mark.skipif(not _mgpu_available(), reason="Mosaic GPU lowering unavailable in this jaxlib")
 def test_benchmark_k_split_variants_lower_at_their_check_shapes():
-    """benchmarks/wgemm_mgpu_check.py's k_split_wgs variants (the lead's GPU run) lower at the
+    """benchmarks/wgemm_mgpu_check.py's k_split_wgs variants (those it runs on the GPU) lower at the
     shapes it checks them at: smoke and edge 16x256x1024 (float32 out), 16x8192x8192 (bfloat16),
     1x8192x8192 and 40x1024x4096 (float32), the preflight bisect shapes, with the byte order each
     variant's name says."""
@@ -870,7 +870,7 @@ def test_interpreter_run_catches_a_deadlocking_barrier_count():
         _run_toy(["4:6:5:5"], timeout=20)
 
 
-# ---- session 10: tile-major weight layout and x multicast across a CTA cluster
+# ---- tile-major weight layout and x multicast across a CTA cluster
 KS4 = dict(bk=512, split_k=1, stages=5, decode="pairs", warp_specialized=True, k_split_wgs=4)
 
 
@@ -976,7 +976,7 @@ def test_lanes_decode_lowers_and_pairs_with_lanes_bytes_only(m):
     kernel per call at M = 1 and 16; the "lanes" decode refuses other byte orders and "lanes"
     bytes refuse other decodes (a wrong pairing would be a silently wrong product)."""
     cfg = wm.default_mgpu_config(m, 8192, 8192, "lanes")
-    assert cfg.decode == "lanes" and cfg.k_split_wgs == 4 and cfg.fold_scale  # session 11 run a
+    assert cfg.decode == "lanes" and cfg.k_split_wgs == 4 and cfg.fold_scale  # the fastest on the H200
     ops = _hlo_ops(_lowered_text(m, 8192, 8192, cfg, jnp.bfloat16, "lanes"))
     assert ops.count("stablehlo.custom_call") == 1, ops
     if m in (1, 16):
@@ -997,7 +997,8 @@ def test_lanes_decode_lowers_and_pairs_with_lanes_bytes_only(m):
     ((np.zeros((64, 512), np.uint8), None, 512), ValueError, "scales_kmajor must be a 2-D array"),
 ])
 def test_tile_major_layout_bad_arguments_are_named(args, err, msg):
-    """(helper trial, session 10: these were ZeroDivisionError / unpacking / attribute errors)"""
+    """Bad arguments raise a ValueError naming the argument (not a ZeroDivisionError, unpacking or
+    attribute error)."""
     with pytest.raises(err, match=msg):
         wm.tile_major_layout(*args)
 
@@ -1007,12 +1008,13 @@ def test_tile_major_layout_bad_arguments_are_named(args, err, msg):
                                       ((4, 64, 4), ValueError), ((16.0, 256, 2), TypeError),
                                       ((16, 256, True), TypeError)])
 def test_multicast_splits_refuses_nonsense(args, err):
-    """(helper trial, session 10: these returned True or divided by zero)"""
+    """Invalid shapes and splits are refused with a named error (none returns True or divides by
+    zero)."""
     with pytest.raises(err, match="multicast_splits"):
         wm.multicast_splits(*args)
 
 
-# ---- session 11: one multiply for x 2^126 x scale (fold_scale), WGMMAs waited one step late (delay_release)
+# ---- one multiply for x 2^126 x scale (fold_scale), WGMMAs waited one step late (delay_release)
 def test_fold_and_delay_config_rules():
     lanes = dict(KS4, decode="lanes", chunks=2)
     assert wm.MgpuConfig(**lanes, fold_scale=True).fold_scale

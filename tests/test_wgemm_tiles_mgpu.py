@@ -38,7 +38,7 @@ def _lowered(m, n, k, cfg, out_dtype=jnp.bfloat16, w_order="lanes"):
 
 @pytest.mark.parametrize("kw,msg", [
     (dict(mt=96), r"TilesConfig.mt must be one of \(64, 128, 256\)"),
-    (dict(mt=512), r"TilesConfig.mt must be one of \(64, 128, 256\)"),  # not the register rule (helper trial)
+    (dict(mt=512), r"TilesConfig.mt must be one of \(64, 128, 256\)"),  # the field rule, not the register rule
     (dict(decode=np.array(["natural"])), r"TilesConfig.decode must be one of"),
     (dict(bk=96), r"bk must be a positive multiple of 64"),
     (dict(bk=0), r"bk must be a positive multiple of 64"),
@@ -103,7 +103,7 @@ def test_default_config_by_shape_dtype_and_order():
     assert wt.default_tiles_config(1024, 8192, 8192, jnp.float32).mt == 128
     # K that is not a multiple of 128: bk 64
     assert wt.default_tiles_config(256, 1024, 192).bk == 64
-    for order in ("pairs", "natural"):  # bk 128 in two chunks (session 13 run b), bk 64 where K needs it
+    for order in ("pairs", "natural"):  # bk 128 in two chunks, bk 64 where K needs it
         c = wt.default_tiles_config(1024, 8192, 8192, w_order=order)
         assert (c.decode, c.fold_scale, c.mt, c.bk, c.stages, c.chunks) == (order, True, 256, 128, 2, 2)
         assert wt.default_tiles_config(1024, 8192, 192, w_order=order).bk == 64
@@ -180,8 +180,8 @@ def test_default_tiling_lowers_for_every_output_width(odt):
 @needs_mgpu
 @pytest.mark.parametrize("order", wt.W_ORDERS)
 def test_every_byte_order_is_the_kernel_alone(order):
-    """No operand is rearranged outside the kernel for any byte order (session 12's "natural"
-    permuted x per call, a 0.159 ms XLA transpose at 1024x8192); only the "natural" decode runs
+    """No operand is rearranged outside the kernel for any byte order (permuting x per call costs
+    a 0.159 ms XLA transpose at 1024x8192 on the H200); only the "natural" decode runs
     the quad byte transpose (two warp shuffles per weight word) inside it."""
     cfg = wt.default_tiles_config(1024, 512, 2048, w_order=order)
     txt = _lowered(1024, 512, 2048, cfg, jnp.bfloat16, order)
@@ -250,8 +250,8 @@ def test_output_that_cannot_fit_named():
 
 @pytest.mark.parametrize("xp", [jnp, np], ids=["jax", "numpy"])
 def test_eager_call_off_gpu_is_a_clear_error(xp):
-    """jax or NumPy arrays (a NumPy array runs on the default device: Pallas's own "Only interpret
-    mode ..." message before session 13's helper trial)."""
+    """jax or NumPy arrays (a NumPy array runs on the default device) get the kernel's own message,
+    not Pallas's "Only interpret mode ..." one."""
     x = xp.zeros((256, 256), jnp.bfloat16)
     with pytest.raises(RuntimeError, match="mgpu_w4a16_tiles runs only on an NVIDIA Hopper GPU"):
         wt.mgpu_w4a16_tiles(x, xp.zeros((128, 128), np.uint8), xp.zeros((8, 128), np.uint8),
