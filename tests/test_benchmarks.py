@@ -197,33 +197,6 @@ def test_train_step_check_fused_runs_the_fused_kernels_off_cuda(tmp_path):
     assert "quantize-to-FP8, $JAX_MXFP4_FUSED_TRAINING=interpret-rows, key rbg" in md
 
 
-def test_gpu_check_finds_fp8_dots_by_operand_definitions():
-    """gpu_check's FP8-GEMM detector reads operand types from each computation's definitions (XLA
-    prints dot operands by name): an f8 x f8 dot in a fusion is found; the CPU compile of the FP8
-    path (codes converted to float32 before the dot) and a name reused with another type in
-    another computation are not."""
-    import jax
-    import jax.numpy as jnp
-    import numpy as np
-
-    import jax_mxfp4 as mx
-    from benchmarks.gpu_check import fp8_dot_in_hlo
-    from jax_mxfp4.backends import fp8 as fb
-
-    gpu_like = ("%gemm_fusion_dot (p0: f8e4m3fn[64,256], p1: f8e4m3fn[64,256]) -> bf16[64,64] {\n"
-                "  %p0 = f8e4m3fn[64,256]{1,0} parameter(0)\n  %p1 = f8e4m3fn[64,256]{1,0} parameter(1)\n"
-                "  ROOT %dot.1 = bf16[64,64]{1,0} dot(%p0, %p1), lhs_contracting_dims={1}\n}\n")
-    other = ("%fused (p0: f32[64,256], p1: f32[64,256]) -> f32[64,64] {\n"
-             "  %p0 = f32[64,256]{1,0} parameter(0)\n  %p1 = f32[64,256]{1,0} parameter(1)\n"
-             "  ROOT %dot.2 = f32[64,64]{1,0} dot(%p0, %p1), lhs_contracting_dims={1}\n}\n")
-    defs_only = "%c (p0: f8e4m3fn[64]) -> f8e4m3fn[64] {\n  %p0 = f8e4m3fn[64]{0} parameter(0)\n}\n"
-    assert fp8_dot_in_hlo(gpu_like) and fp8_dot_in_hlo(other + "\n" + gpu_like)
-    assert not fp8_dot_in_hlo(defs_only + "\n" + other)
-    x = mx.quantize(jnp.asarray(np.random.default_rng().standard_normal((1, 64, 256)), jnp.float32), 2)
-    hlo = jax.jit(lambda a, b: fb.fp8_gemm(a, b, jnp.float32, "default", "cpu")).lower(x, x).compile().as_text()
-    assert " dot(" in hlo and "f8e4m3fn" in hlo and not fp8_dot_in_hlo(hlo)
-
-
 def test_demo_batches():
     """random: one batch for every step; corpus: the demo's windows, a new one per step."""
     from benchmarks.common import demo_batches

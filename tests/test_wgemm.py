@@ -1,7 +1,7 @@
 """Weight-stationary MXFP4 kernel (w4a16 and decode-size a4w4): interpreter runs on CPU against a
 float64 reference, and the inline-PTX E2M1 decode executed by a small PTX model in NumPy.
 
-The PTX itself only runs on an NVIDIA GPU (benchmarks/gpu_check.py checks it there); here each
+The PTX itself only runs on an NVIDIA GPU (tests/gpu/test_gpu_wgemm.py checks it there); here each
 instruction of ``e2m1_asm._DECODE_PTX`` is executed on uint32 words with its PTX semantics
 (byte permute, bf16x2 multiply rounded by ml_dtypes), so the bit manipulation and the output
 positions are checked on every byte value and every E8M0 edge.

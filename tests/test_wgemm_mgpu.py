@@ -1,6 +1,6 @@
 """Mosaic GPU w4a16 kernel (jax_mxfp4/kernels/wgemm_mgpu.py) on a CPU machine.
 
-The kernel runs only on an NVIDIA Hopper GPU (benchmarks/wgemm_mgpu_check.py checks it there
+The kernel runs only on an NVIDIA Hopper GPU (tests/gpu/test_gpu_wgemm_mgpu.py checks it there
 against backend "xla"). Here: it LOWERS for CUDA (Mosaic GPU's lowering runs without a GPU; this
 catches layout, transform and shared-memory errors), its in-register decode formula is checked
 on every byte value and E8M0 edge in NumPy (bfloat16 rounding by ml_dtypes) and through XLA, the
@@ -85,7 +85,7 @@ def test_decode_function_through_xla(decode):
 
     XLA on CPU flushes bfloat16 subnormals (denormals-are-zero), so the "mul" decode's subnormal
     intermediate for the codes of +-0.5 is checked here only in the NumPy model above (the GPU's
-    mul.rn.bf16x2 keeps subnormals; benchmarks/wgemm_mgpu_check.py checks every byte there)."""
+    mul.rn.bf16x2 keeps subnormals; tests/gpu/test_gpu_wgemm_mgpu.py checks every byte there)."""
     got = np.asarray(jax.jit(lambda c: wm.decode_e2m1_bits(c, decode))(jnp.arange(16, dtype=jnp.uint8)))
     keep = np.ones(16, bool) if decode == "select" else np.abs(E2M1_VALUES) != 0.5
     assert _same(got[keep], E2M1_VALUES[keep])
@@ -606,32 +606,34 @@ def test_k_split_index_model_gives_the_product(decode, kw, bk, rng):
 
 
 @pytest.mark.skipif(not _mgpu_available(), reason="Mosaic GPU lowering unavailable in this jaxlib")
-def test_benchmark_k_split_variants_lower_at_their_check_shapes():
-    """benchmarks/wgemm_mgpu_check.py's k_split_wgs variants (those it runs on the GPU) lower at the
-    shapes it checks them at: smoke and edge 16x256x1024 (float32 out), 16x8192x8192 (bfloat16),
-    1x8192x8192 and 40x1024x4096 (float32), the preflight bisect shapes, with the byte order each
+def test_k_split_variants_lower_at_their_device_test_shapes():
+    """The k_split_wgs variants of tests/gpu/mgpu_variants.py (those tests/gpu/test_gpu_wgemm_mgpu.py
+    runs on the GPU) lower at the shapes it checks them at: the small case 16x256x1024 with the
+    variant's tiling and with its every-byte tiling (float32 out), 16x8192x8192 (bfloat16),
+    1x8192x8192 and 40x1024x4096 (float32), the pipeline shapes, with the byte order each
     variant's name says."""
     import os
     import sys
 
-    sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
-    from benchmarks import wgemm_mgpu_check as bench
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "gpu"))
+    import mgpu_variants as mv
 
-    ks = {nm: c for nm, c in bench.VARIANTS.items() if c.k_split_wgs > 1}
-    smoke_structs = {bench.struct(bench.VARIANTS[nm]) for nm in bench.SMOKE}
-    assert ks and all(bench.struct(c) in smoke_structs for c in ks.values())  # every structure smoke-checked
+    ks = {nm: c for nm, c in mv.VARIANTS.items() if c.k_split_wgs > 1}
+    smoke_structs = {mv.struct(mv.VARIANTS[nm]) for nm in mv.SMOKE}
+    assert ks and all(mv.struct(c) in smoke_structs for c in ks.values())  # every structure smoke-checked
     for name, cfg in ks.items():
-        for m, n, k, odt, c in ((16, 256, 1024, jnp.float32, bench.edge_config(cfg)),
+        for m, n, k, odt, c in ((*mv.small_case(cfg), jnp.float32, cfg),
+                                (*mv.small_case(cfg), jnp.float32, mv.edge_config(cfg)),
                                 (16, 8192, 8192, jnp.bfloat16, cfg), (1, 8192, 8192, jnp.float32, cfg),
                                 (40, 1024, 4096, jnp.float32, cfg)):
-            form = "kmajor" if cfg.tile_major else "rows"  # what bench.call_args passes
+            form = "kmajor" if cfg.tile_major else "rows"  # what mv.call_args passes
             if not wm.multicast_splits(wm.padded_rows(m, c), c.bk, c.cluster):
                 continue  # refused with a ValueError (test_cluster_and_tile_major_lower_for_cuda)
-            assert "mosaic_gpu" in _lowered_text(m, n, k, c, odt, bench.w_order(name), form), (name, m)
-        bisect = bench.bisect_ks(cfg)  # K steps = stages, stages + 1, 2 stages + 1 (preflight child)
+            assert "mosaic_gpu" in _lowered_text(m, n, k, c, odt, mv.w_order(name), form), (name, m)
+        bisect = mv.bisect_ks(cfg)  # K steps = stages, stages + 1, 2 stages + 1
         assert [k // cfg.bk for _, _, k in bisect] == [cfg.stages, cfg.stages + 1, 2 * cfg.stages + 1]
         for m, n, k in bisect:
-            assert "mosaic_gpu" in _lowered_text(m, n, k, cfg, jnp.float32, bench.w_order(name),
+            assert "mosaic_gpu" in _lowered_text(m, n, k, cfg, jnp.float32, mv.w_order(name),
                                                  "kmajor" if cfg.tile_major else "rows"), (name, k)
 
 

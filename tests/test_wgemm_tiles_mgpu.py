@@ -1,7 +1,7 @@
 """The large-tile Mosaic GPU w4a16 kernel (jax_mxfp4/kernels/wgemm_tiles_mgpu.py) and its route.
 
-It runs only on an NVIDIA Hopper GPU (benchmarks/gpu_check.py ``tiles_checks`` checks its values
-there against float64 references). Here, on a
+It runs only on an NVIDIA Hopper GPU (tests/gpu/test_gpu_wgemm.py checks its values there
+against float64 references and backend "xla"). Here, on a
 CPU: its tiling rules and errors, that every tiling LOWERS for CUDA (Mosaic GPU's lowering runs
 without a GPU) to one kernel with the output shape and dtype asked for, that its setmaxnreg
 requests fit the CTA's register pool (a request past it waits forever on the GPU), and that
