@@ -25,9 +25,12 @@ like a Flax kernel ([K, N] quantized along axis 0: its packed bytes are transpos
 :func:`jax_mxfp4.prepare_decode` (read as stored on the Mosaic GPU route); "pallas-prepared-q"
 (a4w4 only): the same prepared weight with the activation given in bfloat16 and quantized to
 MXFP4 inside every call (``Recipe(quantize_activations=True)``), the per-call-quantized case. Timing: benchmarks/common.py (median of many samples after warm-up, rotating operand
-sets past the L2). Output: JSON, a markdown table and PNG figures in --out.
+sets past the L2). Output: JSON, a markdown table and PNG figures in --out (default
+bench_out/gemm, bench_out/gemm-quick with --quick).
 
 Usage: python benchmarks/gemm.py [--quick] [--tune] [--profile] [--only NAME,...] [--out DIR]
+(--quick: tiny shapes, a few backends (bf16, a4w4 xla/pallas/fp8, w4a16 pallas, e4m3 xla-fp8;
+--only picks others), two operand sets per program: checks the pipeline on a CPU in seconds.)
 (--profile: each timed row is run once more under the profiler; its kernels and their device
 times per call are printed and stored under "profile".)
 (--only: a comma list of backend names, e.g. "fp8,fp8-prepared,xla-fp8,scaled_dot"; bf16 is
@@ -49,15 +52,16 @@ import numpy as np  # noqa: E402
 from jax import lax  # noqa: E402
 
 from benchmarks.common import (  # noqa: E402
-    device_info, geomean, kernel_time, n_sets_for, out_dir, save_figure, time_fn, write_json)
+    default_out, device_info, geomean, kernel_time, n_sets_for, out_dir, save_figure, time_fn, write_json)
 from jax_mxfp4 import dispatch  # noqa: E402
 from jax_mxfp4.backends.base import GemmProblem  # noqa: E402
 from jax_mxfp4.quantize import quantize  # noqa: E402
 
 FULL_DECODE = [(m, 8192, 8192) for m in (16, 1, 64, 128)]
 FULL_LAYERS = [(1024, 8192, 8192), (8192, 8192, 8192), (8192, 8192, 28672)]  # (T, K_in, N_out)
-QUICK_DECODE = [(16, 64, 128)]
-QUICK_LAYERS = [(64, 64, 128)]
+QUICK_DECODE = [(16, 64, 64)]
+QUICK_LAYERS = [(64, 64, 64)]  # fprop, dgrad and wgrad share one canonical shape: timed once
+QUICK_SETS = 2  # operand sets per program with --quick (fewer unrolled calls to compile)
 
 BACKENDS = {  # variant -> backends tried (each skipped with its reason where unavailable)
     "a4w4": ["xla", "scaled_dot", "pallas", "fp8", "fp8-prepared", "fp8-high", "fp8-nofallback",
@@ -65,6 +69,8 @@ BACKENDS = {  # variant -> backends tried (each skipped with its reason where un
     "w4a16": ["xla", "pallas", "pallas-KxN", "pallas-NxK", "pallas-prepared"],
     "e4m3": ["xla-fp8"],  # the peer: XLA's FP8 GEMM without any MXFP4 work
 }
+QUICK_BACKENDS = {"a4w4": ["xla", "pallas", "fp8"], "w4a16": ["pallas"], "e4m3": ["xla-fp8"]}
+"""Backends --quick times (unless --only names others)."""
 
 
 def pass_shapes(decode, layers):
@@ -83,12 +89,13 @@ def _problem(m, n, k, variant, scale_layout="plain"):
     )
 
 
-def make_sets(m, n, k, variant, seed, scale_layout="plain"):
-    """Fresh random operand sets (normal data, never zeros), enough to rotate past the L2."""
+def make_sets(m, n, k, variant, seed, scale_layout="plain", cap=8):
+    """Fresh random operand sets (normal data, never zeros), enough to rotate past the L2 (at most
+    ``cap``)."""
     per = {"bf16": 2 * (m + n) * k, "w4a16": 2 * m * k + (n * k * 17) // 32,
            "a4w4": ((m + n) * k * 17) // 32, "e4m3": (m + n) * k}[variant]
     sets = []
-    for i in range(n_sets_for(per)):
+    for i in range(n_sets_for(per, cap)):
         ka, kb = jax.random.split(jax.random.key(seed * 100 + i))
         a = jax.random.normal(ka, (1, m, k), jnp.bfloat16)
         b = jax.random.normal(kb, (1, n, k), jnp.bfloat16)
@@ -108,13 +115,13 @@ DISPATCH_ROWS = ("pallas-KxN", "pallas-NxK", "pallas-prepared", "pallas-prepared
 """Backend "pallas" timed through ``jax_mxfp4.dot_general`` with the weight in a stored layout."""
 
 
-def dispatch_sets(m, n, k, variant, seed, name):
+def dispatch_sets(m, n, k, variant, seed, name, cap=8):
     """Operand sets for a :data:`DISPATCH_ROWS` row: x [M, K] (bf16, or MXFP4 along K for a4w4)
     and the weight [K, N] along axis 0 (prepared once for "pallas-prepared") or [N, K] along 1."""
     import jax_mxfp4 as mx
 
     sets = []
-    for i in range(n_sets_for({"w4a16": 2 * m * k + (n * k * 17) // 32, "a4w4": ((m + n) * k * 17) // 32}[variant])):
+    for i in range(n_sets_for({"w4a16": 2 * m * k + (n * k * 17) // 32, "a4w4": ((m + n) * k * 17) // 32}[variant], cap)):
         ka, kb = jax.random.split(jax.random.key(seed * 100 + i))
         a = jax.random.normal(ka, (m, k), jnp.bfloat16)
         b = jax.random.normal(kb, (k, n), jnp.bfloat16)
@@ -202,6 +209,7 @@ def run(args):
     if args.fprop_only:
         shapes = [s for s in shapes if s[0] in ("decode", "fprop")]
     timing = dict(reps=3, min_program_s=0.0) if quick else dict(reps=7)
+    cap = QUICK_SETS if quick else 8
     measured = {}  # (m, n, k, variant, backend) -> result dict
     rows = []
     t_start = time.time()
@@ -212,6 +220,8 @@ def run(args):
             names = ["bf16"] if variant == "bf16" else BACKENDS[variant]
             if args.only and variant != "bf16":
                 names = [b for b in names if b in args.only]
+            elif quick and variant != "bf16":
+                names = QUICK_BACKENDS[variant]
             if pass_name != "decode":  # the stored-layout dispatch rows are about decode-size GEMMs
                 names = [b for b in names if b not in DISPATCH_ROWS]
             for name in names:
@@ -222,7 +232,7 @@ def run(args):
                     elif name in DISPATCH_ROWS:
                         fn, layout = dispatch_fn(name, m, n, k, variant)
                     elif name == "xla" and m * n * k > 2**39 and not quick:
-                        fn, layout = None, "float32 reference path: not timed above 8192^3 (75 ms at 8192x28672x8192 in an earlier run)"
+                        fn, layout = None, "float32 reference path: not timed above 8192^3 (75 ms at 8192x28672x8192 on an H200)"
                     else:
                         fn, layout = backend_fn(name, m, n, k, variant)
                     if fn is None:
@@ -230,10 +240,10 @@ def run(args):
                     else:
                         try:
                             if name in DISPATCH_ROWS:
-                                sets = dispatch_sets(m, n, k, variant, seed=m + n + k, name=name)
+                                sets = dispatch_sets(m, n, k, variant, seed=m + n + k, name=name, cap=cap)
                             else:
                                 sets = make_sets(m, n, k, "bf16" if name == "bf16" else variant, seed=m + n + k,
-                                                 scale_layout=layout)
+                                                 scale_layout=layout, cap=cap)
                             if name == "fp8-prepared":  # the weight converted once, outside the timing
                                 from jax_mxfp4.fp8 import prepare_fp8
 
@@ -308,7 +318,7 @@ def markdown(result):
         lines += ["", "GPU time per call (ms; profiler span of the timed program's kernels / calls) and, in "
                   "brackets, relative to bf16's (`--profile`). At decode sizes the time per call above also "
                   "holds the host's dispatch of each call's arguments before the program starts (~11-16 us "
-                  "per call on the H200 host, session 8): this table is the GPU's part.", "",
+                  "per call on an H200 host, jax 0.11.2): this table is the GPU's part.", "",
                   "| pass | M x N x K | variant backend | GPU ms per call |", "|---|---|---|---|"]
         for (ps, m, n, k, v, b), span in spans.items():
             base = spans.get((ps, m, n, k, "bf16", "bf16"))
@@ -443,19 +453,19 @@ def check_args(ap, args):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="tiny shapes (CPU CI): checks the pipeline and files")
+    ap.add_argument("--quick", action="store_true",
+                    help="tiny shapes, a few backends, few iterations: checks the pipeline and files on a CPU")
     ap.add_argument("--tune", action="store_true", help="only sweep Pallas tile configs at the goal shapes")
     ap.add_argument("--decode-m", default="", help="comma list of decode M values (default: all; 'none': no decode shapes)")
     ap.add_argument("--layers", default="", help="comma list of TxKxN layer shapes (default: all; 'none': no layer shapes)")
     ap.add_argument("--fprop-only", action="store_true", help="only the decode and fprop GEMMs of each shape")
     ap.add_argument("--only", default="", help="comma list of backends to time besides bf16 (default: all)")
-    ap.add_argument("--out", default=None, help="output folder (default benchmarks/results/gemm[-quick])")
+    ap.add_argument("--out", default=None, help="output folder (default bench_out/gemm, bench_out/gemm-quick)")
     ap.add_argument("--profile", action="store_true",
                     help="also run each timed row once under the profiler and print its kernels (device times)")
     args = ap.parse_args(argv)
     check_args(ap, args)
-    here = os.path.dirname(os.path.abspath(__file__))
-    out = out_dir(args.out or os.path.join(here, "results", "gemm-quick" if args.quick else "gemm"))
+    out = out_dir(args.out or default_out("gemm-quick" if args.quick else "gemm"))
     if args.tune:
         tune(out)
         return 0
