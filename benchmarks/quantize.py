@@ -14,25 +14,19 @@ in the "kernel only" row that takes them as an input and counts them; "uniforms 
 generates the same uniforms inside the kernel, no extra traffic). Copy: XLA elementwise
 ``x * 1.0001`` on the same input (bytes read + written).
 
+Output: quantize.json, quantize.md (the table, also printed) and quantize_bandwidth.png in --out
+(default bench_out/quantize, bench_out/quantize-quick with --quick).
+
 Usage (from the repository root):
   python benchmarks/quantize.py [--quick] [--no-check] [--dtypes bfloat16,float32] [--modes ...] [--out DIR]
-  python benchmarks/quantize.py --sweep --no-check --out DIR   (tile configs; prints the best per dtype)
-  python benchmarks/quantize.py --variants base,cols,swar,swar+cols --dtypes bfloat16 [--stochastic] --out DIR
-      (candidate formulations side by side with the same run's copy: each variant is checked
-      bit-exact against the reference on the device first, then timed in every mode; see
-      ``parse_variant`` for the names; writes quantize_variants.{json,md,png}). The variants
-      ``probe`` / ``probe-amax`` are NOT quantizers: the kernel's tiling, loads and stores with
-      (nearly) no arithmetic (``QuantizeConfig.probe``), its data-movement floor; timed, never
-      bit-checked.
+  python benchmarks/quantize.py --sweep --no-check   (tile configs; prints the best per dtype)
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import functools
 import os
-import re
 import sys
 import time
 
@@ -43,7 +37,8 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from jax import lax  # noqa: E402
 
-from benchmarks.common import device_info, n_sets_for, out_dir, save_figure, time_fn, write_json  # noqa: E402
+from benchmarks.common import (  # noqa: E402
+    default_out, device_info, n_sets_for, out_dir, save_figure, time_fn, write_json)
 from jax_mxfp4 import dispatch  # noqa: E402
 from jax_mxfp4.kernels.quantize import QuantizeConfig, default_config, quantize_2d, quantize_impl  # noqa: E402
 from jax_mxfp4.mx_format import SCALE_MODES  # noqa: E402
@@ -62,17 +57,17 @@ def _nbytes(tree):
     return sum(a.size * a.dtype.itemsize for a in jax.tree.leaves(tree))
 
 
-def fair_time(fn, make_inputs, *, programs=5, min_program_s=0.02, max_calls=512, **_unused):
+def fair_time(fn, make_inputs, *, programs=5, min_program_s=0.02, max_calls=512, max_sets=8):
     """Seconds per call of ``fn(*make_inputs(i))`` by :func:`benchmarks.common.time_fn` (the one
     fair-timing method of the benchmarks): ``n_sets_for`` distinct input copies (together > 3x
-    the L2), calls grown until one program takes >= ``min_program_s``, median of ``programs``.
+    the L2, at most ``max_sets``), calls grown until one program takes >= ``min_program_s``, median of ``programs``.
 
     ``make_inputs``: ``i -> tuple of arrays``, the i-th distinct input copy (cache them in the
     caller to share copies between measurements). Returns time_fn's dict ({"median_s", "min_s",
     "calls", ...}).
     """
     first = make_inputs(0)
-    sets = [first] + [make_inputs(i) for i in range(1, n_sets_for(_nbytes(first)))]
+    sets = [first] + [make_inputs(i) for i in range(1, n_sets_for(_nbytes(first), max_sets))]
     return time_fn(fn, sets, reps=programs, min_program_s=min_program_s, max_calls=max_calls)
 
 
@@ -144,219 +139,6 @@ def check_exact(dtype, k, rows, interpret, modes=SCALE_MODES):
     return out
 
 
-# ------------------------------------------------------------------------------- variants
-
-VARIANT_TOKENS = {
-    "base": {},
-    "rows": {"grid": "rows"},
-    "cols": {"grid": "cols"},
-    "tile": {"flush": "tile"},
-    "always": {"flush": "always"},
-    "swar": {"swar": True},
-    "split": {"f32_pairs": "split"},
-    "strided": {"f32_pairs": "strided"},
-    "probe": {"probe": "nocompute"},  # benchmark probe, not a quantizer
-    "probe-amax": {"probe": "amax"},  # the probe plus the per-block max reduction
-}
-
-
-def parse_variant(name: str, dtype) -> QuantizeConfig:
-    """The :class:`QuantizeConfig` a variant name stands for: "+"-joined tokens applied in order to
-    ``default_config(dtype)`` (the tile "auto" takes for ``dtype``): ``base`` (no change),
-    ``cols`` / ``rows`` (grid order), ``always`` / ``tile`` (subnormal flush), ``swar`` (bfloat16
-    inline PTX), ``strided`` / ``split`` (float32/float16 pair loads), ``probe`` / ``probe-amax``
-    (the data-movement probes of ``QuantizeConfig.probe``: not quantizers) and a tile ``RxCwW``
-    (rows, cols, num_warps; e.g. ``16x256w4``). Example: ``swar+cols+16x256w4``, ``probe+64x128w8``.
-
-    Raises ValueError for an unknown token or an invalid tile."""
-    cfg = default_config(dtype)
-    for tok in name.split("+"):
-        m = re.fullmatch(r"(\d+)x(\d+)w(\d+)", tok)
-        if m:
-            cfg = dataclasses.replace(cfg, rows=int(m[1]), cols=int(m[2]), num_warps=int(m[3]))
-        elif tok in VARIANT_TOKENS:
-            cfg = dataclasses.replace(cfg, **VARIANT_TOKENS[tok])
-        else:
-            raise ValueError(f"unknown variant token {tok!r} in {name!r} (known: {sorted(VARIANT_TOKENS)} or RxCwW)")
-    return cfg
-
-
-def check_variant(cfg, dtype, k, rows, modes, stochastic_mode, interpret):
-    """Fused (config ``cfg``) vs reference on the device, every mode in ``modes`` round-to-nearest
-    (+ ``stochastic_mode`` stochastic, uniforms in the kernel), one jitted program: {case: mismatched
-    bytes}. Input: the special rows and random blocks over the whole exponent range."""
-    x = jnp.concatenate([_special_rows(k, dtype), _block_spread(jax.random.key(3), (rows, k), dtype),
-                         jax.random.normal(jax.random.key(4), (rows, k), jnp.float32).astype(dtype)])
-    if interpret:
-        x = x[:24]
-    cases = [(m, "nearest") for m in modes] + ([(stochastic_mode, "stochastic")] if stochastic_mode else [])
-
-    @jax.jit
-    def mismatches(x, key):
-        counts = []
-        for mode, rounding in cases:
-            got = quantize_impl(x, key, axis=1, scale_mode=mode, rounding=rounding, interpret=interpret, cfg=cfg,
-                                uniforms="kernel")
-            want = _quantize_impl(x, key, axis=1, scale_mode=mode, rounding=rounding)
-            counts.append(sum(jnp.sum(lax.bitcast_convert_type(g, jnp.uint8) != lax.bitcast_convert_type(w, jnp.uint8))
-                              for g, w in zip(got, want)))
-        return jnp.stack(counts)
-
-    counts = np.asarray(mismatches(x, jax.random.key(11))).tolist()
-    return {f"{m}/{rd}": int(n) for (m, rd), n in zip(cases, counts)}
-
-
-def run_variants(variants, quick, dtypes=("bfloat16", "float32"), modes=SCALE_MODES, stochastic=False, check=True):
-    """Time each variant (``parse_variant`` names) in every scale mode (round to nearest; with
-    ``stochastic`` also even/stochastic with the uniforms generated in the kernel) against the copy
-    of the same run, timed before and after the variants (the ratio uses their mean). Each variant
-    is first checked bit-exact on the device; a variant that fails to compile or to match is
-    reported and not timed. Returns the JSON-able result."""
-    interpret = dispatch.current_platform() == "cpu"
-    shape = QUICK_SHAPE if quick else FULL_SHAPE
-    r, k = shape
-    timing = dict(min_pool_bytes=1e5, min_program_s=1e-3, programs=3, guess_bytes_per_s=1e9, max_calls=16) if quick else {}
-    rows, t0 = [], time.time()
-
-    def log(msg):
-        print(f"[{time.time() - t0:6.1f}s] {msg}", flush=True)
-
-    for dname in dtypes:
-        dtype = jnp.dtype(dname)
-        in_bytes = r * k * dtype.itemsize
-        q_bytes = in_bytes + r * k // 2 + r * k // 32
-        make_x = _input_maker(shape, dtype)
-
-        def make_xk(i):
-            return make_x(i), jax.random.key_data(jax.random.key(1000 + i))
-
-        one = jnp.asarray(1.0001, dtype)
-        copies = []
-
-        def time_copy():
-            res = fair_time(lambda x: x * one, lambda i: (make_x(i),), **timing)
-            copies.append(2 * in_bytes / res["median_s"] / 1e9)
-            log(f"{dname} copy: {res['median_s'] * 1e6:.1f} us/call, {copies[-1]:.0f} GB/s")
-
-        time_copy()
-        first = len(rows)
-        for name in variants:
-            try:
-                cfg = parse_variant(name, dtype)
-            except ValueError as e:
-                log(f"{dname} {name}: {e}")
-                continue
-            entry = {"dtype": dname, "variant": name, "cfg": dataclasses.asdict(cfg), "shape": shape, "times": {}}
-            rows.append(entry)
-            if cfg.probe != "off":
-                entry["probe"] = True
-                log(f"{dname} {name} ({cfg}): PROBE, NOT a quantizer (same tiling/loads/stores, nearly no "
-                    f"arithmetic): timed, not bit-checked")
-            elif check:
-                try:
-                    entry["check"] = check_variant(cfg, dtype, k if not quick else k, 64 if quick else 1024, modes,
-                                                   "even" if stochastic else None, interpret)
-                except Exception as e:  # a formulation Triton/ptxas cannot compile: report and go on
-                    entry["error"] = f"{type(e).__name__}: {str(e)[:2000]}"
-                    log(f"{dname} {name}: check failed to run: {entry['error'][:600]}")
-                    continue
-                bad = {c: n for c, n in entry["check"].items() if n}
-                log(f"{dname} {name} ({cfg}): exact {'PASS' if not bad else 'FAIL ' + str(bad)}")
-                if bad:
-                    continue
-            cases = [(m, "nearest") for m in modes] + ([("even", "stochastic")] if stochastic and cfg.probe == "off"
-                                                       else [])
-            for mode, rounding in cases:
-                if rounding == "nearest":
-                    fn = lambda x, m=mode, cfg=cfg: quantize_2d(x, None, scale_mode=m, cfg=cfg, interpret=interpret)  # noqa: E731
-                    mk = lambda i: (make_x(i),)  # noqa: E731
-                else:
-                    fn = lambda x, kd, m=mode, cfg=cfg: quantize_impl(  # noqa: E731
-                        x, jax.random.wrap_key_data(kd), axis=1, scale_mode=m, rounding="stochastic", cfg=cfg,
-                        interpret=interpret, uniforms="kernel")
-                    mk = make_xk
-                try:
-                    res = fair_time(fn, mk, **timing)
-                except Exception as e:
-                    entry["error"] = f"{type(e).__name__}: {str(e)[:2000]}"
-                    log(f"{dname} {name} {mode}/{rounding}: error {entry['error'][:600]}")
-                    break
-                gbs = q_bytes / res["median_s"] / 1e9
-                entry["times"][f"{mode}/{rounding}"] = {"median_s": res["median_s"], "min_s": res["min_s"],
-                                                        "calls": res["calls"], "gb_s": gbs}
-                log(f"{dname} {name} {mode}/{rounding}: {res['median_s'] * 1e6:.1f} us/call, {gbs:.0f} GB/s "
-                    f"= {gbs / copies[0]:.3f} x the copy timed before (the table: x the mean of before and after)"
-                    + (" [probe, not a quantizer]" if cfg.probe != "off" else ""))
-        time_copy()
-        copy_gbs = sum(copies) / len(copies)
-        for entry in rows[first:]:
-            entry["copy_gb_s"] = copies
-            for t in entry["times"].values():
-                t["ratio_vs_copy"] = t["gb_s"] / copy_gbs
-        make_x.cache_clear()
-    return {"info": device_info(), "quick": quick, "method": __doc__.split("Usage")[0].strip(), "variants": rows}
-
-
-def variants_markdown(res):
-    info = res["info"]
-    cases = []
-    for e in res["variants"]:
-        cases += [c for c in e["times"] if c not in cases]
-    lines = [f"# MXFP4 quantizer variants: {info['device']} ({info['platform']}), jax {info['jax']}, {info['date_utc']} UTC",
-             "", "x copy = (input + packed data + scale bytes) / median time per call, over the same run's XLA copy "
-             "bandwidth (mean of the copy timed before and after the dtype's variants; fair timing, "
-             "benchmarks/quantize.py). Each variant was checked bit-exact against the reference on the device "
-             "before timing, except the probes (``probe``, ``probe-amax``: NOT quantizers, the same tiling, "
-             "loads and stores with nearly no arithmetic: the data-movement floor at that tiling; timed only).", "",
-             "| dtype | variant | config | exact | " + " | ".join(f"{c} x copy (us)" for c in cases) + " |",
-             "|---|---|---|---|" + "---|" * len(cases)]
-    for e in res["variants"]:
-        cfg = e["cfg"]
-        desc = (f"{cfg['rows']}x{cfg['cols']} w{cfg['num_warps']} {cfg['grid']} {cfg['flush']}"
-                f"{' swar' if cfg['swar'] else ''}{' ' + cfg['f32_pairs'] if cfg['f32_pairs'] != 'split' else ''}"
-                f"{' probe=' + cfg['probe'] if cfg.get('probe', 'off') != 'off' else ''}")
-        chk = e.get("check")
-        exact = "error" if chk is None and "error" in e else ("probe, not checked" if e.get("probe") else (
-            "-" if chk is None else ("PASS" if not any(chk.values()) else "FAIL")))
-        cells = []
-        for c in cases:
-            t = e["times"].get(c)
-            cells.append(f"**{t['ratio_vs_copy']:.3f}** ({t['median_s'] * 1e6:.1f})" if t else "-")
-        lines.append(f"| {e['dtype']} | {e['variant']} | {desc} | {exact} | " + " | ".join(cells) + " |")
-    errs = [e for e in res["variants"] if "error" in e]
-    if errs:
-        lines += ["", "Errors:", ""] + [f"- {e['dtype']} {e['variant']}: `{e['error'][:400]}`" for e in errs]
-    fails = [e for e in res["variants"] if e.get("check") and any(e["check"].values())]
-    if fails:
-        lines += ["", "Mismatches (bytes):", ""] + [f"- {e['dtype']} {e['variant']}: {e['check']}" for e in fails]
-    return "\n".join(lines) + "\n"
-
-
-def variants_figure(res, out):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    entries = [e for e in res["variants"] if e["times"]]
-    cases = []
-    for e in entries:
-        cases += [c for c in e["times"] if c not in cases]
-    fig, ax = plt.subplots(figsize=(9, 0.3 * len(entries) * max(1, len(cases)) / 2 + 2))
-    h = 0.8 / max(1, len(cases))
-    for j, c in enumerate(cases):
-        ax.barh([i + j * h for i in range(len(entries))], [e["times"].get(c, {}).get("ratio_vs_copy", 0) for e in entries],
-                height=h, label=c)
-    ax.axvline(0.85, color="k", ls="--", lw=0.8)
-    ax.set_yticks([i + 0.4 - h / 2 for i in range(len(entries))])
-    ax.set_yticklabels([f"{e['dtype']} {e['variant']}" for e in entries], fontsize=7)
-    ax.invert_yaxis()
-    ax.set_xlabel("x copy bandwidth (dashed: goal 0.85)")
-    ax.legend(fontsize=6)
-    ax.set_title(f"MXFP4 quantizer variants on {res['info']['device']}")
-    return save_figure(fig, out, "quantize_variants.png")
-
-
 # ------------------------------------------------------------------------------- runs
 
 
@@ -364,7 +146,7 @@ def run(quick, sweep=False, check=True, dtypes=("bfloat16", "float32"), modes=SC
     interpret = dispatch.current_platform() == "cpu"
     shape = QUICK_SHAPE if quick else FULL_SHAPE
     r, k = shape
-    timing = dict(min_pool_bytes=1e5, min_program_s=1e-3, programs=3, guess_bytes_per_s=1e9, max_calls=16) if quick else {}
+    timing = dict(min_program_s=0.0, programs=3, max_sets=2) if quick else {}
     rows, checks, t0 = [], [], time.time()
 
     def log(msg):
@@ -391,7 +173,7 @@ def run(quick, sweep=False, check=True, dtypes=("bfloat16", "float32"), modes=SC
             return gbs
 
         one = jnp.asarray(1.0001, dtype)
-        copy = fair_time(lambda x: x * one, lambda i: (make_x(i),), bytes_per_call=2 * in_bytes, **timing)
+        copy = fair_time(lambda x: x * one, lambda i: (make_x(i),), **timing)
         copy_gbs = add("copy (x*1.0001)", copy, 2 * in_bytes, None)
         rows[-1]["ratio_vs_copy"] = 1.0
 
@@ -402,7 +184,7 @@ def run(quick, sweep=False, check=True, dtypes=("bfloat16", "float32"), modes=SC
             for cfg in SWEEP[:2] if quick else SWEEP:
                 fn = lambda x, cfg=cfg: quantize_2d(x, None, scale_mode="even", cfg=cfg, interpret=interpret)  # noqa: E731
                 try:
-                    res = fair_time(fn, lambda i: (make_x(i),), bytes_per_call=q_bytes, **(timing or {"programs": 3}))
+                    res = fair_time(fn, lambda i: (make_x(i),), **(timing or {"programs": 3}))
                 except Exception as e:  # a tile Triton cannot compile: report and go on
                     log(f"sweep {cfg}: error {type(e).__name__}: {str(e)[:300]}")
                     continue
@@ -414,7 +196,7 @@ def run(quick, sweep=False, check=True, dtypes=("bfloat16", "float32"), modes=SC
                 fn = lambda x, kd: quantize_impl(x, jax.random.wrap_key_data(kd), axis=1, scale_mode="even",  # noqa: E731
                                                  rounding="stochastic", cfg=cfg, interpret=interpret)
                 add(f"sweep even/stochastic tile {cfg.rows}x{cfg.cols} w{cfg.num_warps} (best nearest tile)",
-                    fair_time(fn, make_xk, bytes_per_call=q_bytes, **timing), q_bytes, copy_gbs)
+                    fair_time(fn, make_xk, **timing), q_bytes, copy_gbs)
                 log(f"best tile for {dname}: DEFAULT_CONFIGS[{dname!r}] = QuantizeConfig(rows={cfg.rows}, "
                     f"cols={cfg.cols}, num_warps={cfg.num_warps})  # {best['ratio_vs_copy']:.3f} x copy")
             make_x.cache_clear()
@@ -424,19 +206,19 @@ def run(quick, sweep=False, check=True, dtypes=("bfloat16", "float32"), modes=SC
             for mode in modes:
                 fused = lambda x, kd, m=mode, rd=rounding: quantize_impl(  # noqa: E731
                     x, jax.random.wrap_key_data(kd), axis=1, scale_mode=m, rounding=rd, interpret=interpret)
-                add(f"fused {mode}/{rounding}", fair_time(fused, make_xk, bytes_per_call=q_bytes, **timing), q_bytes, copy_gbs)
+                add(f"fused {mode}/{rounding}", fair_time(fused, make_xk, **timing), q_bytes, copy_gbs)
             if rounding == "stochastic":  # uniforms generated in the kernel (no uniform traffic)
                 for mode in modes[:1] if quick else ("even",):
                     fused = lambda x, kd, m=mode: quantize_impl(  # noqa: E731
                         x, jax.random.wrap_key_data(kd), axis=1, scale_mode=m, rounding="stochastic",
                         interpret=interpret, uniforms="kernel")
                     add(f"fused {mode}/stochastic (uniforms in kernel)",
-                        fair_time(fused, make_xk, bytes_per_call=q_bytes, **timing), q_bytes, copy_gbs)
+                        fair_time(fused, make_xk, **timing), q_bytes, copy_gbs)
             if quick:
                 continue
             refq = lambda x, kd, rd=rounding: _quantize_impl(  # noqa: E731
                 x, jax.random.wrap_key_data(kd) if rd == "stochastic" else None, axis=1, scale_mode="even", rounding=rd)
-            add(f"reference even/{rounding}", fair_time(refq, make_xk, bytes_per_call=q_bytes, **timing), q_bytes, copy_gbs)
+            add(f"reference even/{rounding}", fair_time(refq, make_xk, **timing), q_bytes, copy_gbs)
         if not quick:  # the stochastic kernel alone, uniforms given (counted in its bytes)
             def make_xu(i):
                 return make_x(i), jax.random.uniform(jax.random.key(2000 + i), shape, jnp.float32)
@@ -444,7 +226,7 @@ def run(quick, sweep=False, check=True, dtypes=("bfloat16", "float32"), modes=SC
             kern = lambda x, u: quantize_2d(x, u, scale_mode="even", cfg=default_config(dtype))  # noqa: E731
             b = q_bytes + 4 * r * k
             add("fused even/stochastic, kernel only (uniforms given, counted)",
-                fair_time(kern, make_xu, bytes_per_call=b, max_pool_bytes=32e9), b, copy_gbs)
+                fair_time(kern, make_xu), b, copy_gbs)
         make_x.cache_clear()
     return {"info": device_info(), "quick": quick, "method": __doc__.split("Usage")[0].strip(), "rows": rows,
             "checks": [{"what": w, "ok": ok, "mismatched_bytes": n} for w, ok, n in checks]}
@@ -494,50 +276,19 @@ def _input_maker(shape, dtype):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="tiny shapes (CPU CI): checks the pipeline and files")
+    ap.add_argument("--quick", action="store_true",
+                    help="tiny shape, one dtype and mode, few iterations: checks the pipeline and files on a CPU")
     ap.add_argument("--sweep", action="store_true", help="instead of the mode matrix, time the tile configs "
                     "(even/nearest) per dtype and print the best as a DEFAULT_CONFIGS line")
-    ap.add_argument("--no-tune", action="store_true", help=argparse.SUPPRESS)  # old flag: the sweep is opt-in now
     ap.add_argument("--no-check", action="store_true", help="skip the fused-vs-reference bit-exactness check")
     ap.add_argument("--dtypes", default=None, help="comma-separated input dtypes (default bfloat16,float32; "
                     "--quick: bfloat16)")
     ap.add_argument("--modes", default=None, help="comma-separated scale modes to time (default all; --quick: even)")
-    ap.add_argument("--out", default=None, help="output folder (default benchmarks/results/quantize[-quick])")
-    ap.add_argument("--variants", default=None, help="comma-separated candidate formulations to time side by side "
-                    "(see parse_variant: base, cols, always, swar, strided, RxCwW, joined by '+'); writes "
-                    "quantize_variants.{json,md,png} instead of the mode matrix")
-    ap.add_argument("--stochastic", action="store_true", help="with --variants: also time even/stochastic "
-                    "(uniforms generated in the kernel) for each variant")
+    ap.add_argument("--out", default=None, help="output folder (default bench_out/quantize, bench_out/quantize-quick)")
     args = ap.parse_args(argv)
-    here = os.path.dirname(os.path.abspath(__file__))
-    out = out_dir(args.out or os.path.join(here, "results", "quantize-quick" if args.quick else "quantize"))
+    out = out_dir(args.out or default_out("quantize-quick" if args.quick else "quantize"))
     dtypes = args.dtypes or ("bfloat16" if args.quick else "bfloat16,float32")
     modes = args.modes or ("even" if args.quick else ",".join(SCALE_MODES))
-    if args.variants:
-        names = tuple(v for v in args.variants.split(",") if v)
-        if not names:
-            ap.error("--variants: give at least one name (e.g. base,swar)")
-        for name in names:  # every name parses for every dtype before anything runs
-            for dname in dtypes.split(","):
-                try:
-                    parse_variant(name, dname)
-                except (ValueError, TypeError) as e:
-                    ap.error(f"--variants: {e}")
-        res = run_variants(names, args.quick, dtypes=tuple(dtypes.split(",")),
-                           modes=tuple(modes.split(",")), stochastic=args.stochastic, check=not args.no_check)
-        tag = "_".join(dtypes.split(","))
-        write_json(os.path.join(out, f"quantize_variants_{tag}.json"), res)
-        md = variants_markdown(res)
-        with open(os.path.join(out, f"quantize_variants_{tag}.md"), "w") as f:
-            f.write(md)
-        try:
-            variants_figure(res, out)
-            os.replace(os.path.join(out, "quantize_variants.png"), os.path.join(out, f"quantize_variants_{tag}.png"))
-        except Exception as e:  # the figure is a convenience
-            print(f"figure: {type(e).__name__}: {e}")
-        print(md)
-        ok = all(not e.get("error") and not any((e.get("check") or {}).values()) for e in res["variants"])
-        return 0 if ok else 1
     res = run(args.quick, sweep=args.sweep, check=not args.no_check, dtypes=tuple(dtypes.split(",")),
               modes=tuple(modes.split(",")))
     write_json(os.path.join(out, "quantize.json"), res)
