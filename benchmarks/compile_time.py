@@ -1,17 +1,21 @@
 """Compile time of the demo's training step (jax_mxfp4.demo), bf16 against MXFP4, per XLA flag set.
 
-Why: on the H200 (session 4) the MXFP4 step of ``python -m jax_mxfp4.demo --size large`` did not
-finish compiling within ~200 s while the bf16 step compiled in ~10 s; tracing and lowering take
-~9 s on a CPU. This script separates the phases: per (recipe, XLA_FLAGS) it runs a fresh process
+Why: on an NVIDIA H200 (jax 0.11.2, 2026-12-01) the MXFP4 step of ``python -m jax_mxfp4.demo
+--size large`` did not finish compiling within ~200 s while the bf16 step compiled in ~10 s;
+tracing and lowering take ~9 s on a CPU. This script separates the phases: per (recipe, XLA_FLAGS) it runs a fresh process
 that builds the demo's model and jitted step (``demo.make_train_step``) and times
 ``jit(...).trace`` + ``lower`` and ``compile`` separately, and the first and a later step.
 Each process is bounded by ``--timeout`` (a run cut there is reported as such).
 
-Usage: python benchmarks/compile_time.py [--size large] [--recipes bf16,mxfp4] [--flags default,autotune0]
+Usage: python benchmarks/compile_time.py [--quick] [--size large] [--recipes bf16,mxfp4] [--flags default,autotune0]
        [--d-model N] [--data random|corpus] [--lr LR] [--timeout 240] [--profile] [--out DIR]
-(--profile: after the timed steps, 3 steps under the profiler; prints the top kernels per step.)
+(--quick: the demo's small size cut to QUICK_MODEL (no blocks, d_model 32), flag set "default":
+checks the pipeline on a CPU in seconds. --profile: after the timed steps, 3 steps under the
+profiler; prints the top kernels per step.)
 Flag sets: default (none); autotune0 ``--xla_gpu_autotune_level=0``; notriton
-``--xla_gpu_enable_triton_gemm=false``. Prints a table; with --out, writes compile_time.json there.
+``--xla_gpu_enable_triton_gemm=false``. Prints a table and writes compile_time.json (after every
+process: a cut run keeps its rows), compile_time.md and compile_time.png to --out (default
+bench_out/compile_time, bench_out/compile_time-quick with --quick).
 """
 
 from __future__ import annotations
@@ -29,6 +33,9 @@ from jax_mxfp4.demo import learning_rate  # noqa: E402  (stdlib + NumPy at impor
 
 FLAG_SETS = {"default": "", "autotune0": "--xla_gpu_autotune_level=0",
              "notriton": "--xla_gpu_enable_triton_gemm=false"}
+QUICK_MODEL = dict(d_model=32, n_layers=0, seq_len=32, batch=2)
+"""--quick: these fields replace the small size's (no blocks: the embedding and the MXFP4 LM head)."""
+PHASES = ("trace_s", "lower_s", "compile_s")
 
 
 def _profile_steps(compiled, params, opt_state, batches, steps: int = 3, top: int = 25) -> dict:
@@ -59,7 +66,7 @@ def _profile_steps(compiled, params, opt_state, batches, steps: int = 3, top: in
 
 
 def child(size: str, recipe_name: str, layers: int | None, profile: bool = False, d_model: int | None = None,
-          data: str = "random", lr: float | None = None) -> dict:
+          data: str = "random", lr: float | None = None, quick: bool = False) -> dict:
     """Runs in the fresh process: phase times of one demo step compile (seconds)."""
     import jax
 
@@ -67,6 +74,8 @@ def child(size: str, recipe_name: str, layers: int | None, profile: bool = False
     from jax_mxfp4.recipe import Recipe
 
     cfg = dict(demo.SIZES[size])
+    if quick:
+        cfg.update(QUICK_MODEL)
     if layers is not None:
         cfg["n_layers"] = layers
     if d_model is not None:
@@ -124,15 +133,55 @@ def child(size: str, recipe_name: str, layers: int | None, profile: bool = False
     return out
 
 
+def markdown(result) -> str:
+    info = result["info"]
+    lines = [f"# Demo step compile time: size {result['size']}, {info['device']} ({info['platform']}), "
+             f"jax {info['jax']}, {info['date_utc']} UTC", "",
+             "| flags | recipe | trace s | lower s | compile s | first step s | step ms | status |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in result["rows"]:
+        g = lambda k, s=1.0: f"{r[k] * s:.1f}" if k in r else "-"  # noqa: E731
+        lines.append(f"| {r['flags']} | {r['recipe']} | {g('trace_s')} | {g('lower_s')} | {g('compile_s')} | "
+                     f"{g('first_step_s')} | {g('step_s', 1e3)} | {r['status']} |")
+    return "\n".join(lines) + "\n"
+
+
+def figure(result, out):
+    """Stacked trace / lower / compile seconds per (flags, recipe) run (compile_time.png)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from benchmarks.common import save_figure
+
+    rows = [r for r in result["rows"] if r["status"] == "ok"]
+    fig, ax = plt.subplots(figsize=(7, 3.5))
+    bottom = [0.0] * len(rows)
+    for phase in PHASES:
+        vals = [r[phase] for r in rows]
+        ax.bar(range(len(rows)), vals, 0.6, bottom=bottom, label=phase[:-2])
+        bottom = [b + v for b, v in zip(bottom, vals)]
+    ax.set_xticks(range(len(rows)), [f"{r['flags']}\n{r['recipe']}" for r in rows])
+    ax.set_ylabel("seconds")
+    ax.set_title(f"demo step compile, size {result['size']}")
+    ax.legend()
+    return save_figure(fig, out, "compile_time.png")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--size", default="large")
+    ap.add_argument("--quick", action="store_true",
+                    help="the small size without blocks (d_model 32), flag set default: checks the pipeline on a CPU")
+    ap.add_argument("--size", default=None, help="demo size (default large; --quick: small)")
     ap.add_argument("--layers", type=int, default=None, help="override the model's layer count")
     ap.add_argument("--d-model", type=int, default=None, help="override the model's width (a multiple of its head count and of 32)")
-    ap.add_argument("--recipes", default="bf16,mxfp4")
-    ap.add_argument("--flags", default="default,autotune0")
+    ap.add_argument("--recipes", default="bf16,mxfp4", help="comma list of bf16, mxfp4")
+    ap.add_argument("--flags", default=None, help=f"comma list of XLA flag sets, from {', '.join(FLAG_SETS)} "
+                    "(default default,autotune0; --quick: default)")
     ap.add_argument("--timeout", type=float, default=240.0, help="seconds per process")
-    ap.add_argument("--out", default=None)
+    ap.add_argument("--out", default=None,
+                    help="output folder (default bench_out/compile_time, bench_out/compile_time-quick)")
     ap.add_argument("--profile", action="store_true", help="also profile 3 steps and print the top kernels")
     ap.add_argument("--data", choices=("random", "corpus"), default="random",
                     help="random: one batch of uniform random bytes for every step; corpus: the demo's training "
@@ -140,9 +189,12 @@ def main(argv=None) -> int:
     ap.add_argument("--lr", type=learning_rate, default=None, help="peak learning rate (default the size's)")
     ap.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    args.size = args.size or ("small" if args.quick else "large")
+    if args.flags is None:
+        args.flags = "default" if args.quick else "default,autotune0"
     if args.child:
         print("RESULT " + json.dumps(child(args.size, args.child, args.layers, args.profile, args.d_model, args.data,
-                                           args.lr)), flush=True)
+                                           args.lr, args.quick)), flush=True)
         return 0
     from jax_mxfp4 import demo
 
@@ -162,18 +214,21 @@ def main(argv=None) -> int:
         ap.error(f"--layers must be >= 1, got {args.layers}")
     if args.d_model is not None and (args.d_model < 32 or args.d_model % 32):
         ap.error(f"--d-model must be a positive multiple of 32, got {args.d_model}")
-    if args.out:  # made before the (slow) children: a file in the way failed after the first one
-        from benchmarks.common import out_dir
-
-        out_dir(args.out)
     if not args.timeout > 0:  # 0 or less cut every process before it started ("timeout" rows)
         ap.error(f"--timeout must be > 0 seconds, got {args.timeout}")
-    rows = []
+    from benchmarks.common import default_out, device_info, out_dir, write_json
+
+    # made before the (slow) children: a file in the way failed after the first one
+    out = out_dir(args.out or default_out("compile_time-quick" if args.quick else "compile_time"))
+    result = {"info": device_info(), "size": args.size, "quick": args.quick, "rows": []}
+    rows = result["rows"]
     for f in flags:
         for r in recipes:
             env = dict(os.environ)
             env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " " + FLAG_SETS[f]).strip()
             cmd = [sys.executable, os.path.abspath(__file__), "--child", r, "--size", args.size]
+            if args.quick:
+                cmd += ["--quick"]
             if args.layers is not None:
                 cmd += ["--layers", str(args.layers)]
             if args.d_model is not None:
@@ -193,22 +248,22 @@ def main(argv=None) -> int:
                 else:
                     row.update(status="error", reason=p.stderr[-1500:])
             except subprocess.TimeoutExpired as e:
-                out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
-                sys.stdout.write(out)
+                stdout = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
+                sys.stdout.write(stdout)
                 row.update(status="timeout", reason=f"cut after {args.timeout:.0f} s")
             row["wall_s"] = time.perf_counter() - t0
             print(f"  -> {row['status']} in {row['wall_s']:.1f} s", flush=True)
             rows.append(row)
-            if args.out:
-                with open(os.path.join(args.out, "compile_time.json"), "w") as fh:
-                    json.dump(rows, fh, indent=1)
-    print("\n| flags | recipe | trace s | lower s | compile s | first step s | step ms | status |")
-    print("|---|---|---|---|---|---|---|---|")
-    for r in rows:
-        g = lambda k, s=1.0: f"{r[k] * s:.1f}" if k in r else "-"  # noqa: E731
-        print(f"| {r['flags']} | {r['recipe']} | {g('trace_s')} | {g('lower_s')} | {g('compile_s')} | "
-              f"{g('first_step_s')} | {g('step_s', 1e3)} | {r['status']} |")
-    return 0
+            write_json(os.path.join(out, "compile_time.json"), result)
+    md = markdown(result)
+    with open(os.path.join(out, "compile_time.md"), "w") as fh:
+        fh.write(md)
+    try:
+        figure(result, out)
+    except ImportError as e:  # matplotlib is optional (the "bench" extra)
+        print(f"no figure: {e}")
+    print("\n" + md)
+    return 0 if all(r["status"] == "ok" for r in rows) else 1
 
 
 if __name__ == "__main__":

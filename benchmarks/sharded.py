@@ -9,10 +9,13 @@ over every device in three layouts:
   - "data":       X sharded along T (data parallel; W replicated),
   - "tp-column":  W sharded along N (no collectives in fprop),
   - "tp-row":     X and W sharded along K (partial products + an all-reduce).
-Scaling efficiency = t(1 device) / (devices x t(mesh)). Timing: benchmarks/common.py.
+Scaling efficiency = t(1 device) / (devices x t(mesh)). Timing: benchmarks/common.py. Output:
+sharded.json, sharded.md (the table, also printed) and sharded.png in --out (default
+bench_out/sharded, bench_out/sharded-quick with --quick).
 
 Usage: python benchmarks/sharded.py [--quick] [--out DIR] [--t T --k K --n N]
-(--quick: tiny shapes on 8 simulated CPU devices, for CI.)
+(--quick: tiny shapes on QUICK_DEVICES devices (simulated CPU devices when given on the command
+line: it sets XLA_FLAGS before JAX starts), few iterations: checks the pipeline in seconds.)
 """
 
 from __future__ import annotations
@@ -21,8 +24,11 @@ import argparse
 import os
 import sys
 
+QUICK_DEVICES = 4
+QUICK_SHAPE = (128, 128, 128)  # T, K, N
 if "--quick" in sys.argv and "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                               + f" --xla_force_host_platform_device_count={QUICK_DEVICES}").strip()
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
@@ -34,7 +40,7 @@ from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 import jax_mxfp4 as mx  # noqa: E402
-from benchmarks.common import device_info, save_figure, out_dir, time_fn, write_json  # noqa: E402
+from benchmarks.common import default_out, device_info, save_figure, out_dir, time_fn, write_json  # noqa: E402
 
 DIMS = (((1,), (0,)), ((), ()))
 LAYOUTS = {"data": (P("x", None), P(None, None)), "tp-column": (P(None, None), P(None, "x")),
@@ -58,15 +64,23 @@ def layer_fns(variant):
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--quick", action="store_true")
-    p.add_argument("--out", default="benchmarks/results/sharded")
-    p.add_argument("--t", type=int, default=8192)
-    p.add_argument("--k", type=int, default=8192)
-    p.add_argument("--n", type=int, default=8192)
+    p.add_argument("--quick", action="store_true",
+                   help=f"T=K=N={QUICK_SHAPE[0]} on {QUICK_DEVICES} simulated CPU devices, few iterations")
+    p.add_argument("--out", default=None, help="output folder (default bench_out/sharded, bench_out/sharded-quick)")
+    p.add_argument("--t", type=int, default=8192, help="tokens (rows of X)")
+    p.add_argument("--k", type=int, default=8192, help="inputs (contraction length)")
+    p.add_argument("--n", type=int, default=8192, help="outputs")
     args = p.parse_args(argv)
-    t, k, n = (256, 256, 256) if args.quick else (args.t, args.k, args.n)
-    ndev = len(jax.devices())
-    mesh = jax.make_mesh((ndev,), ("x",), axis_types=(jax.sharding.AxisType.Auto,))
+    for flag in ("t", "k", "n"):
+        if getattr(args, flag) < 1:
+            p.error(f"--{flag} must be >= 1, got {getattr(args, flag)}")
+    t, k, n = QUICK_SHAPE if args.quick else (args.t, args.k, args.n)
+    out = out_dir(args.out or default_out("sharded-quick" if args.quick else "sharded"))
+    devices = jax.devices()[:QUICK_DEVICES] if args.quick else jax.devices()
+    ndev = len(devices)
+    if ndev < 2:
+        print(f"note: only {ndev} device: the mesh layouts run on that one device")
+    mesh = jax.make_mesh((ndev,), ("x",), axis_types=(jax.sharding.AxisType.Auto,), devices=devices)
     kx, kw = jax.random.split(jax.random.key(0))
     x = jax.random.normal(kx, (t, k), jnp.bfloat16)
     w = (jax.random.normal(kw, (k, n), jnp.float32) / np.sqrt(k)).astype(jnp.bfloat16)
@@ -87,7 +101,6 @@ def main(argv=None):
             print(f"{variant:6s} {step:6s} 1 dev {single * 1e3:9.3f} ms | " + " | ".join(
                 f"{name} {row[f'{name}_s'] * 1e3:8.3f} ms (eff {row[f'{name}_efficiency']:.2f})" for name in LAYOUTS))
     by = {(r["variant"], r["step"]): r for r in rows}
-    out = out_dir(args.out)
     lines = [f"Sharded linear layer T={t} K={k} N={n} on {ndev} x {device_info()['device']}", "",
              "| step | layout | bf16 ms | MXFP4 ms | MXFP4 / bf16 | MXFP4 scaling efficiency |", "|---|---|---|---|---|---|"]
     for step in ("fprop", "train"):
@@ -117,7 +130,8 @@ def main(argv=None):
     ax.legend()
     save_figure(fig, out, "sharded.png")
     print(f"wrote {out}/sharded.md, sharded.json, sharded.png")
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
