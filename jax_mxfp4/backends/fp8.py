@@ -28,7 +28,7 @@ accumulation. The ``precision`` contract (:func:`contract`):
 - ``None``/``DEFAULT``: the FP8 dot with ``Precision.DEFAULT``: cuBLASLt fast accumulation on
   Hopper (products aligned to the largest exponent inside an MMA, ~14 bits kept, partial sums
   kept in the tensor core across K). Error bound in README ("FP8 path"), asserted by
-  ``benchmarks/gpu_check.py``.
+  ``tests/gpu/test_gpu_fp8.py``.
 - ``HIGH``: the FP8 dot with ``Precision.HIGHEST``, which turns fast accumulation off
   (``IsFastAccumEnabled`` in XLA's cuda_blas_lt.cc): partial sums are promoted to float32
   periodically, but the 14-bit alignment inside one MMA remains: not float32-faithful.
@@ -69,12 +69,12 @@ FALLBACK_MIN_ROWS = 16
 """Flagged rows (columns) recomputed as gathered strips: max(16, rows / 64) per batch element."""
 
 ERROR_BOUNDS = {  # (precision, data kind) -> max |out - exact| / sum_k |a_k b_k| over outputs
-    # Set from benchmarks/gpu_check.py on one NVIDIA H200 (2026-11-30, K = 1024 and 8192), which
-    # asserts them; measured maxima:
+    # Set from the FP8 error measurement on one NVIDIA H200 (2026-11-30, K = 1024 and 8192), which
+    # tests/gpu/test_gpu_fp8.py asserts; measured maxima:
     # DEFAULT random 3.2e-4, adversarial 4.4e-3; HIGH random 3.2e-4, adversarial 1.9e-3.
     # "random": normal data with block scales spread over the window; "adversarial": data built
     # against the accumulator (a large first block then many small products, cancellation,
-    # equal-sign ramps; see gpu_check.fp8_checks). With fast accumulation (DEFAULT) Hopper keeps
+    # equal-sign ramps; see tests/gpu/gpu_reference.fp8_operands). With fast accumulation (DEFAULT) Hopper keeps
     # the running sum inside the tensor core with ~13-14 significant bits across all of K, so
     # products below its last bit can be lost entirely: these are measured bounds on these data
     # families (about 3x over the maxima), not worst-case guarantees.

@@ -70,7 +70,7 @@ def _tiles_max_rows(order: str) -> int:
 # Mosaic GPU kernel (jax_mxfp4/kernels/wgemm_mgpu.py: WGMMA with the decoded weight as the
 # register operand) instead of the Triton weight-stationary kernel: on the H200 (jax 0.11.2)
 # correct at 1/16/40 rows and 0.75x of bf16 at 16x8192x8192 against the Triton kernel's 1.14x
-# (benchmarks/wgemm_mgpu_check.py); through dot_general with a prepare_decode'd weight 0.78x
+# (tests/gpu/test_gpu_wgemm_mgpu.py); through dot_general with a prepare_decode'd weight 0.78x
 # (2026-12-01). Decode-size a4w4 takes it too, after the exact bfloat16
 # dequantization of its small side (as for the Triton kernel). JAX_MXFP4_MOSAIC_W4A16=0 turns it off.
 W4A16_MOSAIC_GPU: bool | None = None

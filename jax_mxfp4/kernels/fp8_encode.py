@@ -9,7 +9,7 @@ special_blocks`); pass B writes the E4M3 bytes with the per-block shift of
 :func:`jax_mxfp4.fp8._block_shift`. Every rule is the one of :mod:`jax_mxfp4.fp8` (imported, not
 copied); only the E2M1 x 2^d -> E4M3 byte step is new, done with integer operations (below), and
 the result is bit-identical to ``encode_rows`` (tests/test_fp8_encode_kernel.py, Pallas
-interpreter; benchmarks/gpu_check.py on the GPU).
+interpreter; tests/gpu/test_gpu_fp8.py on the GPU).
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ are added afterwards in a fixed order (deterministic).
 
 Exactness: decoded values E2M1 x 2^(s-127) are exact in bfloat16, bfloat16 products exact in
 float32, accumulation float32: results equal backend "xla" up to the order of float32
-accumulation (tests/test_pallas_gemm.py in the interpreter; benchmarks/gpu_check.py on a GPU).
+accumulation (tests/test_pallas_gemm.py in the interpreter; tests/gpu/test_gpu_wgemm.py on a GPU).
 """
 
 from __future__ import annotations

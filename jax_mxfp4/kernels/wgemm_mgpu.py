@@ -57,7 +57,7 @@ pipeline (:func:`_k_split_own_pipeline`) without register reallocation.
 
 Status: every variant lowers for CUDA on a CPU machine (tests/test_wgemm_mgpu.py). On the H200
 (jax 0.11.2) the ``plgpu.kernel`` launchers are correct, ``raw_scales`` too
-(benchmarks/wgemm_mgpu_check.py); through ``dot_general`` with a prepared weight 16x8192x8192
+(tests/gpu/test_gpu_wgemm_mgpu.py); through ``dot_general`` with a prepared weight 16x8192x8192
 runs at 0.71x of bf16 and 1x8192x8192 at 0.84x (2026-12-01, the 4-warpgroup one-kernel tiling);
 the ``pallas_call`` launcher of the split-K kernel fails
 in jax 0.11.2's lowering (bare AssertionError). Dispatch takes it for decode-size w4a16 and a4w4
@@ -1279,7 +1279,7 @@ def _check_config_args(fn: str, m, n, k, w_order) -> None:
 
 
 def default_mgpu_config(m: int, n: int, k: int, w_order: str = "natural") -> MgpuConfig:
-    """Tiling by shape and the weight's byte order, from H200 runs of benchmarks/wgemm_mgpu_check.py
+    """Tiling by shape and the weight's byte order, from H200 timing runs of each tiling
     (jax 0.11.2, fair timing, 16x8192x8192): one-warpgroup ``plgpu.kernel``, bk 256, split-K 4
     (2026-11-30: within 5% of the best of 11 tilings; warp-specialized and ``raw_scales`` slower).
     Decode by byte order (2026-12-01, same run): "pairs" bytes (prepare_decode) take the "pairs"
@@ -1288,7 +1288,7 @@ def default_mgpu_config(m: int, n: int, k: int, w_order: str = "natural") -> Mgp
     "ptx" decode: its x split (one XLA fusion, ~1.9 us through dispatch) is cheaper than the
     "pairs" x permutation (~3.4 us). "pairs" bytes take the one-kernel tiling with 4 compute
     warpgroups where it applies (:func:`k_split_config`; NVIDIA H200, jax 0.11.2, 2026-12-01,
-    benchmarks/wgemm_mgpu_check.py: 16x8192x8192 33.0 us = 0.70x of bf16 against 36.1 us = 0.77x for
+    same timing runs: 16x8192x8192 33.0 us = 0.70x of bf16 against 36.1 us = 0.77x for
     the split-K kernel, 1x8192x8192 0.89x against 0.95x; checked there at 1, 16 and 40 rows and on
     every E8M0 byte); natural bytes keep the split-K kernel (the "ptx" one-kernel variant is untimed).
 

@@ -33,7 +33,8 @@ accumulation (the contract of every GEMM path of the project).
 
 Status: lowers for CUDA on a CPU machine (tests/test_wgemm_tiles_mgpu.py; the PTX of the decodes
 and of the quad transpose run in a NumPy model of a warp in tests/test_wgemm.py); checked and timed
-on the H200 (jax 0.11.2, 2026-12-02) by benchmarks/gpu_check.py: numbers in docs/performance.md.
+on the H200 (jax 0.11.2, 2026-12-02; the check is tests/gpu/test_gpu_wgemm.py): numbers in
+docs/performance.md.
 """
 
 from __future__ import annotations
