@@ -44,7 +44,8 @@ def bound_check(out, ref, a_abs, b_abs, k, bf16_out):
 def assert_within_bound(out, ref, a_abs, b_abs, k, bf16_out, case=""):
     """:func:`bound_check`, failing with the measured numbers."""
     r = bound_check(out, ref, a_abs, b_abs, k, bf16_out)
-    assert r["ok"], f"{case}: finite={r['finite']} max err/bound={r['max_err_over_bound']:.4g} rel_fro={r['rel_fro']:.3g}"
+    assert r["ok"], (f"{case}: finite={r['finite']} max err/bound={r['max_err_over_bound']:.4g} "
+                     f"rel_fro={r['rel_fro']:.3g}")
     return r
 
 

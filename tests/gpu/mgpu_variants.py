@@ -180,8 +180,10 @@ def k_split_diagnosis(got, x, q, cfg, odt):
                      np.float64)
     ref0 = np.asarray(mx.dot_general(x0, q, dims, recipe=rec, preferred_element_type=odt).astype(jnp.float32),
                       np.float64)
-    tiles = lambda a: np.sort(a.reshape(a.shape[0], -1, 64).transpose(1, 0, 2).reshape(a.shape[1] // 64, -1),  # noqa: E731
-                              axis=1)
+
+    def tiles(a):
+        return np.sort(a.reshape(a.shape[0], -1, 64).transpose(1, 0, 2).reshape(a.shape[1] // 64, -1), axis=1)
+
     return {"rel_fro": rel(g, ref), "rel_fro_vs_wg0_slices_only": rel(g, ref0),
             "rel_fro_sorted_per_tile": rel(tiles(g), tiles(ref)),
             "nan_count": int(np.isnan(g).sum()), "zero_fraction": float(np.mean(g == 0))}
