@@ -4,6 +4,9 @@ XLA FP8 paths these check are the CUDA ones; tests/rocm covers AMD), tests marke
 NVIDIA Hopper GPU (compute capability 9.x: the Mosaic GPU kernels, WGMMA on sm_90a).
 Run: pytest -m gpu tests/gpu -v (add -m "gpu and not slow" for the shorter set).
 
+Random operands come from fixed seeds per case (gpu_reference.rand(seed, ...)): the data the
+tolerances and the FP8 error bounds were measured on, the same on every run.
+
 A test that runs longer than $JAX_MXFP4_GPU_TEST_TIMEOUT seconds (default 300) ends the run with
 every thread's traceback (faulthandler): a kernel that deadlocks names itself instead of holding
 the device until an outer time limit."""
