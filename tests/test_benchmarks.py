@@ -114,7 +114,6 @@ def test_gemm_quick_every_backend(tmp_path):
     assert all(_finite_positive(r["median_s"]) for r in rows if r.get("status") == "ok")
 
 
-@pytest.mark.slow
 def test_train_step_profile_writes_the_hlo(tmp_path):
     """--hlo into a missing folder (it crashed after the timing): the folder is made and holds the
     profiled step's HLO."""
