@@ -14,7 +14,7 @@ This is :class:`jax_mxfp4.MXFP4Array`'s own packing (same nibble order, same sca
 import and export are exact byte permutations: nothing is dequantized or re-quantized. Tensors
 that are not such a pair (norms, embeddings, biases) are stored and loaded as they are.
 
-Needs the ``safetensors`` package (``pip install jax-mxfp4[checkpoint]``).
+Needs the ``safetensors`` package (``pip install ".[checkpoint]"`` from a checkout).
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@
   once for decode-size GEMMs); the layers take that :class:`jax_mxfp4.DecodePrepared` (or a
   :class:`jax_mxfp4.FP8Prepared`) kernel as is, with the same outputs.
 
-Needs the ``flax`` extra: ``pip install jax-mxfp4[flax]``.
+Needs the ``flax`` extra: ``pip install ".[flax]"`` from a checkout.
 """
 
 from . import linen

@@ -17,14 +17,14 @@ and reading the scales). Whole rows in registers cost register pressure for long
 quantized length is capped (:data:`MAX_ROW`), and the caller falls back to the unfused path
 beyond it.
 
-Measured (NVIDIA H200, jax 0.11.2, 2026-11-30, 8192x8192 bf16, ``benchmarks/train_step.py --kernel``): along rows
-0.146-0.160 ms (the unfused quantize + encode: 0.215 ms), with Threefry stochastic rounding 0.398
-ms (0.478); the transposed layout 1.1-1.6 ms (unfused 0.289): its column reads are strided. So
-training transposes such operands with XLA first and uses the rows layout
-(:mod:`jax_mxfp4.training`). With the SWAR quantizer the unfused passes are faster for round to
-nearest (0.120 ms against 0.185 for this kernel's 1-row x 16-warp tile, 2026-12-02), so
-training's default (``JAX_MXFP4_FUSED_TRAINING=sr``) runs this kernel for the stochastically
-rounded operands only.
+Measured (NVIDIA H200, jax 0.11.2, 2026-11-30, 8192x8192 bf16, benchmarks as of commit 02fcf53:
+``train_step.py --kernel``): along rows 0.146-0.160 ms (the unfused quantize + encode: 0.215 ms),
+with Threefry stochastic rounding 0.398 ms (0.478); the transposed layout 1.1-1.6 ms (unfused
+0.289): its column reads are strided. So training transposes such operands with XLA first and
+uses the rows layout (:mod:`jax_mxfp4.training`). With the SWAR quantizer the unfused passes
+are faster for round to nearest (0.120 ms against 0.185 for this kernel's 1-row x 16-warp tile,
+2026-12-02), so training's default (``JAX_MXFP4_FUSED_TRAINING=sr``) runs this kernel for the
+stochastically rounded operands only.
 
 Every rule is shared code: the block scale and the E2M1 rounding (nearest, or stochastic with
 the reference's uniforms, generated in the kernel for Threefry keys or read as an input array
@@ -97,8 +97,9 @@ TILE_ELEMENTS_NEAREST, ELEMENTS_PER_THREAD_NEAREST = 16384, 128
 
 
 def default_config(kq: int, itemsize: int, transposed: bool, stochastic: bool = False) -> Fp8QuantizeConfig:
-    """Tile for a quantized length ``kq`` (from the H200 sweep of ``benchmarks/train_step.py
-    --kernel``, 8192x8192 bf16; other shapes follow the same elements-per-thread rule).
+    """Tile for a quantized length ``kq`` (from the H200 sweep, 8192x8192 bf16, of ``train_step.py
+    --kernel`` in the benchmarks as of commit 02fcf53; other shapes follow the same elements-per-thread
+    rule).
 
     Args: ``kq`` the quantized axis length, an int: a positive multiple of 32, at most
     :data:`MAX_ROW` (what :func:`quantize_fp8_2d` takes); ``itemsize`` unused; ``transposed``

@@ -23,7 +23,8 @@ element's flat index for threefry keys, or read from the reference's draw): the 
 them only in tiles holding a special block (scale bytes 0, 1, 253, 254: their stats depend on
 the rounded codes), which take the general path.
 
-Measured (NVIDIA H200, jax 0.11.2, 2026-12-02, 8192x8192 bf16, ``benchmarks/train_step.py --kernel --tiled``):
+Measured (NVIDIA H200, jax 0.11.2, 2026-12-02, 8192x8192 bf16, benchmarks as of commit 02fcf53:
+``train_step.py --kernel --tiled``):
 SLOWER than what it was meant to replace, so training keeps it as an option
 (``JAX_MXFP4_FUSED_TRAINING=tiled``), not the default. Along rows, round to nearest: 0.164-0.226
 ms over eight tiles (64x4 blocks, 4 warps: 0.166; 32x8: 0.164) against 0.185 ms for the one-pass

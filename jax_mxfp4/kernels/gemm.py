@@ -248,8 +248,9 @@ def mxfp4_gemm(lhs, rhs, *, m, n, k, out_dtype, cfg: TileConfig, interpret: bool
 def default_config(m: int, n: int, k: int, batch: int = 1, a4w4: bool = True,
                    num_sms: int = 132) -> TileConfig:
     """Tile configuration by shape, from the tile sweep on an NVIDIA H200
-    (2026-11-29): decode-sized M uses split-K (and, for a4w4, the swapped
-    orientation with FP8-E4M3 decode); large shapes use 256x128 tiles, K step 64, 8 warps."""
+    (2026-11-29; ``python benchmarks/gemm.py --tune``): decode-sized M uses split-K (and, for
+    a4w4, the swapped orientation with FP8-E4M3 decode); large shapes use 256x128 tiles, K step
+    64, 8 warps."""
     bk = 256 if k % 256 == 0 else (128 if k % 128 == 0 else (64 if k % 64 == 0 else 32))
     if m <= 16:
         bk = min(bk, 128)

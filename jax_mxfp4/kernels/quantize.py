@@ -71,7 +71,7 @@ class QuantizeConfig:
     ``rows`` x ``cols`` input elements per program (powers of two, cols >= 32, i.e. whole
     32-element blocks), Triton ``num_warps``. The other fields select bit-identical formulations
     (the defaults are the measured ones; the others are candidates timed side by side by
-    ``benchmarks/quantize.py --variants``):
+    ``quantize.py --variants`` in the benchmarks as of commit 02fcf53):
 
     - ``grid``: "rows" (program id 0, the fastest-launched, walks row tiles) or "cols" (it walks
       the column tiles of one row band: consecutive programs read consecutive addresses and
