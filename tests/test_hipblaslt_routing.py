@@ -27,8 +27,8 @@ class FakeNative:
         self.calls = []
         self.ok, self.why = ok, why
 
-    def hipblaslt_check_shape(self, m, n, k, out_dtype):
-        return REAL.hipblaslt_check_shape(m, n, k, out_dtype)
+    def hipblaslt_check_shape(self, m, n, k, out_dtype, envelope):
+        return REAL.hipblaslt_check_shape(m, n, k, out_dtype, envelope)
 
     def hipblaslt_find_algorithm(self, device, m, n, k, out_dtype, scale_layout):
         self.calls.append((device, m, n, k, out_dtype, scale_layout))

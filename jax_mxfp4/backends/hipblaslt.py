@@ -22,6 +22,8 @@ The ROCm libraries are loaded with dlopen on first use, never at import time.
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from ..ffi import registration
@@ -38,8 +40,11 @@ ENVELOPE_ENV = "JAX_MXFP4_HIPBLASLT_ENVELOPE"
 def shape_reason(m: int, n: int, k: int, out_dtype="bfloat16") -> str | None:
     """Why the hipBLASLt envelope in force (``$JAX_MXFP4_HIPBLASLT_ENVELOPE``) excludes an
     M x N x K GEMM writing ``out_dtype``, or None. The rule is the handler's own
-    (``CheckHipblasltShape`` in C++); needs the compiled extension."""
-    ok, why = registration.native().hipblaslt_check_shape(m, n, k, np.dtype(out_dtype).name)
+    (``CheckHipblasltShape`` in C++); needs the compiled extension. The variable is read here, from
+    ``os.environ``, and handed over: this runs in every platform's dispatch, where a C ``getenv``
+    is not safe (see ``xla_ffi/src/module.cc``)."""
+    envelope = os.environ.get(ENVELOPE_ENV, "")
+    ok, why = registration.native().hipblaslt_check_shape(m, n, k, np.dtype(out_dtype).name, envelope)
     return None if ok else why
 
 

@@ -58,7 +58,10 @@ alignas(256) const uint8_t kDummyScales[256] = {};
 
 Status ReadEnvelope(Envelope* envelope) {
   const char* v = std::getenv(kEnvelopeEnv);
-  const std::string value = v ? v : "";
+  return ParseEnvelope(v ? v : "", envelope);
+}
+
+Status ParseEnvelope(const std::string& value, Envelope* envelope) {
   if (value.empty() || value == "validated") {
     *envelope = Envelope::kValidated;
   } else if (value == "documented") {

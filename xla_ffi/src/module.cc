@@ -61,9 +61,13 @@ nb::dict HipblasltStatus(bool query_devices) {
   return d;
 }
 
-nb::tuple HipblasltCheckShape(int64_t m, int64_t n, int64_t k, const std::string& out_dtype) {
+// The envelope value comes from the caller (Python's os.environ), not from getenv: this runs on
+// every platform's dispatch, and a C getenv scan of the process environment crashed on an NVIDIA
+// H200 after Triton compilations (jax 0.11.2, 2026-12-03).
+nb::tuple HipblasltCheckShape(int64_t m, int64_t n, int64_t k, const std::string& out_dtype,
+                              const std::string& envelope_value) {
   Envelope envelope;
-  Status st = ReadEnvelope(&envelope);
+  Status st = ParseEnvelope(envelope_value, &envelope);
   if (st.ok()) st = CheckHipblasltShape(m, n, k, OutType(out_dtype), envelope);
   return nb::make_tuple(st.ok(), st.message);
 }
@@ -136,8 +140,9 @@ NB_MODULE(_native, m) {
         nb::arg("n"), nb::arg("k"), nb::arg("out_dtype"), nb::arg("scale_layout"),
         "Gates + hipBLASLt heuristic for one GEMM shape: (ok, reason).");
   m.def("hipblaslt_check_shape", &HipblasltCheckShape, nb::arg("m"), nb::arg("n"), nb::arg("k"),
-        nb::arg("out_dtype"),
-        "The envelope's shape/dtype rules ($JAX_MXFP4_HIPBLASLT_ENVELOPE): (ok, reason). No library needed.");
+        nb::arg("out_dtype"), nb::arg("envelope"),
+        "The envelope's shape/dtype rules for the value of $JAX_MXFP4_HIPBLASLT_ENVELOPE given: (ok, reason). "
+        "No library needed.");
   m.def("set_wheel_library_dirs", [](const std::vector<std::string>& dirs) { return SetWheelLibraryDirs(dirs); },
         nb::arg("dirs"), "Pip-installed ROCm lib dirs to search (before the first load): True if taken.");
   m.attr("HIPBLASLT_MAX_WORKSPACE_BYTES") = kMaxWorkspaceBytes;

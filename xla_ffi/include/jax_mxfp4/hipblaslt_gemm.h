@@ -75,6 +75,10 @@ enum class Envelope { kValidated, kDocumented };
 // or empty) or "documented"; InvalidArgument for any other value.
 Status ReadEnvelope(Envelope* envelope);
 
+// The same rule for a value the caller read: "" and "validated" give kValidated, "documented"
+// kDocumented, anything else InvalidArgument naming the variable.
+Status ParseEnvelope(const std::string& value, Envelope* envelope);
+
 // Shape and dtype rules of the envelope (header comment); InvalidArgument naming the rule, or Ok.
 Status CheckHipblasltShape(int64_t m, int64_t n, int64_t k, ElemType out, Envelope envelope);
 
