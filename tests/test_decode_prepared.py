@@ -44,6 +44,7 @@ def u8(a):
     return np.asarray(a).view(np.uint8)
 
 
+@pytest.mark.sweep(keep=12)
 # ------------------------------------------------------------------ layout and round trip
 @pytest.mark.parametrize("shape,axis", [((96, 40), 0), ((40, 96), 1), ((64, 5, 7), 0), ((3, 64, 7), 1),
                                         ((3, 5, 64), 2), ((256,), 0)])
@@ -106,6 +107,7 @@ def test_canonical_reshapes_only_in_the_common_orders(shape, axis, contracting, 
                                   ).reshape(c.shape))
 
 
+@pytest.mark.sweep(keep=1)
 @pytest.mark.parametrize("shape,axis,contracting,batch", [
     ((64, 5, 7), 0, (0,), ()),  # two free dims: scales transposed
     ((5, 3, 64), 2, (2,), (1,)),  # batch dim after a free dim: data transposed
@@ -136,6 +138,7 @@ def ref_product(x, codes, sb, axis, dn):
                                precision="highest"), w
 
 
+@pytest.mark.sweep(keep=1)
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_dot_general_equals_the_mxfp4array_product_xla(case, rng):
     wshape, axis, xshape, dn = CASES[case]
@@ -171,6 +174,7 @@ def test_dot_general_pallas_interpreter_w4a16(case, rng):
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
 
 
+@pytest.mark.slow
 def test_prepared_on_the_lhs_and_facing_other_quantized_operands(rng):
     qa, _, _ = mk(rng, (8, 128), 1)  # an activation [M, K]
     qw, _, _ = mk(rng, (128, 64), 0)  # a weight [K, N]
@@ -324,6 +328,7 @@ def _transposed_weight_bytes(txt, nbytes):
     return hits
 
 
+@pytest.mark.sweep(keep=1)
 @pytest.mark.parametrize("wshape,axis,xshape,dn", [
     ((2048, 1024), 0, (16, 2048), (((1,), (0,)), ((), ()))),  # Flax kernel layout [K, N]
     ((2, 2048, 1024), 1, (2, 16, 2048), (((2,), (1,)), ((0,), (0,)))),  # stacked [L, K, N]
@@ -352,6 +357,7 @@ def test_cuda_dispatch_route_reads_the_prepared_weight_without_transposes(monkey
     assert "per call, and the packed data too unless the weight is stored K-last" in str(gemm.explain(x, q, dn, recipe=rec))
 
 
+@pytest.mark.sweep(keep=1)
 # ------------------------------------------------------------------ the partitioning rule (K-major scales)
 @pytest.mark.skipif(len(jax.devices()) < 8, reason="needs 8 (simulated) devices")
 @pytest.mark.parametrize("style", ["auto", "explicit"])

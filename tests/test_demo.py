@@ -17,6 +17,7 @@ TINY = ["--steps", "3", "--quiet", "--batch", "2", "--seq-len", "32", "--d-model
         "--layers", "0", "--eval-batches", "1"]  # 0 blocks: embeddings + MXFP4 LM head (fast compile)
 
 
+@pytest.mark.slow
 def test_tiny_run_writes_results_and_plot(tmp_path, capsys):
     res = demo.run(TINY + ["--out", str(tmp_path)])
     saved = json.loads((tmp_path / "results.json").read_text())
@@ -105,6 +106,7 @@ def test_console_script_declared():
     assert callable(demo.main)
 
 
+@pytest.mark.slow
 def test_sharded_run_matches_single_device(tmp_path):
     """--mesh 2x2: batch over "data", Megatron column/row Dense layers over "model" (8 simulated
     CPU devices from conftest). Same data and seed as the single-device run, so the losses agree

@@ -24,6 +24,7 @@ def rnd(rng, shape, dtype=jnp.float32):
     return jnp.asarray(rng.standard_normal(shape), dtype)
 
 
+@pytest.mark.sweep(keep=1)
 @pytest.mark.parametrize("ldt,rdt", [(jnp.bfloat16, jnp.bfloat16), (jnp.float16, jnp.float16),
                                      (jnp.bfloat16, jnp.float32), (jnp.float32, jnp.float32),
                                      (jnp.bfloat16, jnp.float16)])
@@ -93,6 +94,7 @@ class Mixed2(nn.Module):
         return c.sum(axis=(1, 2, 3))
 
 
+@pytest.mark.slow
 def test_quantize_params_with_model_selects_exactly_and_apply_works(rng):
     x = rnd(rng, (4, 64))
     model = Mixed2()

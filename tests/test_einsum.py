@@ -39,6 +39,7 @@ CASES = [
 ]
 
 
+@pytest.mark.sweep(keep=2)
 @pytest.mark.parametrize("subscripts,ls,rs", CASES)
 def test_values_match_float64_reference(subscripts, ls, rs, rng):
     a = rng.standard_normal(ls).astype(np.float32)

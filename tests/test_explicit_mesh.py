@@ -83,6 +83,7 @@ ENTRY_POINTS = _entry_points()
 A0_CASES = [(e, "xla") for e in ENTRY_POINTS] + [(e, b) for b in BACKENDS[1:] for e in ("dense", "nnx.Linear")]
 
 
+@pytest.mark.sweep(keep=2)
 @pytest.mark.parametrize("entry,backend", A0_CASES)
 def test_a0_batch_sharded_3d_activation_with_weight_made_outside_the_mesh(entry, backend, rng):
     """Issue case (a0): x [2, 64, 64] on P("data", None, None) of a 2-device explicit mesh, the
@@ -108,6 +109,7 @@ def test_a0_batch_sharded_3d_activation_with_weight_made_outside_the_mesh(entry,
     assert spec_of(g[1]) == ("data", None, None)
 
 
+@pytest.mark.sweep(keep=1)
 # ----------------------------------------------------------------------------- (a)
 @pytest.mark.parametrize("w4a16", [False, True], ids=["a4w4", "w4a16"])
 def test_a_pallas_under_explicit_mesh_equals_single_device(w4a16, rng):
@@ -131,6 +133,7 @@ def test_a_pallas_under_explicit_mesh_equals_single_device(w4a16, rng):
     assert_within_reassociation(np.asarray(gx, np.float32), np.asarray(gx1, np.float32), rel=1e-2)
 
 
+@pytest.mark.sweep(keep=1)
 # ----------------------------------------------------------------------------- (b)
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_b_backward_whose_shards_split_a_block_equals_single_device(backend, rng):
@@ -174,6 +177,7 @@ def test_b_block_rule_is_checked_before_any_reshape_or_quantization(rng):
     np.testing.assert_array_equal(np.asarray(q.data), np.asarray(mx.quantize(np.asarray(x256), axis=1).data))
 
 
+@pytest.mark.sweep(keep=1)
 # ----------------------------------------------------------------------------- tokens per device
 @pytest.mark.parametrize("variant", ["step-key", "fallback-key+hadamard"])
 @pytest.mark.parametrize("tokens", [48, 100])
@@ -202,6 +206,7 @@ def test_data_parallel_training_with_token_counts_not_a_multiple_of_32(tokens, v
             assert_within_reassociation(g, w)
 
 
+@pytest.mark.slow
 def test_wgrad_keeps_the_token_shards_that_hold_whole_blocks(rng):
     """256 tokens over ("data", "model") = 8 shards of 32 hold whole blocks (no regather); 128
     tokens over 8 shards of 16 do not: "model" is dropped from the token dim (2 shards of 64) and
@@ -219,6 +224,7 @@ def test_wgrad_keeps_the_token_shards_that_hold_whole_blocks(rng):
             assert_within_reassociation(g, wnt)
 
 
+@pytest.mark.sweep(keep=1)
 # ----------------------------------------------------------------------------- MXFP4Array weights
 @pytest.mark.parametrize("wspec", [P(None, None), P(None, "model")], ids=["replicated", "tp-column"])
 def test_pre_quantized_weight_serving_and_activation_grad(wspec, rng):
@@ -256,6 +262,7 @@ def test_nnx_out_sharding_on_an_explicit_mesh(rng):
     np.testing.assert_array_equal(np.asarray(out), np.asarray(single))
 
 
+@pytest.mark.sweep(keep=1)
 # ----------------------------------------------------------------------------- batch dims
 @pytest.mark.parametrize("backend", BACKENDS)
 def test_batch_dims_sharded_against_a_replicated_weight(backend, rng):
@@ -317,6 +324,7 @@ RECIPES = {
 }
 
 
+@pytest.mark.slow
 @settings(max_examples=8, deadline=None)
 @given(sharded_problem(), st.sampled_from(["xla", "ffi-cpu"]), st.sampled_from(list(RECIPES)), st.booleans())
 def test_random_shardings_train_like_one_device(problem, backend, recipe_name, weight_outside_mesh):

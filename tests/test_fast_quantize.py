@@ -186,6 +186,7 @@ def _input(seed, dtype, scale_mode):
 CFG = QuantizeConfig(rows=4, cols=64, num_warps=4)  # 4 x 2 blocks: rows and blocks both overhang
 
 
+@pytest.mark.sweep(keep=2)
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: jnp.dtype(d).name)
 @pytest.mark.parametrize("scale_mode", MODES)
 def test_nearest_bit_identical(scale_mode, dtype):
@@ -197,6 +198,7 @@ def test_nearest_bit_identical(scale_mode, dtype):
     np.testing.assert_array_equal(_bits(got[1]), byte)
 
 
+@pytest.mark.sweep(keep=2)
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: jnp.dtype(d).name)
 @pytest.mark.parametrize("scale_mode", MODES)
 def test_stochastic_bit_identical(scale_mode, dtype):
@@ -224,6 +226,7 @@ def test_threefry_uniform_equals_jax_random_uniform(key):
     assert not kernel_rng_supported(jax.random.key(0, impl="rbg"), 10)
 
 
+@pytest.mark.sweep(keep=1)
 @pytest.mark.parametrize("scale_mode,dtype", [("floor", jnp.float32), ("rceil", jnp.bfloat16), ("ceil", jnp.float16)],
                          ids=["floor-f32", "rceil-bf16", "ceil-f16"])
 def test_stochastic_uniforms_in_kernel_bit_identical(scale_mode, dtype):
@@ -253,6 +256,7 @@ def test_stochastic_with_given_uniforms_matches_float64_model():
     np.testing.assert_array_equal(np.asarray(data), ref.pack_ref(codes.reshape(16, 128).astype(np.uint8), 1))
 
 
+@pytest.mark.sweep(keep=3)
 @pytest.mark.parametrize("rounding", ["nearest", "stochastic"])
 @pytest.mark.parametrize(
     "shape,axis,cfg",
@@ -433,6 +437,7 @@ def _fresh_input(seed, dtype, rows=8, k=128):
         return jnp.asarray(x.astype(np.float32)).astype(dtype)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variant", list(VARIANTS))
 @pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: jnp.dtype(d).name)
 def test_variants_nearest_bit_identical(variant, dtype):
@@ -444,6 +449,7 @@ def test_variants_nearest_bit_identical(variant, dtype):
         _same(got, _quantize_impl(x, None, axis=1, scale_mode=scale_mode, rounding="nearest"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variant", ["swar-cols", "strided-cols-always"])
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16], ids=lambda d: jnp.dtype(d).name)
 def test_variants_stochastic_bit_identical(variant, dtype):
@@ -502,6 +508,7 @@ def test_variants_lower_to_triton(variant, monkeypatch):
         assert not asm
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("probe", ["nocompute", "amax"])
 @pytest.mark.parametrize("dtype,pairs", [(jnp.bfloat16, "split"), (jnp.float32, "split"), (jnp.float32, "strided"),
                                          (jnp.float16, "split")], ids=["bf16", "f32", "f32-strided", "f16"])

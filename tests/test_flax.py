@@ -57,6 +57,7 @@ def test_linen_dense_dtype_follows_flax():
     assert m.apply(p, x).dtype == nn.Dense(8, dtype=jnp.bfloat16).apply(p, x).dtype == jnp.bfloat16
 
 
+@pytest.mark.sweep(keep=1)
 @pytest.mark.parametrize(
     "features,axis,batch_dims,shape",
     [((4, 5), (1, -1), (), (2, 3, 6, 7)), (6, -1, (0,), (3, 4, 40)), ((2, 3), -2, (), (5, 33, 2))],
@@ -104,6 +105,7 @@ def _toy(seed=0, n=128, k=40, n_out=8):
     return x, y
 
 
+@pytest.mark.slow
 def test_linen_mlp_trains_with_optax():
     x, y = _toy()
 
@@ -217,6 +219,7 @@ def test_orbax_round_trip_is_bit_exact(tmp_path):
 
 
 
+@pytest.mark.slow
 def test_layers_take_a_prepared_kernel(rng):
     """A DecodePrepared / FP8Prepared kernel in a layer's params: the nnx layer took it, while
     linen reported its children as a kernel of the wrong shape (Flax's ScopeParamShapeError). Now

@@ -54,6 +54,7 @@ LINEN_CASES = {
 }
 
 
+@pytest.mark.sweep(keep=1)
 @pytest.mark.parametrize("case", sorted(LINEN_CASES))
 def test_linen_layers_prepared_kernels_are_bit_identical(case, rng):
     make, xshape = LINEN_CASES[case]
@@ -86,6 +87,7 @@ class _Scanned(nn.Module):
         return y
 
 
+@pytest.mark.slow
 def test_linen_scanned_stack_prepared_kernels_are_bit_identical(rng):
     model, x = _Scanned(), rnd(rng, (4, 40))
     v = model.init(jax.random.key(0), x)
@@ -194,6 +196,7 @@ def test_prepare_decode_prepares_existing_mxfp4_leaves_and_keeps_prepared_ones(r
     assert mxf.consumed_kernels(model, qd, (x,)) == {}
 
 
+@pytest.mark.slow
 def test_prepare_decode_keeps_rotation_and_scale_rule(rng):
     recipe = mx.Recipe(backend="xla", hadamard=("fprop",), scale_mode="rceil")
     model, x = mxf.linen.Dense(16, recipe=recipe), rnd(rng, (3, 64))

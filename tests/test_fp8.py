@@ -286,6 +286,7 @@ def test_rescale_is_one_rounding_over_the_whole_exponent_range(rng):
     assert (np.abs(got[~normal] - exact[~normal]) < 2.0**-126).all()  # subnormal range (CPU flushes)
 
 
+@pytest.mark.sweep(keep=1)
 # ------------------------------------------------------------------ prepared weights
 @pytest.mark.parametrize("axis,layout", [(0, "plain"), (1, "swizzled"), (2, "plain")])
 def test_prepared_round_trip_is_bit_exact(axis, layout, rng):
@@ -428,15 +429,16 @@ def test_error_bound_constants_are_defined_for_the_gpu_check():
     assert float(fp8_backend.error_bound("default", "random", 2.0)) == 2 * 2.0**-10
 
 
+@pytest.mark.sweep(keep=2)
 @pytest.mark.parametrize("style", ["auto", "explicit"])
 @pytest.mark.parametrize("layout", ["data-parallel", "tp-column", "tp-row"])
-def test_sharded_forward_matches_single_device(style, layout):
+def test_sharded_forward_matches_single_device(style, layout, rng):
     """Backend "fp8" is plain XLA ops, partitioned by XLA (explicit meshes: shard-local FP8 dot,
     the flagged-row fix as one masked exact GEMM). One flagged row exercises the fallback."""
     from jax.sharding import NamedSharding
     import test_sharding as ts
 
-    x, w = ts.operands()
+    x, w = ts.operands(rng)
     x = x.at[1, 3, :32].set(1e-9)  # a block 2^-30 below the others: row flagged
     xs, ws, _ = ts.LAYOUTS[layout]
     fwd = lambda a, b, r: mx.dot_general(a, b, ts.DIMS, recipe=r)  # noqa: E731

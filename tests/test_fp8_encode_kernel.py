@@ -51,6 +51,7 @@ def test_spread_nibbles_is_element_order(rng):
     np.testing.assert_array_equal(np.asarray(spread_nibbles(jnp.asarray(x))).view(np.uint8).reshape(-1, 4), want)
 
 
+@pytest.mark.sweep(keep=2)
 @pytest.mark.parametrize("fast_path", [False, True])
 @pytest.mark.parametrize("band", [(100, 150), (120, 135)])  # most rows flagged / most rows inside the window
 @pytest.mark.parametrize("rows,k,rpp,chunk", [(13, 1024, 8, 32), (7, 16384, 1, 256), (5, 96, 4, 32), (33, 1280, 8, 4)])
@@ -120,6 +121,7 @@ def _as_bytes(v):
     return v.view(np.uint8) if v.dtype == ml_dtypes.float8_e4m3fn else v
 
 
+@pytest.mark.sweep(keep=3)
 @pytest.mark.parametrize("pairs16", [False, True])  # the uint16 store of byte pairs: same bytes
 @pytest.mark.parametrize("chunk", [256, 32, 4])  # one step for K <= 8192, the default, many steps
 @pytest.mark.parametrize("rows,k,rpp", [(8, 64, 8), (13, 1024, 8), (33, 96, 4), (5, 1280, 8), (1, 32, 8)])
@@ -163,6 +165,7 @@ def test_kernel_matches_encode_rows(rows, k, rpp, chunk, pairs16, rng):
         assert np.asarray(want[2])[1] & 2
 
 
+@pytest.mark.sweep(keep=1)
 @pytest.mark.parametrize("rows,k", [(7, 16384), (3, 96), (6, 8192)])  # two whole-row steps, one short, one
 def test_dispatch_tile_matches_encode_rows(rows, k, rng):
     """The tile encode_rows_on runs on CUDA (one row per program, 256-block steps, uint16 pair

@@ -45,6 +45,7 @@ def test_exact_values_every_byte_and_flag(rng):
     np.testing.assert_array_equal(np.signbit(got[keep]), np.signbit(want[keep]))  # signed zeros
 
 
+@pytest.mark.sweep(keep=6)
 @pytest.mark.parametrize("n_flagged", [0, 1, 5, 20])  # 20: two groups of 16 listed rows and of columns
 @pytest.mark.parametrize("out_dtype", [jnp.float32, jnp.bfloat16])
 @pytest.mark.parametrize("max_programs,group", [(512, 16), (4, 16), (4, 64)])  # several units per program; the default group
@@ -81,6 +82,7 @@ def test_fix_flagged_rows_and_columns(n_flagged, out_dtype, max_programs, group,
         assert (np.abs(got[fix] - e[fix]) <= 2.0**-8 * np.abs(e[fix]) + k * 2.0**-24 * mag[fix]).all()
 
 
+@pytest.mark.sweep(keep=2)
 @pytest.mark.parametrize("bsz,r,group,p", [(1, 5, 1, 0.5), (2, 100, 16, 0.1), (3, 1024, 64, 0.01),
                                           (1, 5000, 64, 0.3), (2, 8192, 64, 0.0), (1, 9000, 64, 1.0), (1, 70, 64, 1.0)])
 def test_exact_rows_index_kernel_against_numpy(bsz, r, group, p, rng):
@@ -273,6 +275,7 @@ def test_fix_flagged_float16_out(rng):
     np.testing.assert_array_equal(got[0, keep], base[0, keep])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("out_dtype", [jnp.float32, jnp.bfloat16, jnp.float16])
 def test_fp8_gemm_cuda_route_in_the_interpreter(monkeypatch, out_dtype, rng):
     """fp8_gemm's CUDA route (encode kernel, FP8 dot, rescale kernel, this fix kernel) with every

@@ -59,6 +59,7 @@ def _assert_same(got, want):
     np.testing.assert_array_equal(np.asarray(row_exp), np.asarray(wexp))
 
 
+@pytest.mark.sweep(keep=2)
 @pytest.mark.parametrize("transposed", [False, True])
 @pytest.mark.parametrize("rounding", ["nearest", "stochastic"])
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
@@ -97,6 +98,7 @@ def _key(impl, rng):
     return jax.random.key(int(rng.integers(2**31)), impl=impl)
 
 
+@pytest.mark.sweep(keep=3)
 @pytest.mark.parametrize("transposed", [False, True])
 @pytest.mark.parametrize("impl", ["threefry2x32", "rbg", "unsafe_rbg"])
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
@@ -154,6 +156,7 @@ def _sr_model(x, u, scale_mode):
     return (s + 127).astype(np.uint8), (np.copysign(mag, y) * np.ldexp(1.0, s)[..., None]).reshape(r, kq)
 
 
+@pytest.mark.sweep(keep=2)
 @pytest.mark.parametrize("transposed", [False, True])
 @pytest.mark.parametrize("scale_mode", SCALE_MODES)
 def test_kernel_given_uniforms_at_the_rounding_edges(transposed, scale_mode, rng):
@@ -215,6 +218,7 @@ def test_kernel_uniform_errors_name_the_argument():
         fq.quantize_fp8_2d(x, uniform=jnp.zeros(shape, jnp.float32), interpret=True)
 
 
+@pytest.mark.sweep(keep=2)
 @pytest.mark.parametrize("layout", ["rows", "transposed-rows-only", "transposed-kernel", "rows-tiled",
                                     "transposed-tiled"])
 @pytest.mark.parametrize("impl", ["threefry2x32", "threefry2x32-input", "rbg", "unsafe_rbg"])
@@ -252,6 +256,7 @@ def _grads(monkeypatch, mode, x, w, recipe, key):
     return out, len(re.findall(r"let (?:mxfp4_quantize_fp8|mxfp4_fp8_tile_values)\w* =", jaxpr))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rounding,key_impl,dtype", [("stochastic", "threefry2x32", jnp.float32),
                                                      ("stochastic", None, jnp.bfloat16),
                                                      ("stochastic", "rbg", jnp.bfloat16),
@@ -319,6 +324,7 @@ def test_fused_route_on_cuda(monkeypatch, mode, want):
     assert training._fused_route(x, w, canon, jnp.bfloat16, mx.Recipe(backend="xla")) is None
 
 
+@pytest.mark.slow
 def test_training_fused_hadamard_and_batch_dims(monkeypatch, rng):
     """A rotated wgrad (it takes the rotate+quantize kernel, quantize_rotated; fprop and dgrad the
     fused FP8 passes) and a leading batch of tokens: still bit-identical."""
@@ -386,6 +392,7 @@ def _plain_rows(rng, rows, nb):
     return x.reshape(rows, nb * 32)
 
 
+@pytest.mark.sweep(keep=2)
 @pytest.mark.parametrize("scale_mode", SCALE_MODES)
 @pytest.mark.parametrize("rounding", ["nearest", "stochastic"])
 def test_plain_path_equals_general_path(scale_mode, rounding, rng):
@@ -432,6 +439,7 @@ def test_plain_path_threshold_is_needed():
     _assert_same(got, _reference(jnp.asarray(x), 1, "nearest", None, "floor"))
 
 
+@pytest.mark.sweep(keep=1)
 @pytest.mark.parametrize("plain_path", [True, False])
 def test_kernel_plain_and_general_tiles(plain_path, rng):
     """The kernel on a mix of plain tiles and tiles with edge blocks (_hard_rows), with the plain

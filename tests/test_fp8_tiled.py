@@ -19,6 +19,10 @@ from jax_mxfp4.kernels import quantize as kquant
 
 SMALL = ft.TiledConfig(rows=4, blocks=2, num_warps=4)  # tiles overhang 10 rows and 3 blocks
 
+# The tiled kernel serves only the training mode JAX_MXFP4_FUSED_TRAINING=tiled, which no default
+# selects: its interpreter checks run in the slow tier.
+pytestmark = pytest.mark.slow
+
 
 def _rows(rng, dtype, rows=10, kq=96):
     """_hard_rows (every special block kind) with plain rows after them: some tiles all plain."""

@@ -61,6 +61,7 @@ def _input(rng, rows, k):
     return x.astype(np.float32)
 
 
+@pytest.mark.sweep(keep=1)
 @pytest.mark.parametrize("block", BLOCKS)
 @pytest.mark.parametrize("rounding", ["nearest", "stochastic"])
 def test_fused_rotation_bit_identical_to_two_pass(block, rounding, rng):

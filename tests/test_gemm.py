@@ -56,6 +56,7 @@ CASES = {
 }
 
 
+@pytest.mark.sweep(keep=6)
 @pytest.mark.parametrize("case", list(CASES))
 @pytest.mark.parametrize("mode", MODES)
 def test_float_operands_vs_float64_reference(case, mode, rng):

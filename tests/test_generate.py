@@ -32,6 +32,7 @@ def decode_all(params, tokens):
     return jnp.stack(out, axis=1)
 
 
+@pytest.mark.sweep(keep=1)
 @pytest.mark.parametrize("kind", ["bf16", "mxfp4"])
 def test_kv_cache_decoder_matches_the_linen_forward(kind, rng):
     tokens = jnp.asarray(rng.integers(0, 256, size=(2, 16)), jnp.int32)
@@ -65,6 +66,7 @@ def test_weight_bytes_follow_the_formats():
     assert gen.gemm_weight_bytes(gen.serving_weights(params, "mxfp4", prepare=False)) == elems // 2 + elems // 32
 
 
+@pytest.mark.slow
 def test_cli_runs_and_writes_results(tmp_path, capsys):
     demo.main(["generate", "--steps", "2", "--d-model", "32", "--layers", "1", "--seq-len", "32",
                "--train-batch", "2", "--prompt-len", "8", "--new-tokens", "8", "--repeats", "1", "--quiet",

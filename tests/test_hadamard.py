@@ -46,6 +46,7 @@ def rel_err(got, want):
     return float(np.max(np.abs(got - want)) / (np.max(np.abs(want)) + 1e-30))
 
 
+@pytest.mark.sweep(keep=2)
 # ----------------------------------------------------------------------------- the transform
 @pytest.mark.parametrize("block", [32, 64, 128, 256])
 @pytest.mark.parametrize("axis", [0, 1, 2])
@@ -139,6 +140,7 @@ def emulated(x, w, c, passes, block, site):
     return y, dx[:, : x.shape[1]], dw[: x.shape[1]]
 
 
+@pytest.mark.sweep(keep=1)
 @pytest.mark.parametrize("passes,block,shape", [
     (("fprop",), 32, (40, 50, 24)),
     (("dgrad",), 32, (40, 50, 24)),
@@ -176,6 +178,7 @@ def test_rotation_is_close_to_the_exact_product():
         assert np.linalg.norm(np.asarray(y) - exact) / np.linalg.norm(exact) < 0.2
 
 
+@pytest.mark.slow
 # ----------------------------------------------------------------------------- rotated weights
 @pytest.mark.parametrize("block", [32, 64])
 def test_quantize_params_serves_what_training_multiplied(block):

@@ -84,6 +84,7 @@ def test_f16_code_decode_matches_reference_rule():
     assert np.isnan(np.asarray(f2)).all()
 
 
+@pytest.mark.sweep(keep=1)
 @pytest.mark.parametrize(
     "batch,m,n,k,cfg,out_dtype,seed",
     [

@@ -124,6 +124,7 @@ def test_serving_provider_nnx_and_clear_error(rng):
         MxRule(recipe="a4w4")
 
 
+@pytest.mark.slow
 def test_demo_trains_through_qwix_like_the_layers(tmp_path):
     from jax_mxfp4 import demo
 

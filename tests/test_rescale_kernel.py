@@ -71,6 +71,7 @@ def numpy_rescale(acc, el, er, nl, nr, out_dtype, flush_subnormals):
             np.dtype(out_dtype).name])
 
 
+@pytest.mark.sweep(keep=2)
 @pytest.mark.parametrize("acc_dtype,out_dtype", [("bf16", "bf16"), ("f32", "f32"), ("f32", "bf16"), ("f32", "f16")])
 @pytest.mark.parametrize("family", ["edge", "random"])
 def test_kernel_bit_identical_to_rescale(acc_dtype, out_dtype, family, rng):

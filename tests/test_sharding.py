@@ -58,6 +58,7 @@ def backend_params():
     ]
 
 
+@pytest.mark.sweep(keep=4)
 @pytest.mark.parametrize("backend", backend_params())
 @pytest.mark.parametrize("style", ["auto", "explicit"])
 @pytest.mark.parametrize("layout", list(LAYOUTS))
@@ -86,6 +87,7 @@ def test_forward_matches_single_device_with_expected_collectives(style, layout, 
         assert out.sharding.spec[-1] == "model"
 
 
+@pytest.mark.sweep(keep=2)
 @pytest.mark.parametrize("style", ["auto", "explicit"])
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_backward_matches_single_device(style, layout, rng):

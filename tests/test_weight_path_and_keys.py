@@ -70,6 +70,7 @@ def _layers(rng, k, dtype, param_dtype, use_bias):
     yield "nnx.Linear", ((lambda: trained), serve)
 
 
+@pytest.mark.sweep(keep=2)
 @pytest.mark.parametrize("k", [64, 50])
 @pytest.mark.parametrize("dtype,param_dtype,use_bias", [
     (jnp.bfloat16, jnp.float32, True),   # the layout: compute bf16, params float32

@@ -316,6 +316,7 @@ def test_default_config_covers_decode_and_odd_k():
         assert k % (c.bk * c.split_k) == 0
 
 
+@pytest.mark.sweep(keep=2)
 @pytest.mark.parametrize("side", ["w4a16 rhs", "w4a16 lhs", "a4w4 small lhs", "a4w4 small rhs"])
 def test_pallas_backend_routes_through_weight_stationary(side):
     """dot_general with backend "pallas" (interpreter) equals backend "xla" within the float32

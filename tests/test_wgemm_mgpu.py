@@ -106,6 +106,7 @@ def _mgpu_available():
     return True
 
 
+@pytest.mark.sweep(keep=4)
 @pytest.mark.skipif(not _mgpu_available(), reason="Mosaic GPU lowering unavailable in this jaxlib")
 @pytest.mark.parametrize("m,n,k,cfg", [
     (16, 8192, 8192, wm.MgpuConfig()),
@@ -335,6 +336,7 @@ def test_dispatch_switch_routes_hopper_w4a16_to_the_kernel(monkeypatch):
     assert "mosaic_gpu" in g.trace(xq.data, xq.scales, w.data, w.scales).lower(lowering_platforms=("cuda",)).as_text()
 
 
+@pytest.mark.sweep(keep=4)
 @pytest.mark.skipif(not _mgpu_available(), reason="Mosaic GPU lowering unavailable in this jaxlib")
 @pytest.mark.parametrize("m,n,k", [(1, 8192, 8192), (16, 4096, 14336), (40, 1024, 4096), (64, 320, 640),
                                    (16, 192, 96 * 64), (64, 1024, 2048), (64, 8192, 8192), (33, 128, 1024)])
@@ -443,6 +445,7 @@ def _hlo_ops(txt):
     return re.findall(r"= (stablehlo\.[a-z_]+)", txt)
 
 
+@pytest.mark.sweep(keep=3)
 @pytest.mark.skipif(not _mgpu_available(), reason="Mosaic GPU lowering unavailable in this jaxlib")
 @pytest.mark.parametrize("m,n,k", [(16, 8192, 8192), (1, 8192, 8192), (40, 1024, 4096)])
 @pytest.mark.parametrize("name", ["ks2 pairs bk512", "ks4 pairs bk512", "ks2 ptx bk256"])
@@ -605,6 +608,7 @@ def test_k_split_index_model_gives_the_product(decode, kw, bk, rng):
         assert (cover == 1).all()
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not _mgpu_available(), reason="Mosaic GPU lowering unavailable in this jaxlib")
 def test_k_split_variants_lower_at_their_device_test_shapes():
     """The k_split_wgs variants of tests/gpu/mgpu_variants.py (those tests/gpu/test_gpu_wgemm_mgpu.py
@@ -637,6 +641,7 @@ def test_k_split_variants_lower_at_their_device_test_shapes():
                                                  "kmajor" if cfg.tile_major else "rows"), (name, k)
 
 
+@pytest.mark.sweep(keep=2)
 @pytest.mark.skipif(not _mgpu_available(), reason="Mosaic GPU lowering unavailable in this jaxlib")
 @pytest.mark.parametrize("m,n,k", [(1, 8192, 8192), (16, 4096, 14336), (40, 1024, 4096), (64, 320, 640),
                                    (16, 192, 96 * 64)])
@@ -843,6 +848,7 @@ def _run_toy(cases, timeout):
                           env=dict(os.environ, JAX_PLATFORMS="cpu"))
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not _interpreter_available(), reason="jax's Mosaic GPU interpreter unavailable")
 def test_k_split_own_pipeline_schedule_runs_in_the_interpreter():
     """The "own" pipeline's schedule (the real ``_k_split_own_pipeline``) in jax's Mosaic GPU
@@ -861,6 +867,7 @@ def test_k_split_own_pipeline_schedule_runs_in_the_interpreter():
     assert lines == [f"OK {c.replace(':', ' ')}" for c in cases], (lines, r.stderr[-2000:])
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not _interpreter_available(), reason="jax's Mosaic GPU interpreter unavailable")
 def test_interpreter_run_catches_a_deadlocking_barrier_count():
     """The same harness with the consumed barriers expecting one arrival too many (kw + 1, the

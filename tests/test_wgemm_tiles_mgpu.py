@@ -160,6 +160,7 @@ TILINGS = {
 }
 
 
+@pytest.mark.sweep(keep=4)
 @needs_mgpu
 @pytest.mark.parametrize("name", list(TILINGS))
 @pytest.mark.parametrize("m,n,k", [(1024, 512, 2048), (1000, 256, 384)])
