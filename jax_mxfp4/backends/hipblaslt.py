@@ -41,8 +41,7 @@ def shape_reason(m: int, n: int, k: int, out_dtype="bfloat16") -> str | None:
     """Why the hipBLASLt envelope in force (``$JAX_MXFP4_HIPBLASLT_ENVELOPE``) excludes an
     M x N x K GEMM writing ``out_dtype``, or None. The rule is the handler's own
     (``CheckHipblasltShape`` in C++); needs the compiled extension. The variable is read here, from
-    ``os.environ``, and handed over: this runs in every platform's dispatch, where a C ``getenv``
-    is not safe (see ``xla_ffi/src/module.cc``)."""
+    ``os.environ``, and handed over."""
     envelope = os.environ.get(ENVELOPE_ENV, "")
     ok, why = registration.native().hipblaslt_check_shape(m, n, k, np.dtype(out_dtype).name, envelope)
     return None if ok else why
