@@ -152,3 +152,28 @@ def test_on_cpu_rocm_gets_its_own_choice_without_loading_rocm(monkeypatch):
     assert odd.per_platform["rocm"] != "hipblaslt"
     explicit = dispatch.plan(cpu, "hipblaslt")  # runs nowhere here, but lowers for rocm
     assert explicit.backend == "hipblaslt" and explicit.per_platform == {"default": "hipblaslt"}
+
+
+@pytest.mark.parametrize(
+    "m,n,k,envelope,expected",
+    [
+        (65, 64, 256, "", "got M=65 N=64 K=256 (JAX_MXFP4_HIPBLASLT_ENVELOPE=documented"),
+        (-33, 2**40 + 1, 512, "validated", "got M=-33 N=1099511627777 K=512"),
+        (24, 16, 128, "documented", "documented envelope); got M=24 N=16 K=128"),
+    ],
+)
+def test_envelope_message_states_the_numbers_it_was_given(m, n, k, envelope, expected):
+    # The native messages format integers without iostreams (xla_ffi/include/jax_mxfp4/str_cat.h);
+    # this checks the numbers survive, negative and beyond 32 bits included.
+    ok, why = REAL.hipblaslt_check_shape(m, n, k, "float32", envelope)
+    assert not ok and expected in why
+
+
+def test_native_sources_build_messages_without_iostreams():
+    # An ostream's number formatting crashed in a module with a statically linked libstdc++ once
+    # another library in the process had registered locale facets (NVIDIA H200, after Triton).
+    import pathlib
+    root = pathlib.Path(__file__).resolve().parents[1] / "xla_ffi"
+    offenders = [str(p.relative_to(root)) for p in sorted(root.rglob("*")) if p.suffix in (".cc", ".h")
+                 and p.name != "str_cat.h" and any(w in p.read_text() for w in ("<sstream>", "<iostream>", "ostringstream"))]
+    assert offenders == []

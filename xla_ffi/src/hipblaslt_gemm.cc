@@ -4,7 +4,8 @@
 
 #include <cstdlib>
 #include <cstring>
-#include <sstream>
+
+#include "jax_mxfp4/str_cat.h"
 
 namespace jax_mxfp4 {
 namespace {
@@ -12,17 +13,15 @@ namespace {
 using namespace abi;  // NOLINT: the declared ABI names read best unqualified here
 
 Status BlasError(const char* call, hipblasStatus_t s, const std::string& context = "") {
-  std::ostringstream m;
-  m << call << " failed with " << HipblasStatusName(s) << " (" << s << ")";
-  if (!context.empty()) m << " [" << context << "]";
-  return Status::Internal(m.str());
+  std::string m = StrCat(call, " failed with ", HipblasStatusName(s), " (", s, ")");
+  if (!context.empty()) m += StrCat(" [", context, "]");
+  return Status::Internal(m);
 }
 
 Status HipError(const HipblasltApi* api, const char* call, hipError_t e) {
-  std::ostringstream m;
   const char* text = api->hipGetErrorString ? api->hipGetErrorString(e) : nullptr;
-  m << call << " failed with hipError_t " << e << " (" << (text ? text : "no description") << ")";
-  return Status::Internal(m.str());
+  return Status::Internal(
+      StrCat(call, " failed with hipError_t ", e, " (", text ? text : "no description", ")"));
 }
 
 hipDataType OutDataType(ElemType t) {
@@ -39,16 +38,12 @@ hipblasLtMatmulMatrixScale_t ScaleMode(ScaleLayout l) {
 }
 
 std::string Shape(int64_t m, int64_t n, int64_t k, ElemType out, ScaleLayout l) {
-  std::ostringstream s;
-  s << "M=" << m << " N=" << n << " K=" << k << " out=" << ElemTypeName(out)
-    << " scales=" << (l == ScaleLayout::kPlain ? "plain" : "swizzled");
-  return s.str();
+  return StrCat("M=", m, " N=", n, " K=", k, " out=", ElemTypeName(out),
+                " scales=", l == ScaleLayout::kPlain ? "plain" : "swizzled");
 }
 
 std::string VersionString(int v) {
-  std::ostringstream s;
-  s << v / 100000 << "." << (v / 100) % 1000 << "." << v % 100;
-  return s.str();
+  return StrCat(v / 100000, ".", (v / 100) % 1000, ".", v % 100);
 }
 
 // Never dereferenced: hipBLASLt only needs non-null scale pointers to select MX kernels.
@@ -74,14 +69,13 @@ Status ParseEnvelope(const std::string& value, Envelope* envelope) {
 }
 
 Status CheckHipblasltShape(int64_t m, int64_t n, int64_t k, ElemType out, Envelope envelope) {
-  std::ostringstream s;
   if (envelope == Envelope::kValidated) {
     if (m % 32 != 0 || n % 32 != 0 || k % 256 != 0 || k <= 0) {
-      s << "hipBLASLt MXFP4 (validated envelope: the gfx950-tested gate of ROCm TransformerEngine) "
-           "needs M % 32 == 0, N % 32 == 0 and K % 256 == 0 with K > 0; got M="
-        << m << " N=" << n << " K=" << k << " (" << kEnvelopeEnv
-        << "=documented opts into the wider, unverified M % 16, N % 16, K % 128)";
-      return Status::Invalid(s.str());
+      return Status::Invalid(StrCat(
+          "hipBLASLt MXFP4 (validated envelope: the gfx950-tested gate of ROCm TransformerEngine) "
+          "needs M % 32 == 0, N % 32 == 0 and K % 256 == 0 with K > 0; got M=",
+          m, " N=", n, " K=", k, " (", kEnvelopeEnv,
+          "=documented opts into the wider, unverified M % 16, N % 16, K % 128)"));
     }
     if (out != ElemType::kF32 && out != ElemType::kBF16) {
       return Status::Invalid(std::string("hipBLASLt MXFP4 (validated envelope) writes float32 or bfloat16, not ") +
@@ -90,10 +84,10 @@ Status CheckHipblasltShape(int64_t m, int64_t n, int64_t k, ElemType out, Envelo
     return Status::Ok();
   }
   if (m % 16 != 0 || n % 16 != 0 || k % 128 != 0 || k <= 0) {
-    s << "hipBLASLt MXFP4 needs M % 16 == 0, N % 16 == 0 and K % 128 == 0 with K > 0 "
-         "(hipBLASLt api-reference, VEC32_UE8M0; documented envelope); got M="
-      << m << " N=" << n << " K=" << k;
-    return Status::Invalid(s.str());
+    return Status::Invalid(StrCat(
+        "hipBLASLt MXFP4 needs M % 16 == 0, N % 16 == 0 and K % 128 == 0 with K > 0 "
+        "(hipBLASLt api-reference, VEC32_UE8M0; documented envelope); got M=",
+        m, " N=", n, " K=", k));
   }
   if (out != ElemType::kF32 && out != ElemType::kBF16 && out != ElemType::kF16) {
     return Status::Invalid(std::string("hipBLASLt MXFP4 writes float32, bfloat16 or float16, not ") +
@@ -122,19 +116,18 @@ Status CheckHipblasltRoute(int64_t m, int64_t n, int64_t k, ScaleLayout layout, 
                            const Route& route) {
   const bool unpadded = m % 32 == 0 && n % 32 == 0 && k % 256 == 0;
   if (unpadded) return Status::Ok();
-  std::ostringstream s;
-  s << "M=" << m << " N=" << n << " K=" << k;
+  const std::string s = StrCat("M=", m, " N=", n, " K=", k);
   if (layout == ScaleLayout::kSwizzled && hipblaslt_version < kHipblasltVersionPaddedSwizzle) {
     return Status::Unimplemented(
         "swizzled scales (BLK32_UE8M0_32_8_EXT) on hipBLASLt " + VersionString(hipblaslt_version) +
         " < 1.5.0 need M % 32 == 0, N % 32 == 0 and K % 256 == 0 (padded buffers are only fixed in 1.5.0); got " +
-        s.str());
+        s);
   }
   if (layout == ScaleLayout::kPlain && route.tensilelite) {
     return Status::Unimplemented(
         "plain scales on hipBLASLt's " + route.why +
         " are read with rows padded to 32 and K/32 padded to 8, so dense scales need M % 32 == 0, N % 32 == 0 "
-        "and K % 256 == 0; got " + s.str());
+        "and K % 256 == 0; got " + s);
   }
   return Status::Ok();
 }

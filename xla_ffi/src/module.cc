@@ -62,8 +62,7 @@ nb::dict HipblasltStatus(bool query_devices) {
 }
 
 // The envelope value comes from the caller (Python's os.environ, the same value the rest of the
-// package reads). Open: on an NVIDIA H200 (jax 0.11.2, 2026-12-03) this call crashed once Triton
-// kernels had been compiled in the process, with this change too; the cause is not yet known.
+// package reads).
 nb::tuple HipblasltCheckShape(int64_t m, int64_t n, int64_t k, const std::string& out_dtype,
                               const std::string& envelope_value) {
   Envelope envelope;

@@ -1,17 +1,15 @@
 // Validation of the MXFP4 GEMM contract (see problem.h); the only copy of these rules in C++.
 #include "jax_mxfp4/problem.h"
 
-#include <sstream>
+#include "jax_mxfp4/str_cat.h"
 
 namespace jax_mxfp4 {
 namespace {
 
 std::string Dims(const std::vector<int64_t>& d) {
-  std::ostringstream s;
-  s << "[";
-  for (size_t i = 0; i < d.size(); ++i) s << (i ? ", " : "") << d[i];
-  s << "]";
-  return s.str();
+  std::string s = "[";
+  for (size_t i = 0; i < d.size(); ++i) s += StrCat(i ? ", " : "", d[i]);
+  return s + "]";
 }
 
 Status Expect(const char* name, const TensorView& t, const std::vector<int64_t>& want,
