@@ -28,6 +28,13 @@ def compute_capability() -> tuple[int, int] | None:
         return None
 
 
+def sm_count() -> int | None:
+    """Streaming multiprocessors (CUDA) or compute units (ROCm) of device 0, as the device reports
+    them (``Device.core_count``); None where there are none (CPU: the Pallas interpreter)."""
+    count = getattr(jax.devices()[0], "core_count", None)
+    return int(count) if count else None
+
+
 def env_switch(name: str) -> bool:
     """A feature switch read from the environment: on unless set to 0/off/false/no (any case).
 

@@ -194,10 +194,10 @@ def test_auto_never_picks_pallas_on_cpu():
 
 
 def test_default_config_shapes():
-    decode = default_config(16, 8192, 8192)
+    decode = default_config(16, 8192, 8192, num_sms=132)
     assert decode.swap and decode.bn == 16 and decode.split_k > 1
     assert 8192 % (decode.split_k * decode.bk) == 0
-    w4a16 = default_config(16, 8192, 8192, a4w4=False)
+    w4a16 = default_config(16, 8192, 8192, a4w4=False, num_sms=132)
     assert not w4a16.swap and w4a16.bm == 16 and w4a16.split_k > 1
     big = default_config(8192, 8192, 8192)
     assert big.split_k == 1 and big.bm >= 64
@@ -207,3 +207,13 @@ def test_default_config_shapes():
         TileConfig(bm=24)
     with pytest.raises(ValueError):
         TileConfig(decode="lut")
+
+
+def test_default_config_fills_the_processors_it_is_given():
+    from jax_mxfp4.platform import sm_count
+    # Split-K grows with the processor count (read from the device unless passed in); the CPU
+    # interpreter reports none and is sized as one processor.
+    few, many = default_config(16, 8192, 8192, num_sms=8), default_config(16, 8192, 8192, num_sms=528)
+    assert few.split_k < many.split_k
+    if sm_count() is None:
+        assert default_config(16, 8192, 8192) == default_config(16, 8192, 8192, num_sms=1)

@@ -309,7 +309,7 @@ def test_weight_stationary_rejects_bad_input():
 
 
 def test_default_config_covers_decode_and_odd_k():
-    cfg = default_wconfig(16, 8192, 8192)
+    cfg = default_wconfig(16, 8192, 8192, num_sms=132)
     assert cfg.bm == 16 and 8192 % (cfg.bk * cfg.split_k) == 0 and cfg.split_k > 1
     for k in (32, 96, 160, 8192 + 32):
         c = default_wconfig(3, 100, k)

@@ -31,6 +31,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
+from ..platform import sm_count
 from ..mx_format import (
     BLOCK_SIZE,
     e2m1_times_2pow_minus14,
@@ -246,11 +247,13 @@ def mxfp4_gemm(lhs, rhs, *, m, n, k, out_dtype, cfg: TileConfig, interpret: bool
 
 
 def default_config(m: int, n: int, k: int, batch: int = 1, a4w4: bool = True,
-                   num_sms: int = 132) -> TileConfig:
+                   num_sms: int | None = None) -> TileConfig:
     """Tile configuration by shape, from the tile sweep on an NVIDIA H200
     (2026-11-29; ``python benchmarks/gemm.py --tune``): decode-sized M uses split-K (and, for
     a4w4, the swapped orientation with FP8-E4M3 decode); large shapes use 256x128 tiles, K step
-    64, 8 warps."""
+    64, 8 warps. Split-K grows until about ``fill`` tiles run per processor: ``num_sms`` (None:
+    the device's own count, :func:`jax_mxfp4.platform.sm_count`)."""
+    num_sms = num_sms or sm_count() or 1  # the interpreter (CPU) has no processors to fill: one
     bk = 256 if k % 256 == 0 else (128 if k % 128 == 0 else (64 if k % 64 == 0 else 32))
     if m <= 16:
         bk = min(bk, 128)
