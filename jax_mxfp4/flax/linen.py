@@ -90,7 +90,9 @@ class Dense(nn.Module):
         if kernel is None:
             kernel = self.param("kernel", self.kernel_init, (jnp.shape(inputs)[-1], self.features), self.param_dtype)
         bias = self.param("bias", self.bias_init, (self.features,), self.param_dtype) if self.use_bias else None
-        inputs, kernel, bias, out_dtype = layer_operands(inputs, kernel, bias, self.dtype, self.recipe, _promote)
+        trained = ((jnp.shape(inputs)[-1], self.features), (0,), ())
+        inputs, kernel, bias, out_dtype = layer_operands(inputs, kernel, bias, self.dtype, self.recipe, _promote,
+                                                         trained)
         return _dense(inputs, kernel, bias, self.recipe, _rounding_key(self), out_dtype)
 
 
@@ -157,11 +159,12 @@ class DenseGeneral(nn.Module):
             inputs.shape[ax] if ax in batch_dims else 1 for ax in range(inputs.ndim) if ax not in axis
         )
         kernel_shape = tuple(inputs.shape[ax] for ax in axis) + features
+        batch_ind = tuple(range(n_batch_dims))
+        contract_ind = tuple(range(n_batch_dims, n_axis + n_batch_dims))
+        trained = (batch_shape + kernel_shape, contract_ind, batch_ind)  # the float kernel's GEMM
         kernel = _quantized_kernel(self)
         if kernel is None:
             kernel = self.param("kernel", kernel_init_wrap, batch_shape + kernel_shape, self.param_dtype)
-        batch_ind = tuple(range(n_batch_dims))
-        contract_ind = tuple(range(n_batch_dims, n_axis + n_batch_dims))
 
         bias = None
         if self.use_bias:
@@ -188,7 +191,8 @@ class DenseGeneral(nn.Module):
                     widths = [(0, 0)] * inputs.ndim
                     widths[ax] = (0, kp - inputs.shape[ax])
                     inputs = jnp.pad(inputs, widths)
-        inputs, kernel, bias, out_dtype = layer_operands(inputs, kernel, bias, self.dtype, self.recipe, _promote)
+        inputs, kernel, bias, out_dtype = layer_operands(inputs, kernel, bias, self.dtype, self.recipe, _promote,
+                                                         trained)
         out = _dot_general(
             inputs, kernel, ((axis, contract_ind), (batch_dims, batch_ind)), out_dtype, self.recipe, pad_k=True,
             key=_rounding_key(self),

@@ -78,7 +78,8 @@ class Linear(nnx.Linear):
         kernel = self.kernel.get_value()
         bias = self.bias.get_value() if self.bias is not None else None
         inputs, kernel, bias, out_dtype = layer_operands(
-            inputs, kernel, bias, self.dtype, self.recipe, self.promote_dtype
+            inputs, kernel, bias, self.dtype, self.recipe, self.promote_dtype,
+            ((self.in_features, self.out_features), (0,), ()),
         )
         y = _dense(inputs, kernel, bias, self.recipe, self._rounding_key(rngs), out_dtype)
         if out_sharding is not None:  # explicit-mesh types are changed by reshard, Auto ones constrained

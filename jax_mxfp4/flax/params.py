@@ -14,7 +14,7 @@ from ..array import MXFP4Array
 from ..decode_prepared import DecodePrepared, prepare_decode
 from ..fp8 import FP8Prepared
 from ..mx_format import BLOCK_SIZE
-from ..quantize import quantize, quantize_rotated
+from ..weight_record import check_against_recipe, fprop_rotation, quantize_weight
 
 #: The quantized kernel forms the Flax layers use as is (inference): an MXFP4Array and the forms
 #: arranged once from one, :func:`jax_mxfp4.prepare_decode` / :func:`jax_mxfp4.prepare_fp8`.
@@ -54,16 +54,6 @@ def kernel_kind(kernel) -> str:
     """"an MXFP4Array" / "a DecodePrepared" / "an FP8Prepared": the type, for error messages."""
     name = type(kernel).__name__
     return ("an " if name[0] in "AEFHILMNORSX" else "a ") + name
-
-
-def check_scale_mode_matches(kernel, recipe):
-    """ValueError for a quantized ``kernel`` whose scale rule is not ``recipe.scale_mode``."""
-    if isinstance(kernel, QUANTIZED_KERNELS) and kernel.scale_mode != recipe.scale_mode:
-        raise ValueError(
-            f"kernel: {kernel_kind(kernel)} quantized with scale_mode={kernel.scale_mode!r}, but this "
-            f"layer's recipe trains with scale_mode={recipe.scale_mode!r}; quantize_params(..., "
-            f"scale_mode={recipe.scale_mode!r}) gives the weights the trained forward used"
-        )
 
 
 def _key_name(k) -> str:
@@ -221,11 +211,14 @@ def quantize_params(
     used, and if ``recipe.hadamard`` includes "fprop" (with ``recipe.fprop == "mxfp4"``) each
     selected kernel is rotated along its axis (after padding) by the forward pass's Hadamard
     transform -- block ``recipe.hadamard_block``, seed :func:`jax_mxfp4.hadamard.weight_seed` of
-    the kernel's shape, ``(axis,)``, ``()`` -- before quantizing; the :class:`MXFP4Array` records
+    the kernel's (per-layer, with ``model``: one layer of an ``nn.scan``/``nnx.vmap`` stack)
+    shape, ``(axis,)``, ``()`` -- before quantizing; the :class:`MXFP4Array` records
     ``hadamard=(block, seed)`` and :func:`jax_mxfp4.dot_general` rotates the activations to
     match. The stored codes and scales are then bit-identical to those training's forward pass
-    quantized (for layers that contract the kernel's axis ``axis`` with no batch dims, as
-    :func:`default_select` selects).
+    quantized, for layers that contract the kernel's axis ``axis`` with no batch dims (a
+    ``DenseGeneral``/``Einsum`` with batch dims trained another rotation: it refuses such a
+    kernel, :func:`layer_operands`). The record travels with the array (orbax, ``jit``,
+    :func:`jax_mxfp4.checkpoint.save_mxfp4`), and every layer checks it against its recipe.
 
     Args:
       params: any pytree of arrays.
@@ -268,7 +261,6 @@ def quantize_params(
             f'"decode": jax_mxfp4.prepare_decode of each), got {prepare!r}'
         )
     finish = prepare_decode if prepare == "decode" else (lambda q: q)
-    rotate = False
     if recipe is not None:
         from ..dims import check_recipe
 
@@ -279,7 +271,6 @@ def quantize_params(
                 "leave scale_mode out to use the recipe's"
             )
         scale_mode = recipe.scale_mode
-        rotate = "fprop" in recipe.hadamard_passes and recipe.fprop == "mxfp4"
     scale_mode = "even" if scale_mode is None else scale_mode
     checks.check_scale_mode(scale_mode)
     checks.check_scale_layout(scale_layout)
@@ -320,19 +311,23 @@ def quantize_params(
             axis = default_select(names, leaf)
             if axis is None:
                 return leaf
-        seed = hd.weight_seed(leaf.shape, (axis,), ())
+        # the forward's rotation of this kernel as one layer's GEMM saw it: a stack of layers
+        # (nn.scan/nnx.vmap, leading dims) is rotated per layer, with the per-layer seed
+        call_shape, call_axis = tuple(leaf.shape), axis
+        if consumers is not None and key in consumers and consumers[key][1] is not None:
+            call_shape = tuple(consumers[key][1])
+            call_axis = axis - (leaf.ndim - len(call_shape))
+        rotation = fprop_rotation(recipe, call_shape, (call_axis,)) if recipe is not None else None
         extra = (-leaf.shape[axis]) % BLOCK_SIZE
         if extra:
             widths = [(0, 0)] * leaf.ndim
             widths[axis] = (0, extra)
             leaf = jnp.pad(leaf, widths)
-        if not rotate:
-            return finish(quantize(leaf, axis, scale_mode=scale_mode, scale_layout=scale_layout))
-        block = recipe.hadamard_block
-        hd.check_length(leaf.shape[axis], block, f"the kernel at {'/'.join(_key_name(k) for k in path)} along axis {axis}")
-        q = quantize_rotated(leaf, axis, (block, seed), scale_mode=scale_mode).with_scale_layout(scale_layout)
-        return finish(MXFP4Array(q.data, q.scales, q.axis, q.shape, leaf.dtype, q.scale_mode, q.scale_layout,
-                                 (block, seed)))
+        if rotation is not None:
+            hd.check_length(leaf.shape[axis], rotation[0],
+                            f"the kernel at {'/'.join(_key_name(k) for k in path)} along axis {axis}")
+        return finish(quantize_weight(leaf, axis, scale_mode=scale_mode, scale_layout=scale_layout,
+                                      hadamard=rotation))
 
     return jax.tree_util.tree_map_with_path(
         convert, params, is_leaf=lambda x: isinstance(x, QUANTIZED_KERNELS)
@@ -345,23 +340,43 @@ def abstract_params(params: Any) -> Any:
     return jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(jnp.shape(x), x.dtype), params)
 
 
-def layer_operands(inputs, kernel, bias, dtype, recipe, promote):
+def einsum_trained(einsum_str, inputs, kernel_shape):
+    """``(kernel_shape, contracting, batch)`` of an Einsum layer's kernel as its GEMM contracts it
+    (the ``trained`` argument of :func:`layer_operands`), or None for subscripts that are not one
+    GEMM (:func:`jax_mxfp4.einsum` reports those)."""
+    from ..einsum import parse_subscripts
+
+    try:
+        (_, rc), (_, rb) = parse_subscripts(einsum_str, jnp.ndim(inputs), len(kernel_shape))[0]
+    except (ValueError, TypeError):
+        return None
+    return tuple(kernel_shape), tuple(rc), tuple(rb)
+
+
+def layer_operands(inputs, kernel, bias, dtype, recipe, promote, trained=None):
     """The one weight path of every Flax layer, training and serving alike.
 
     The kernel is never cast: a float kernel reaches the GEMM in its ``param_dtype`` and is
     quantized from that value (the value :func:`quantize_params` quantizes), a quantized kernel
-    (MXFP4Array, DecodePrepared, FP8Prepared: :func:`quantized_kernel`) is used as is. ``inputs`` and ``bias`` are promoted with ``promote`` (Flax's
-    ``promote_dtype``) to the computation dtype: ``dtype``, else the result type of inputs, the
-    kernel's (logical) dtype and bias, as Flax's layers do. The GEMM returns that dtype.
+    (MXFP4Array, DecodePrepared, FP8Prepared: :func:`quantized_kernel`) is used as is, once its
+    record (scale rule, Hadamard rotation) is checked against ``recipe``
+    (:func:`jax_mxfp4.weight_record.check_against_recipe`). ``trained`` is ``(shape,
+    contracting, batch)`` of the float kernel as the layer declares and contracts it (the
+    rotation's seed depends on it); None: the quantized kernel's own shape and axis, no batch
+    dims. ``inputs`` and ``bias`` are promoted with ``promote`` (Flax's ``promote_dtype``) to
+    the computation dtype: ``dtype``, else the result type of inputs, the kernel's (logical)
+    dtype and bias, as Flax's layers do. The GEMM returns that dtype.
 
     Returns ``(inputs, kernel, bias, out_dtype)``. Raises ValueError for a quantized kernel
-    quantized with another scale rule than ``recipe.scale_mode`` (serving would then differ
-    from the forward the model was trained with).
+    whose scale rule or rotation differs from what ``recipe``'s forward pass used (serving
+    would then differ from the forward the model was trained with), naming both.
     """
     recipe = dims.check_recipe(recipe)
     q = quantized_kernel(kernel)
     kernel = kernel if q is None else q
-    check_scale_mode_matches(kernel, recipe)
+    if q is not None:
+        shape, contracting, batch = trained if trained is not None else (None, None, ())
+        check_against_recipe(q, recipe, shape=shape, contracting=contracting, batch=batch)
     if dtype is None:
         dtype = jnp.result_type(*(x for x in (inputs, bias) if x is not None), jnp.dtype(kernel.dtype))
         if not jnp.issubdtype(dtype, jnp.inexact):
