@@ -27,6 +27,7 @@ from jax_mxfp4.weight_record import RECORD_KEY_PREFIX, quantize_weight  # noqa: 
 ROT = mx.Recipe(backend="xla", hadamard="fprop")
 PLAIN = mx.Recipe(backend="xla")
 SCALE_MODES = ("floor", "ceil", "even", "rceil")
+DTYPES = (jnp.float32, jnp.bfloat16, jnp.float16)
 NOT_ROTATED = r"records no rotation \(hadamard=None\), but this layer's recipe .*trains its forward with hadamard=\(block 32, seed"
 
 
@@ -60,8 +61,9 @@ def test_rotated_kernel_survives_safetensors_and_serves_as_trained(tmp_path, rng
     same_bits(model.apply({"params": back}, x), model.apply(v, x))
 
 
-@pytest.mark.parametrize("scale_mode", SCALE_MODES)
-@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16, jnp.float16])
+@pytest.mark.sweep(keep=4)
+@pytest.mark.parametrize("scale_mode,dtype", [(m, DTYPES[(i + j) % 3]) for j in range(3)  # first 4: every
+                                              for i, m in enumerate(SCALE_MODES)])        # rule, every dtype
 def test_every_scale_rule_and_logical_dtype_survive_safetensors(tmp_path, rng, scale_mode, dtype):
     w = rnd(rng, (3, 64, 8), dtype)
     rotated = quantize_weight(w, 1, scale_mode=scale_mode, scale_layout="swizzled", hadamard=(64, 5))
@@ -124,8 +126,8 @@ def _metadata(path):
 
 # ----------------------------------------------------------------------------- layers refuse
 def _layers():
-    """(name, make(recipe) -> (apply(params), float params, quantize(recipe) -> params)); the float
-    params are the same whatever the recipe (fixed seeds)."""
+    """``make(recipe) -> (apply(params), float params, quantize(recipe) -> params)`` per layer; the
+    float params are the same whatever the recipe (fixed seeds)."""
     x2, x3 = jnp.linspace(-2.0, 2.0, 4 * 64).reshape(4, 64), jnp.linspace(-2.0, 2.0, 2 * 3 * 64).reshape(2, 3, 64)
 
     def linen(module, x):
@@ -146,18 +148,20 @@ def _layers():
             return apply, fresh(), (lambda r: mxf.quantize_params(fresh(), model=m, recipe=r))
         return make
 
+    slow = pytest.mark.slow
     return [
-        ("linen.Dense", linen(lambda r: mxf.linen.Dense(16, recipe=r), x2)),
-        ("linen.DenseGeneral", linen(lambda r: mxf.linen.DenseGeneral((2, 8), recipe=r), x3)),
-        ("linen.Einsum", linen(lambda r: mxf.linen.Einsum((64, 4, 4), "bsk,khn->bshn", recipe=r), x3)),
-        ("nnx.Linear", nnx_(lambda r: mxf.nnx.Linear(64, 16, recipe=r, rngs=nnx.Rngs(0)), x2)),
-        ("nnx.Einsum", nnx_(lambda r: mxf.nnx.Einsum("bsk,khn->bshn", (64, 4, 4), (4, 4), recipe=r,
-                                                      rngs=nnx.Rngs(0)), x3)),
+        pytest.param(linen(lambda r: mxf.linen.Dense(16, recipe=r), x2), id="linen.Dense"),
+        pytest.param(linen(lambda r: mxf.linen.DenseGeneral((2, 8), recipe=r), x3), id="linen.DenseGeneral", marks=slow),
+        pytest.param(linen(lambda r: mxf.linen.Einsum((64, 4, 4), "bsk,khn->bshn", recipe=r), x3), id="linen.Einsum",
+                     marks=slow),
+        pytest.param(nnx_(lambda r: mxf.nnx.Linear(64, 16, recipe=r, rngs=nnx.Rngs(0)), x2), id="nnx.Linear"),
+        pytest.param(nnx_(lambda r: mxf.nnx.Einsum("bsk,khn->bshn", (64, 4, 4), (4, 4), recipe=r, rngs=nnx.Rngs(0)), x3),
+                     id="nnx.Einsum", marks=slow),
     ]
 
 
-@pytest.mark.parametrize("name,make", _layers(), ids=[n for n, _ in _layers()])
-def test_every_layer_serves_its_rotated_kernel_as_trained_and_refuses_a_mismatch(name, make):
+@pytest.mark.parametrize("make", _layers())
+def test_every_layer_serves_its_rotated_kernel_as_trained_and_refuses_a_mismatch(make):
     apply, v, quantize = make(ROT)
     trained = apply(v)
     same_bits(apply(quantize(ROT)), trained)
@@ -170,7 +174,7 @@ def test_every_layer_serves_its_rotated_kernel_as_trained_and_refuses_a_mismatch
         plain_apply(quantize(ROT))  # a rotated kernel in a layer trained without rotation
 
 
-@pytest.mark.parametrize("prepare", ["decode", "fp8"])
+@pytest.mark.parametrize("prepare", ["fp8", pytest.param("decode", marks=pytest.mark.slow)])
 def test_prepared_forms_carry_the_rotation_and_refuse_a_mismatch(prepare, rng):
     """prepare_fp8 dropped the record: an FP8Prepared of a rotated kernel was served unrotated."""
     model, x = mxf.linen.Dense(16, recipe=ROT), rnd(rng, (3, 64))
@@ -190,6 +194,7 @@ def test_prepared_forms_carry_the_rotation_and_refuse_a_mismatch(prepare, rng):
         model.apply(served(None)[0], x)
 
 
+@pytest.mark.slow
 def test_scanned_stack_is_rotated_per_layer_as_trained(rng):
     class Body(nn.Module):
         @nn.compact
