@@ -143,21 +143,23 @@ def load_mxfp4(path, *, dtype=None, axes: Mapping[str, int] | None = None) -> di
     ``{name}: MXFP4Array``, every other tensor is returned as a NumPy array under its own name.
 
     A pair with a record (written by :func:`save_mxfp4`) comes back exactly as saved: its
-    quantized axis, logical shape and dtype, scale layout, scale rule and Hadamard rotation. A
-    pair without one (a published checkpoint) gets logical ``dtype`` (default bfloat16), the
-    quantized axis ``axes.get(name, -1)``, scale rule "even" and no rotation.
+    quantized axis (unless ``axes`` moves it), logical shape and dtype, scale layout, scale
+    rule and Hadamard rotation. A pair without one (a published checkpoint) gets logical
+    ``dtype`` (default bfloat16), the quantized axis ``axes.get(name, -1)``, scale rule "even"
+    and no rotation.
 
     Args:
       dtype: logical dtype of pairs without a record (float32, bfloat16 or float16); None
         (default): bfloat16 for those, the recorded one for the others.
-      axes: ``{name: axis}`` for pairs without a record (where K goes).
+      axes: ``{name: axis}``: where K goes (default: the recorded axis, else -1); moving K keeps
+        the record (a rotation stays along K).
 
     Raises:
       ValueError: a ``_blocks`` tensor without its ``_scales`` (or the reverse), or a pair of the
         wrong shapes; a record that is malformed, of another format version, of no pair in the
-        file, or whose shape does not match its pair; ``dtype`` or ``axes[name]`` given for a
-        recorded pair and different from its record (the message names both). TypeError: a pair
-        of the wrong dtypes. The message names the tensor.
+        file, or whose shape does not match its pair; ``dtype`` given for a recorded pair and
+        different from its record (the message names both). TypeError: a pair of the wrong
+        dtypes. The message names the tensor.
     """
     from safetensors import safe_open
     from safetensors.numpy import load_file
@@ -200,11 +202,12 @@ def _recorded(name, blocks, scales, text, dtype, axes, path) -> MXFP4Array:
     if dtype is not None and jnp.dtype(dtype) != rec["dtype"]:
         raise ValueError(f"{name}: load_mxfp4(dtype={jnp.dtype(dtype).name}) but {path} records logical dtype "
                          f"{rec['dtype'].name} for it; leave dtype out to get the recorded one")
-    if name in axes and checks.normalize_axis(axes[name], len(rec["shape"]), f"axes[{name!r}]") != rec["axis"]:
-        raise ValueError(f"{name}: axes[{name!r}]={axes[name]} but {path} records axis {rec['axis']} for it; leave "
-                         "it out of axes to get the recorded one")
-    q = from_blocks_scales(blocks, scales, dtype=rec["dtype"], axis=rec["axis"], name=name)
-    if q.shape != rec["shape"]:
-        raise ValueError(f"{name}: {path} records logical shape {rec['shape']} but its pair holds {q.shape}")
+    # axes may move K elsewhere (e.g. a stored [N, K] as a Flax [K, N] kernel): the rotation stays
+    # along K, so the record still holds; the layers check the moved kernel against their recipe
+    q = from_blocks_scales(blocks, scales, dtype=rec["dtype"], axis=axes.get(name, rec["axis"]), name=name)
+    k_last = lambda shape, axis: shape[:axis] + shape[axis + 1:] + shape[axis:axis + 1]  # noqa: E731
+    if k_last(q.shape, q.axis) != k_last(rec["shape"], rec["axis"]):
+        raise ValueError(f"{name}: {path} records logical shape {rec['shape']} (axis {rec['axis']}) but its pair "
+                         f"holds {k_last(q.shape, q.axis)} with K last")
     return MXFP4Array(q.data, q.scales, q.axis, q.shape, q.dtype, rec["scale_mode"], "plain",
                       rec["hadamard"]).with_scale_layout(rec["scale_layout"])

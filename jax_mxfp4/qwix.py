@@ -16,8 +16,10 @@ calls matched by a plain Qwix rule go to Qwix's own implementation, unmatched ca
   quantized this way computes exactly what the same model written with ``jax_mxfp4.flax``
   layers computes (same values and gradients, bit for bit).
 * :class:`MxPtqProvider` (serving; a ``qwix.PtqProvider``): a weight met by a matched call is
-  quantized once to an :class:`jax_mxfp4.MXFP4Array` along its contracting dim and stored in
-  the parameter tree through Qwix's parameter path (``ptq.WithAux``); later calls use it as is.
+  quantized once to an :class:`jax_mxfp4.MXFP4Array` along its contracting dim, rotated first
+  as the recipe's forward pass rotates it (``Recipe.hadamard`` with "fprop"), and stored in
+  the parameter tree through Qwix's parameter path (``ptq.WithAux``); later calls use it as is,
+  after checking its record against the recipe (ValueError naming both when they differ).
   Turn trained float params into that tree with :func:`quantize_params`.
 
 Qwix's own rule fields (``weight_qtype``, ``act_qtype``, calibration, tiles, ...) are not read

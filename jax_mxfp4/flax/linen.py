@@ -10,7 +10,10 @@ wgrad) run through :func:`jax_mxfp4.dot_general` with ``recipe`` (default ``Reci
 float32 accumulator is returned in the computation dtype. A kernel replaced by an
 :class:`jax_mxfp4.MXFP4Array` (:func:`jax_mxfp4.flax.quantize_params`), or by one arranged once
 by :func:`jax_mxfp4.prepare_decode` (``quantize_params(..., prepare="decode")``) or
-:func:`jax_mxfp4.prepare_fp8`, is used as is (inference; same outputs, bit for bit).
+:func:`jax_mxfp4.prepare_fp8`, is used as is (inference; same outputs, bit for bit), once its
+record (scale rule, Hadamard rotation) is checked against ``recipe``: a kernel quantized or
+restored without the training recipe raises ValueError naming both records
+(:func:`jax_mxfp4.weight_record.check_against_recipe`).
 
 Stochastic rounding of the gradients (``Recipe.grad_rounding="stochastic"``) draws its key from
 the RNG stream ``rng_collection`` (default ``"stochastic_rounding"``) when ``apply`` is given one:
