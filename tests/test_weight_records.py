@@ -153,8 +153,12 @@ def _layers():
     return [
         pytest.param(linen(lambda r: mxf.linen.Dense(16, recipe=r), x2), id="linen.Dense"),
         pytest.param(linen(lambda r: mxf.linen.DenseGeneral((2, 8), recipe=r), x3), id="linen.DenseGeneral", marks=slow),
+        pytest.param(linen(lambda r: mxf.linen.DenseGeneral(8, batch_dims=(0,), recipe=r), x3),
+                     id="linen.DenseGeneral-batch-dims", marks=slow),  # the seed counts the batch dims
         pytest.param(linen(lambda r: mxf.linen.Einsum((64, 4, 4), "bsk,khn->bshn", recipe=r), x3), id="linen.Einsum",
                      marks=slow),
+        pytest.param(linen(lambda r: mxf.linen.Einsum((2, 64, 4), "bsk,bkn->bsn", recipe=r), x3),
+                     id="linen.Einsum-batch-dims", marks=slow),
         pytest.param(nnx_(lambda r: mxf.nnx.Linear(64, 16, recipe=r, rngs=nnx.Rngs(0)), x2), id="nnx.Linear"),
         pytest.param(nnx_(lambda r: mxf.nnx.Einsum("bsk,khn->bshn", (64, 4, 4), (4, 4), recipe=r, rngs=nnx.Rngs(0)), x3),
                      id="nnx.Einsum", marks=slow),

@@ -83,32 +83,36 @@ def default_select(path: tuple[str, ...], leaf) -> int | None:
     return 0
 
 
-def _einsum_kernel_axis(einsum_str, inputs_ndim, kernel_ndim):
+def _einsum_kernel_dims(einsum_str, inputs_ndim, kernel_ndim):
+    """(contraction axis or None if several, batch dims) of an einsum's kernel (rhs)."""
     from ..einsum import parse_subscripts
 
     try:
-        (_, rc), _ = parse_subscripts(einsum_str.replace(" ", ""), inputs_ndim, kernel_ndim)[0]
+        (_, rc), (_, rb) = parse_subscripts(einsum_str.replace(" ", ""), inputs_ndim, kernel_ndim)[0]
     except (ValueError, TypeError):
-        return None
-    return rc[0] if len(rc) == 1 else None
+        return None, ()
+    return (rc[0] if len(rc) == 1 else None), tuple(rb)
 
 
-def _linen_kernel_axis(module, args, kwargs, kernel_ndim):
-    """Contraction axis of the (per-call) kernel of a jax_mxfp4 linen layer, None if several."""
+def _linen_kernel_dims(module, args, kwargs, kernel_ndim):
+    """(contraction axis, None if several; batch dims) of the (per-call) kernel of a jax_mxfp4
+    linen layer."""
     from . import linen
 
     if isinstance(module, linen.Einsum):
         es = kwargs.get("einsum_str", args[1] if len(args) > 1 else None) or module.einsum_str
-        return _einsum_kernel_axis(es, jnp.ndim(args[0]), kernel_ndim)
+        return _einsum_kernel_dims(es, jnp.ndim(args[0]), kernel_ndim)
     if isinstance(module, linen.DenseGeneral):
         axis = module.axis if isinstance(module.axis, (tuple, list)) else (module.axis,)
         batch = module.batch_dims if isinstance(module.batch_dims, (tuple, list)) else (module.batch_dims,)
-        return len(tuple(batch)) if len(tuple(axis)) == 1 else None
-    return 0  # linen.Dense
+        n_batch = len(tuple(batch))
+        return (n_batch if len(tuple(axis)) == 1 else None), tuple(range(n_batch))
+    return 0, ()  # linen.Dense
 
 
-def _record(found, path, axis, call_shape):
-    found.setdefault(tuple(str(p) for p in path) + ("kernel",), set()).add((axis, tuple(call_shape)))
+def _record(found, path, dims, call_shape):
+    axis, batch = dims
+    found.setdefault(tuple(str(p) for p in path) + ("kernel",), set()).add((axis, tuple(call_shape), batch))
 
 
 def consumed_kernels(model, params, inputs=()) -> dict:
@@ -124,6 +128,12 @@ def consumed_kernels(model, params, inputs=()) -> dict:
     that matches (both transforms' default; see :func:`_full_axis`). The axis is None when the
     GEMM contracts several kernel dims or calls disagree (such kernels stay float).
     """
+    return {path: (axis, shape) for path, (axis, shape, _) in _consumers(model, params, inputs).items()}
+
+
+def _consumers(model, params, inputs) -> dict:
+    """:func:`consumed_kernels` with the per-call kernel's batch dims:
+    ``{path: (axis, per-call kernel shape, batch dims)}``."""
     found: dict = {}
     try:
         from flax import nnx
@@ -138,12 +148,12 @@ def consumed_kernels(model, params, inputs=()) -> dict:
             if isinstance(m, (mxnnx.Linear, mxnnx.Einsum)):
                 kernel = m.kernel.get_value()
                 if isinstance(m, mxnnx.Linear):
-                    per_call, axis = 2, 0
+                    per_call, dims = 2, (0, ())
                 else:
                     per_call = len(m.kernel_shape)
                     lhs_term = (m.einsum_str or "").split("->")[0].split(",")[0].replace("...", "")
-                    axis = _einsum_kernel_axis(m.einsum_str, len(lhs_term), per_call) if m.einsum_str else None
-                _record(found, path, axis, tuple(kernel.shape)[len(kernel.shape) - per_call:])
+                    dims = _einsum_kernel_dims(m.einsum_str, len(lhs_term), per_call) if m.einsum_str else (None, ())
+                _record(found, path, dims, tuple(kernel.shape)[len(kernel.shape) - per_call:])
     else:
         import flax.linen as nn
 
@@ -157,20 +167,20 @@ def consumed_kernels(model, params, inputs=()) -> dict:
             if context.method_name == "__call__" and isinstance(mod, layers) and mod.has_variable("params", "kernel"):
                 k = mod.get_variable("params", "kernel")
                 if not isinstance(k, QUANTIZED_KERNELS):
-                    _record(found, mod.path, _linen_kernel_axis(mod, args, kwargs, jnp.ndim(k)), jnp.shape(k))
+                    _record(found, mod.path, _linen_kernel_dims(mod, args, kwargs, jnp.ndim(k)), jnp.shape(k))
             return out
 
         variables = params if "params" in params else {"params": params}
         with nn.intercept_methods(interceptor):
             jax.eval_shape(lambda v, *a: model.apply(v, *a), variables, *inputs)
-    return {path: (calls.pop() if len(calls) == 1 else (None, None)) for path, calls in found.items()}
+    return {path: (calls.pop() if len(calls) == 1 else (None, None, ())) for path, calls in found.items()}
 
 
 def _full_axis(leaf, consumer):
     """Axis of ``leaf`` (possibly stacked: extra leading dims) that its consumer contracts, or None.
 
-    ``consumer`` is ``(per-call axis, per-call kernel shape)`` from :func:`consumed_kernels`."""
-    axis, call_shape = consumer
+    ``consumer`` is ``(per-call axis, per-call kernel shape, ...)`` from :func:`consumed_kernels`."""
+    axis, call_shape = consumer[:2]
     if axis is None:
         return None
     extra = jnp.ndim(leaf) - len(call_shape)
@@ -215,10 +225,11 @@ def quantize_params(
     shape, ``(axis,)``, ``()`` -- before quantizing; the :class:`MXFP4Array` records
     ``hadamard=(block, seed)`` and :func:`jax_mxfp4.dot_general` rotates the activations to
     match. The stored codes and scales are then bit-identical to those training's forward pass
-    quantized, for layers that contract the kernel's axis ``axis`` with no batch dims (a
-    ``DenseGeneral``/``Einsum`` with batch dims trained another rotation: it refuses such a
-    kernel, :func:`layer_operands`). The record travels with the array (orbax, ``jit``,
-    :func:`jax_mxfp4.checkpoint.save_mxfp4`), and every layer checks it against its recipe.
+    quantized (without ``model``, for kernels contracted along ``axis`` with no batch dims, as
+    :func:`default_select` selects; with ``model``, the batch dims of a ``DenseGeneral``/``Einsum``
+    count too). The record travels with the array (orbax, ``jit``,
+    :func:`jax_mxfp4.checkpoint.save_mxfp4`), and every layer checks it against its recipe
+    (:func:`layer_operands`), so a kernel rotated otherwise is refused, never served.
 
     Args:
       params: any pytree of arrays.
@@ -274,7 +285,7 @@ def quantize_params(
     scale_mode = "even" if scale_mode is None else scale_mode
     checks.check_scale_mode(scale_mode)
     checks.check_scale_layout(scale_layout)
-    consumers = consumed_kernels(model, params, inputs) if model is not None else None
+    consumers = _consumers(model, params, inputs) if model is not None else None
 
     def convert(path, leaf):
         if isinstance(leaf, QUANTIZED_KERNELS):
@@ -311,13 +322,14 @@ def quantize_params(
             axis = default_select(names, leaf)
             if axis is None:
                 return leaf
-        # the forward's rotation of this kernel as one layer's GEMM saw it: a stack of layers
-        # (nn.scan/nnx.vmap, leading dims) is rotated per layer, with the per-layer seed
-        call_shape, call_axis = tuple(leaf.shape), axis
+        # the forward's rotation of this kernel as one layer's GEMM saw it (its seed depends on
+        # that): a stack of layers (nn.scan/nnx.vmap, leading dims) is rotated per layer, with
+        # the per-layer shape, and a kernel with batch dims with those
+        call_shape, call_axis, batch = tuple(leaf.shape), axis, ()
         if consumers is not None and key in consumers and consumers[key][1] is not None:
-            call_shape = tuple(consumers[key][1])
+            call_shape, batch = tuple(consumers[key][1]), consumers[key][2]
             call_axis = axis - (leaf.ndim - len(call_shape))
-        rotation = fprop_rotation(recipe, call_shape, (call_axis,)) if recipe is not None else None
+        rotation = fprop_rotation(recipe, call_shape, (call_axis,), batch) if recipe is not None else None
         extra = (-leaf.shape[axis]) % BLOCK_SIZE
         if extra:
             widths = [(0, 0)] * leaf.ndim
