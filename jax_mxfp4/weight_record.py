@@ -14,10 +14,12 @@ from one, :class:`jax_mxfp4.DecodePrepared`, :class:`jax_mxfp4.FP8Prepared`) rec
 A weight whose record disagrees with the recipe of the layer serving it computes something else
 than the trained forward pass (an unrotated weight facing a layer trained with a rotated forward
 differs by the rotation's full effect), so every serving route refuses it
-(:func:`check_against_recipe`), and every save/load route keeps the record: safetensors files
-carry it as metadata (:func:`to_metadata`/:func:`from_metadata`, used by
-:mod:`jax_mxfp4.checkpoint`), orbax and ``jit`` carry it in the pytree's static data, Qwix's
-serving provider in its ``HowToQuantize``.
+(:func:`check_against_recipe`, used by every :mod:`jax_mxfp4.flax` layer and by
+:class:`jax_mxfp4.qwix.MxPtqProvider`), and every save/load route keeps the record: safetensors
+files carry it as metadata (:func:`to_metadata`/:func:`from_metadata`, used by
+:mod:`jax_mxfp4.checkpoint`); ``jit`` and orbax carry it in the pytree's static data (orbax
+restores into the target's record: a target built without the training recipe gives kernels
+that the layers then refuse); Qwix's serving provider keeps it in ``HowToQuantize``.
 """
 
 from __future__ import annotations
