@@ -35,6 +35,8 @@ class MXFP4Array:
       ``hadamard`` includes "fprop"). :func:`jax_mxfp4.dequantize` returns the rotated values;
       :func:`jax_mxfp4.dot_general` rotates a float operand facing such an array the same way, so
       the product is that of the unrotated operands (an orthogonal rotation cancels).
+    The static fields are the weight's record (:mod:`jax_mxfp4.weight_record`): what it needs to
+    be served as trained; :func:`jax_mxfp4.checkpoint.save_mxfp4` stores it with the bytes.
 
     Under ``vmap``/``scan`` (batch axis 0, plain layout) the static ``shape`` and ``axis`` follow
     the children: leading dims added or removed by batching are re-described on unflattening.

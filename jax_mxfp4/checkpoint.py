@@ -14,6 +14,14 @@ This is :class:`jax_mxfp4.MXFP4Array`'s own packing (same nibble order, same sca
 import and export are exact byte permutations: nothing is dequantized or re-quantized. Tensors
 that are not such a pair (norms, embeddings, biases) are stored and loaded as they are.
 
+What the bytes do not say -- the weight's record (:mod:`jax_mxfp4.weight_record`: quantized axis
+and logical shape, scale layout, logical dtype, scale rule, Hadamard rotation) -- is written by
+:func:`save_mxfp4` as one safetensors metadata entry per pair, ``"jax_mxfp4.record.{name}"``
+(JSON, format 1), and given back by :func:`load_mxfp4`. Pairs without one (published
+checkpoints, files written before records existed) load with the caller's ``axes``/``dtype``,
+scale rule "even" and no rotation; the Flax layers refuse such a weight when their recipe says
+otherwise.
+
 Needs the ``safetensors`` package (``pip install ".[checkpoint]"`` from a checkout).
 """
 
@@ -24,7 +32,7 @@ from typing import Mapping
 import jax.numpy as jnp
 import numpy as np
 
-from . import checks
+from . import checks, weight_record
 from .array import MXFP4Array
 from .mx_format import BLOCK_SIZE
 
@@ -96,14 +104,22 @@ def from_blocks_scales(blocks, scales, *, dtype=jnp.bfloat16, axis: int = -1, na
 
 def save_mxfp4(path, tensors: Mapping, metadata: Mapping[str, str] | None = None) -> None:
     """Write ``tensors`` to a safetensors file; each MXFP4Array as a ``{name}_blocks`` /
-    ``{name}_scales`` pair (K last, see the module docstring), other arrays as they are.
+    ``{name}_scales`` pair (K last, see the module docstring) plus its record in the metadata
+    (``"jax_mxfp4.record.{name}"``), other arrays as they are. ``metadata`` (str -> str) is
+    stored alongside.
 
-    Raises TypeError for a non-str name, ValueError for a name that collides with a pair's
-    ``_blocks``/``_scales`` tensor.
+    Raises TypeError for a non-str name or a prepared weight (save its ``to_mxfp4()``),
+    ValueError for a name that collides with a pair's ``_blocks``/``_scales`` tensor, or a
+    ``metadata`` key starting with ``"jax_mxfp4.record."`` (reserved for the records).
     """
     from safetensors.numpy import save_file
 
     out: dict[str, np.ndarray] = {}
+    meta = dict(metadata) if metadata else {}
+    reserved = [k for k in meta if str(k).startswith(weight_record.RECORD_KEY_PREFIX)]
+    if reserved:
+        raise ValueError(f"metadata keys {reserved} start with {weight_record.RECORD_KEY_PREFIX!r}, which is reserved "
+                         "for the records of the MXFP4 tensors; rename them")
     for name, t in tensors.items():
         if not isinstance(name, str):
             raise TypeError(f"tensor names must be str, got {name!r}")
@@ -112,27 +128,47 @@ def save_mxfp4(path, tensors: Mapping, metadata: Mapping[str, str] | None = None
                             "and prepare it again after loading")
         if isinstance(t, MXFP4Array):
             pair = dict(zip((name + BLOCKS_SUFFIX, name + SCALES_SUFFIX), to_blocks_scales(t)))
+            meta.update(weight_record.to_metadata(name, t))
         else:
             pair = {name: np.ascontiguousarray(np.asarray(t))}
         for k, v in pair.items():
             if k in out:
                 raise ValueError(f"tensor name {k!r} is written twice (an MXFP4 pair and another tensor)")
             out[k] = v
-    save_file(out, str(path), metadata=dict(metadata) if metadata else None)
+    save_file(out, str(path), metadata=meta or None)
 
 
-def load_mxfp4(path, *, dtype=jnp.bfloat16, axes: Mapping[str, int] | None = None) -> dict:
+def load_mxfp4(path, *, dtype=None, axes: Mapping[str, int] | None = None) -> dict:
     """Read a safetensors file; every ``{name}_blocks``/``{name}_scales`` pair becomes
-    ``{name}: MXFP4Array`` (logical ``dtype``, quantized axis from ``axes.get(name, -1)``), every
-    other tensor is returned as a NumPy array under its own name.
+    ``{name}: MXFP4Array``, every other tensor is returned as a NumPy array under its own name.
+
+    A pair with a record (written by :func:`save_mxfp4`) comes back exactly as saved: its
+    quantized axis (unless ``axes`` moves it), logical shape and dtype, scale layout, scale
+    rule and Hadamard rotation. A pair without one (a published checkpoint) gets logical
+    ``dtype`` (default bfloat16), the quantized axis ``axes.get(name, -1)``, scale rule "even"
+    and no rotation.
+
+    Args:
+      dtype: logical dtype of pairs without a record (float32, bfloat16 or float16); None
+        (default): bfloat16 for those, the recorded one for the others.
+      axes: ``{name: axis}``: where K goes (default: the recorded axis, else -1); moving K keeps
+        the record (a rotation stays along K).
 
     Raises:
       ValueError: a ``_blocks`` tensor without its ``_scales`` (or the reverse), or a pair of the
-        wrong shapes; TypeError: a pair of the wrong dtypes. The message names the tensor.
+        wrong shapes; a record that is malformed, of another format version, of no pair in the
+        file, or whose shape does not match its pair; ``dtype`` given for a recorded pair and
+        different from its record (the message names both). TypeError: a pair of the wrong
+        dtypes. The message names the tensor.
     """
+    from safetensors import safe_open
     from safetensors.numpy import load_file
 
     raw = load_file(str(path))
+    with safe_open(str(path), framework="np") as f:
+        file_meta = f.metadata() or {}
+    records = {k[len(weight_record.RECORD_KEY_PREFIX):]: v for k, v in file_meta.items()
+               if k.startswith(weight_record.RECORD_KEY_PREFIX)}
     axes = dict(axes or {})
     out: dict = {}
     for key in sorted(raw):
@@ -140,14 +176,38 @@ def load_mxfp4(path, *, dtype=jnp.bfloat16, axes: Mapping[str, int] | None = Non
             name = key[: -len(BLOCKS_SUFFIX)]
             if name + SCALES_SUFFIX not in raw:
                 raise ValueError(f"{key}: found no matching {name + SCALES_SUFFIX} tensor in {path}")
-            out[name] = from_blocks_scales(raw[key], raw[name + SCALES_SUFFIX], dtype=dtype,
-                                           axis=axes.get(name, -1), name=name)
+            if name in records:
+                out[name] = _recorded(name, raw[key], raw[name + SCALES_SUFFIX], records[name], dtype, axes, path)
+            else:
+                out[name] = from_blocks_scales(raw[key], raw[name + SCALES_SUFFIX],
+                                               dtype=jnp.bfloat16 if dtype is None else dtype,
+                                               axis=axes.get(name, -1), name=name)
         elif key.endswith(SCALES_SUFFIX):
             if key[: -len(SCALES_SUFFIX)] + BLOCKS_SUFFIX not in raw:
                 raise ValueError(f"{key}: found no matching {key[: -len(SCALES_SUFFIX)] + BLOCKS_SUFFIX} tensor in {path}")
         else:
             out[key] = raw[key]
+    orphans = sorted(n for n in records if not isinstance(out.get(n), MXFP4Array))
+    if orphans:
+        raise ValueError(f"{path}: records {orphans} name no {BLOCKS_SUFFIX}/{SCALES_SUFFIX} pair of the file")
     unknown = set(axes) - set(out)
     if unknown:
         raise ValueError(f"axes names tensors that are not MXFP4 pairs in {path}: {sorted(unknown)}")
     return out
+
+
+def _recorded(name, blocks, scales, text, dtype, axes, path) -> MXFP4Array:
+    """The pair ``name`` as saved: its bytes with the record of :func:`save_mxfp4`."""
+    rec = weight_record.from_metadata(name, text, str(path))
+    if dtype is not None and jnp.dtype(dtype) != rec["dtype"]:
+        raise ValueError(f"{name}: load_mxfp4(dtype={jnp.dtype(dtype).name}) but {path} records logical dtype "
+                         f"{rec['dtype'].name} for it; leave dtype out to get the recorded one")
+    # axes may move K elsewhere (e.g. a stored [N, K] as a Flax [K, N] kernel): the rotation stays
+    # along K, so the record still holds; the layers check the moved kernel against their recipe
+    q = from_blocks_scales(blocks, scales, dtype=rec["dtype"], axis=axes.get(name, rec["axis"]), name=name)
+    k_last = lambda shape, axis: shape[:axis] + shape[axis + 1:] + shape[axis:axis + 1]  # noqa: E731
+    if k_last(q.shape, q.axis) != k_last(rec["shape"], rec["axis"]):
+        raise ValueError(f"{name}: {path} records logical shape {rec['shape']} (axis {rec['axis']}) but its pair "
+                         f"holds {k_last(q.shape, q.axis)} with K last")
+    return MXFP4Array(q.data, q.scales, q.axis, q.shape, q.dtype, rec["scale_mode"], "plain",
+                      rec["hadamard"]).with_scale_layout(rec["scale_layout"])

@@ -38,7 +38,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import checks
-from .array import MXFP4Array, _packed_shapes
+from .array import MXFP4Array
 from .prepared import PreparedWeight
 from .mx_format import BLOCK_SIZE
 
@@ -205,12 +205,7 @@ class DecodePrepared(PreparedWeight):
                     f"DecodePrepared.{name} must be {jnp.dtype(wdtype).name} of shape {wshape} ({what}; "
                     f"logical shape {shape}, axis {axis}), got {got}"
                 )
-        if self.hadamard is not None:
-            # the rule of MXFP4Array.hadamard, applied by building one on shape-only children
-            pdata, pscales = _packed_shapes(shape, axis)
-            h = MXFP4Array(jax.ShapeDtypeStruct(pdata, jnp.uint8), jax.ShapeDtypeStruct(pscales, jnp.float8_e8m0fnu),
-                           axis, shape, self.dtype, self.scale_mode, "plain", self.hadamard).hadamard
-            object.__setattr__(self, "hadamard", h)
+        self._check_hadamard()
 
     @property
     def nbytes(self) -> int:

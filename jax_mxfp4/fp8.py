@@ -224,7 +224,9 @@ class FP8Prepared(PreparedWeight):
       row_exp:  int32 [*rest]: e = b_max - 133; an element is codes x 2^e (unflagged rows).
       row_flag: uint8 [*rest]: bit 0 the row takes the exact path, bit 1 it holds a NaN scale.
     ``rest`` is the logical shape without ``axis``, in order. Static: ``axis``, ``shape``
-    (logical), ``dtype``, ``scale_mode`` - those of the MXFP4Array it came from.
+    (logical), ``dtype``, ``scale_mode``, ``hadamard`` - those of the MXFP4Array it came from
+    (``hadamard``: the ``(block, seed)`` rotation its values carry, as in MXFP4Array;
+    :func:`jax_mxfp4.dot_general` rotates a float operand facing it the same way).
 
     Memory: 1 + 1/32 bytes per element plus 5 bytes per row (an MXFP4Array: 17/32).
     A pytree: ``jit``, ``device_put``/sharding and orbax handle it like any tuple of arrays.
@@ -240,15 +242,16 @@ class FP8Prepared(PreparedWeight):
     shape: tuple[int, ...]
     dtype: Any
     scale_mode: str = "even"
+    hadamard: tuple[int, int] | None = None
 
     def tree_flatten(self):
-        aux = (self.axis, self.shape, jnp.dtype(self.dtype), self.scale_mode)
+        aux = (self.axis, self.shape, jnp.dtype(self.dtype), self.scale_mode, self.hadamard)
         return (self.codes, self.scales, self.row_exp, self.row_flag), aux
 
     @classmethod
     def tree_unflatten(cls, aux, children):
         obj = object.__new__(cls)
-        names = ("codes", "scales", "row_exp", "row_flag", "axis", "shape", "dtype", "scale_mode")
+        names = ("codes", "scales", "row_exp", "row_flag", "axis", "shape", "dtype", "scale_mode", "hadamard")
         for name, value in zip(names, (*children, *aux)):
             object.__setattr__(obj, name, value)
         return obj
@@ -277,6 +280,7 @@ class FP8Prepared(PreparedWeight):
                     f"FP8Prepared.{name} must be {jnp.dtype(wdtype).name} of shape {wshape} (logical shape "
                     f"{shape}, axis {axis} moved last), got {got}"
                 )
+        self._check_hadamard()
 
     @property
     def nbytes(self) -> int:
@@ -285,7 +289,8 @@ class FP8Prepared(PreparedWeight):
 
     def __repr__(self) -> str:
         return (f"FP8Prepared(shape={self.shape}, dtype={self.dtype.name}, axis={self.axis}, "
-                f"scale_mode={self.scale_mode!r})")
+                f"scale_mode={self.scale_mode!r}"
+                + (f", hadamard={self.hadamard}" if self.hadamard is not None else "") + ")")
 
     def _check_children(self):
         """ValueError if the children no longer match the static shape (e.g. the output of
@@ -303,7 +308,7 @@ class FP8Prepared(PreparedWeight):
         self._check_children()
         data = decode_rows(self.codes, self.scales, self.row_exp, self.row_flag)
         return MXFP4Array(jnp.moveaxis(data, -1, self.axis), jnp.moveaxis(self.scales, -1, self.axis),
-                          self.axis, self.shape, self.dtype, self.scale_mode, "plain")
+                          self.axis, self.shape, self.dtype, self.scale_mode, "plain", self.hadamard)
 
     def exact_rows(self) -> jax.Array:
         """bool [*rest]: rows the FP8 GEMM computes on its exact path (module docstring)."""
@@ -328,7 +333,7 @@ def prepare_fp8(x: MXFP4Array) -> FP8Prepared:
     scales = jnp.moveaxis(x.plain_scales(), x.axis, -1)
     codes, row_exp, row_flag = jax.jit(encode_rows_on, static_argnums=2)(data, scales, current_platform())
     return FP8Prepared(codes, as_e8m0(as_scale_bytes(scales)), row_exp, row_flag, x.axis, x.shape, x.dtype,
-                       x.scale_mode)
+                       x.scale_mode, x.hadamard)
 
 
 def canonical(x: FP8Prepared, contracting, batch) -> FP8Prepared:
@@ -354,4 +359,4 @@ def canonical(x: FP8Prepared, contracting, batch) -> FP8Prepared:
         return v.reshape((bsz, fsz) + ((last,) if last is not None else ()))
 
     return FP8Prepared(rows(x.codes, k), rows(x.scales, k // BLOCK_SIZE), rows(x.row_exp), rows(x.row_flag),
-                       2, (bsz, fsz, k), x.dtype, x.scale_mode)
+                       2, (bsz, fsz, k), x.dtype, x.scale_mode, x.hadamard)

@@ -31,7 +31,7 @@ from .recipe import Recipe
 
 
 _QUANTIZED = (MXFP4Array, FP8Prepared, DecodePrepared)
-_ROTATABLE = (MXFP4Array, DecodePrepared)  # operands that record a Hadamard rotation
+_ROTATABLE = _QUANTIZED  # every quantized operand records its Hadamard rotation
 
 
 def _logical_shape(x, name):
@@ -93,7 +93,7 @@ def _to_canonical(x, contracting, batch, recipe: Recipe, kind: str, name):
 def match_rotation(lhs, rhs, dimension_numbers):
     """(lhs, rhs) with a float operand facing a rotated MXFP4Array rotated the same way.
 
-    An :class:`MXFP4Array` (or :class:`jax_mxfp4.DecodePrepared`) whose ``hadamard`` is
+    An :class:`MXFP4Array` (or a :class:`jax_mxfp4.DecodePrepared`/:class:`jax_mxfp4.FP8Prepared`) whose ``hadamard`` is
     ``(block, seed)`` holds values rotated along its axis; the float operand is rotated along its
     (single) contracting dim with the same transform (float32 result; ``jax.ShapeDtypeStruct``s
     become float32 structs), so the product is that of the unrotated operands. Shapes that do

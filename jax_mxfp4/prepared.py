@@ -1,6 +1,7 @@
 """What the weight forms arranged once from an MXFP4Array share (:class:`jax_mxfp4.FP8Prepared`,
 :class:`jax_mxfp4.DecodePrepared`): the logical ``shape``/``ndim``/``size``, ``dequantize`` through
-the exact round trip ``to_mxfp4()``, and the refusal to pass for a dense array."""
+the exact round trip ``to_mxfp4()``, the refusal to pass for a dense array, and the check of the
+``hadamard`` record they carry over from the MXFP4Array."""
 
 from __future__ import annotations
 
@@ -26,6 +27,19 @@ class PreparedWeight:
     def dequantize(self, dtype=jnp.float32) -> jax.Array:
         """Same values as ``jax_mxfp4.dequantize(self.to_mxfp4(), dtype)`` (logical shape)."""
         return self.to_mxfp4().dequantize(dtype)
+
+    def _check_hadamard(self):
+        """Validate and normalize ``self.hadamard`` by the rule of ``MXFP4Array.hadamard`` (None, or
+        ``(block, seed)`` with a block dividing the quantized length), applied by building one on
+        shape-only children; ValueError naming the rule otherwise."""
+        if self.hadamard is None:
+            return
+        from .array import MXFP4Array, _packed_shapes
+
+        pdata, pscales = _packed_shapes(self.shape, self.axis)
+        h = MXFP4Array(jax.ShapeDtypeStruct(pdata, jnp.uint8), jax.ShapeDtypeStruct(pscales, jnp.float8_e8m0fnu),
+                       self.axis, self.shape, self.dtype, self.scale_mode, "plain", self.hadamard).hadamard
+        object.__setattr__(self, "hadamard", h)
 
     def _not_dense(self, how: str) -> TypeError:
         return TypeError(

@@ -16,8 +16,10 @@ calls matched by a plain Qwix rule go to Qwix's own implementation, unmatched ca
   quantized this way computes exactly what the same model written with ``jax_mxfp4.flax``
   layers computes (same values and gradients, bit for bit).
 * :class:`MxPtqProvider` (serving; a ``qwix.PtqProvider``): a weight met by a matched call is
-  quantized once to an :class:`jax_mxfp4.MXFP4Array` along its contracting dim and stored in
-  the parameter tree through Qwix's parameter path (``ptq.WithAux``); later calls use it as is.
+  quantized once to an :class:`jax_mxfp4.MXFP4Array` along its contracting dim, rotated first
+  as the recipe's forward pass rotates it (``Recipe.hadamard`` with "fprop"), and stored in
+  the parameter tree through Qwix's parameter path (``ptq.WithAux``); later calls use it as is,
+  after checking its record against the recipe (ValueError naming both when they differ).
   Turn trained float params into that tree with :func:`quantize_params`.
 
 Qwix's own rule fields (``weight_qtype``, ``act_qtype``, calibration, tiles, ...) are not read
@@ -38,9 +40,9 @@ from . import checks
 from .array import MXFP4Array
 from .einsum import _einsum, parse_subscripts
 from .mx_format import BLOCK_SIZE
-from .quantize import quantize
 from .recipe import Recipe
 from .training import _dot_general
+from .weight_record import check_against_recipe, fprop_rotation, quantize_weight
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -139,11 +141,14 @@ class MxQtProvider(_MxCalls, qwix.QtProvider):
 # ----------------------------------------------------------------------------- serving (PTQ)
 @dataclasses.dataclass(frozen=True)
 class HowToQuantize:
-    """How :class:`MxPtqProvider` quantized a weight (static, stored in ``ptq.WithAux.how``)."""
+    """How :class:`MxPtqProvider` quantized a weight (static, stored in ``ptq.WithAux.how``):
+    ``hadamard`` is None or the ``(block, seed)`` rotation of the recipe's forward pass
+    (:func:`jax_mxfp4.weight_record.fprop_rotation`), applied before quantizing and recorded."""
 
     axis: int
     scale_mode: str = "even"
     scale_layout: str = "plain"
+    hadamard: tuple[int, int] | None = None
 
 
 class _QuantizeModule:
@@ -153,16 +158,18 @@ class _QuantizeModule:
     def quantize(value, how):
         if not isinstance(how, HowToQuantize):
             raise TypeError(f"jax_mxfp4.qwix: expected a jax_mxfp4.qwix.HowToQuantize, got {type(how).__name__}")
-        return quantize(value, how.axis, scale_mode=how.scale_mode, scale_layout=how.scale_layout)
+        return quantize_weight(value, how.axis, scale_mode=how.scale_mode, scale_layout=how.scale_layout,
+                               hadamard=how.hadamard)
 
 
-def _serving_weight(x, contracting, rule: MxRule, what: str):
-    """``x`` as the GEMM operand: a stored MXFP4 weight, a weight quantized now (and stored), or
+def _serving_weight(x, contracting, rule: MxRule, what: str, batch=()):
+    """``x`` as the GEMM operand: a stored MXFP4 weight (its record checked against the rule's
+    recipe), a weight quantized now (and stored) as the recipe's forward pass quantizes it, or
     ``x`` itself when it is not a parameter (an activation)."""
-    if isinstance(x, _ptq.WithAux):
-        return x.array
-    if isinstance(x, MXFP4Array):
-        return x
+    if isinstance(x, (_ptq.WithAux, MXFP4Array)):
+        w = x.array if isinstance(x, _ptq.WithAux) else x
+        check_against_recipe(w, rule.recipe, contracting=contracting, batch=batch, what=f"{what} weight")
+        return w
     name = _flax_util.find_param(x)
     if not name:
         return x
@@ -174,7 +181,8 @@ def _serving_weight(x, contracting, rule: MxRule, what: str):
             f"whose length is a multiple of {BLOCK_SIZE}. Exclude this module from the MxRule"
         )
     checks.check_float_input(x, name)
-    how = HowToQuantize(contracting[0], rule.recipe.scale_mode, rule.recipe.scale_layout)
+    how = HowToQuantize(contracting[0], rule.recipe.scale_mode, rule.recipe.scale_layout,
+                        fprop_rotation(rule.recipe, x.shape, contracting, batch))
     return _ptq.create_quantized_param(name, x, how, _qarray_module=_QuantizeModule).array
 
 
@@ -192,13 +200,13 @@ class MxPtqProvider(_MxCalls, qwix.PtqProvider):
         super().__init__(rules, _qarray_module=_QuantizeModule, **kwargs)
 
     def _mx_dot_general(self, lhs, rhs, dimension_numbers, preferred_element_type, rule):
-        (_, rc), _ = dimension_numbers
-        rhs = _serving_weight(rhs, tuple(rc), rule, "rhs")
+        (_, rc), (_, rb) = dimension_numbers
+        rhs = _serving_weight(rhs, tuple(rc), rule, "rhs", tuple(rb))
         return _dot_general(lhs, rhs, dimension_numbers, preferred_element_type, rule.recipe, pad_k=False)
 
     def _mx_einsum(self, einsum_str, lhs, rhs, preferred_element_type, rule):
-        (_, rc), _ = parse_subscripts(einsum_str, len(lhs.shape), len(rhs.shape))[0]
-        rhs = _serving_weight(rhs, rc, rule, "rhs")
+        (_, rc), (_, rb) = parse_subscripts(einsum_str, len(lhs.shape), len(rhs.shape))[0]
+        rhs = _serving_weight(rhs, rc, rule, "rhs", rb)
         return _einsum(einsum_str, lhs, rhs, preferred_element_type, rule.recipe, pad_k=False)
 
 

@@ -59,7 +59,9 @@ class Recipe:
         depends only on the weight (rhs) shape and dims, so that
         :func:`jax_mxfp4.flax.quantize_params` can rotate kernels as training did. With a
         pre-quantized :class:`MXFP4Array` operand the array's own record
-        (``MXFP4Array.hadamard``) decides the forward rotation, not this option.
+        (``MXFP4Array.hadamard``) decides the forward rotation, not this option; the Flax layers
+        and the Qwix serving provider refuse a weight whose record is not the rotation this
+        option gives (:func:`jax_mxfp4.weight_record.check_against_recipe`).
       hadamard_block: size of the Hadamard blocks, 32 (default), 64, 128 or 256; every rotated
         contraction (K for fprop, N for dgrad, the token axis M for wgrad, after zero-padding to a
         multiple of 32) must be a multiple of it, else ``dot_general`` raises ValueError.

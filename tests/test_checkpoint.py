@@ -71,11 +71,11 @@ def test_quantized_arrays_survive_save_and_load(tmp_path, shape, axis, rng):
     q = mx.quantize(x, axis=axis)
     save_mxfp4(tmp_path / "q.safetensors", {"w": q, "swz": q.with_scale_layout("swizzled")})
     back = load_mxfp4(tmp_path / "q.safetensors", dtype=jnp.float32, axes={"w": axis, "swz": axis})
-    for name in ("w", "swz"):
+    for name, layout in (("w", "plain"), ("swz", "swizzled")):
         r = back[name]
-        assert (r.shape, r.axis) == (q.shape, q.axis)
+        assert (r.shape, r.axis, r.scale_layout) == (q.shape, q.axis, layout)  # the layout is recorded
         np.testing.assert_array_equal(r.data, q.data)
-        np.testing.assert_array_equal(np.asarray(r.scales).view(np.uint8), np.asarray(q.scales).view(np.uint8))
+        np.testing.assert_array_equal(np.asarray(r.plain_scales()).view(np.uint8), np.asarray(q.scales).view(np.uint8))
     b, s = to_blocks_scales(q)
     np.testing.assert_array_equal(numpy_decode(b, s), np.moveaxis(np.asarray(mx.dequantize(q), np.float64), axis, -1))
 

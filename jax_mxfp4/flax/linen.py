@@ -10,7 +10,10 @@ wgrad) run through :func:`jax_mxfp4.dot_general` with ``recipe`` (default ``Reci
 float32 accumulator is returned in the computation dtype. A kernel replaced by an
 :class:`jax_mxfp4.MXFP4Array` (:func:`jax_mxfp4.flax.quantize_params`), or by one arranged once
 by :func:`jax_mxfp4.prepare_decode` (``quantize_params(..., prepare="decode")``) or
-:func:`jax_mxfp4.prepare_fp8`, is used as is (inference; same outputs, bit for bit).
+:func:`jax_mxfp4.prepare_fp8`, is used as is (inference; same outputs, bit for bit), once its
+record (scale rule, Hadamard rotation) is checked against ``recipe``: a kernel quantized or
+restored without the training recipe raises ValueError naming both records
+(:func:`jax_mxfp4.weight_record.check_against_recipe`).
 
 Stochastic rounding of the gradients (``Recipe.grad_rounding="stochastic"``) draws its key from
 the RNG stream ``rng_collection`` (default ``"stochastic_rounding"``) when ``apply`` is given one:
@@ -90,7 +93,9 @@ class Dense(nn.Module):
         if kernel is None:
             kernel = self.param("kernel", self.kernel_init, (jnp.shape(inputs)[-1], self.features), self.param_dtype)
         bias = self.param("bias", self.bias_init, (self.features,), self.param_dtype) if self.use_bias else None
-        inputs, kernel, bias, out_dtype = layer_operands(inputs, kernel, bias, self.dtype, self.recipe, _promote)
+        trained = ((jnp.shape(inputs)[-1], self.features), (0,), ())
+        inputs, kernel, bias, out_dtype = layer_operands(inputs, kernel, bias, self.dtype, self.recipe, _promote,
+                                                         trained)
         return _dense(inputs, kernel, bias, self.recipe, _rounding_key(self), out_dtype)
 
 
@@ -157,11 +162,12 @@ class DenseGeneral(nn.Module):
             inputs.shape[ax] if ax in batch_dims else 1 for ax in range(inputs.ndim) if ax not in axis
         )
         kernel_shape = tuple(inputs.shape[ax] for ax in axis) + features
+        batch_ind = tuple(range(n_batch_dims))
+        contract_ind = tuple(range(n_batch_dims, n_axis + n_batch_dims))
+        trained = (batch_shape + kernel_shape, contract_ind, batch_ind)  # the float kernel's GEMM
         kernel = _quantized_kernel(self)
         if kernel is None:
             kernel = self.param("kernel", kernel_init_wrap, batch_shape + kernel_shape, self.param_dtype)
-        batch_ind = tuple(range(n_batch_dims))
-        contract_ind = tuple(range(n_batch_dims, n_axis + n_batch_dims))
 
         bias = None
         if self.use_bias:
@@ -188,7 +194,8 @@ class DenseGeneral(nn.Module):
                     widths = [(0, 0)] * inputs.ndim
                     widths[ax] = (0, kp - inputs.shape[ax])
                     inputs = jnp.pad(inputs, widths)
-        inputs, kernel, bias, out_dtype = layer_operands(inputs, kernel, bias, self.dtype, self.recipe, _promote)
+        inputs, kernel, bias, out_dtype = layer_operands(inputs, kernel, bias, self.dtype, self.recipe, _promote,
+                                                         trained)
         out = _dot_general(
             inputs, kernel, ((axis, contract_ind), (batch_dims, batch_ind)), out_dtype, self.recipe, pad_k=True,
             key=_rounding_key(self),

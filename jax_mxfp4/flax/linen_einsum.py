@@ -9,7 +9,7 @@ from flax.linen import module
 from ..einsum import _einsum
 from ..recipe import Recipe
 from .linen import _quantized_kernel, _rounding_key
-from .params import layer_operands
+from .params import einsum_trained, layer_operands
 
 
 class Einsum(nn.Einsum):
@@ -50,11 +50,12 @@ class Einsum(nn.Einsum):
         if self.use_bias:
             bias_shape, broadcasted_bias_shape = self._get_bias_shape(einsum_str, inputs, kernel)
             bias = self.param("bias", self.bias_init, bias_shape, self.param_dtype)
-        # the one weight path of every layer (issue 11 (c)): the kernel is quantized from its
-        # param_dtype value, never from a copy cast to `dtype`; inputs and bias are promoted
+        # the one weight path of every layer: the kernel is quantized from its param_dtype value,
+        # never from a copy cast to `dtype`; inputs and bias are promoted
         inputs, kernel, bias, out_dtype = layer_operands(
             inputs, kernel, bias, self.dtype, self.recipe,
-            lambda args, dtype: self.promote_dtype(*args, dtype=dtype))
+            lambda args, dtype: self.promote_dtype(*args, dtype=dtype),
+            einsum_trained(einsum_str, inputs, self.shape))
         y = _einsum(einsum_str, inputs, kernel, self.preferred_element_type or out_dtype, self.recipe,
                     pad_k=True, key=_rounding_key(self))
         if bias is not None:

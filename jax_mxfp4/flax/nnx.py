@@ -33,7 +33,9 @@ class Linear(nnx.Linear):
     quantized from its ``param_dtype`` value (never a cast copy), so the trained forward uses
     exactly the weights that :func:`jax_mxfp4.flax.quantize_params` on
     ``nnx.state(model, nnx.Param)`` (then ``nnx.update``) gives for inference (an MXFP4Array
-    kernel, or its :class:`jax_mxfp4.DecodePrepared`/:class:`jax_mxfp4.FP8Prepared` form).
+    kernel, or its :class:`jax_mxfp4.DecodePrepared`/:class:`jax_mxfp4.FP8Prepared` form). A
+    quantized kernel whose record (scale rule, Hadamard rotation) is not what ``recipe``'s
+    forward pass used raises ValueError naming both (:func:`jax_mxfp4.weight_record.check_against_recipe`).
 
     Key for stochastic rounding of the gradients (``Recipe.grad_rounding="stochastic"``), first
     found of: the call's ``rngs`` (a PRNG key, an ``nnx.RngStream``, or an ``nnx.Rngs`` whose
@@ -78,7 +80,8 @@ class Linear(nnx.Linear):
         kernel = self.kernel.get_value()
         bias = self.bias.get_value() if self.bias is not None else None
         inputs, kernel, bias, out_dtype = layer_operands(
-            inputs, kernel, bias, self.dtype, self.recipe, self.promote_dtype
+            inputs, kernel, bias, self.dtype, self.recipe, self.promote_dtype,
+            ((self.in_features, self.out_features), (0,), ()),
         )
         y = _dense(inputs, kernel, bias, self.recipe, self._rounding_key(rngs), out_dtype)
         if out_sharding is not None:  # explicit-mesh types are changed by reshard, Auto ones constrained

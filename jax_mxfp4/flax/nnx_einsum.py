@@ -8,7 +8,7 @@ from flax import nnx
 from ..einsum import _einsum
 from ..recipe import Recipe
 from .nnx import _stream
-from .params import layer_operands
+from .params import einsum_trained, layer_operands
 
 
 class Einsum(nnx.Einsum):
@@ -50,7 +50,8 @@ class Einsum(nnx.Einsum):
         bias = self.bias.get_value() if self.bias is not None else None
         # the one weight path of every layer: kernel from its param_dtype value, never cast
         inputs, kernel, bias, out_dtype = layer_operands(inputs, kernel, bias, self.dtype, self.recipe,
-                                                         self.promote_dtype)
+                                                         self.promote_dtype,
+                                                         einsum_trained(einsum_str, inputs, self.kernel_shape))
         if rngs is not None and not hasattr(rngs, "shape"):
             rngs = _stream(rngs, "stochastic_rounding")()
         y = _einsum(einsum_str, inputs, kernel, self.preferred_element_type or out_dtype, self.recipe,

@@ -14,7 +14,7 @@ from ..array import MXFP4Array
 from ..decode_prepared import DecodePrepared, prepare_decode
 from ..fp8 import FP8Prepared
 from ..mx_format import BLOCK_SIZE
-from ..quantize import quantize, quantize_rotated
+from ..weight_record import check_against_recipe, fprop_rotation, quantize_weight
 
 #: The quantized kernel forms the Flax layers use as is (inference): an MXFP4Array and the forms
 #: arranged once from one, :func:`jax_mxfp4.prepare_decode` / :func:`jax_mxfp4.prepare_fp8`.
@@ -56,16 +56,6 @@ def kernel_kind(kernel) -> str:
     return ("an " if name[0] in "AEFHILMNORSX" else "a ") + name
 
 
-def check_scale_mode_matches(kernel, recipe):
-    """ValueError for a quantized ``kernel`` whose scale rule is not ``recipe.scale_mode``."""
-    if isinstance(kernel, QUANTIZED_KERNELS) and kernel.scale_mode != recipe.scale_mode:
-        raise ValueError(
-            f"kernel: {kernel_kind(kernel)} quantized with scale_mode={kernel.scale_mode!r}, but this "
-            f"layer's recipe trains with scale_mode={recipe.scale_mode!r}; quantize_params(..., "
-            f"scale_mode={recipe.scale_mode!r}) gives the weights the trained forward used"
-        )
-
-
 def _key_name(k) -> str:
     for attr in ("key", "name", "idx"):
         if hasattr(k, attr):
@@ -93,32 +83,36 @@ def default_select(path: tuple[str, ...], leaf) -> int | None:
     return 0
 
 
-def _einsum_kernel_axis(einsum_str, inputs_ndim, kernel_ndim):
+def _einsum_kernel_dims(einsum_str, inputs_ndim, kernel_ndim):
+    """(contraction axis or None if several, batch dims) of an einsum's kernel (rhs)."""
     from ..einsum import parse_subscripts
 
     try:
-        (_, rc), _ = parse_subscripts(einsum_str.replace(" ", ""), inputs_ndim, kernel_ndim)[0]
+        (_, rc), (_, rb) = parse_subscripts(einsum_str.replace(" ", ""), inputs_ndim, kernel_ndim)[0]
     except (ValueError, TypeError):
-        return None
-    return rc[0] if len(rc) == 1 else None
+        return None, ()
+    return (rc[0] if len(rc) == 1 else None), tuple(rb)
 
 
-def _linen_kernel_axis(module, args, kwargs, kernel_ndim):
-    """Contraction axis of the (per-call) kernel of a jax_mxfp4 linen layer, None if several."""
+def _linen_kernel_dims(module, args, kwargs, kernel_ndim):
+    """(contraction axis, None if several; batch dims) of the (per-call) kernel of a jax_mxfp4
+    linen layer."""
     from . import linen
 
     if isinstance(module, linen.Einsum):
         es = kwargs.get("einsum_str", args[1] if len(args) > 1 else None) or module.einsum_str
-        return _einsum_kernel_axis(es, jnp.ndim(args[0]), kernel_ndim)
+        return _einsum_kernel_dims(es, jnp.ndim(args[0]), kernel_ndim)
     if isinstance(module, linen.DenseGeneral):
         axis = module.axis if isinstance(module.axis, (tuple, list)) else (module.axis,)
         batch = module.batch_dims if isinstance(module.batch_dims, (tuple, list)) else (module.batch_dims,)
-        return len(tuple(batch)) if len(tuple(axis)) == 1 else None
-    return 0  # linen.Dense
+        n_batch = len(tuple(batch))
+        return (n_batch if len(tuple(axis)) == 1 else None), tuple(range(n_batch))
+    return 0, ()  # linen.Dense
 
 
-def _record(found, path, axis, call_shape):
-    found.setdefault(tuple(str(p) for p in path) + ("kernel",), set()).add((axis, tuple(call_shape)))
+def _record(found, path, dims, call_shape):
+    axis, batch = dims
+    found.setdefault(tuple(str(p) for p in path) + ("kernel",), set()).add((axis, tuple(call_shape), batch))
 
 
 def consumed_kernels(model, params, inputs=()) -> dict:
@@ -134,6 +128,12 @@ def consumed_kernels(model, params, inputs=()) -> dict:
     that matches (both transforms' default; see :func:`_full_axis`). The axis is None when the
     GEMM contracts several kernel dims or calls disagree (such kernels stay float).
     """
+    return {path: (axis, shape) for path, (axis, shape, _) in _consumers(model, params, inputs).items()}
+
+
+def _consumers(model, params, inputs) -> dict:
+    """:func:`consumed_kernels` with the per-call kernel's batch dims:
+    ``{path: (axis, per-call kernel shape, batch dims)}``."""
     found: dict = {}
     try:
         from flax import nnx
@@ -148,12 +148,12 @@ def consumed_kernels(model, params, inputs=()) -> dict:
             if isinstance(m, (mxnnx.Linear, mxnnx.Einsum)):
                 kernel = m.kernel.get_value()
                 if isinstance(m, mxnnx.Linear):
-                    per_call, axis = 2, 0
+                    per_call, dims = 2, (0, ())
                 else:
                     per_call = len(m.kernel_shape)
                     lhs_term = (m.einsum_str or "").split("->")[0].split(",")[0].replace("...", "")
-                    axis = _einsum_kernel_axis(m.einsum_str, len(lhs_term), per_call) if m.einsum_str else None
-                _record(found, path, axis, tuple(kernel.shape)[len(kernel.shape) - per_call:])
+                    dims = _einsum_kernel_dims(m.einsum_str, len(lhs_term), per_call) if m.einsum_str else (None, ())
+                _record(found, path, dims, tuple(kernel.shape)[len(kernel.shape) - per_call:])
     else:
         import flax.linen as nn
 
@@ -167,20 +167,20 @@ def consumed_kernels(model, params, inputs=()) -> dict:
             if context.method_name == "__call__" and isinstance(mod, layers) and mod.has_variable("params", "kernel"):
                 k = mod.get_variable("params", "kernel")
                 if not isinstance(k, QUANTIZED_KERNELS):
-                    _record(found, mod.path, _linen_kernel_axis(mod, args, kwargs, jnp.ndim(k)), jnp.shape(k))
+                    _record(found, mod.path, _linen_kernel_dims(mod, args, kwargs, jnp.ndim(k)), jnp.shape(k))
             return out
 
         variables = params if "params" in params else {"params": params}
         with nn.intercept_methods(interceptor):
             jax.eval_shape(lambda v, *a: model.apply(v, *a), variables, *inputs)
-    return {path: (calls.pop() if len(calls) == 1 else (None, None)) for path, calls in found.items()}
+    return {path: (calls.pop() if len(calls) == 1 else (None, None, ())) for path, calls in found.items()}
 
 
 def _full_axis(leaf, consumer):
     """Axis of ``leaf`` (possibly stacked: extra leading dims) that its consumer contracts, or None.
 
-    ``consumer`` is ``(per-call axis, per-call kernel shape)`` from :func:`consumed_kernels`."""
-    axis, call_shape = consumer
+    ``consumer`` is ``(per-call axis, per-call kernel shape, ...)`` from :func:`consumed_kernels`."""
+    axis, call_shape = consumer[:2]
     if axis is None:
         return None
     extra = jnp.ndim(leaf) - len(call_shape)
@@ -221,11 +221,15 @@ def quantize_params(
     used, and if ``recipe.hadamard`` includes "fprop" (with ``recipe.fprop == "mxfp4"``) each
     selected kernel is rotated along its axis (after padding) by the forward pass's Hadamard
     transform -- block ``recipe.hadamard_block``, seed :func:`jax_mxfp4.hadamard.weight_seed` of
-    the kernel's shape, ``(axis,)``, ``()`` -- before quantizing; the :class:`MXFP4Array` records
+    the kernel's (per-layer, with ``model``: one layer of an ``nn.scan``/``nnx.vmap`` stack)
+    shape, ``(axis,)``, ``()`` -- before quantizing; the :class:`MXFP4Array` records
     ``hadamard=(block, seed)`` and :func:`jax_mxfp4.dot_general` rotates the activations to
     match. The stored codes and scales are then bit-identical to those training's forward pass
-    quantized (for layers that contract the kernel's axis ``axis`` with no batch dims, as
-    :func:`default_select` selects).
+    quantized (without ``model``, for kernels contracted along ``axis`` with no batch dims, as
+    :func:`default_select` selects; with ``model``, the batch dims of a ``DenseGeneral``/``Einsum``
+    count too). The record travels with the array (orbax, ``jit``,
+    :func:`jax_mxfp4.checkpoint.save_mxfp4`), and every layer checks it against its recipe
+    (:func:`layer_operands`), so a kernel rotated otherwise is refused, never served.
 
     Args:
       params: any pytree of arrays.
@@ -268,7 +272,6 @@ def quantize_params(
             f'"decode": jax_mxfp4.prepare_decode of each), got {prepare!r}'
         )
     finish = prepare_decode if prepare == "decode" else (lambda q: q)
-    rotate = False
     if recipe is not None:
         from ..dims import check_recipe
 
@@ -279,11 +282,10 @@ def quantize_params(
                 "leave scale_mode out to use the recipe's"
             )
         scale_mode = recipe.scale_mode
-        rotate = "fprop" in recipe.hadamard_passes and recipe.fprop == "mxfp4"
     scale_mode = "even" if scale_mode is None else scale_mode
     checks.check_scale_mode(scale_mode)
     checks.check_scale_layout(scale_layout)
-    consumers = consumed_kernels(model, params, inputs) if model is not None else None
+    consumers = _consumers(model, params, inputs) if model is not None else None
 
     def convert(path, leaf):
         if isinstance(leaf, QUANTIZED_KERNELS):
@@ -320,19 +322,24 @@ def quantize_params(
             axis = default_select(names, leaf)
             if axis is None:
                 return leaf
-        seed = hd.weight_seed(leaf.shape, (axis,), ())
+        # the forward's rotation of this kernel as one layer's GEMM saw it (its seed depends on
+        # that): a stack of layers (nn.scan/nnx.vmap, leading dims) is rotated per layer, with
+        # the per-layer shape, and a kernel with batch dims with those
+        call_shape, call_axis, batch = tuple(leaf.shape), axis, ()
+        if consumers is not None and key in consumers and consumers[key][1] is not None:
+            call_shape, batch = tuple(consumers[key][1]), consumers[key][2]
+            call_axis = axis - (leaf.ndim - len(call_shape))
+        rotation = fprop_rotation(recipe, call_shape, (call_axis,), batch) if recipe is not None else None
         extra = (-leaf.shape[axis]) % BLOCK_SIZE
         if extra:
             widths = [(0, 0)] * leaf.ndim
             widths[axis] = (0, extra)
             leaf = jnp.pad(leaf, widths)
-        if not rotate:
-            return finish(quantize(leaf, axis, scale_mode=scale_mode, scale_layout=scale_layout))
-        block = recipe.hadamard_block
-        hd.check_length(leaf.shape[axis], block, f"the kernel at {'/'.join(_key_name(k) for k in path)} along axis {axis}")
-        q = quantize_rotated(leaf, axis, (block, seed), scale_mode=scale_mode).with_scale_layout(scale_layout)
-        return finish(MXFP4Array(q.data, q.scales, q.axis, q.shape, leaf.dtype, q.scale_mode, q.scale_layout,
-                                 (block, seed)))
+        if rotation is not None:
+            hd.check_length(leaf.shape[axis], rotation[0],
+                            f"the kernel at {'/'.join(_key_name(k) for k in path)} along axis {axis}")
+        return finish(quantize_weight(leaf, axis, scale_mode=scale_mode, scale_layout=scale_layout,
+                                      hadamard=rotation))
 
     return jax.tree_util.tree_map_with_path(
         convert, params, is_leaf=lambda x: isinstance(x, QUANTIZED_KERNELS)
@@ -345,23 +352,43 @@ def abstract_params(params: Any) -> Any:
     return jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(jnp.shape(x), x.dtype), params)
 
 
-def layer_operands(inputs, kernel, bias, dtype, recipe, promote):
+def einsum_trained(einsum_str, inputs, kernel_shape):
+    """``(kernel_shape, contracting, batch)`` of an Einsum layer's kernel as its GEMM contracts it
+    (the ``trained`` argument of :func:`layer_operands`), or None for subscripts that are not one
+    GEMM (:func:`jax_mxfp4.einsum` reports those)."""
+    from ..einsum import parse_subscripts
+
+    try:
+        (_, rc), (_, rb) = parse_subscripts(einsum_str, jnp.ndim(inputs), len(kernel_shape))[0]
+    except (ValueError, TypeError):
+        return None
+    return tuple(kernel_shape), tuple(rc), tuple(rb)
+
+
+def layer_operands(inputs, kernel, bias, dtype, recipe, promote, trained=None):
     """The one weight path of every Flax layer, training and serving alike.
 
     The kernel is never cast: a float kernel reaches the GEMM in its ``param_dtype`` and is
     quantized from that value (the value :func:`quantize_params` quantizes), a quantized kernel
-    (MXFP4Array, DecodePrepared, FP8Prepared: :func:`quantized_kernel`) is used as is. ``inputs`` and ``bias`` are promoted with ``promote`` (Flax's
-    ``promote_dtype``) to the computation dtype: ``dtype``, else the result type of inputs, the
-    kernel's (logical) dtype and bias, as Flax's layers do. The GEMM returns that dtype.
+    (MXFP4Array, DecodePrepared, FP8Prepared: :func:`quantized_kernel`) is used as is, once its
+    record (scale rule, Hadamard rotation) is checked against ``recipe``
+    (:func:`jax_mxfp4.weight_record.check_against_recipe`). ``trained`` is ``(shape,
+    contracting, batch)`` of the float kernel as the layer declares and contracts it (the
+    rotation's seed depends on it); None: the quantized kernel's own shape and axis, no batch
+    dims. ``inputs`` and ``bias`` are promoted with ``promote`` (Flax's ``promote_dtype``) to
+    the computation dtype: ``dtype``, else the result type of inputs, the kernel's (logical)
+    dtype and bias, as Flax's layers do. The GEMM returns that dtype.
 
     Returns ``(inputs, kernel, bias, out_dtype)``. Raises ValueError for a quantized kernel
-    quantized with another scale rule than ``recipe.scale_mode`` (serving would then differ
-    from the forward the model was trained with).
+    whose scale rule or rotation differs from what ``recipe``'s forward pass used (serving
+    would then differ from the forward the model was trained with), naming both.
     """
     recipe = dims.check_recipe(recipe)
     q = quantized_kernel(kernel)
     kernel = kernel if q is None else q
-    check_scale_mode_matches(kernel, recipe)
+    if q is not None:
+        shape, contracting, batch = trained if trained is not None else (None, None, ())
+        check_against_recipe(q, recipe, shape=shape, contracting=contracting, batch=batch)
     if dtype is None:
         dtype = jnp.result_type(*(x for x in (inputs, bias) if x is not None), jnp.dtype(kernel.dtype))
         if not jnp.issubdtype(dtype, jnp.inexact):
