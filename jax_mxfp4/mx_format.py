@@ -281,6 +281,35 @@ def scale_e2m1_values(vals: jax.Array, scale_bytes: jax.Array) -> jax.Array:
     return jnp.where(b == E8M0_NAN, jnp.nan, v).astype(jnp.float32)
 
 
+def normal_range_blocks(data: jax.Array, scale_bytes: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Packed E2M1 ``data`` [..., K/2] and plain E8M0 ``scale_bytes`` [..., K/32] (uint8 or
+    ``float8_e8m0fnu``) re-encoded so that no scale and no element is a float32 subnormal, with
+    the values of :func:`dequantize_blocks` (signed zeros included): (data, scale bytes uint8).
+
+    Why: the decoded value of byte 0x00 (2^-127) is a float32/bfloat16 subnormal, which hardware
+    treats differently: XLA on CPU treats it as zero (every element of the block lost, though
+    6 x 2^-127 is a normal float32), GPUs keep subnormal elements that the reference flushes. After
+    this rewrite any decode gives the reference's values, flushing or not:
+      - byte 0x00 -> 0x01 with each magnitude halved: 2, 3, 4, 6 -> 1, 1.5, 2, 3 (exact E2M1
+        values, magnitude code c -> c - 2); magnitudes below 2 (subnormal, flushed by the
+        reference) -> a zero of the same sign;
+      - byte 0x01: magnitude 0.5 (2^-127, flushed by the reference) -> a zero of the same sign.
+    Every other block is unchanged. Elementwise (XLA fuses it with what reads ``data``).
+    """
+    sb = as_scale_bytes(scale_bytes)
+    nb = sb.shape[-1]
+    b = jnp.repeat(sb, BLOCK_SIZE // 2, axis=-1, total_repeat_length=nb * (BLOCK_SIZE // 2))
+
+    def nibble(n):  # n: 4-bit code in the low bits
+        mag = n & 7
+        mag = jnp.where(b == 0, jnp.where(mag >= 4, mag - 2, 0), jnp.where((b == 1) & (mag == 1), 0, mag))
+        return (n & 8) | mag
+
+    d = data.astype(jnp.uint8)
+    out = nibble(d & 0xF) | (nibble(d >> 4) << 4)
+    return out.astype(jnp.uint8), jnp.where(sb == 0, jnp.uint8(1), sb)
+
+
 # ------------------------------------------------------------- kernel-friendly (Pallas/Triton)
 # Variants of the decode rules above for Pallas kernel bodies, where a table gather does not
 # lower to Triton. They are tested bit for bit against decode_e2m1 / dequantize_blocks
