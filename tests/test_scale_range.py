@@ -9,62 +9,13 @@ documented decoding, whatever the hardware does with subnormals."""
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from mx_reference import (PAIR_PATTERNS, pack_ref, scale_pair_failures, scale_pair_operands,
-                          scale_pair_reference)
+from mx_reference import PAIR_PATTERNS, dequantize_ref, pack_ref, unpack_ref
+from scale_pairs import check_scale_pairs
 
-import jax_mxfp4 as mx
-from jax_mxfp4 import dispatch
-from jax_mxfp4.backends.base import GemmProblem
-from jax_mxfp4.mx_format import as_e8m0, normal_range_blocks
-
-DN = (((1,), (1,)), ((), ()))
-ROWS = 256
-
-
-def _mx(codes, sb):
-    return mx.MXFP4Array(jnp.asarray(pack_ref(codes, 1)), as_e8m0(jnp.asarray(sb)), 1, codes.shape, jnp.float32)
-
-
-def check_scale_pairs(backend, pattern, out_dtype=jnp.float32, k=32, form="plain", batch_rows=None):
-    """Run ``backend`` on the all-pairs GEMM; assert every output is within its contract.
-    ``form``: "plain" MXFP4Arrays, "fp8" (rhs through prepare_fp8) or "decode" (rhs through
-    prepare_decode). ``batch_rows``: split the lhs into batches of this many rows (decode-size
-    routes), each against the whole rhs."""
-    cl, bl, cr, br = scale_pair_operands(pattern, k)
-    a, b = _mx(cl, bl), _mx(cr, br)
-    recipe = mx.Recipe(backend=backend)
-    pet = jnp.dtype(out_dtype)
-    if form == "fp8":
-        b = mx.prepare_fp8(b)
-    elif form == "decode":
-        b = mx.prepare_decode(b)
-    if batch_rows:
-        nb = ROWS // batch_rows
-        a3 = mx.MXFP4Array(a.data.reshape(nb, batch_rows, -1), a.scales.reshape(nb, batch_rows, -1), 2,
-                           (nb, batch_rows, k), jnp.float32)
-        rep = lambda v: jnp.broadcast_to(v, (nb, *v.shape))  # noqa: E731
-        b3 = mx.MXFP4Array(rep(b.data), rep(b.scales), 2, (nb, ROWS, k), jnp.float32)
-        dn = (((2,), (2,)), ((0,), (0,)))
-        fn = jax.jit(lambda x, y: mx.dot_general(x, y, dn, preferred_element_type=pet, recipe=recipe))
-        got = np.asarray(fn(a3, b3).astype(jnp.float32)).reshape(ROWS, ROWS)
-    else:
-        fn = jax.jit(lambda x, y: mx.dot_general(x, y, DN, preferred_element_type=pet, recipe=recipe))
-        got = np.asarray(fn(a, b).astype(jnp.float32))
-    exact, abs_dot, nan_byte, overflow = scale_pair_reference(cl, bl, cr, br)
-    problem = GemmProblem(1, ROWS, ROWS, k, np.dtype(pet), "plain", dispatch.current_platform())
-    bound = dispatch.get_backend(backend).numerics(problem).bound(exact, abs_dot, k, pet)
-    bad = scale_pair_failures(got, exact, abs_dot, nan_byte, overflow, bound)
-    where = [(f"0x{i:02X}", f"0x{j:02X}", float(got[i, j]), float(exact[i, j])) for i, j in np.argwhere(bad)[:6]]
-    assert not bad.any(), f"{backend} {pattern} {form}: {int(bad.sum())} pairs off, (lhs byte, rhs byte, got, exact): {where}"
-    assert np.isnan(got[255]).all() and np.isnan(got[:, 255]).all()
-    # the pair the faults were about: 6 x 2^-127 against 6 x 2^125 (bytes 0x00, 0xFC) is ordinary
-    if pattern == "six":
-        assert exact[0, 0xFC] == 32 * 36 * 2.0**-2 and got[0, 0xFC] == exact[0, 0xFC]
-
+from jax_mxfp4.mx_format import normal_range_blocks
 
 CPU_BACKENDS = ["xla", "ffi-cpu", "scaled_dot", "fp8"]
 
@@ -106,8 +57,6 @@ def test_normal_range_blocks_keeps_every_value():
     data = jnp.asarray(pack_ref(codes, 1))
     d2, s2 = normal_range_blocks(data, jnp.asarray(sb))
     assert int(jnp.min(jnp.where(jnp.asarray(s2) == 255, 1, s2))) >= 1
-    from mx_reference import dequantize_ref, unpack_ref
-
     want = dequantize_ref(codes, sb, 1)
     got = dequantize_ref(unpack_ref(np.asarray(d2), 1), np.asarray(s2), 1)
     np.testing.assert_array_equal(got, want)
