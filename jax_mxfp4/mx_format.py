@@ -372,6 +372,15 @@ def e4m3_bits_from_packed(data: jax.Array) -> tuple[jax.Array, jax.Array]:
     return lo, hi
 
 
+def flush_below_normal(v: jax.Array) -> jax.Array:
+    """float32 ``v`` with values below 2^-126 in magnitude replaced by a zero of the same sign
+    (NaN and Inf kept): the flush of :func:`dequantize_blocks`, for decodes that compute
+    E2M1 x 2^(b-127) in float32 arithmetic, where a GPU keeps the subnormal (bytes 0x00 and 0x01
+    only) and the reference has zero. Written with a multiply by zero (the sign survives) and a
+    select, which every kernel lowering takes."""
+    return jnp.where(jnp.abs(v) < jnp.float32(FLOAT32_MIN_NORMAL), v * 0.0, v)
+
+
 def scale_factors_for_f16_codes(scale_bytes: jax.Array, code_exponent: int = 14) -> tuple[jax.Array, jax.Array]:
     """Two float32 factors (f1, f2) per E8M0 byte with E2M1 x 2^-c x f1 x f2 = E2M1 x 2^(b-127).
 
@@ -379,9 +388,9 @@ def scale_factors_for_f16_codes(scale_bytes: jax.Array, code_exponent: int = 14)
     :func:`e4m3_bits_from_packed` (FP8 E4M3 codes). Both factors are normal float32 powers of
     two (f1 = 2^c, f2 = 2^(b-127); for byte 0, f1 = 2^(c-1) and f2 = 2^-126), so each product is exact
     whenever the result is a normal float32. Byte 0xFF gives f2 = NaN (the whole block NaN).
-    Results under 2^-126 (bytes 0x00/0x01 only) are left to the hardware: a GPU keeps the
-    float32 subnormal where :func:`dequantize_blocks` flushes to a signed zero (a difference
-    below 2^-126 per element).
+    Results under 2^-126 (bytes 0x00/0x01 only) are subnormal, which a GPU keeps and the
+    reference flushes: callers apply :func:`flush_below_normal` (the difference, below 2^-126 per
+    element, is not small once multiplied by an operand near 2^127).
     """
     b = as_scale_bytes(scale_bytes).astype(jnp.int32)
     f1 = jnp.where(b == 0, jnp.float32(2.0 ** (code_exponent - 1)), jnp.float32(2.0**code_exponent))

@@ -63,3 +63,32 @@ def test_normal_range_blocks_keeps_every_value():
     np.testing.assert_array_equal(np.signbit(got), np.signbit(want))
     assert np.all((got == 0) | np.isnan(got) | (np.abs(got) >= 2.0**-126))
     np.testing.assert_array_equal(np.asarray(d2)[2:], np.asarray(data)[2:])  # other bytes untouched
+
+
+def test_flush_below_normal_keeps_sign_nan_inf_and_normals():
+    from jax_mxfp4.mx_format import flush_below_normal
+
+    tiny = np.float32(2.0**-126)
+    v = np.array([tiny, -tiny, tiny * np.float32(0.5), -tiny * np.float32(0.75), 0.0, -0.0, 1.5,
+                  np.inf, -np.inf, np.nan, 6 * 2.0**-127], np.float32)
+    got = np.asarray(flush_below_normal(jnp.asarray(v)))
+    want = np.array([tiny, -tiny, 0.0, -0.0, 0.0, -0.0, 1.5, np.inf, -np.inf, np.nan, 6 * 2.0**-127], np.float32)
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(np.signbit(got), np.signbit(want))
+
+
+@pytest.mark.parametrize("decode", ["f16", "e4m3"])
+def test_kernel_decode_every_byte_and_code_equals_dequantize(decode):
+    """The Pallas kernels' portable decode (kernels.gemm._dequant_halves: tiled kernel, ROCm and
+    interpreter weight-stationary kernel) gives dequantize's bfloat16 values for every scale byte
+    and code, flushed elements (bytes 0x00/0x01) as signed zeros."""
+    from jax_mxfp4.kernels.gemm import _dequant_halves
+
+    codes = np.tile(np.arange(16, dtype=np.uint8), (256, 2))
+    sb = np.arange(256, dtype=np.uint8)[:, None]
+    lo, hi = _dequant_halves(jnp.asarray(pack_ref(codes, 1)), jnp.asarray(sb), decode)
+    got = np.stack([np.asarray(lo.astype(jnp.float32)), np.asarray(hi.astype(jnp.float32))], -1).reshape(256, 32)
+    with np.errstate(over="ignore"):  # bytes 0xFD/0xFE: elements past float32's range are +-Inf
+        want = dequantize_ref(codes, sb, 1).astype(np.float32).astype(jnp.bfloat16).astype(np.float32)
+    np.testing.assert_array_equal(got.view(np.uint32)[:255], want.view(np.uint32)[:255])
+    assert np.isnan(got[255]).all()
