@@ -68,6 +68,7 @@ def test_a_wrong_result_makes_the_selftest_fail_with_nonzero_exit(monkeypatch, c
     assert "backend xla: contract exact: |err| <= " in out
 
 
+@pytest.mark.slow
 def test_a_correct_result_passes_with_zero_exit(capsys):
     rc = selftest.main(["--quick", "--no-speed", "--backends", "xla"])
     out = capsys.readouterr().out
