@@ -35,7 +35,7 @@ class Contract:
     zero. Outputs where a product or the sum overflows float32 are not bounded (they may be
     +-Inf/NaN, or finite on a path that sums before it scales). ``kind``: "exact" (exact block
     products, float32 accumulation in any order: c = g(K) = K u / (1 - K u), u = 2^-24, the
-    standard bound for any summation order) or a named bound with fixed ``rel`` per data family
+    bound for any summation order: Higham, Accuracy and Stability of Numerical Algorithms, §3.1) or a named bound with fixed ``rel`` per data family
     (the FP8 path on a GPU, measured: ``jax_mxfp4.backends.fp8.ERROR_BOUNDS``). ``summary``: one
     line for explain() and the self-test."""
 
@@ -48,7 +48,11 @@ class Contract:
         "adversarial"; the exact contract holds for every family)."""
         if self.kind == "exact":
             return k * F32_UNIT / (1 - k * F32_UNIT)
-        return dict(self.rel)[data]
+        rel = dict(self.rel)
+        if data not in rel:
+            raise ValueError(f"contract {self.kind!r} states no error bound for data family {data!r} "
+                             f"(it states one for {sorted(rel) or 'none'})")
+        return rel[data]
 
     def bound(self, exact, abs_dot, k: int, out_dtype, data: str = "random"):
         """Elementwise bound (float64 ndarray) on |out - exact| for float64 ``exact`` and
