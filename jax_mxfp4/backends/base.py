@@ -35,9 +35,10 @@ class Contract:
     zero. Outputs where a product or the sum overflows float32 are not bounded (they may be
     +-Inf/NaN, or finite on a path that sums before it scales). ``kind``: "exact" (exact block
     products, float32 accumulation in any order: c = g(K) = K u / (1 - K u), u = 2^-24, the
-    bound for any summation order: Higham, Accuracy and Stability of Numerical Algorithms, §3.1) or a named bound with fixed ``rel`` per data family
-    (the FP8 path on a GPU, measured: ``jax_mxfp4.backends.fp8.ERROR_BOUNDS``). ``summary``: one
-    line for explain() and the self-test."""
+    bound for any summation order: Higham, Accuracy and Stability of Numerical Algorithms, §3.1)
+    or a named bound with fixed ``rel`` per data family (the FP8 path on a GPU, measured:
+    ``jax_mxfp4.backends.fp8.ERROR_BOUNDS``). ``summary``: one line for explain() and the
+    self-test."""
 
     kind: str
     summary: str
