@@ -281,6 +281,35 @@ def scale_e2m1_values(vals: jax.Array, scale_bytes: jax.Array) -> jax.Array:
     return jnp.where(b == E8M0_NAN, jnp.nan, v).astype(jnp.float32)
 
 
+def normal_range_blocks(data: jax.Array, scale_bytes: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Packed E2M1 ``data`` [..., K/2] and plain E8M0 ``scale_bytes`` [..., K/32] (uint8 or
+    ``float8_e8m0fnu``) re-encoded so that no scale and no element is a float32 subnormal, with
+    the values of :func:`dequantize_blocks` (signed zeros included): (data, scale bytes uint8).
+
+    Why: the decoded value of byte 0x00 (2^-127) is a float32/bfloat16 subnormal, which hardware
+    treats differently: XLA on CPU treats it as zero (every element of the block lost, though
+    6 x 2^-127 is a normal float32), GPUs keep subnormal elements that the reference flushes. After
+    this rewrite any decode gives the reference's values, flushing or not:
+      - byte 0x00 -> 0x01 with each magnitude halved: 2, 3, 4, 6 -> 1, 1.5, 2, 3 (exact E2M1
+        values, magnitude code c -> c - 2); magnitudes below 2 (subnormal, flushed by the
+        reference) -> a zero of the same sign;
+      - byte 0x01: magnitude 0.5 (2^-127, flushed by the reference) -> a zero of the same sign.
+    Every other block is unchanged. Elementwise (XLA fuses it with what reads ``data``).
+    """
+    sb = as_scale_bytes(scale_bytes)
+    nb = sb.shape[-1]
+    b = jnp.repeat(sb, BLOCK_SIZE // 2, axis=-1, total_repeat_length=nb * (BLOCK_SIZE // 2))
+
+    def nibble(n):  # n: 4-bit code in the low bits
+        mag = n & 7
+        mag = jnp.where(b == 0, jnp.where(mag >= 4, mag - 2, 0), jnp.where((b == 1) & (mag == 1), 0, mag))
+        return (n & 8) | mag
+
+    d = data.astype(jnp.uint8)
+    out = nibble(d & 0xF) | (nibble(d >> 4) << 4)
+    return out.astype(jnp.uint8), jnp.where(sb == 0, jnp.uint8(1), sb)
+
+
 # ------------------------------------------------------------- kernel-friendly (Pallas/Triton)
 # Variants of the decode rules above for Pallas kernel bodies, where a table gather does not
 # lower to Triton. They are tested bit for bit against decode_e2m1 / dequantize_blocks
@@ -343,6 +372,15 @@ def e4m3_bits_from_packed(data: jax.Array) -> tuple[jax.Array, jax.Array]:
     return lo, hi
 
 
+def flush_below_normal(v: jax.Array) -> jax.Array:
+    """float32 ``v`` with values below 2^-126 in magnitude replaced by a zero of the same sign
+    (NaN and Inf kept): the flush of :func:`dequantize_blocks`, for decodes that compute
+    E2M1 x 2^(b-127) in float32 arithmetic, where a GPU keeps the subnormal (bytes 0x00 and 0x01
+    only) and the reference has zero. Written with a multiply by zero (the sign survives) and a
+    select, which every kernel lowering takes."""
+    return jnp.where(jnp.abs(v) < jnp.float32(FLOAT32_MIN_NORMAL), v * 0.0, v)
+
+
 def scale_factors_for_f16_codes(scale_bytes: jax.Array, code_exponent: int = 14) -> tuple[jax.Array, jax.Array]:
     """Two float32 factors (f1, f2) per E8M0 byte with E2M1 x 2^-c x f1 x f2 = E2M1 x 2^(b-127).
 
@@ -350,9 +388,9 @@ def scale_factors_for_f16_codes(scale_bytes: jax.Array, code_exponent: int = 14)
     :func:`e4m3_bits_from_packed` (FP8 E4M3 codes). Both factors are normal float32 powers of
     two (f1 = 2^c, f2 = 2^(b-127); for byte 0, f1 = 2^(c-1) and f2 = 2^-126), so each product is exact
     whenever the result is a normal float32. Byte 0xFF gives f2 = NaN (the whole block NaN).
-    Results under 2^-126 (bytes 0x00/0x01 only) are left to the hardware: a GPU keeps the
-    float32 subnormal where :func:`dequantize_blocks` flushes to a signed zero (a difference
-    below 2^-126 per element).
+    Results under 2^-126 (bytes 0x00/0x01 only) are subnormal, which a GPU keeps and the
+    reference flushes: callers apply :func:`flush_below_normal` (the difference, below 2^-126 per
+    element, is not small once multiplied by an operand near 2^127).
     """
     b = as_scale_bytes(scale_bytes).astype(jnp.int32)
     f1 = jnp.where(b == 0, jnp.float32(2.0 ** (code_exponent - 1)), jnp.float32(2.0**code_exponent))

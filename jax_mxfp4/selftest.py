@@ -2,11 +2,14 @@
 speed table against bf16 ``dot_general``, on whatever device JAX sees (gfx950 for "hipblaslt").
 
 Correctness. Operands are MXFP4Arrays with random codes and scales; the reference is the exact
-float64 product of their dequantized values (NumPy, independent of every backend). A backend
-passes when |out - exact| <= g(K) * S + r(out) elementwise, where S = |A| |B|^T, u = 2^-24,
-g(n) = n u / (1 - n u) bounds any float32 summation order of K exact products, and r is half an
-ulp of the output dtype at |exact| (bf16: 2^-8 |exact|, f16: 2^-11 |exact|, plus subnormal
-spacing). The hipBLASLt kernels accumulate in float32 (compute type 32F), so they must pass too.
+float64 product of their dequantized values (NumPy, independent of every backend). Each backend
+is held to its own contract, :meth:`jax_mxfp4.backends.base.Backend.numerics` (printed per
+backend): "exact" backends to |out - exact| <= g(K) S + r(out) elementwise, where S = |A| |B|^T,
+u = 2^-24, g(n) = n u / (1 - n u) bounds any float32 summation order of K exact products, and r
+is half an ulp of the output dtype at |exact| (bf16: 2^-8 |exact|, f16: 2^-11 |exact|, plus
+subnormal spacing); backend "fp8" on a GPU (FP8 tensor-core accumulation) to its measured bound
+c S for random data (``jax_mxfp4.backends.fp8.ERROR_BOUNDS``) plus the same r(out). The
+hipBLASLt kernels accumulate in float32 (compute type 32F): exact contract.
 
 hipBLASLt gates. Each rule of backend "hipblaslt" (the validated envelope, the opt-in documented
 one behind ``JAX_MXFP4_HIPBLASLT_ENVELOPE=documented``, swizzled scales below hipBLASLt 1.5, plain
@@ -17,7 +20,7 @@ shape rules can be judged. The internal route hipBLASLt takes (rocRoller or Tens
 is printed per device.
 
 Exit status: 0 when every case that ran passed, 1 otherwise. Options: --quick (small shapes only),
---no-speed, --iters N.
+--no-speed, --iters N, --backends NAME[,NAME...] (only these backends).
 """
 
 from __future__ import annotations
@@ -36,15 +39,13 @@ import numpy as np
 
 from . import dispatch
 from .array import MXFP4Array
-from .backends.base import GemmProblem
+from .backends.base import Contract, GemmProblem
 from .gemm import dot_general
 from .recipe import Recipe
 
 E2M1 = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6], np.float64)
 DN = (((1,), (1,)), ((), ()))
-U = 2.0**-24
-OUT_EPS = {"float32": 0.0, "bfloat16": 2.0**-8, "float16": 2.0**-11}
-OUT_TINY = {"float32": 0.0, "bfloat16": 2.0**-133, "float16": 2.0**-24}
+DATA = "random"  # the data family of _random_mx, for contracts with a bound per family
 
 
 def _random_mx(rng, rows, k):
@@ -56,12 +57,21 @@ def _random_mx(rng, rows, k):
     return q, exact
 
 
-def _g(n):
-    return n * U / (1 - n * U)
+def contract_for(backend, m, n, k, layout, out) -> Contract:
+    """The contract ``backend`` holds for this self-test GEMM (its ``numerics``)."""
+    problem = dispatch_problem_shape(m, n, k, out, Recipe(backend=backend, scale_layout=layout))
+    return dispatch.get_backend(backend).numerics(problem)
+
+
+def contract_line(backend, m, n, k) -> str:
+    """The self-test's line naming the contract ``backend`` is held to (at the largest shape)."""
+    contract = contract_for(backend, m, n, k, "plain", "float32")
+    return f"backend {backend}: contract {contract.describe(k, DATA)} at K={k}; {contract.summary}"
 
 
 def check_case(backend, m, n, k, layout, out, seed=0):
-    """(status, detail) for one backend and GEMM: "PASS", "FAIL" or "SKIP"."""
+    """(status, detail) for one backend and GEMM: "PASS", "FAIL" or "SKIP". The result is held to
+    the backend's own contract (:func:`contract_for`), named in ``detail``."""
     rng = np.random.default_rng(seed)
     (a, ea), (b, eb) = _random_mx(rng, m, k), _random_mx(rng, n, k)
     recipe = Recipe(backend=backend, scale_layout=layout)
@@ -76,17 +86,20 @@ def check_case(backend, m, n, k, layout, out, seed=0):
     except Exception as e:  # report, never crash the table
         return "FAIL", f"{type(e).__name__}: {str(e)[:120]}"
     exact = ea @ eb.T
-    acc = _g(k) * (np.abs(ea) @ np.abs(eb).T)
-    bound = acc + OUT_EPS[out] * (np.abs(exact) + acc) + OUT_TINY[out]
+    contract = contract_for(backend, m, n, k, layout, out)
+    bound = contract.bound(exact, np.abs(ea) @ np.abs(eb).T, k, getattr(jnp, out), DATA)
     err = np.abs(got - exact)
     ok = bool(np.all(err <= bound))
     worst = float(np.max(err / np.maximum(bound, 1e-300)))
-    return ("PASS" if ok else "FAIL"), f"max err/bound = {worst:.3g}"
+    return ("PASS" if ok else "FAIL"), f"max err/bound = {worst:.3g} ({contract.kind})"
 
 
 def dispatch_problem(a, b, out, recipe):
-    return GemmProblem(1, a.shape[0], b.shape[0], a.shape[1], np.dtype(getattr(jnp, out)), recipe.scale_layout,
-                       dispatch.current_platform())
+    return dispatch_problem_shape(a.shape[0], b.shape[0], a.shape[1], out, recipe)
+
+
+def dispatch_problem_shape(m, n, k, out, recipe):
+    return GemmProblem(1, m, n, k, np.dtype(getattr(jnp, out)), recipe.scale_layout, dispatch.current_platform())
 
 
 ENVELOPE_ENV = "JAX_MXFP4_HIPBLASLT_ENVELOPE"
@@ -189,6 +202,7 @@ def main(argv=None) -> int:
     ap.add_argument("--quick", action="store_true", help="small shapes only")
     ap.add_argument("--no-speed", action="store_true", help="skip the speed table")
     ap.add_argument("--iters", type=int, default=10)
+    ap.add_argument("--backends", default="", help="comma-separated backend names (default: every available one)")
     args = ap.parse_args(argv)
 
     platform = dispatch.current_platform()
@@ -210,12 +224,19 @@ def main(argv=None) -> int:
         if why:
             print(f"  backend {n}: unavailable ({why})")
     backends = [n for n in names if not unavailable[n]]
+    if args.backends:
+        wanted = [w.strip() for w in args.backends.split(",") if w.strip()]
+        unknown = [w for w in wanted if w not in names]
+        if unknown:
+            ap.error(f"--backends: unknown backend(s) {unknown}; known: {names}")
+        backends = [n for n in backends if n in wanted]
 
     shapes = [(32, 32, 256), (64, 48, 384)] + ([] if args.quick else [(256, 256, 1024), (512, 256, 2048)])
-    print("\ncorrectness vs exact float64 (bound: g(K)|A||B|^T + half an output ulp)")
-    print(f"{'backend':<11} {'M x N x K':<15} {'scales':<9} {'out':<9} result  detail")
+    print("\ncorrectness vs exact float64, each backend held to its own contract (+ half an output ulp)")
     failures = 0
     for name in backends:
+        print("\n" + contract_line(name, *shapes[-1]))
+        print(f"{'backend':<11} {'M x N x K':<15} {'scales':<9} {'out':<9} result  detail")
         for m, n, k in shapes:
             for layout in ("plain", "swizzled"):
                 for out in ("float32", "bfloat16"):

@@ -168,3 +168,62 @@ def pad(x, axis):
 def bf16(x):
     """float64 values of x rounded to bfloat16."""
     return np.asarray(x, np.float32).astype(ml_dtypes.bfloat16).astype(np.float64)
+
+
+# ---- every pair of E8M0 scale bytes in one GEMM
+
+E8M0_BYTES = 256
+_MIXED = np.arange(BLOCK, dtype=np.uint8) % 16
+PAIR_PATTERNS = {  # name -> (lhs codes, rhs codes) of the one block each row carries
+    # max E2M1 both sides: at byte 0x00 each element 6 x 2^-127 is still a normal float32
+    "six": (np.full(BLOCK, 7, np.uint8), np.full(BLOCK, 7, np.uint8)),
+    # every code on each side (signed zeros, 0.5 .. 6, both signs), each paired with another
+    # magnitude of the same sign (no cancellation: every product counts): at byte 0x00 the
+    # elements below 2 are float32 subnormals (flushed), at 0x01 only 0.5
+    "mixed": (_MIXED, (_MIXED & 8) | ((_MIXED * 3 + 1) & 7)),
+}
+
+
+def scale_pair_operands(pattern: str, k: int = BLOCK):
+    """(lhs codes [256, k], lhs bytes [256, k/32], rhs codes [256, k], rhs bytes [256, k/32]):
+    lhs row i carries scale byte i on its first block and rhs row j byte j (0x00..0xFE, 0xFF the
+    NaN byte), the block codes of ``PAIR_PATTERNS[pattern]``; further blocks hold zeros (byte
+    127). Output (i, j) of lhs · rhsᵀ is the product of the block pair with bytes (i, j)."""
+    lc, rc = PAIR_PATTERNS[pattern]
+    out = []
+    for block in (lc, rc):
+        codes = np.zeros((E8M0_BYTES, k), np.uint8)
+        codes[:, :BLOCK] = block
+        sb = np.full((E8M0_BYTES, k // BLOCK), 127, np.uint8)
+        sb[:, 0] = np.arange(E8M0_BYTES)
+        out += [codes, sb]
+    return tuple(out)
+
+
+def scale_pair_reference(codes_l, bytes_l, codes_r, bytes_r):
+    """float64 (exact, abs_dot, nan_byte, overflow) [256, 256] for :func:`scale_pair_operands`:
+    each element decoded by :func:`dequantize_ref` (|v| < 2^-126 flushed to a signed zero),
+    products and sums exact in float64. ``nan_byte``: outputs whose row or column holds 0xFF (must
+    be NaN). ``overflow``: outputs with an element or product of magnitude >= 2^128 (unbounded:
+    float32 arithmetic makes them +-Inf/NaN, a path that sums before it scales may not)."""
+    a, b = dequantize_ref(codes_l, bytes_l, 1), dequantize_ref(codes_r, bytes_r, 1)
+    nan_l, nan_r = (bytes_l == 255).any(1), (bytes_r == 255).any(1)
+    a, b = np.where(np.isnan(a), 0.0, a), np.where(np.isnan(b), 0.0, b)
+    big = 2.0**128
+    with np.errstate(over="ignore"):
+        prods = a[:, None, :] * b[None, :, :]
+        exact, abs_dot = prods.sum(-1), np.abs(prods).sum(-1)
+        overflow = ((np.abs(a) >= big).any(1)[:, None] | (np.abs(b) >= big).any(1)[None, :]
+                    | (np.abs(prods) >= big).any(-1) | (abs_dot >= big))
+    return exact, abs_dot, nan_l[:, None] | nan_r[None, :], overflow
+
+
+def scale_pair_failures(got, exact, abs_dot, nan_byte, overflow, bound):
+    """Mask of outputs outside the contract: NaN-byte outputs not NaN; elsewhere, outside the
+    overflow region, |got - exact| > bound (a NaN or Inf result fails); in the overflow region a
+    finite result must still be within the bound (the value of a path that sums before it scales)."""
+    got = np.asarray(got, np.float64)
+    with np.errstate(invalid="ignore", over="ignore"):
+        within = np.abs(got - exact) <= bound
+    ok = np.where(nan_byte, np.isnan(got), np.where(overflow, ~np.isfinite(got) | within, within))
+    return ~ok

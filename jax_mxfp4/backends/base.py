@@ -15,6 +15,62 @@ import dataclasses
 import jax
 import numpy as np
 
+F32_UNIT = 2.0**-24  # unit roundoff of float32
+F32_MIN_NORMAL = 2.0**-126
+OUT_EPS = {"float32": 0.0, "bfloat16": 2.0**-8, "float16": 2.0**-11}  # half an ulp, relative
+OUT_TINY = {"float32": 0.0, "bfloat16": 2.0**-133, "float16": 2.0**-24}  # the subnormal spacing
+
+
+@dataclasses.dataclass(frozen=True)
+class Contract:
+    """The numerics a backend promises for one problem, as an elementwise error bound against the
+    exact product of the operands' decoded values (:func:`jax_mxfp4.mx_format.dequantize_blocks`
+    for every element, a float64 sum):
+
+        |out - exact| <= c * S + eps_out * (|exact| + c * S) + tiny_out + (K + 1) 2^-126
+
+    with S = sum_k |a_k b_k|, ``c`` = :meth:`accumulation` (the summation), eps_out / tiny_out half
+    an ulp / the subnormal spacing of the output dtype (one rounding of the result), and
+    (K + 1) 2^-126 for float32 products and partial sums below 2^-126, which XLA on CPU flushes to
+    zero. Outputs where a product or the sum overflows float32 are not bounded (they may be
+    +-Inf/NaN, or finite on a path that sums before it scales). ``kind``: "exact" (exact block
+    products, float32 accumulation in any order: c = g(K) = K u / (1 - K u), u = 2^-24, the
+    bound for any summation order: Higham, Accuracy and Stability of Numerical Algorithms, §3.1)
+    or a named bound with fixed ``rel`` per data family (the FP8 path on a GPU, measured:
+    ``jax_mxfp4.backends.fp8.ERROR_BOUNDS``). ``summary``: one line for explain() and the
+    self-test."""
+
+    kind: str
+    summary: str
+    rel: tuple = ()  # ((data family, c), ...) for kinds other than "exact"
+
+    def accumulation(self, k: int, data: str = "random") -> float:
+        """``c`` of the bound for a contraction of length ``k`` on data family ``data`` ("random",
+        "adversarial"; the exact contract holds for every family)."""
+        if self.kind == "exact":
+            return k * F32_UNIT / (1 - k * F32_UNIT)
+        rel = dict(self.rel)
+        if data not in rel:
+            raise ValueError(f"contract {self.kind!r} states no error bound for data family {data!r} "
+                             f"(it states one for {sorted(rel) or 'none'})")
+        return rel[data]
+
+    def bound(self, exact, abs_dot, k: int, out_dtype, data: str = "random"):
+        """Elementwise bound (float64 ndarray) on |out - exact| for float64 ``exact`` and
+        ``abs_dot`` = sum_k |a_k b_k| of the same shape, an output of dtype ``out_dtype``."""
+        name = np.dtype(out_dtype).name
+        acc = self.accumulation(k, data) * np.asarray(abs_dot, np.float64)
+        return acc + OUT_EPS[name] * (np.abs(exact) + acc) + OUT_TINY[name] + (k + 1) * F32_MIN_NORMAL
+
+    def describe(self, k: int, data: str = "random") -> str:
+        """The bound in one line (self-test output)."""
+        c = self.accumulation(k, data)
+        head = f"{self.kind}: |err| <= {c:.3g} sum|a||b|"
+        return head + (" (g(K), float32 accumulation)" if self.kind == "exact" else f" ({data} data)")
+
+
+EXACT = Contract("exact", "exact block products, float32 accumulation (equal to backend 'xla' up to summation order)")
+
 
 @dataclasses.dataclass(frozen=True)
 class GemmProblem:
@@ -93,9 +149,14 @@ class Backend:
         ``to_mxfp4()`` (an exact round trip)."""
         return (False, False)
 
+    def numerics(self, problem: GemmProblem) -> Contract:
+        """The :class:`Contract` this backend holds for ``problem`` (the one place that states it;
+        explain(), ``python -m jax_mxfp4.selftest`` and the tests read it). Default: :data:`EXACT`."""
+        return EXACT
+
     def contract(self, problem: GemmProblem) -> str:
         """One line for explain(): the numerics this backend gives for ``problem``."""
-        return "exact block products, float32 accumulation (equal to backend 'xla' up to summation order)"
+        return self.numerics(problem).summary
 
     def gemm(self, lhs, rhs, problem: GemmProblem) -> jax.Array:
         raise NotImplementedError

@@ -40,6 +40,7 @@ On CPU XLA converts the codes to float32 and accumulates in float32 for every pr
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -52,7 +53,7 @@ from ..fp8 import FLAG_EXACT, FLAG_NAN, FP8Prepared, encode_rows_on, rescale_ele
 from ..mx_format import as_scale_bytes
 from ..platform import env_switch
 from ..sharding import canonical_out_sharding, explicit_spec
-from .base import Backend, GemmProblem
+from .base import EXACT, Backend, Contract, GemmProblem
 from .xla import CANONICAL_DIMS, _as_float32
 
 MIN_COMPUTE_CAPABILITY = (8, 9)  # FP8 tensor cores: Ada (8.9) and Hopper (9.0) and later
@@ -95,17 +96,27 @@ def fallback_capacity(rows: int) -> int:
     return int(min(rows, max(FALLBACK_MIN_ROWS, rows // 64)))
 
 
-def contract(precision: str, platform: str = "cuda") -> str:
-    """One line: the numerics this backend gives at ``precision`` ("default"|"high"|"highest")."""
+def numerics(precision: str, platform: str = "cuda") -> Contract:
+    """The :class:`~jax_mxfp4.backends.base.Contract` of this path at ``precision``
+    ("default"|"high"|"highest") on ``platform``: float32 accumulation of exact products on CPU
+    (the exact contract), :data:`ERROR_BOUNDS` on a GPU."""
     if precision == "highest":
-        return "not available (HIGHEST asks for float32 accumulation; the FP8 path cannot give it)"
+        return Contract("unavailable", "not available (HIGHEST asks for float32 accumulation; the FP8 path cannot give it)")
     if platform == "cpu":
-        return ("FP8 codes, which XLA on CPU converts to float32: exact products, float32 accumulation "
-                "(on a GPU: FP8 tensor-core accumulation, see README 'FP8 path')")
+        return dataclasses.replace(EXACT, summary=(
+            "FP8 codes, which XLA on CPU converts to float32: exact products, float32 accumulation "
+            "(on a GPU: FP8 tensor-core accumulation, see README 'FP8 path')"))
     mode = ("hardware FP8 fast accumulation (Precision.DEFAULT)" if precision == "default"
             else "FP8 accumulation with fast accumulation off (the FP8 dot at Precision.HIGHEST)")
-    return (f"FP8: exact E4M3 products, {mode}; not float32-faithful, error bound in README 'FP8 path'; "
-            "rows outside the FP8 window exact (float32 accumulation of exact products)")
+    rel = tuple((kind, c) for (p, kind), c in ERROR_BOUNDS.items() if p == precision)
+    return Contract(f"fp8-{precision}", (
+        f"FP8: exact E4M3 products, {mode}; not float32-faithful, error bound in README 'FP8 path'; "
+        "rows outside the FP8 window exact (float32 accumulation of exact products)"), rel)
+
+
+def contract(precision: str, platform: str = "cuda") -> str:
+    """One line: the numerics this backend gives at ``precision`` ("default"|"high"|"highest")."""
+    return numerics(precision, platform).summary
 
 
 def _prepared(x, platform: str) -> FP8Prepared:
@@ -314,8 +325,8 @@ class Fp8Backend(Backend):
                     "rescale passes outweigh the FP8 GEMM's gain there (provisional rule)")
         return None
 
-    def contract(self, problem: GemmProblem) -> str:
-        return contract(problem.precision, problem.platform)
+    def numerics(self, problem: GemmProblem) -> Contract:
+        return numerics(problem.precision, problem.platform)
 
     def gemm(self, lhs, rhs, problem: GemmProblem) -> jax.Array:
         return fp8_gemm(lhs, rhs, problem.out_dtype, problem.precision, problem.platform)

@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from ..mx_format import as_e8m0
+from ..mx_format import as_e8m0, normal_range_blocks
 from .base import Backend
 from .xla import CANONICAL_DIMS
 
@@ -49,11 +49,15 @@ class ScaledDotBackend(Backend):
         return None
 
     def gemm(self, lhs, rhs, problem):
+        # Blocks with byte 0x00/0x01 re-encoded without subnormals (normal_range_blocks): the
+        # decomposition multiplies by the bfloat16 scale 2^-127, a subnormal that XLA on CPU
+        # treats as zero (the whole block lost) and a GPU keeps (elements the reference flushes).
+        (ld, ls), (rd, rs) = (normal_range_blocks(x.data, x.plain_scales()) for x in (lhs, rhs))
         out = lax.scaled_dot(
-            packed_to_float4(lhs.data),
-            packed_to_float4(rhs.data),
-            lhs_scale=as_e8m0(lax.bitcast_convert_type(lhs.scales, jnp.uint8)),
-            rhs_scale=as_e8m0(lax.bitcast_convert_type(rhs.scales, jnp.uint8)),
+            packed_to_float4(ld),
+            packed_to_float4(rd),
+            lhs_scale=as_e8m0(ls),
+            rhs_scale=as_e8m0(rs),
             dimension_numbers=CANONICAL_DIMS,
             preferred_element_type=jnp.float32,
         )

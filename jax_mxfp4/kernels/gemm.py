@@ -36,6 +36,7 @@ from ..mx_format import (
     BLOCK_SIZE,
     e2m1_times_2pow_minus14,
     e4m3_bits_from_packed,
+    flush_below_normal,
     scale_factors_for_f16_codes,
 )
 
@@ -92,7 +93,7 @@ def _dequant_halves(data, scale_bytes, decode="f16"):
     d = data.reshape(r, nb, BLOCK_SIZE // 2)
 
     def scaled(v):
-        return ((v.astype(jnp.float32) * f1) * f2).astype(jnp.bfloat16).reshape(r, half)
+        return flush_below_normal((v.astype(jnp.float32) * f1) * f2).astype(jnp.bfloat16).reshape(r, half)
 
     if decode == "e4m3":
         lo, hi = e4m3_bits_from_packed(d)
