@@ -1,0 +1,238 @@
+"""``jax.shard_map`` and JAX's default meshes on 8 simulated CPU devices (conftest sets them up).
+
+GEMMs of M, N >= 256, where "auto" stages backend "fp8" (CUDA Pallas kernels) for a CUDA
+lowering and "hipblaslt" for a ROCm one besides this platform's own choice:
+  - default mesh: ``jax.make_mesh`` with JAX's default axis types (explicit) under ``jit``, x
+    sharded on rows against a column-sharded w, and x sharded on rows and K against a K-sharded w;
+    the program compiled here traces no other platform's kernel (no ``pallas_call`` in its jaxpr);
+    dense, einsum, linen.Dense and nnx.Linear alike, forward and gradients;
+  - ``jax.shard_map`` with its defaults (``check_vma=True``) over Auto and explicit meshes: every
+    backend that runs on a CPU, forward and gradients; a replicated weight's cotangent comes back
+    summed over the shards and typed invariant (as ``jnp.dot``'s does); dense, einsum,
+    linen.Dense, nnx.Linear and a pre-quantized MXFP4Array weight alike; the program exported
+    for cpu, cuda and rocm lowers each platform's branch inside ``shard_map`` and runs here.
+Values are compared with the single-device run: bit-equal where each output element is the same
+arithmetic (forward rows computed whole on one device, dgrad rows), else within the float32
+reassociation bound of a sum split over shards (wgrad over the token axis, K-sharded forward).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+from jax.sharding import AxisType, NamedSharding
+from jax.sharding import PartitionSpec as P
+
+import jax_mxfp4 as mx
+import jax_mxfp4.flax as mxf
+from jax_mxfp4.ffi import export_safety_checks
+
+pytestmark = pytest.mark.skipif(len(jax.devices()) < 8, reason="needs 8 (simulated) devices")
+
+DN = (((1,), (0,)), ((), ()))
+M, K, N = 256, 512, 384
+NEAREST = mx.Recipe(grad_rounding="nearest")  # data-derived rounding keys differ per shard
+CPU_BACKENDS = ["auto", "xla", "pallas", "fp8"] + [b for b in ("ffi-cpu", "scaled_dot") if b in mx.available_backends()]
+LAYOUTS = {  # the two layouts of the default-mesh regression: (x spec, w spec, K sharded)
+    "rows-x-columns": (P("data", None), P(None, "model"), False),
+    "rows-and-k-x-k": (P("data", "model"), P("model", None), True),
+}
+
+
+def operands(rng, k=K, n=N):
+    """x [M, k], w [k, n]; the cases besides the two exact ones take a small K and N = M (still
+    min(M, N) >= 256: "auto" stages fp8 for CUDA) to keep their compile times down."""
+    x = jnp.asarray(rng.standard_normal((M, k)), jnp.float32)
+    w = jnp.asarray(rng.standard_normal((k, n)) / 16, jnp.float32)
+    return x, w
+
+
+def cotangent(rng, n=N):
+    return jnp.asarray(rng.standard_normal((M, n)), jnp.float32)
+
+
+def default_mesh():
+    return jax.make_mesh((4, 2), ("data", "model"))  # JAX's default axis types
+
+
+def mesh8(style):
+    types = (AxisType.Auto,) if style == "auto" else (AxisType.Explicit,)
+    return jax.make_mesh((8,), ("d",), axis_types=types)
+
+
+def assert_within_reassociation(got, want, rel=1e-5):
+    """Equal up to the order of a float32 sum split over shards (psum of partial sums)."""
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        g, w = np.asarray(g, np.float64), np.asarray(w, np.float64)
+        assert g.shape == w.shape
+        np.testing.assert_allclose(g, w, rtol=0, atol=rel * (np.abs(w).max() + 1e-30))
+
+
+def assert_bit_equal(got, want):
+    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        np.testing.assert_array_equal(np.asarray(g), np.asarray(w))
+
+
+def test_auto_stages_cuda_and_rocm_kernels_for_these_shapes(rng):
+    """The premise of this file: besides this platform's choice, "auto" stages Pallas/FFI
+    backends for CUDA and ROCm lowerings of these GEMMs (else the cases below test nothing)."""
+    x, w = operands(rng)
+    plan = mx.explain(x, w, DN, preferred_element_type=jnp.float32).per_platform
+    assert plan["cpu"] == "xla" and plan["cuda"] == "fp8" and plan["rocm"] == "hipblaslt"
+
+
+# ----------------------------------------------------------------------------- default mesh
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_default_mesh_jit_traces_no_other_platforms_kernel(layout, rng):
+    """The regression: under ``jit`` on a default (explicit) mesh the CUDA branch's Pallas
+    kernel was traced on sharded types ("sharded ref ... can only be sliced along unsharded
+    axes") though the program runs on the CPU."""
+    x, w = operands(rng)
+    xs, ws, k_sharded = LAYOUTS[layout]
+    f = jax.jit(lambda a, b: mx.dot_general(a, b, DN, preferred_element_type=jnp.float32))
+    single = f(x, w)
+    mesh = default_mesh()
+    xx, ww = jax.device_put(x, NamedSharding(mesh, xs)), jax.device_put(w, NamedSharding(mesh, ws))
+    assert "pallas_call" not in str(jax.make_jaxpr(f)(xx, ww))
+    out = f(xx, ww)
+    if k_sharded:  # partial sums over the K shards, then one psum
+        assert_within_reassociation(out, single)
+    else:
+        assert_bit_equal(out, single)
+        assert tuple(out.sharding.spec) == tuple(jax.jit(jnp.matmul)(xx, ww).sharding.spec)
+
+
+def _entry_points():
+    """name -> (params from (w, recipe), apply(params, x)) for x [M, k] and a [k, n] weight w."""
+    def dense(w, recipe):
+        return w, lambda p, x: mx.dense(x, p, recipe=recipe)
+
+    def einsum(w, recipe):
+        return w, lambda p, x: mx.einsum("mk,kn->mn", x, p, recipe=recipe)
+
+    def linen_dense(w, recipe):
+        m = mxf.linen.Dense(w.shape[1], recipe=recipe, use_bias=False)
+        return {"params": {"kernel": w}}, m.apply
+
+    def nnx_linear(w, recipe):
+        lin = mxf.nnx.Linear(*w.shape, recipe=recipe, use_bias=False, rngs=nnx.Rngs(0))
+        lin.kernel.set_value(w)
+        graph, state = nnx.split(lin)
+        return state, lambda s, x: nnx.merge(graph, s)(x)
+
+    return {"dense": dense, "einsum": einsum, "linen.Dense": linen_dense, "nnx.Linear": nnx_linear}
+
+
+ENTRY_POINTS = _entry_points()
+
+
+def _value_and_grads(apply):
+    """(y, dL/dparams, dL/dx) of L = sum(y * t) for a fixed cotangent t."""
+    def run(p, x, t):
+        y = apply(p, x)
+        gp, gx = jax.grad(lambda p, x: jnp.sum(apply(p, x) * t), argnums=(0, 1))(p, x)
+        return y, gp, gx
+    return run
+
+
+@pytest.mark.sweep(keep=1)
+@pytest.mark.parametrize("entry", list(ENTRY_POINTS))
+def test_default_mesh_entry_points_forward_and_gradients(entry, rng):
+    x, w = operands(rng, k=64, n=M)
+    t = cotangent(rng, M)
+    params, apply = ENTRY_POINTS[entry](w, NEAREST)
+    run = jax.jit(_value_and_grads(apply))
+    y1, gp1, gx1 = run(params, x, t)
+    mesh = default_mesh()
+    rows = NamedSharding(mesh, P("data", None))
+    y, gp, gx = run(params, jax.device_put(x, rows), jax.device_put(t, rows))
+    assert_bit_equal((y, gx), (y1, gx1))
+    assert_within_reassociation(gp, gp1)  # wgrad sums over the token shards
+
+
+# ----------------------------------------------------------------------------- shard_map
+def _in_shard_map(fn, mesh, in_specs, out_specs):
+    """jit of shard_map(fn); on an explicit mesh the arguments are first placed as in_specs say
+    (shard_map takes explicitly sharded arguments as they are)."""
+    f = jax.jit(jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=out_specs))
+    if AxisType.Explicit not in mesh.axis_types:
+        return f
+    return lambda *args: f(*(jax.device_put(a, NamedSharding(mesh, s)) for a, s in zip(args, in_specs, strict=True)))
+
+
+@pytest.mark.parametrize("style", ["auto", "explicit"])
+def test_shard_map_dot_general_with_the_defaults(style, rng):
+    """The exact case: per-platform branches typed alike ("switch branches must have equal
+    output types" before); every row is computed whole on one device: bit-equal."""
+    x, w = operands(rng)
+    f = lambda a, b: mx.dot_general(a, b, DN)  # noqa: E731
+    out = _in_shard_map(f, mesh8(style), (P("d", None), P()), P("d", None))(x, w)
+    assert_bit_equal(out, jax.jit(f)(x, w))
+
+
+@pytest.mark.sweep(keep=2)
+@pytest.mark.parametrize("backend", ["xla"] + [b for b in CPU_BACKENDS if b != "xla"])
+def test_shard_map_backend_forward_and_gradients(backend, rng):
+    """Every backend that runs on a CPU, inside shard_map (check_vma on): the replicated weight's
+    cotangent is the sum of the per-shard ones and invariant (out_specs P() checks the type),
+    as with ``jnp.dot``; dgrad rows and the forward bit-equal to one device."""
+    x, w = operands(rng, k=64, n=M)
+    t = cotangent(rng, M)
+    recipe = NEAREST.replace(backend=backend)
+    run = _value_and_grads(lambda b, a: mx.dot_general(a, b, DN, recipe=recipe))
+    y1, gw1, gx1 = jax.jit(run)(w, x, t)
+    y, gw, gx = _in_shard_map(run, mesh8("auto"), (P(), P("d", None), P("d", None)),
+                              (P("d", None), P(), P("d", None)))(w, x, t)
+    assert_bit_equal((y, gx), (y1, gx1))
+    assert_within_reassociation(gw, gw1)
+
+
+@pytest.mark.sweep(keep=1)
+@pytest.mark.parametrize("entry", list(ENTRY_POINTS))
+def test_shard_map_entry_points_forward_and_gradients(entry, rng):
+    x, w = operands(rng, k=64, n=M)
+    t = cotangent(rng, M)
+    params, apply = ENTRY_POINTS[entry](w, NEAREST)
+    run = _value_and_grads(apply)
+    y1, gp1, gx1 = jax.jit(run)(params, x, t)
+    y, gp, gx = _in_shard_map(run, mesh8("auto"), (P(), P("d", None), P("d", None)),
+                              (P("d", None), P(), P("d", None)))(params, x, t)
+    assert_bit_equal((y, gx), (y1, gx1))
+    assert_within_reassociation(gp, gp1)
+
+
+@pytest.mark.parametrize("style", ["auto", "explicit"])
+def test_shard_map_pre_quantized_weight_forward_and_activation_gradient(style, rng):
+    """A replicated MXFP4Array weight (quantize_params-style) inside shard_map: forward and the
+    activation gradient bit-equal to one device."""
+    x, w = operands(rng, k=64, n=M)
+    t = cotangent(rng, M)
+    wq = mx.quantize(w, axis=0)
+
+    def run(q, a, t):
+        y = mx.dense(a, q, recipe=NEAREST)
+        return y, jax.grad(lambda a: jnp.sum(mx.dense(a, q, recipe=NEAREST) * t))(a)
+
+    want = jax.jit(run)(wq, x, t)
+    got = _in_shard_map(run, mesh8(style), (P(), P("d", None), P("d", None)), (P("d", None), P("d", None)))(wq, x, t)
+    assert_bit_equal(got, want)
+
+
+def test_shard_map_export_lowers_every_platforms_branch_and_runs_here(rng):
+    """The shard_map program exported for cpu, cuda and rocm: the deferred CUDA (fp8 Pallas
+    kernels) and ROCm (hipBLASLt custom call) branches lower inside shard_map; the exported
+    program runs the cpu branch here, bit-equal to the direct call."""
+    x, w = operands(rng)
+    mesh = mesh8("auto")
+    f = jax.jit(jax.shard_map(lambda a, b: mx.dot_general(a, b, DN), mesh=mesh,
+                              in_specs=(P("d", None), P()), out_specs=P("d", None)))
+    xx = jax.device_put(x, NamedSharding(mesh, P("d", None)))
+    ww = jax.device_put(w, NamedSharding(mesh, P()))
+    exp = jax.export.export(f, platforms=["cpu", "cuda", "rocm"], disabled_checks=export_safety_checks())(xx, ww)
+    text = exp.mlir_module()
+    assert "@jax_mxfp4_gemm_hipblaslt" in text  # the ROCm branch
+    assert "__gpu$xla.gpu.triton" in text or "mosaic_gpu" in text  # the CUDA branch's Pallas kernels
+    assert_bit_equal(exp.call(xx, ww), f(xx, ww))
