@@ -18,6 +18,9 @@ reassociation bound of a sum split over shards (wgrad over the token axis, K-sha
 
 from __future__ import annotations
 
+import functools
+import importlib
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -29,6 +32,7 @@ from jax.sharding import PartitionSpec as P
 import jax_mxfp4 as mx
 import jax_mxfp4.flax as mxf
 from jax_mxfp4.ffi import export_safety_checks
+from jax_mxfp4.mx_format import as_scale_bytes
 
 pytestmark = pytest.mark.skipif(len(jax.devices()) < 8, reason="needs 8 (simulated) devices")
 
@@ -236,3 +240,68 @@ def test_shard_map_export_lowers_every_platforms_branch_and_runs_here(rng):
     assert "@jax_mxfp4_gemm_hipblaslt" in text  # the ROCm branch
     assert "__gpu$xla.gpu.triton" in text or "mosaic_gpu" in text  # the CUDA branch's Pallas kernels
     assert_bit_equal(exp.call(xx, ww), f(xx, ww))
+
+
+# ----------------------------------------------------------------------------- kernel guard
+def _encode(data, sb):
+    from jax_mxfp4.fp8 import encode_rows_on
+
+    return encode_rows_on(data, sb, "cuda")
+
+
+def _rescale(acc, e_rows, e_cols, on="cuda"):
+    from jax_mxfp4.backends.fp8 import rescale, rescale_on
+
+    no_rows, no_cols = jnp.zeros((1,) + e_rows.shape, bool), jnp.zeros((1,) + e_cols.shape, bool)
+    args = (acc[None], e_rows[None], e_cols[None], no_rows, no_cols, jnp.float32)
+    return (rescale_on(*args, on) if on else rescale(*args))[0]
+
+
+def _kernel_sites(rng):
+    """name -> (fn staged for a CUDA lowering, its XLA formulation, args, their row-sharded
+    specs): the CUDA Pallas kernels that give way where jax_mxfp4.sharding.kernel_may_run says no."""
+    from jax_mxfp4.fp8 import encode_rows
+
+    q = mx.quantize(jnp.asarray(rng.standard_normal((256, 64)), jnp.float32), axis=1)
+    acc = jnp.asarray(rng.standard_normal((256, 128)), jnp.float32)
+    e_rows, e_cols = (jnp.asarray(rng.integers(-20, 20, (n,)), jnp.int32) for n in (256, 128))
+    return {
+        "fp8-encode": (_encode, encode_rows, (q.data, as_scale_bytes(q.plain_scales())), (P("d"), P("d"))),
+        "fp8-rescale": (_rescale, functools.partial(_rescale, on=None), (acc, e_rows, e_cols), (P("d"), P("d"), P())),
+    }
+
+
+@pytest.mark.parametrize("where", ["explicit-mesh", "shard_map"])
+@pytest.mark.parametrize("site", ["fp8-encode", "fp8-rescale"])
+def test_cuda_kernels_give_way_on_sharded_and_varying_operands(site, where, rng):
+    """Traced for a CUDA lowering (as on a GPU), each kernel site takes its Pallas kernel on plain
+    arrays but the XLA formulation (bit-identical) on explicitly sharded arrays and inside
+    shard_map, where a pallas_call fails to trace or is opaque to the partitioner."""
+    fn, xla_form, plain, specs = _kernel_sites(rng)[site]
+    assert "pallas_call" in str(jax.make_jaxpr(fn)(*plain))  # the kernel where nothing is sharded
+    if where == "explicit-mesh":
+        mesh = jax.make_mesh((8,), ("d",), axis_types=(AxisType.Explicit,))
+        staged = jax.jit(fn)
+        args = [jax.device_put(a, NamedSharding(mesh, s)) for a, s in zip(plain, specs)]
+    else:
+        staged = jax.jit(jax.shard_map(fn, mesh=mesh8("auto"), in_specs=specs, out_specs=P("d")))
+        args = plain
+    assert "pallas_call" not in str(jax.make_jaxpr(staged)(*args))
+    assert_bit_equal(staged(*args), jax.jit(xla_form)(*plain))
+
+
+@pytest.mark.parametrize("where", ["explicit-mesh", "shard_map"])
+def test_fused_quantizer_gives_way_on_sharded_and_varying_operands(where, monkeypatch, rng):
+    """mx.quantize as traced on a CUDA GPU: the fused Pallas quantizer on a plain array, the
+    reference path on an explicitly sharded one (no set_mesh around it) and inside shard_map."""
+    qmod = importlib.import_module("jax_mxfp4.quantize")  # the module (the package exports a function of that name)
+    monkeypatch.setattr(qmod, "current_platform", lambda: "cuda")
+    x = jnp.asarray(rng.standard_normal((256, 64)), jnp.float32)
+    fn = lambda a: mx.quantize(a, axis=1).data  # noqa: E731
+    assert "pallas_call" in str(jax.make_jaxpr(fn)(x))  # the kernel where nothing is sharded
+    if where == "explicit-mesh":
+        mesh = jax.make_mesh((8,), ("d",), axis_types=(AxisType.Explicit,))
+        staged, arg = jax.jit(fn), jax.device_put(x, NamedSharding(mesh, P("d", None)))
+    else:
+        staged, arg = jax.jit(jax.shard_map(fn, mesh=mesh8("auto"), in_specs=P("d"), out_specs=P("d"))), x
+    assert "pallas_call" not in str(jax.make_jaxpr(staged)(arg))
