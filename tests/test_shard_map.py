@@ -177,7 +177,7 @@ def test_shard_map_dot_general_with_the_defaults(style, rng):
     assert_bit_equal(out, jax.jit(f)(x, w))
 
 
-@pytest.mark.sweep(keep=2)
+@pytest.mark.sweep(keep=1)
 @pytest.mark.parametrize("backend", ["xla"] + [b for b in CPU_BACKENDS if b != "xla"])
 def test_shard_map_backend_forward_and_gradients(backend, rng):
     """Every backend that runs on a CPU, inside shard_map (check_vma on): the replicated weight's
@@ -208,6 +208,7 @@ def test_shard_map_entry_points_forward_and_gradients(entry, rng):
     assert_within_reassociation(gp, gp1)
 
 
+@pytest.mark.sweep(keep=1)
 @pytest.mark.parametrize("style", ["auto", "explicit"])
 def test_shard_map_pre_quantized_weight_forward_and_activation_gradient(style, rng):
     """A replicated MXFP4Array weight (quantize_params-style) inside shard_map: forward and the
