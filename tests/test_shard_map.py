@@ -177,6 +177,27 @@ def test_shard_map_dot_general_with_the_defaults(style, rng):
     assert_bit_equal(out, jax.jit(f)(x, w))
 
 
+@pytest.mark.slow  # the default tier has this layout under jit (test_default_mesh_jit_...[rows-and-k-x-k])
+@pytest.mark.parametrize("style", ["auto", "explicit"])
+def test_shard_map_k_sharded_partial_products_summed_by_the_caller(style, rng):
+    """The second layout inside shard_map: x on rows and K, w on K; each device's GEMM of its
+    K shard (whole 32-element blocks) is a partial product that the caller psums, as with
+    ``jnp.dot``; the weight gradient comes back sharded on K and equals one device's."""
+    x, w = operands(rng, k=128, n=M)
+    t = cotangent(rng, M)
+    mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Auto if style == "auto" else AxisType.Explicit,) * 2)
+
+    def run(b, a, t):
+        f = lambda b, a: jax.lax.psum(mx.dot_general(a, b, DN, recipe=NEAREST), "model")  # noqa: E731
+        return f(b, a), *jax.grad(lambda b, a: jnp.sum(f(b, a) * t), argnums=(0, 1))(b, a)
+
+    one = lambda b, a: mx.dot_general(a, b, DN, recipe=NEAREST)  # noqa: E731
+    want = jax.jit(_value_and_grads(one))(w, x, t)
+    got = _in_shard_map(run, mesh, (P("model", None), P("data", "model"), P("data", None)),
+                        (P("data", None), P("model", None), P("data", "model")))(w, x, t)
+    assert_within_reassociation(got, want)
+
+
 @pytest.mark.sweep(keep=1)
 @pytest.mark.parametrize("backend", ["xla"] + [b for b in CPU_BACKENDS if b != "xla"])
 def test_shard_map_backend_forward_and_gradients(backend, rng):
