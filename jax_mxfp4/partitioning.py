@@ -122,7 +122,8 @@ def _abstract_eval(*args, backend_name, problem, platforms, partition):
     vma = varying_axes(args[0])  # all operands vary alike (partitioned_gemm casts them)
     if not vma:
         return jax.core.ShapedArray(shape, problem.out_dtype)
-    return jax.core.ShapedArray(shape, problem.out_dtype, sharding=NamedSharding(args[0].sharding.mesh, PartitionSpec()),
+    sharding = NamedSharding(args[0].sharding.mesh, PartitionSpec())
+    return jax.core.ShapedArray(shape, problem.out_dtype, sharding=sharding,
                                 manual_axis_type=jax_core.ManualAxisType(varying=vma))
 
 

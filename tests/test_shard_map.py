@@ -185,7 +185,8 @@ def test_shard_map_k_sharded_partial_products_summed_by_the_caller(style, rng):
     ``jnp.dot``; the weight gradient comes back sharded on K and equals one device's."""
     x, w = operands(rng, k=128, n=M)
     t = cotangent(rng, M)
-    mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(AxisType.Auto if style == "auto" else AxisType.Explicit,) * 2)
+    axis_type = AxisType.Auto if style == "auto" else AxisType.Explicit
+    mesh = jax.make_mesh((4, 2), ("data", "model"), axis_types=(axis_type,) * 2)
 
     def run(b, a, t):
         f = lambda b, a: jax.lax.psum(mx.dot_general(a, b, DN, recipe=NEAREST), "model")  # noqa: E731

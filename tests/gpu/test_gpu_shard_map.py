@@ -76,7 +76,8 @@ def test_default_mesh_dense_gradients():
     want = run(w, x, t)
     mesh = jax.make_mesh((1, 1), ("data", "model"), devices=jax.devices()[:1])
     rows = NamedSharding(mesh, P("data", None))
-    got = run(jax.device_put(w, NamedSharding(mesh, P(None, "model"))), jax.device_put(x, rows), jax.device_put(t, rows))
+    columns = NamedSharding(mesh, P(None, "model"))
+    got = run(jax.device_put(w, columns), jax.device_put(x, rows), jax.device_put(t, rows))
     assert_close(got, want)
 
 
