@@ -168,8 +168,8 @@ def _run(a, b, backend_name: str, problem: GemmProblem, platforms=None):
     keep = backend.takes_decode_prepared(problem)
     a, b = (v.to_mxfp4() if isinstance(v, DecodePrepared) and not k else v for v, k in zip((a, b), keep))
     problem = dataclasses.replace(problem, lhs_decode_prepared=order_of(a), rhs_decode_prepared=order_of(b))
-    if backend.opaque:
-        return partitioned_gemm(a, b, backend_name, problem, platforms)
+    if backend.opaque or platforms is not None:  # another platform's branch: traced when lowered for it
+        return partitioned_gemm(a, b, backend_name, problem, platforms, partition=backend.opaque)
     return backend.gemm(a, b, problem)
 
 
@@ -177,7 +177,9 @@ def _staged_gemm(a, b, problem: GemmProblem, per_platform: dict):
     """The canonical GEMM through each platform's backend (``dispatch.plan``): one
     ``lax.platform_dependent`` branch per distinct backend, serving the platforms that chose it
     (any other platform: ``default``, this platform's choice); a single backend is called
-    directly (no conditional is staged)."""
+    directly (no conditional is staged). The branches of other platforms than this one are
+    deferred (:func:`jax_mxfp4.partitioning.partitioned_gemm`): traced only when the program is
+    lowered for one of them, so a program compiled here never traces their kernels."""
     default = per_platform["default"]
     if len(set(per_platform.values())) == 1:
         return _run(a, b, default, problem)

@@ -13,6 +13,15 @@ into B) whose lowering is a ``custom_partitioning`` with a Shardy ``sharding_rul
 
 The custom VJP of :func:`jax_mxfp4.dot_general` stays outside (custom_partitioning has no JVP),
 so ``jax.grad`` works on sharded inputs.
+
+The same primitive defers a backend staged for another platform (a ``lax.platform_dependent``
+branch, :mod:`jax_mxfp4.gemm`): its GEMM is traced only when the branch is lowered, so a program
+lowered for this platform alone never traces another platform's kernels (which may not trace
+here: a CUDA Pallas kernel on explicitly sharded types). Such a call with ``partition=False``
+(a backend XLA can see into) is lowered inline, without the sharding rule.
+
+Inside ``jax.shard_map`` the operands are cast to one varying type (their union) and the result
+varies alike, as with JAX's own primitives, so every branch gives the same type.
 """
 
 from __future__ import annotations
@@ -23,6 +32,8 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax._src import config as jax_config
+from jax._src import core as jax_core
 from jax._src import dispatch as jax_dispatch
 from jax.experimental.custom_partitioning import custom_partitioning
 from jax.extend.core import Primitive
@@ -33,7 +44,7 @@ from .array import MXFP4Array
 from .decode_prepared import DecodePrepared
 from .backends.base import GemmProblem
 from .mx_format import BLOCK_SIZE
-from .sharding import canonical_out_sharding
+from .sharding import canonical_out_sharding, vary_alike, varying_axes
 
 partitioned_gemm_p = Primitive("jax_mxfp4_partitioned_gemm")
 
@@ -77,7 +88,8 @@ def _run_backend(args, backend_name, problem: GemmProblem):
     return dispatch.get_backend(backend_name).gemm(a, b, problem)
 
 
-def partitioned_gemm(lhs, rhs, backend_name: str, problem: GemmProblem, platforms=None) -> jax.Array:
+def partitioned_gemm(lhs, rhs, backend_name: str, problem: GemmProblem, platforms=None,
+                     partition: bool = True) -> jax.Array:
     """Canonical GEMM through ``backend_name`` with a sharding rule (module docstring).
 
     ``lhs``/``rhs``: canonical MXFP4Arrays [B, M|N, K] (plain scales), float arrays (w4a16), or
@@ -86,12 +98,14 @@ def partitioned_gemm(lhs, rhs, backend_name: str, problem: GemmProblem, platform
     that branch serves; in a multi-platform lowering the call is then lowered for those platforms
     only (JAX lowers every kept branch for all of them, and a backend that has no lowering for
     another platform would fail there in code that never runs). None: every platform.
+    ``partition``: lower through the sharding rule (an opaque backend); False: inline, for a
+    backend XLA partitions itself, deferred to lowering (module docstring).
     Returns [B, M, N] in ``problem.out_dtype``.
     """
-    args = _flatten(lhs, problem.lhs_kind) + _flatten(rhs, problem.rhs_kind)
+    args = vary_alike(*_flatten(lhs, problem.lhs_kind), *_flatten(rhs, problem.rhs_kind))
     platforms = None if platforms is None else tuple(platforms)
     bind = functools.partial(partitioned_gemm_p.bind, backend_name=backend_name, problem=problem,
-                             platforms=platforms)
+                             platforms=platforms, partition=bool(partition))
     out_sharding = canonical_out_sharding(args[0], args[len(_flatten(lhs, problem.lhs_kind))])
     if out_sharding is None:
         return bind(*args)
@@ -102,20 +116,26 @@ def partitioned_gemm(lhs, rhs, backend_name: str, problem: GemmProblem, platform
     return jax.sharding.auto_axes(bind, out_sharding=out_sharding)(*args)
 
 
-def _abstract_eval(*args, backend_name, problem, platforms):
+def _abstract_eval(*args, backend_name, problem, platforms, partition):
     lhs, rhs = _split(args, problem)
-    b, m = lhs[0].shape[:2]
-    return jax.core.ShapedArray((b, m, rhs[0].shape[1]), problem.out_dtype)
+    shape = (lhs[0].shape[0], lhs[0].shape[1], rhs[0].shape[1])
+    vma = varying_axes(args[0])  # all operands vary alike (partitioned_gemm casts them)
+    if not vma:
+        return jax.core.ShapedArray(shape, problem.out_dtype)
+    sharding = NamedSharding(args[0].sharding.mesh, PartitionSpec())
+    return jax.core.ShapedArray(shape, problem.out_dtype, sharding=sharding,
+                                manual_axis_type=jax_core.ManualAxisType(varying=vma))
 
 
-def _batch(args, dims, *, backend_name, problem, platforms):
+def _batch(args, dims, *, backend_name, problem, platforms, partition):
     size = next(a.shape[d] for a, d in zip(args, dims) if d is not None)
     folded = []
     for a, d in zip(args, dims):
         a = jnp.broadcast_to(a, (size,) + a.shape) if d is None else jnp.moveaxis(a, d, 0)
         folded.append(a.reshape((size * a.shape[1],) + a.shape[2:]))
     problem = dataclasses.replace(problem, batch=problem.batch * size)
-    out = partitioned_gemm_p.bind(*folded, backend_name=backend_name, problem=problem, platforms=platforms)
+    out = partitioned_gemm_p.bind(*folded, backend_name=backend_name, problem=problem, platforms=platforms,
+                                  partition=partition)
     return out.reshape((size, out.shape[0] // size) + out.shape[1:]), 0
 
 
@@ -181,14 +201,23 @@ def _partitioned_impl(backend_name: str, problem: GemmProblem):
     return impl
 
 
-def _lowering(ctx, *args, backend_name, problem, platforms):
-    impl = _partitioned_impl(backend_name, problem)
+def _lowering(ctx, *args, backend_name, problem, platforms, partition):
+    impl = _partitioned_impl(backend_name, problem) if partition else (
+        lambda *a: _run_backend(a, backend_name, problem))
     if platforms is not None:
         lowering_for = ctx.platforms or ctx.module_context.platforms
         narrowed = [p for p in lowering_for if p in platforms]
         if narrowed and len(narrowed) < len(lowering_for):
             ctx = ctx.replace(platforms=narrowed)
-    return mlir.lower_fun(lambda *a: impl(*a), multiple_results=False)(ctx, *args)
+    if not jax_config._check_vma.value:
+        return mlir.lower_fun(lambda *a: impl(*a), multiple_results=False)(ctx, *args)
+    # Inside shard_map the backend runs on the per-shard values, typed without varying axes: its
+    # kernels (a pallas_call's out_shape, an FFI call) type none, and the lowered code is the
+    # same either way (the primitive's own type, _abstract_eval, carries them outside).
+    plain = lambda a: jax.core.ShapedArray(a.shape, a.dtype, a.weak_type)  # noqa: E731
+    ctx = ctx.replace(avals_in=[plain(a) for a in ctx.avals_in], avals_out=[plain(a) for a in ctx.avals_out])
+    with jax_config._check_vma(False):
+        return mlir.lower_fun(lambda *a: impl(*a), multiple_results=False)(ctx, *args)
 
 
 partitioned_gemm_p.def_impl(

@@ -90,14 +90,15 @@ def fused_path(x, rounding: str = "nearest") -> bool:
     :func:`jax_mxfp4.kernels.quantize.fast_path_enabled`) rather than the reference jnp path.
 
     The fused kernel is a pallas_call, opaque to SPMD partitioning (XLA would all-gather its
-    input): under a mesh the reference jnp path runs instead, which XLA partitions shard-locally.
+    input): under a mesh, for an explicitly sharded ``x`` and inside ``shard_map``
+    (:func:`jax_mxfp4.sharding.kernel_may_run`) the reference jnp path runs instead, which XLA
+    partitions shard-locally.
     An empty ``x`` takes the reference path too (the kernel has no grid to launch).
     """
     from .kernels import quantize as fused
 
-    sharded = not jax.sharding.get_abstract_mesh().empty
     # an empty array has no kernel grid: the reference path returns its empty result
-    return x.size > 0 and fused.fast_path_enabled(current_platform(), rounding, x.size) and not sharded
+    return x.size > 0 and fused.fast_path_enabled(current_platform(), rounding, x.size) and sharding.kernel_may_run(x)
 
 
 def fused_rotation_path(x, rounding: str = "nearest") -> bool:

@@ -130,9 +130,51 @@ def gather_partial_blocks(x, axis: int, padded_length: int | None = None):
     return jax.sharding.reshard(x, named(mesh, *new))
 
 
+def varying_axes(x) -> frozenset:
+    """The manual mesh axes (inside ``jax.shard_map``) along which ``x``'s value varies: its type's
+    varying-manual-axes set (JAX's "vma"); empty outside ``shard_map`` or with ``check_vma=False``.
+    ``x``: an array, a tracer or an abstract value."""
+    aval = x if isinstance(x, jax.core.ShapedArray) else jax.typeof(x)
+    mat = getattr(aval, "manual_axis_type", None)
+    return frozenset(mat.varying) if mat is not None else frozenset(getattr(aval, "vma", ()))
+
+
+def vary_alike(*xs) -> tuple:
+    """``xs``, each cast to vary along the union of their varying manual axes (as JAX's own
+    primitives cast their operands): an opaque primitive and each ``lax.platform_dependent``
+    branch then gets and gives one varying type. ``xs`` as they are outside ``shard_map``."""
+    union = frozenset().union(*map(varying_axes, xs))
+    if not union:
+        return xs
+    return tuple(_vary(x, union) for x in xs)
+
+
+def _vary(x, axes):
+    missing = tuple(sorted(axes - varying_axes(x)))
+    return jax.lax.pcast(x, missing, to="varying") if missing else x
+
+
+def kernel_may_run(*xs) -> bool:
+    """Whether an opaque kernel (a ``pallas_call`` outside :mod:`jax_mxfp4.partitioning`) may run on
+    ``xs`` where it is traced: outside any mesh context, on arrays that carry no explicit-mesh
+    sharding and vary along no ``shard_map`` axis. SPMD partitioning cannot see into such a kernel
+    (it would gather its operands), Pallas rejects explicitly sharded refs ("sharded ref can only be
+    sliced along unsharded axes") and types no varying output; the XLA formulation runs instead."""
+    return jax.sharding.get_abstract_mesh().empty and all(
+        explicit_spec(x) is None and not varying_axes(x) for x in xs)
+
+
 def like(g, x):
-    """``g`` resharded to ``x``'s sharding under an explicit mesh, else as is: a cotangent must
-    have its primal's type (the backward GEMMs shard their outputs by their own operands)."""
+    """``g`` typed as its primal ``x`` (a cotangent must have its primal's type): resharded to
+    ``x``'s sharding under an explicit mesh (the backward GEMMs shard their outputs by their own
+    operands), and inside ``shard_map`` summed (``psum``) over the manual axes along which ``g``
+    varies but ``x`` does not, as JAX transposes the implicit cast of an invariant operand (the
+    cotangent of a replicated weight is the sum of the per-shard cotangents); cast to vary along
+    those ``x`` varies along and ``g`` does not."""
+    gv, xv = varying_axes(g), varying_axes(x)
+    if gv - xv:
+        g = jax.lax.psum(g, tuple(sorted(gv - xv)))
+    g = _vary(g, xv) if xv - gv else g
     gs = explicit_spec(g)
     if gs is None:
         return g

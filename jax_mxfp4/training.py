@@ -241,9 +241,7 @@ def _fused_route(x, y, contraction, out_dtype, recipe: Recipe):
     # run (as quantize's fused_path rules for the MXFP4 quantizer)
     if not interpret and (platform != "cuda" or not (fused_path(x) and fused_path(y))):
         return None
-    if not jax.sharding.get_abstract_mesh().empty:
-        return None
-    if shd.explicit_spec(x) is not None or shd.explicit_spec(y) is not None:
+    if not shd.kernel_may_run(x, y):
         return None
     if not _routes_to_fp8(x, y, contraction, out_dtype, recipe):
         return None

@@ -52,7 +52,7 @@ from ..array import MXFP4Array
 from ..fp8 import FLAG_EXACT, FLAG_NAN, FP8Prepared, encode_rows_on, rescale_elements
 from ..mx_format import as_scale_bytes
 from ..platform import env_switch
-from ..sharding import canonical_out_sharding, explicit_spec
+from ..sharding import canonical_out_sharding, explicit_spec, kernel_may_run
 from .base import EXACT, Backend, Contract, GemmProblem
 from .xla import CANONICAL_DIMS, _as_float32
 
@@ -145,9 +145,9 @@ def rescale(acc, e_lhs, e_rhs, nan_rows, nan_cols, out_dtype):
 
 def pallas_here(platform: str, x) -> bool:
     """Whether this backend's CUDA Pallas kernels (rescale, flagged-row fix) may run on ``x``:
-    on CUDA, outside a mesh and for an array without explicit sharding (a pallas_call is opaque to
-    SPMD partitioning, which would gather its operands); elsewhere the XLA formulations run."""
-    return platform == "cuda" and jax.sharding.get_abstract_mesh().empty and explicit_spec(x) is None
+    on CUDA where :func:`jax_mxfp4.sharding.kernel_may_run` allows (outside a mesh, no explicit
+    sharding, not varying inside ``shard_map``); elsewhere the XLA formulations run."""
+    return platform == "cuda" and kernel_may_run(x)
 
 
 RESCALE_KERNEL_ENV = "JAX_MXFP4_RESCALE_KERNEL"
