@@ -27,16 +27,20 @@ by these providers for :class:`MxRule` matches: the recipe says everything.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 import qwix
+from jax._src.numpy import tensor_contractions as _jnp_contractions
 from qwix._src.providers import ptq as _ptq
 from qwix._src.utils import flax_util as _flax_util
 
 from . import checks
 from .array import MXFP4Array
-from .einsum import _einsum, parse_subscripts
+from .einsum import _einsum, align_operands, parse_subscripts
 from .mx_format import BLOCK_SIZE
 from .quantize import quantize
 from .recipe import Recipe
@@ -93,9 +97,63 @@ def _reshard(y, out_sharding):
     return y if out_sharding is None else jax.sharding.reshard(y, out_sharding)
 
 
+# ----------------------------------------------------------------------------- jnp wrappers
+# jax.numpy's matmul (also ``x @ w``, which looks it up in tensor_contractions), dot (also
+# ``x.dot(w)``) and inner are jitted wrappers of lax.dot_general: intercepting only the
+# dot_general inside them would run the provider inside their cached trace, so a later call
+# with the same shapes could reuse a trace made without the provider (the GEMM silently left
+# unquantized), and a key drawn there (stochastic rounding) would be captured across traces (UnexpectedTracerError).
+# They are therefore intercepted whole, as what they are: one dot_general plus transposes.
+_ORIGINAL = {"matmul": _jnp_contractions.matmul, "dot": _jnp_contractions.dot, "inner": _jnp_contractions.inner}
+_WRAPPER_PATHS = {"matmul": ("jax.numpy.matmul", "jax._src.numpy.tensor_contractions.matmul"),
+                  "dot": ("jax.numpy.dot", "jax._src.numpy.tensor_contractions.dot"),
+                  "inner": ("jax.numpy.inner",)}
+
+
+def _wrapper_subscripts(op: str, a_ndim: int, b_ndim: int) -> str | None:
+    """The two-operand einsum that ``jnp.<op>`` of operands of these ranks computes (NumPy's
+    rules: matmul broadcasts its batch dims, dot and inner stack them), or None for a scalar
+    operand (an element-wise product, left to jax.numpy)."""
+    if a_ndim == 0 or b_ndim == 0:
+        return None
+    if op == "matmul":  # a 1-D operand is a vector, else [..., m, k] @ [..., k, n]
+        lt, rt = ("k" if a_ndim == 1 else "...mk"), ("k" if b_ndim == 1 else "...kn")
+        return f"{lt},{rt}->...{'m' * (a_ndim > 1)}{'n' * (b_ndim > 1)}"
+    la, lb = "ABCDEFGHIJLMNOPQRSTUVWXYZ"[:a_ndim - 1], "abcdefghijlmnopqrstuvwxyz"[:b_ndim - 1]
+    if op == "dot" and b_ndim > 1:  # a's last dim against b's second-to-last
+        return f"{la}K,{lb[:-1]}K{lb[-1]}->{la}{lb}"
+    return f"{la}K,{lb}K->{la}{lb}"  # inner, and dot with a vector b: the last dims
+
+
 class _MxCalls:
     """The interception both providers share: a call matched by an :class:`MxRule` runs through
-    the provider's ``_mx_dot_general`` / ``_mx_einsum``; any other call goes to Qwix's own."""
+    the provider's ``_mx_dot_general`` / ``_mx_einsum``; any other call goes to Qwix's own.
+    ``jnp.matmul``/``@``, ``jnp.dot``/``.dot`` and ``jnp.inner`` count as ``dot_general`` calls."""
+
+    def get_intercept_map(self):
+        mapping = super().get_intercept_map()
+        for op, paths in _WRAPPER_PATHS.items():
+            for path in paths:
+                mapping[path] = functools.partial(self._jnp_contraction, op)
+        return mapping
+
+    def _jnp_contraction(self, op, a, b, **kwargs):
+        """``jnp.<op>(a, b, **kwargs)`` as one ``dot_general`` call of this provider, traced in
+        the caller's trace (not inside jax.numpy's jit)."""
+        original = functools.partial(_ORIGINAL[op], **kwargs)
+        # stored weights (ptq.WithAux, MXFP4Array) stand in for their logical shape and dtype
+        avals = [jax.ShapeDtypeStruct(x.shape, x.dtype) if hasattr(x, "shape") and hasattr(x, "dtype") else x
+                 for x in (a, b)]
+        jax.eval_shape(original, *avals)  # jax.numpy's own argument, dtype and shape errors
+        subscripts = _wrapper_subscripts(op, *(np.ndim(v) if not hasattr(v, "shape") else len(v.shape) for v in avals))
+        if subscripts is None:
+            return original(a, b)
+        dtype = jnp.result_type(*(v.dtype for v in avals))  # jax.numpy promotes the operands first
+        a, b = (x.astype(dtype) if isinstance(x, (jax.Array, np.ndarray)) and x.dtype != dtype else x
+                for x in (a, b))
+        a, b, dn, perm = align_operands(subscripts, a, b)  # matmul's size-1 batch dims broadcast
+        y = self.dot_general(a, b, dn, kwargs.get("precision"), kwargs.get("preferred_element_type"))
+        return _reshard(y if perm is None else jnp.transpose(y, perm), kwargs.get("out_sharding"))
 
     def dot_general(self, lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None, *,
                     out_sharding=None):
@@ -194,12 +252,14 @@ class MxPtqProvider(_MxCalls, qwix.PtqProvider):
     def _mx_dot_general(self, lhs, rhs, dimension_numbers, preferred_element_type, rule):
         (_, rc), _ = dimension_numbers
         rhs = _serving_weight(rhs, tuple(rc), rule, "rhs")
-        return _dot_general(lhs, rhs, dimension_numbers, preferred_element_type, rule.recipe, pad_k=False)
+        # pad_k: an activation x activation product (attention's probs x values) pads K as in
+        # training; a weight's K is a multiple of 32 (_serving_weight)
+        return _dot_general(lhs, rhs, dimension_numbers, preferred_element_type, rule.recipe, pad_k=True)
 
     def _mx_einsum(self, einsum_str, lhs, rhs, preferred_element_type, rule):
         (_, rc), _ = parse_subscripts(einsum_str, len(lhs.shape), len(rhs.shape))[0]
         rhs = _serving_weight(rhs, rc, rule, "rhs")
-        return _einsum(einsum_str, lhs, rhs, preferred_element_type, rule.recipe, pad_k=False)
+        return _einsum(einsum_str, lhs, rhs, preferred_element_type, rule.recipe, pad_k=True)
 
 
 def quantize_params(params: Any, abstract_quantized_params: Any, **kwargs) -> Any:
