@@ -34,6 +34,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import qwix
+from jax._src.numpy import array_methods as _array_methods
 from jax._src.numpy import tensor_contractions as _jnp_contractions
 from qwix._src.providers import ptq as _ptq
 from qwix._src.utils import flax_util as _flax_util
@@ -98,16 +99,19 @@ def _reshard(y, out_sharding):
 
 
 # ----------------------------------------------------------------------------- jnp wrappers
-# jax.numpy's matmul (also ``x @ w``, which looks it up in tensor_contractions), dot (also
-# ``x.dot(w)``) and inner are jitted wrappers of lax.dot_general: intercepting only the
+# jax.numpy's matmul (also ``x @ w``), dot (also ``x.dot(w)``) and inner are jitted wrappers of lax.dot_general: intercepting only the
 # dot_general inside them would run the provider inside their cached trace, so a later call
 # with the same shapes could reuse a trace made without the provider (the GEMM silently left
 # unquantized), and a key drawn there (stochastic rounding) would be captured across traces (UnexpectedTracerError).
 # They are therefore intercepted whole, as what they are: one dot_general plus transposes.
 _ORIGINAL = {"matmul": _jnp_contractions.matmul, "dot": _jnp_contractions.dot, "inner": _jnp_contractions.inner}
-_WRAPPER_PATHS = {"matmul": ("jax.numpy.matmul", "jax._src.numpy.tensor_contractions.matmul"),
-                  "dot": ("jax.numpy.dot", "jax._src.numpy.tensor_contractions.dot"),
+_WRAPPER_PATHS = {"matmul": ("jax.numpy.matmul",),
+                  "dot": ("jax.numpy.dot", "jax._src.numpy.tensor_contractions.dot"),  # .dot() looks it up there
                   "inner": ("jax.numpy.inner",)}
+# ``x @ w`` for arrays and tracers: also when w is a weight the serving provider stored (a
+# ptq.WithAux, which has no ``__rmatmul__``)
+_OPERATOR_PATHS = {"jax._src.numpy.array_methods._operator_matmul": False,
+                   "jax._src.numpy.array_methods._operator_rmatmul": True}
 
 
 def _wrapper_subscripts(op: str, a_ndim: int, b_ndim: int) -> str | None:
@@ -128,14 +132,25 @@ def _wrapper_subscripts(op: str, a_ndim: int, b_ndim: int) -> str | None:
 class _MxCalls:
     """The interception both providers share: a call matched by an :class:`MxRule` runs through
     the provider's ``_mx_dot_general`` / ``_mx_einsum``; any other call goes to Qwix's own.
-    ``jnp.matmul``/``@``, ``jnp.dot``/``.dot`` and ``jnp.inner`` count as ``dot_general`` calls."""
+    ``jnp.matmul``/``@``, ``jnp.dot``/``.dot`` and ``jnp.inner`` count as ``dot_general`` calls
+    (see ``_WRAPPER_PATHS``)."""
 
     def get_intercept_map(self):
         mapping = super().get_intercept_map()
         for op, paths in _WRAPPER_PATHS.items():
             for path in paths:
                 mapping[path] = functools.partial(self._jnp_contraction, op)
+        for path, reflected in _OPERATOR_PATHS.items():
+            mapping[path] = functools.partial(self._matmul_operator, reflected)
         return mapping
+
+    def _matmul_operator(self, reflected, x, other):
+        """``x @ other`` (``other @ x`` if ``reflected``), as jax's array operator accepts it."""
+        as_array = getattr(other, "__jax_array__", None)
+        other = as_array() if as_array is not None else other
+        if not isinstance(other, (_ptq.WithAux, *_array_methods._accepted_binop_types)):
+            return NotImplemented
+        return self._jnp_contraction("matmul", *((other, x) if reflected else (x, other)))
 
     def _jnp_contraction(self, op, a, b, **kwargs):
         """``jnp.<op>(a, b, **kwargs)`` as one ``dot_general`` call of this provider, traced in
@@ -214,6 +229,13 @@ class _QuantizeModule:
         return quantize(value, how.axis, scale_mode=how.scale_mode, scale_layout=how.scale_layout)
 
 
+def _param_shape(name: str) -> tuple[int, ...]:
+    """The shape of parameter ``name`` of the current (linen or nnx) module."""
+    module = _flax_util.get_current_module()
+    value = module.get_variable("params", name) if hasattr(module, "get_variable") else getattr(module, name)
+    return tuple(_flax_util.unbox(value).shape)
+
+
 def _serving_weight(x, contracting, rule: MxRule, what: str):
     """``x`` as the GEMM operand: a stored MXFP4 weight, a weight quantized now (and stored), or
     ``x`` itself when it is not a parameter (an activation)."""
@@ -222,7 +244,9 @@ def _serving_weight(x, contracting, rule: MxRule, what: str):
     if isinstance(x, MXFP4Array):
         return x
     name = _flax_util.find_param(x)
-    if not name:
+    if not name or _param_shape(name) != tuple(x.shape):
+        # not a parameter, or one transposed/reshaped on the way (a tied embedding's ``.T``):
+        # storing it would replace the parameter its other uses (the lookup) read
         return x
     if len(contracting) != 1 or x.shape[contracting[0]] % BLOCK_SIZE:
         module_path = "/".join(map(str, _flax_util.get_current_module_path()))
