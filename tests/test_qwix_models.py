@@ -17,7 +17,7 @@ qwix = pytest.importorskip("qwix")
 from flax import nnx  # noqa: E402
 
 import jax_mxfp4 as mx  # noqa: E402
-from jax_mxfp4.qwix import MxPtqProvider, MxQtProvider, MxRule  # noqa: E402
+from jax_mxfp4.qwix import MxPtqProvider, MxQtProvider, MxRule, quantize_params  # noqa: E402
 
 from lm_model import LM  # noqa: E402
 
@@ -108,3 +108,109 @@ def test_matmul_weight_key_is_not_captured_across_traces_and_plain_trace_is_not_
     jax.clear_caches()  # a second trace: a key captured by the first would leak here
     assert same(step(p, jax.random.key(1)), g1) and finite(g1)
     assert not same(step(p, jax.random.key(2)), g1)  # the stream's key does drive the rounding
+
+
+ROUTES = {  # how model code writes x [16, 64] . w [64, 32]; all are one MXFP4 GEMM under the provider
+    "at_operator": lambda x, w: x @ w,
+    "reflected_at": lambda x, w: np.asarray(x) @ w,  # numpy array on the left: w.__rmatmul__
+    "jnp_matmul": lambda x, w: jnp.matmul(x, w),
+    "jnp_dot": lambda x, w: jnp.dot(x, w),
+    "dot_method": lambda x, w: x.dot(w),
+    "jnp_inner_of_transpose": lambda x, w: jnp.inner(x, w.T),
+    "jnp_einsum": lambda x, w: jnp.einsum("td,df->tf", x, w),
+    "lax_dot_general": lambda x, w: jax.lax.dot_general(x, w, (((1,), (0,)), ((), ()))),
+    "bf16_activations_promoted": lambda x, w: x.astype(jnp.bfloat16) @ w,
+    "matmul_broadcast_batch": lambda x, w: (x.reshape(2, 8, 64) @ w[None]).reshape(16, 32),
+}
+
+
+class OneWeight(nn.Module):
+    route: str
+
+    @nn.compact
+    def __call__(self, x):
+        return ROUTES[self.route](x, self.param("w", nn.initializers.lecun_normal(), (64, 32)))
+
+
+def test_every_jnp_contraction_route_is_one_mxfp4_gemm_and_unmatched_ones_stay_jnp(rng):
+    x = jnp.asarray(rng.standard_normal((16, 64)), jnp.float32)
+    for route in ROUTES:
+        model = OneWeight(route)
+        p = model.init(jax.random.key(0), x)
+        w = p["params"]["w"]
+        xq = x.astype(jnp.bfloat16).astype(jnp.float32) if route.startswith("bf16") else x
+        y_plain = model.apply(p, x)  # traces jax.numpy's jitted wrappers without the provider first
+        y = qwix.quantize_model(model, CATCH_ALL).apply(p, x)
+        if route == "jnp_inner_of_transpose":  # w.T [32, 64] is the rhs, contracted along its dim 1
+            want = mx.dot_general(xq, w.T, (((1,), (1,)), ((), ())))
+        else:
+            want = mx.dot_general(xq, w, (((1,), (0,)), ((), ())))
+        np.testing.assert_array_equal(y, want, err_msg=route)
+        assert y.dtype == y_plain.dtype, route
+        unmatched = qwix.quantize_model(model, MxQtProvider([MxRule(module_path="nothing")]))
+        np.testing.assert_array_equal(unmatched.apply(p, x), y_plain, err_msg=route)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("route", [r for r in ROUTES if r != "reflected_at"])
+def test_no_route_captures_the_rounding_key_across_traces(route, rng):
+    x = jnp.asarray(rng.standard_normal((16, 64)), jnp.float32)
+    model = OneWeight(route)
+    p = model.init(jax.random.key(0), x)
+    q = qwix.quantize_model(model, CATCH_ALL)
+    step = jax.jit(jax.grad(lambda p, key: (q.apply(p, x, rngs={"stochastic_rounding": key}) ** 2).sum()))
+    g1 = step(p, jax.random.key(1))
+    jax.clear_caches()
+    assert same(step(p, jax.random.key(1)), g1) and finite(g1)
+    assert not same(step(p, jax.random.key(2)), g1)
+
+
+@pytest.mark.slow
+def test_scanned_rematerialized_blocks_equal_direct_calls_and_train_across_traces(rng):
+    tok = tokens_of(rng)
+    model = LM(num_layers=2, scan=True, remat=True)
+    p = model.init(jax.random.key(0), tok)
+    q = qwix.quantize_model(model, CATCH_ALL)
+    layers = lambda p: [jax.tree.map(lambda a: a[i], p["blocks"]) for i in range(2)]  # noqa: E731
+    np.testing.assert_array_equal(q.apply(p, tok), direct_lm(p, tok, 1, layers))
+    step = jax.jit(jax.grad(lambda p, key: jnp.mean(q.apply(p, tok, rngs={"stochastic_rounding": key}) ** 2)))
+    g1 = step(p, jax.random.key(1))
+    jax.clear_caches()
+    assert same(step(p, jax.random.key(1)), g1) and finite(g1)
+
+
+@pytest.mark.slow
+def test_lm_gradients_equal_between_provider_and_direct_calls(rng):
+    tok = tokens_of(rng)
+    model = LM(num_kv_heads=1)
+    p = model.init(jax.random.key(0), tok)
+    q = qwix.quantize_model(model, CATCH_ALL)
+    g_q = jax.jit(jax.grad(lambda p: jnp.mean(q.apply(p, tok) ** 2)))(p)
+    g_d = jax.jit(jax.grad(lambda p: jnp.mean(direct_lm(p, tok, 1, lambda p: [p["block_0"]]) ** 2)))(p)
+    assert finite(g_q)
+    assert same(g_q, g_d)
+
+
+@pytest.mark.slow
+def test_serving_provider_on_third_party_lm(rng):
+    """Stored MXFP4 weights for every single-K projection and ``x @ w`` weight; the tied embedding
+    (read as ``embedding.T`` by attend) stays a float parameter; a two-dim contraction (the
+    output projection) is refused by name until excluded."""
+    tok = tokens_of(rng)
+    model = LM(num_kv_heads=1)
+    p = model.init(jax.random.key(0), tok)
+    w4a16 = mx.Recipe(quantize_activations=False)
+    with pytest.raises(ValueError, match="'kernel' of module 'block_0/attn/o'.*Exclude this module"):
+        qwix.quantize_model(model, MxPtqProvider([MxRule(module_path=".*", recipe=w4a16)])).init(jax.random.key(0), tok)
+    rule = MxRule(module_path="(?!.*attn/o$).*", recipe=w4a16)
+    served = qwix.quantize_model(model, MxPtqProvider([rule]))
+    abstract = jax.eval_shape(served.init, jax.random.key(0), tok)
+    qp = quantize_params(p["params"], abstract["params"])
+    kinds = jax.tree.map(lambda v: type(getattr(v, "array", v)).__name__, qp, is_leaf=lambda v: hasattr(v, "how"))
+    blk = kinds["block_0"]
+    assert {blk["attn"][n]["kernel"] for n in "qkv"} | set(blk["mlp"].values()) == {"MXFP4Array"}
+    assert kinds["embed"]["embedding"] == blk["attn"]["o"]["kernel"] == "ArrayImpl"
+    y = served.apply({"params": qp}, tok)
+    # the same GEMMs as training's forward with this recipe (weights quantized once vs per call)
+    trained = qwix.quantize_model(model, MxQtProvider([rule])).apply(p, tok)
+    np.testing.assert_allclose(y, trained, rtol=1e-5, atol=1e-5)
