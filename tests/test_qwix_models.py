@@ -214,3 +214,38 @@ def test_serving_provider_on_third_party_lm(rng):
     # the same GEMMs as training's forward with this recipe (weights quantized once vs per call)
     trained = qwix.quantize_model(model, MxQtProvider([rule])).apply(p, tok)
     np.testing.assert_allclose(y, trained, rtol=1e-5, atol=1e-5)
+
+
+class NnxMqa(nnx.Module):
+    """nnx attention block as third-party code writes it: Linear projections, one key/value head
+    broadcast by jnp.einsum, an output weight used as ``enc @ self.w_out[...]``."""
+
+    def __init__(self, rngs):
+        self.q = nnx.Linear(64, 128, use_bias=False, rngs=rngs)
+        self.kv = nnx.Linear(64, 32, use_bias=False, rngs=rngs)
+        self.w_out = nnx.Param(nnx.initializers.lecun_normal()(rngs.params(), (128, 64)))
+
+    def __call__(self, x):
+        b, t, _ = x.shape
+        q, kv = self.q(x).reshape(b, t, 4, 32), self.kv(x).reshape(b, t, 1, 32)
+        probs = jax.nn.softmax(jnp.einsum("btnh,bsnh->bnts", q, kv), axis=-1)
+        return jnp.einsum("bnts,bsnh->btnh", probs, kv).reshape(b, t, 128) @ self.w_out[...]
+
+
+@pytest.mark.slow
+def test_nnx_mqa_block_equals_direct_calls_and_trains_across_traces(rng):
+    x = jnp.asarray(rng.standard_normal((1, 32, 64)), jnp.float32)
+    model = NnxMqa(nnx.Rngs(0))
+    q = qwix.quantize_model(model, CATCH_ALL, x)
+    q.set_attributes(qwix_rngs=nnx.data(nnx.Rngs(stochastic_rounding=1)))  # nnx >= 0.12: data, not static
+    wq, wkv, wo = model.q.kernel[...], model.kv.kernel[...], model.w_out[...]
+    kv = mx.dot_general(x, wkv, DENSE).reshape(1, 32, 1, 32)
+    probs = jax.nn.softmax(mx.einsum("btnh,bsnh->bnts", mx.dot_general(x, wq, DENSE).reshape(1, 32, 4, 32), kv), axis=-1)
+    want = mx.dot_general(mx.einsum("bnts,bsnh->btnh", probs, kv).reshape(1, 32, 128), wo, DENSE)
+    np.testing.assert_array_equal(q(x), want)
+    step = nnx.jit(nnx.grad(lambda m: jnp.mean(m(x) ** 2)))
+    g1 = nnx.to_pure_dict(nnx.state(step(q), nnx.Param))
+    jax.clear_caches()  # a second trace: keys are drawn from the module's qwix_rngs each time
+    g2 = nnx.to_pure_dict(nnx.state(step(q), nnx.Param))
+    assert finite(g1) and finite(g2)
+    assert not same(g1, g2)  # the stream advanced: a fresh rounding key per step
