@@ -25,7 +25,9 @@ from __future__ import annotations
 
 import string
 
+import jax
 import jax.numpy as jnp
+import numpy as np
 
 from .array import MXFP4Array
 
@@ -222,7 +224,7 @@ def align_operands(subscripts, lhs, rhs, *, pad_k: bool = False):
             raise ValueError(f"{where}: a contracted letter of size 1 in one operand only is a sum of the other "
                              "operand over it, not one dot_general; sum that operand over it first (x.sum(axis))")
         name, x, term = ("lhs", lhs, lt) if n_l == 1 else ("rhs", rhs, rt)
-        if isinstance(x, _QUANTIZED):
+        if isinstance(x, _QUANTIZED) or not isinstance(x, (jax.Array, np.ndarray)):
             raise ValueError(f"{where}: {name} is a quantized {type(x).__name__}, which is not broadcast; "
                              "broadcast or squeeze the float operand before quantizing it")
         x = jnp.squeeze(x, term.index(c))  # broadcast as jnp.einsum does: the letter is now free

@@ -22,6 +22,24 @@ calls matched by a plain Qwix rule go to Qwix's own implementation, unmatched ca
 
 Qwix's own rule fields (``weight_qtype``, ``act_qtype``, calibration, tiles, ...) are not read
 by these providers for :class:`MxRule` matches: the recipe says everything.
+
+**Which calls are intercepted.** ``lax.dot_general`` and ``jnp.einsum`` (as Qwix does), and
+also ``jnp.matmul`` and ``x @ w``, ``jnp.dot`` and ``x.dot(w)``, ``jnp.inner``, which count as
+``dot_general`` calls. These three are jitted inside jax.numpy: were only the ``dot_general``
+inside them intercepted, the provider would run inside their cached trace (a later call with the
+same shapes may skip it, and a stochastic-rounding key drawn there leaks into the next trace:
+``UnexpectedTracerError``). Keys are drawn in the caller's trace and passed as arguments of
+the custom VJP, never captured. A name bound before quantization (``from jax.numpy import
+matmul``) is not intercepted. Einsum letters follow :func:`jax_mxfp4.einsum.align_operands`
+(a size-1 batch letter broadcasts, as in ``jnp.einsum``; e.g. one key/value head).
+
+**Activation x activation products** (attention's ``q.k`` scores and ``probs.v``) matched by a
+rule (e.g. a catch-all ``module_path=".*"``) run through jax_mxfp4 like any other call: the
+first operand takes the activation's role (dgrad settings; kept float by
+``Recipe(quantize_activations=False)``), the second the weight's (k, v: quantized along the
+contraction in fprop, their gradient computed by wgrad from dY and q/probs quantized along the
+token axis, dY stochastically rounded). K is zero-padded to 32 (e.g. a short sequence in
+``probs.v``). To keep them float, restrict the rule (``op_names``, ``module_path``).
 """
 
 from __future__ import annotations
@@ -99,11 +117,7 @@ def _reshard(y, out_sharding):
 
 
 # ----------------------------------------------------------------------------- jnp wrappers
-# jax.numpy's matmul (also ``x @ w``), dot (also ``x.dot(w)``) and inner are jitted wrappers of lax.dot_general: intercepting only the
-# dot_general inside them would run the provider inside their cached trace, so a later call
-# with the same shapes could reuse a trace made without the provider (the GEMM silently left
-# unquantized), and a key drawn there (stochastic rounding) would be captured across traces (UnexpectedTracerError).
-# They are therefore intercepted whole, as what they are: one dot_general plus transposes.
+# jitted jax.numpy contractions, intercepted whole (module docstring, "Which calls are intercepted")
 _ORIGINAL = {"matmul": _jnp_contractions.matmul, "dot": _jnp_contractions.dot, "inner": _jnp_contractions.inner}
 _WRAPPER_PATHS = {"matmul": ("jax.numpy.matmul",),
                   "dot": ("jax.numpy.dot", "jax._src.numpy.tensor_contractions.dot"),  # .dot() looks it up there

@@ -169,3 +169,14 @@ def test_quantized_operand_is_not_broadcast(rng):
     w = mx.quantize(jnp.asarray(rng.standard_normal((1, 64, 8)), jnp.float32), axis=1)
     with pytest.raises(ValueError, match="letter 'n' has size 4 in lhs but 1 in rhs: rhs is a quantized MXFP4Array"):
         mx.einsum("bnk,nkf->bnf", jnp.ones((2, 4, 64)), w)
+
+
+def test_flax_einsum_layer_broadcasts_a_size1_kernel_letter(rng):
+    import jax_mxfp4.flax as mxf
+
+    x = jnp.asarray(rng.standard_normal((2, 4, 64)), jnp.float32)
+    layer = mxf.linen.Einsum((1, 64, 32), "bnd,ndh->bnh", use_bias=False)  # one kernel shared by 4 heads
+    p = layer.init(jax.random.key(0), x)
+    kernel = p["params"]["kernel"]
+    np.testing.assert_array_equal(layer.apply(p, x), mx.einsum("bnd,dh->bnh", x, kernel[0]))
+    assert jax.grad(lambda p: (layer.apply(p, x) ** 2).sum())(p)["params"]["kernel"].shape == (1, 64, 32)

@@ -181,12 +181,14 @@ def test_scanned_rematerialized_blocks_equal_direct_calls_and_train_across_trace
 
 @pytest.mark.slow
 def test_lm_gradients_equal_between_provider_and_direct_calls(rng):
-    tok = tokens_of(rng)
+    tok = tokens_of(rng, t=32)  # probs.v contracts 32 keys: no padding, in either route
     model = LM(num_kv_heads=1)
     p = model.init(jax.random.key(0), tok)
     q = qwix.quantize_model(model, CATCH_ALL)
-    g_q = jax.jit(jax.grad(lambda p: jnp.mean(q.apply(p, tok) ** 2)))(p)
-    g_d = jax.jit(jax.grad(lambda p: jnp.mean(direct_lm(p, tok, 1, lambda p: [p["block_0"]]) ** 2)))(p)
+    # eager: the same ops give the same dY bits, hence the same data-derived rounding keys (two
+    # different jitted programs may fuse dY's producers differently; jax_mxfp4/training.py)
+    g_q = jax.grad(lambda p: jnp.mean(q.apply(p, tok) ** 2))(p)
+    g_d = jax.grad(lambda p: jnp.mean(direct_lm(p, tok, 1, lambda p: [p["block_0"]]) ** 2))(p)
     assert finite(g_q)
     assert same(g_q, g_d)
 
