@@ -213,6 +213,10 @@ def test_serving_provider_on_third_party_lm(rng):
     assert {blk["attn"][n]["kernel"] for n in "qkv"} | set(blk["mlp"].values()) == {"MXFP4Array"}
     assert kinds["embed"]["embedding"] == blk["attn"]["o"]["kernel"] == "ArrayImpl"
     y = served.apply({"params": qp}, tok)
+    serve = jax.jit(served.apply)
+    y1 = serve({"params": qp}, tok)
+    jax.clear_caches()  # nothing of the first trace is captured by the second
+    np.testing.assert_array_equal(serve({"params": qp}, tok), y1)
     # the same GEMMs as training's forward with this recipe (weights quantized once vs per call)
     trained = qwix.quantize_model(model, MxQtProvider([rule])).apply(p, tok)
     np.testing.assert_allclose(y, trained, rtol=1e-5, atol=1e-5)
