@@ -79,7 +79,8 @@ class MxRule(qwix.QtRule):
       rng_collection: RNG stream of the stochastic rounding of dY (default
         ``"stochastic_rounding"``, as the :mod:`jax_mxfp4.flax` layers): a linen module applied
         with that stream draws one key per matched call with ``make_rng``; an nnx module draws
-        from ``qwix_rngs`` when ``model.set_attributes(qwix_rngs=nnx.Rngs(...))`` gave it one;
+        from ``qwix_rngs`` when ``model.set_attributes(qwix_rngs=nnx.data(nnx.Rngs(...)))`` gave it
+        one (``nnx.data``: Flax 0.12 refuses an Rngs as a static attribute);
         otherwise the data-derived fallback key of :func:`jax_mxfp4.training.gradient_key`.
     """
 
