@@ -9,9 +9,15 @@ plays one ``dot_general`` role:
   blocks of 32 with one E8M0 scale each);
 * in one operand and in the output: a free dim (M for lhs, N for rhs).
 
+A letter shared by both operands has one size, except that a batch letter of size 1 in one
+operand is broadcast over the other's size, as ``jnp.einsum`` allows (:func:`align_operands`;
+e.g. multi-query attention's ``"btnh,bsnh->bnts"`` with one key head, n = 1): it then acts as
+a free dim of the other operand.
+
 Anything else is not a single ``dot_general`` and raises a clear ``ValueError``: a letter summed
 over one operand only, a letter repeated inside one operand (a diagonal), an output letter absent
-from the operands, no contracting letter at all, three or more operands. The ``dot_general``
+from the operands, no contracting letter at all, three or more operands, a contracted letter
+of size 1 in one operand only, sizes that differ otherwise. The ``dot_general``
 output (batch, lhs free, rhs free) is transposed to the requested order.
 """
 
@@ -19,7 +25,9 @@ from __future__ import annotations
 
 import string
 
+import jax
 import jax.numpy as jnp
+import numpy as np
 
 from .array import MXFP4Array
 
@@ -49,13 +57,20 @@ def parse_subscripts(subscripts: str, lhs_ndim: int, rhs_ndim: int):
 
     ``dimension_numbers`` is ``((lhs_contracting, rhs_contracting), (lhs_batch, rhs_batch))``;
     ``out_perm`` permutes ``dot_general``'s output (batch, lhs free, rhs free) into the order of
-    the output subscripts (None when it is already in that order).
+    the output subscripts (None when it is already in that order). Ranks only: size-1
+    broadcasting is resolved by :func:`align_operands`, which sees the shapes.
 
     Raises:
       TypeError: ``subscripts`` not a string.
       ValueError: malformed subscripts or a contraction that is not one ``dot_general`` (see the
         module docstring), with the offending letter named.
     """
+    return _dimension_numbers(*_terms(subscripts, lhs_ndim, rhs_ndim), subscripts)
+
+
+def _terms(subscripts: str, lhs_ndim: int, rhs_ndim: int) -> tuple[str, str, str]:
+    """The lhs, rhs and output subscripts with ``...`` expanded and the implicit output made
+    explicit, checked letter by letter (module docstring)."""
     if not isinstance(subscripts, str):
         raise TypeError(f"einsum: subscripts must be a str like 'bk,kn->bn', got {type(subscripts).__name__}")
     spec = subscripts.replace(" ", "")
@@ -102,6 +117,11 @@ def parse_subscripts(subscripts: str, lhs_ndim: int, rhs_ndim: int):
                     f"einsum: letter {c!r} of {name} is summed over one operand only ({subscripts!r}), "
                     "which is not a dot_general; sum it first (x.sum(axis)) or keep it in the output"
                 )
+    return lt, rt, ot
+
+
+def _dimension_numbers(lt: str, rt: str, ot: str, subscripts: str):
+    """:func:`parse_subscripts` from checked terms: letters -> dimension numbers and output perm."""
     batch = [c for c in lt if c in rt and c in ot]
     contract = [c for c in lt if c in rt and c not in ot]
     if not contract:
@@ -124,7 +144,8 @@ def einsum(subscripts, lhs, rhs, *, precision=None, preferred_element_type=None,
     The contraction is mapped onto :func:`jax_mxfp4.dot_general` (rules in
     :mod:`jax_mxfp4.einsum`): the letters shared by both operands and absent from the output are
     the contracting dims (total length K, a multiple of 32), shared letters kept in the output are
-    batch dims.
+    batch dims. A batch letter of size 1 in one operand is broadcast, as in ``jnp.einsum``
+    (:func:`align_operands`).
 
     Args:
       subscripts: e.g. ``"bsd,dnh->bsnh"``; ``...`` and NumPy's implicit output are accepted.
@@ -144,8 +165,9 @@ def einsum(subscripts, lhs, rhs, *, precision=None, preferred_element_type=None,
 
     Raises:
       ValueError: a contraction that is not one ``dot_general``, malformed subscripts, K not a
-        multiple of 32, an MXFP4Array not quantized along its single contracting dim.
-      TypeError: non-float operands, a bad ``recipe``, shape mismatches of shared letters.
+        multiple of 32, an MXFP4Array not quantized along its single contracting dim, a shared
+        letter whose sizes differ (other than a size-1 batch letter of a float operand).
+      TypeError: non-float operands, a bad ``recipe``.
     """
     from .training import with_precision
 
@@ -159,19 +181,59 @@ def _einsum(subscripts, lhs, rhs, preferred_element_type, recipe, *, pad_k: bool
     :func:`jax_mxfp4.flax.quantize_params`."""
     from .training import _dot_general
 
-    dn, perm = parse_subscripts(subscripts, _ndim(lhs, "lhs"), _ndim(rhs, "rhs"))
-    (lc, rc), (lb, rb) = dn
-    letters = subscripts.replace(" ", "").split("->")[0].split(",")
-    for la, ra in zip((*lc, *lb), (*rc, *rb)):  # shared letters must have one size (no broadcasting)
-        if not pad_k and lhs.shape[la] != rhs.shape[ra]:
-            raise ValueError(f"einsum {subscripts!r}: letter {letters[0][la]!r} has size {lhs.shape[la]} in lhs "
-                             f"but {rhs.shape[ra]} in rhs (a shared letter needs one size; no broadcasting)")
-    if pad_k and len(lc) == 1:
-        lhs, rhs = _pad_to_quantized(lhs, lc[0], rhs, rc[0])
+    lhs, rhs, dn, perm = align_operands(subscripts, lhs, rhs, pad_k=pad_k)
     if preferred_element_type is None:  # jnp.einsum promotes the operands first
         preferred_element_type = jnp.result_type(lhs.dtype, rhs.dtype)
     out = _dot_general(lhs, rhs, dn, preferred_element_type, recipe, pad_k=pad_k, key=key)
     return out if perm is None else jnp.transpose(out, perm)
+
+
+def align_operands(subscripts, lhs, rhs, *, pad_k: bool = False):
+    """The size rules of every MXFP4 einsum route (public :func:`einsum`, the Flax Einsum layers,
+    the Qwix providers): ``(lhs, rhs, dimension_numbers, out_perm)`` for ``dot_general``.
+
+    A letter shared by both operands has one size, except (as ``jnp.einsum`` allows) a batch
+    letter (kept in the output) of size 1 in one operand, which is broadcast: that operand's
+    axis is squeezed and the letter becomes a free dim of the other operand (e.g. one key/value
+    head ``bsnh`` with n = 1 facing four query heads in ``"btnh,bsnh->bnts"``). With ``pad_k``
+    a float operand's single contracting dim is first zero-padded up to a facing quantized
+    operand's padded K (:func:`_pad_to_quantized`).
+
+    Raises:
+      ValueError: a shared letter whose sizes differ otherwise (naming the letter and sizes),
+        including a contracted letter of size 1 in one operand only (``jnp.einsum`` would sum
+        the other operand over it first: not one ``dot_general``), or a size-1 batch axis of a
+        quantized operand (an MXFP4Array is not broadcast; broadcast the float weight first).
+      TypeError/ValueError: as :func:`parse_subscripts`.
+    """
+    from .gemm import _QUANTIZED
+
+    lt, rt, ot = _terms(subscripts, _ndim(lhs, "lhs"), _ndim(rhs, "rhs"))
+    if pad_k:
+        (lc, rc), _ = _dimension_numbers(lt, rt, ot, subscripts)[0]
+        if len(lc) == 1:
+            lhs, rhs = _pad_to_quantized(lhs, lc[0], rhs, rc[0])
+    for c in [c for c in lt if c in rt]:
+        n_l, n_r = lhs.shape[lt.index(c)], rhs.shape[rt.index(c)]
+        if n_l == n_r:
+            continue
+        where = f"einsum {subscripts!r}: letter {c!r} has size {n_l} in lhs but {n_r} in rhs"
+        if 1 not in (n_l, n_r):
+            raise ValueError(f"{where} (a shared letter needs one size, or size 1 in one operand to broadcast)")
+        if c not in ot:
+            raise ValueError(f"{where}: a contracted letter of size 1 in one operand only is a sum of the other "
+                             "operand over it, not one dot_general; sum that operand over it first (x.sum(axis))")
+        name, x, term = ("lhs", lhs, lt) if n_l == 1 else ("rhs", rhs, rt)
+        if isinstance(x, _QUANTIZED) or not isinstance(x, (jax.Array, np.ndarray)):
+            raise ValueError(f"{where}: {name} is a quantized {type(x).__name__}, which is not broadcast; "
+                             "broadcast or squeeze the float operand before quantizing it")
+        x = jnp.squeeze(x, term.index(c))  # broadcast as jnp.einsum does: the letter is now free
+        if name == "lhs":
+            lhs, lt = x, lt.replace(c, "")
+        else:
+            rhs, rt = x, rt.replace(c, "")
+    dn, perm = _dimension_numbers(lt, rt, ot, subscripts)
+    return lhs, rhs, dn, perm
 
 
 def _pad_to_quantized(lhs, la, rhs, ra):

@@ -24,21 +24,44 @@ calls matched by a plain Qwix rule go to Qwix's own implementation, unmatched ca
 
 Qwix's own rule fields (``weight_qtype``, ``act_qtype``, calibration, tiles, ...) are not read
 by these providers for :class:`MxRule` matches: the recipe says everything.
+
+**Which calls are intercepted.** ``lax.dot_general`` and ``jnp.einsum`` (as Qwix does), and
+also ``jnp.matmul`` and ``x @ w``, ``jnp.dot`` and ``x.dot(w)``, ``jnp.inner``, which count as
+``dot_general`` calls. These three are jitted inside jax.numpy: were only the ``dot_general``
+inside them intercepted, the provider would run inside their cached trace (a later call with the
+same shapes may skip it, and a stochastic-rounding key drawn there leaks into the next trace:
+``UnexpectedTracerError``). Keys are drawn in the caller's trace and passed as arguments of
+the custom VJP, never captured. A name bound before quantization (``from jax.numpy import
+matmul``) is not intercepted. Einsum letters follow :func:`jax_mxfp4.einsum.align_operands`
+(a size-1 batch letter broadcasts, as in ``jnp.einsum``; e.g. one key/value head).
+
+**Activation x activation products** (attention's ``q.k`` scores and ``probs.v``) matched by a
+rule (e.g. a catch-all ``module_path=".*"``) run through jax_mxfp4 like any other call: the
+first operand takes the activation's role (dgrad settings; kept float by
+``Recipe(quantize_activations=False)``), the second the weight's (k, v: quantized along the
+contraction in fprop, their gradient computed by wgrad from dY and q/probs quantized along the
+token axis, dY stochastically rounded). K is zero-padded to 32 (e.g. a short sequence in
+``probs.v``). To keep them float, restrict the rule (``op_names``, ``module_path``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import jax
+import jax.numpy as jnp
+import numpy as np
 import qwix
+from jax._src.numpy import array_methods as _array_methods
+from jax._src.numpy import tensor_contractions as _jnp_contractions
 from qwix._src.providers import ptq as _ptq
 from qwix._src.utils import flax_util as _flax_util
 
 from . import checks
 from .array import MXFP4Array
-from .einsum import _einsum, parse_subscripts
+from .einsum import _einsum, align_operands, parse_subscripts
 from .mx_format import BLOCK_SIZE
 from .recipe import Recipe
 from .training import _dot_general
@@ -58,7 +81,8 @@ class MxRule(qwix.QtRule):
       rng_collection: RNG stream of the stochastic rounding of dY (default
         ``"stochastic_rounding"``, as the :mod:`jax_mxfp4.flax` layers): a linen module applied
         with that stream draws one key per matched call with ``make_rng``; an nnx module draws
-        from ``qwix_rngs`` when ``model.set_attributes(qwix_rngs=nnx.Rngs(...))`` gave it one;
+        from ``qwix_rngs`` when ``model.set_attributes(qwix_rngs=nnx.data(nnx.Rngs(...)))`` gave it
+        one (``nnx.data``: Flax 0.12 refuses an Rngs as a static attribute);
         otherwise the data-derived fallback key of :func:`jax_mxfp4.training.gradient_key`.
     """
 
@@ -95,9 +119,73 @@ def _reshard(y, out_sharding):
     return y if out_sharding is None else jax.sharding.reshard(y, out_sharding)
 
 
+# ----------------------------------------------------------------------------- jnp wrappers
+# jitted jax.numpy contractions, intercepted whole (module docstring, "Which calls are intercepted")
+_ORIGINAL = {"matmul": _jnp_contractions.matmul, "dot": _jnp_contractions.dot, "inner": _jnp_contractions.inner}
+_WRAPPER_PATHS = {"matmul": ("jax.numpy.matmul",),
+                  "dot": ("jax.numpy.dot", "jax._src.numpy.tensor_contractions.dot"),  # .dot() looks it up there
+                  "inner": ("jax.numpy.inner",)}
+# ``x @ w`` for arrays and tracers: also when w is a weight the serving provider stored (a
+# ptq.WithAux, which has no ``__rmatmul__``)
+_OPERATOR_PATHS = {"jax._src.numpy.array_methods._operator_matmul": False,
+                   "jax._src.numpy.array_methods._operator_rmatmul": True}
+
+
+def _wrapper_subscripts(op: str, a_ndim: int, b_ndim: int) -> str | None:
+    """The two-operand einsum that ``jnp.<op>`` of operands of these ranks computes (NumPy's
+    rules: matmul broadcasts its batch dims, dot and inner stack them), or None for a scalar
+    operand (an element-wise product, left to jax.numpy)."""
+    if a_ndim == 0 or b_ndim == 0:
+        return None
+    if op == "matmul":  # a 1-D operand is a vector, else [..., m, k] @ [..., k, n]
+        lt, rt = ("k" if a_ndim == 1 else "...mk"), ("k" if b_ndim == 1 else "...kn")
+        return f"{lt},{rt}->...{'m' * (a_ndim > 1)}{'n' * (b_ndim > 1)}"
+    la, lb = "ABCDEFGHIJLMNOPQRSTUVWXYZ"[:a_ndim - 1], "abcdefghijlmnopqrstuvwxyz"[:b_ndim - 1]
+    if op == "dot" and b_ndim > 1:  # a's last dim against b's second-to-last
+        return f"{la}K,{lb[:-1]}K{lb[-1]}->{la}{lb}"
+    return f"{la}K,{lb}K->{la}{lb}"  # inner, and dot with a vector b: the last dims
+
+
 class _MxCalls:
     """The interception both providers share: a call matched by an :class:`MxRule` runs through
-    the provider's ``_mx_dot_general`` / ``_mx_einsum``; any other call goes to Qwix's own."""
+    the provider's ``_mx_dot_general`` / ``_mx_einsum``; any other call goes to Qwix's own.
+    ``jnp.matmul``/``@``, ``jnp.dot``/``.dot`` and ``jnp.inner`` count as ``dot_general`` calls
+    (see ``_WRAPPER_PATHS``)."""
+
+    def get_intercept_map(self):
+        mapping = super().get_intercept_map()
+        for op, paths in _WRAPPER_PATHS.items():
+            for path in paths:
+                mapping[path] = functools.partial(self._jnp_contraction, op)
+        for path, reflected in _OPERATOR_PATHS.items():
+            mapping[path] = functools.partial(self._matmul_operator, reflected)
+        return mapping
+
+    def _matmul_operator(self, reflected, x, other):
+        """``x @ other`` (``other @ x`` if ``reflected``), as jax's array operator accepts it."""
+        as_array = getattr(other, "__jax_array__", None)
+        other = as_array() if as_array is not None else other
+        if not isinstance(other, (_ptq.WithAux, *_array_methods._accepted_binop_types)):
+            return NotImplemented
+        return self._jnp_contraction("matmul", *((other, x) if reflected else (x, other)))
+
+    def _jnp_contraction(self, op, a, b, **kwargs):
+        """``jnp.<op>(a, b, **kwargs)`` as one ``dot_general`` call of this provider, traced in
+        the caller's trace (not inside jax.numpy's jit)."""
+        original = functools.partial(_ORIGINAL[op], **kwargs)
+        # stored weights (ptq.WithAux, MXFP4Array) stand in for their logical shape and dtype
+        avals = [jax.ShapeDtypeStruct(x.shape, x.dtype) if hasattr(x, "shape") and hasattr(x, "dtype") else x
+                 for x in (a, b)]
+        jax.eval_shape(original, *avals)  # jax.numpy's own argument, dtype and shape errors
+        subscripts = _wrapper_subscripts(op, *(np.ndim(v) if not hasattr(v, "shape") else len(v.shape) for v in avals))
+        if subscripts is None:
+            return original(a, b)
+        dtype = jnp.result_type(*(v.dtype for v in avals))  # jax.numpy promotes the operands first
+        a, b = (x.astype(dtype) if isinstance(x, (jax.Array, np.ndarray)) and x.dtype != dtype else x
+                for x in (a, b))
+        a, b, dn, perm = align_operands(subscripts, a, b)  # matmul's size-1 batch dims broadcast
+        y = self.dot_general(a, b, dn, kwargs.get("precision"), kwargs.get("preferred_element_type"))
+        return _reshard(y if perm is None else jnp.transpose(y, perm), kwargs.get("out_sharding"))
 
     def dot_general(self, lhs, rhs, dimension_numbers, precision=None, preferred_element_type=None, *,
                     out_sharding=None):
@@ -162,6 +250,13 @@ class _QuantizeModule:
                                hadamard=how.hadamard)
 
 
+def _param_shape(name: str) -> tuple[int, ...]:
+    """The shape of parameter ``name`` of the current (linen or nnx) module."""
+    module = _flax_util.get_current_module()
+    value = module.get_variable("params", name) if hasattr(module, "get_variable") else getattr(module, name)
+    return tuple(_flax_util.unbox(value).shape)
+
+
 def _serving_weight(x, contracting, rule: MxRule, what: str, batch=()):
     """``x`` as the GEMM operand: a stored MXFP4 weight (its record checked against the rule's
     recipe), a weight quantized now (and stored) as the recipe's forward pass quantizes it, or
@@ -171,7 +266,9 @@ def _serving_weight(x, contracting, rule: MxRule, what: str, batch=()):
         check_against_recipe(w, rule.recipe, contracting=contracting, batch=batch, what=f"{what} weight")
         return w
     name = _flax_util.find_param(x)
-    if not name:
+    if not name or _param_shape(name) != tuple(x.shape):
+        # not a parameter, or one transposed/reshaped on the way (a tied embedding's ``.T``):
+        # storing it would replace the parameter its other uses (the lookup) read
         return x
     if len(contracting) != 1 or x.shape[contracting[0]] % BLOCK_SIZE:
         module_path = "/".join(map(str, _flax_util.get_current_module_path()))
@@ -202,12 +299,14 @@ class MxPtqProvider(_MxCalls, qwix.PtqProvider):
     def _mx_dot_general(self, lhs, rhs, dimension_numbers, preferred_element_type, rule):
         (_, rc), (_, rb) = dimension_numbers
         rhs = _serving_weight(rhs, tuple(rc), rule, "rhs", tuple(rb))
-        return _dot_general(lhs, rhs, dimension_numbers, preferred_element_type, rule.recipe, pad_k=False)
+        # pad_k: an activation x activation product (attention's probs x values) pads K as in
+        # training; a weight's K is a multiple of 32 (_serving_weight)
+        return _dot_general(lhs, rhs, dimension_numbers, preferred_element_type, rule.recipe, pad_k=True)
 
     def _mx_einsum(self, einsum_str, lhs, rhs, preferred_element_type, rule):
         (_, rc), (_, rb) = parse_subscripts(einsum_str, len(lhs.shape), len(rhs.shape))[0]
         rhs = _serving_weight(rhs, rc, rule, "rhs", rb)
-        return _einsum(einsum_str, lhs, rhs, preferred_element_type, rule.recipe, pad_k=False)
+        return _einsum(einsum_str, lhs, rhs, preferred_element_type, rule.recipe, pad_k=True)
 
 
 def quantize_params(params: Any, abstract_quantized_params: Any, **kwargs) -> Any:

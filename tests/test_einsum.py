@@ -121,3 +121,62 @@ def test_einsum_precision_key_and_letter_sizes():
     g1b = jax.grad(loss)(x, jax.random.key(1))
     np.testing.assert_array_equal(g1, g1b)  # reproducible from the key
     assert not np.array_equal(g1, g2)  # and the key is used (stochastic rounding of dY)
+
+
+@pytest.mark.sweep(keep=1)
+@pytest.mark.parametrize("subscripts,ls,rs", [
+    ("btnh,bsnh->bnts", (2, 8, 4, 32), (2, 8, 1, 32)),  # MQA: one key head broadcast over four query heads
+    ("bnts,bsnh->btnh", (2, 1, 8, 32), (2, 32, 4, 16)),  # the size-1 letter in lhs
+    ("btk,bsk->bts", (1, 8, 32), (3, 8, 32)),           # the batch letter itself of size 1 in lhs
+])
+def test_size1_batch_letter_broadcasts_like_jnp_einsum(subscripts, ls, rs, rng):
+    a = rng.standard_normal(ls).astype(np.float32)
+    b = rng.standard_normal(rs).astype(np.float32)
+    (lc, rc), _ = parse_subscripts(subscripts, len(ls), len(rs))[0]
+    qa, qb = qdq_along(a, lc), qdq_along(b, rc)
+    want = np.einsum(subscripts, qa, qb)  # NumPy broadcasts size-1 letters too
+    got = mx.einsum(subscripts, jnp.asarray(a), jnp.asarray(b))
+    assert got.shape == want.shape == jnp.einsum(subscripts, a, b).shape
+    bound = 1e-5 * np.einsum(subscripts, np.abs(qa), np.abs(qb)) + 1e-30
+    assert np.all(np.abs(np.asarray(got, np.float64) - want) <= bound)
+    # the gradient of the broadcast operand is summed over the broadcast letter (the size-1 shape)
+    ga, gb = jax.grad(lambda a, b: (mx.einsum(subscripts, a, b) ** 2).sum(), argnums=(0, 1))(jnp.asarray(a), jnp.asarray(b))
+    assert ga.shape == ls and gb.shape == rs and bool(jnp.isfinite(ga).all() & jnp.isfinite(gb).all())
+
+
+def test_mqa_broadcast_equals_the_squeezed_contraction(rng):
+    """Broadcasting one kv head is the contraction with that head squeezed out (values and gradients)."""
+    q = jnp.asarray(rng.standard_normal((2, 8, 4, 32)), jnp.float32)
+    k = jnp.asarray(rng.standard_normal((2, 8, 1, 32)), jnp.float32)
+    f = lambda q, k: (mx.einsum("btnh,bsnh->bnts", q, k) ** 2).sum()  # noqa: E731
+    g = lambda q, k: (mx.einsum("btnh,bsh->bnts", q, k[:, :, 0]) ** 2).sum()  # noqa: E731
+    np.testing.assert_array_equal(f(q, k), g(q, k))
+    (gq, gk), (hq, hk) = jax.grad(f, argnums=(0, 1))(q, k), jax.grad(g, argnums=(0, 1))(q, k)
+    np.testing.assert_array_equal(gq, hq)
+    np.testing.assert_array_equal(gk, hk)
+
+
+@pytest.mark.parametrize("subscripts,ls,rs,match", [
+    ("bk,kn->bn", (2, 32), (1, 8), "letter 'k' has size 32 in lhs but 1 in rhs: a contracted letter of size 1"),
+    ("btnh,bsnh->bnts", (2, 8, 4, 32), (2, 8, 2, 32), "letter 'n' has size 4 in lhs but 2 in rhs"),
+])
+def test_broadcast_refusals_name_the_letter(subscripts, ls, rs, match):
+    with pytest.raises(ValueError, match=match):
+        mx.einsum(subscripts, jnp.ones(ls), jnp.ones(rs))
+
+
+def test_quantized_operand_is_not_broadcast(rng):
+    w = mx.quantize(jnp.asarray(rng.standard_normal((1, 64, 8)), jnp.float32), axis=1)
+    with pytest.raises(ValueError, match="letter 'n' has size 4 in lhs but 1 in rhs: rhs is a quantized MXFP4Array"):
+        mx.einsum("bnk,nkf->bnf", jnp.ones((2, 4, 64)), w)
+
+
+def test_flax_einsum_layer_broadcasts_a_size1_kernel_letter(rng):
+    import jax_mxfp4.flax as mxf
+
+    x = jnp.asarray(rng.standard_normal((2, 4, 64)), jnp.float32)
+    layer = mxf.linen.Einsum((1, 64, 32), "bnd,ndh->bnh", use_bias=False)  # one kernel shared by 4 heads
+    p = layer.init(jax.random.key(0), x)
+    kernel = p["params"]["kernel"]
+    np.testing.assert_array_equal(layer.apply(p, x), mx.einsum("bnd,dh->bnh", x, kernel[0]))
+    assert jax.grad(lambda p: (layer.apply(p, x) ** 2).sum())(p)["params"]["kernel"].shape == (1, 64, 32)
