@@ -589,13 +589,12 @@ def _k_split_call(xs, w_data, scales, *, cfg: MgpuConfig, n: int, mp: int, out_d
     barrier pattern as the schedule barrier of jax's attention_mgpu.py (num_arrivals = the
     warpgroups that arrive). Returns ``out_dtype`` [mp, N].
 
-    The pipeline: :func:`_k_split_own_pipeline`.
     ``xs`` may have fewer rows than ``mp`` (fewer than 8, or a multiple of 8: Mosaic GPU's TMA
-    tiling): the TMA copies read a box of
-    ``mp`` rows, and the hardware fills rows past the array's end with zeros (and the output's TMA
-    store writes none past it), so the call needs no pad of x and no slice of the result (H200,
-    2026-12-01: 1.5 + 1.0 us of separate kernels per call at M = 1); the output then has
-    ``xs[0]``'s rows. Both: ``stages`` shared-memory slots; step t uses slot t % stages; ready[slot] completes when
+    tiling): the TMA copies read a box of ``mp`` rows, and the hardware fills rows past the
+    array's end with zeros (and the output's TMA store writes none past it), so the call needs no
+    pad of x and no slice of the result (H200, 2026-12-01: 1.5 + 1.0 us of separate kernels per
+    call at M = 1); the output then has ``xs[0]``'s rows. The pipeline
+    (:func:`_k_split_own_pipeline`): ``stages`` shared-memory slots; step t uses slot t % stages; ready[slot] completes when
     the slot's TMA copies have landed (every compute warpgroup waits on it), consumed[slot] when
     all kw compute warpgroups have finished reading it (each arrives once per step, after its
     WGMMAs were waited for), and the TMA warpgroup waits on it before refilling the slot."""
