@@ -194,10 +194,9 @@ def kernel_time(fn, sets, *, calls: int | None = None) -> dict:
 def demo_batches(cfg: dict, steps: int, data: str):
     """``i -> int32 [batch, seq_len + 1]`` token windows for step i: "random" one batch of uniform
     random bytes for every step (seed 0); "corpus" the demo's training windows
-    (``jax_mxfp4.demo.load_corpus``/``batch_starts``, seed 0), one batch per step."""
+    (``load_corpus``/``batch_starts`` of examples/train_lm.py, seed 0), one batch per step."""
     import jax.numpy as jnp
-
-    from jax_mxfp4 import demo
+    import train_lm as demo
 
     if data == "random":
         batch = jnp.asarray(np.random.default_rng(0).integers(0, 256, (cfg["batch"], cfg["seq_len"] + 1)), jnp.int32)

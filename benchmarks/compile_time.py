@@ -1,6 +1,6 @@
-"""Compile time of the demo's training step (jax_mxfp4.demo), bf16 against MXFP4, per XLA flag set.
+"""Compile time of the demo's training step (examples/train_lm.py), bf16 against MXFP4, per XLA flag set.
 
-Why: on an NVIDIA H200 (jax 0.11.2, 2026-12-01) the MXFP4 step of ``python -m jax_mxfp4.demo
+Why: on an NVIDIA H200 (jax 0.11.2, 2026-12-01) the MXFP4 step of ``python examples/train_lm.py
 --size large`` did not finish compiling within ~200 s while the bf16 step compiled in ~10 s;
 tracing and lowering take ~9 s on a CPU. This script separates the phases: per (recipe, XLA_FLAGS) it runs a fresh process
 that builds the demo's model and jitted step (``demo.make_train_step``) and times
@@ -29,7 +29,8 @@ import time
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from jax_mxfp4.demo import learning_rate  # noqa: E402  (stdlib + NumPy at import: no JAX yet)
+import benchmarks  # noqa: E402,F401  (puts examples/ on sys.path)
+from train_lm import learning_rate  # noqa: E402  (stdlib + NumPy at import: no JAX yet)
 
 FLAG_SETS = {"default": "", "autotune0": "--xla_gpu_autotune_level=0",
              "notriton": "--xla_gpu_enable_triton_gemm=false"}
@@ -69,8 +70,8 @@ def child(size: str, recipe_name: str, layers: int | None, profile: bool = False
           data: str = "random", lr: float | None = None, quick: bool = False) -> dict:
     """Runs in the fresh process: phase times of one demo step compile (seconds)."""
     import jax
+    import train_lm as demo
 
-    from jax_mxfp4 import demo
     from jax_mxfp4.recipe import Recipe
 
     cfg = dict(demo.SIZES[size])
@@ -196,7 +197,7 @@ def main(argv=None) -> int:
         print("RESULT " + json.dumps(child(args.size, args.child, args.layers, args.profile, args.d_model, args.data,
                                            args.lr, args.quick)), flush=True)
         return 0
-    from jax_mxfp4 import demo
+    import train_lm as demo
 
     if args.size not in demo.SIZES:
         ap.error(f"--size must be one of {sorted(demo.SIZES)}")

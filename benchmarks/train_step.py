@@ -3,7 +3,7 @@
 Configs (T tokens):
   linear  Y = X·W,              X [T, K], W [K, N], T = K = N = 8192
   mlp     Y = gelu(X·W1)·W2,    d = 8192, hidden 4d, T = 8192
-  mlp-d1024  the same with d = 1024 (the MLP block of ``jax_mxfp4.demo --size large``)
+  mlp-d1024  the same with d = 1024 (the MLP block of ``examples/train_lm.py --size large``)
 
 One step = forward + backward for a fixed random cotangent dY (``jax.vjp`` in one jitted
 function): the output Y and the gradients with respect to X and every weight, all quantization

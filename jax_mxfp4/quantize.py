@@ -103,11 +103,8 @@ def fused_path(x, rounding: str = "nearest") -> bool:
 
 def fused_rotation_path(x, rounding: str = "nearest") -> bool:
     """Whether :func:`quantize_rotated` of ``x`` runs the rotation inside the fused quantizer:
-    :func:`fused_path` and not ``JAX_MXFP4_FUSED_HADAMARD=0``
-    (:func:`jax_mxfp4.kernels.quantize.fused_rotation_enabled`)."""
-    from .kernels import quantize as fused
-
-    return fused.fused_rotation_enabled() and fused_path(x, rounding)
+    wherever :func:`fused_path` takes the fused quantizer (both forms give the same bits)."""
+    return fused_path(x, rounding)
 
 
 def quantize_rotated(
@@ -125,8 +122,7 @@ def quantize_rotated(
     Pallas quantization kernel (``jax_mxfp4.kernels.quantize``, ``hadamard=(block, seed)``), with
     the same float32 operations in the same order as :func:`jax_mxfp4.hadamard.
     random_hadamard_transform`, so the result is bit-identical to the two-pass form, which runs
-    everywhere else (CPU, under a mesh, ``JAX_MXFP4_FAST_QUANTIZE=0`` or
-    ``JAX_MXFP4_FUSED_HADAMARD=0``). Not differentiable (used
+    everywhere else (CPU, under a mesh, ``JAX_MXFP4_FAST_QUANTIZE=0``). Not differentiable (used
     where the quantized operand is consumed: the backward passes and ``quantize_params``).
 
     Args:

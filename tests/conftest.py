@@ -1,7 +1,13 @@
 import collections
 import importlib.metadata
 import os
+import pathlib
+import sys
 import zlib
+
+# The applications in examples/ (outside the package) import each other by file name, as
+# `python examples/X.py` runs them; the tests import them the same way.
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "examples"))
 
 # 8 simulated CPU devices for the sharding tests (must be set before JAX initializes its backend).
 if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):

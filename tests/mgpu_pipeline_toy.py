@@ -10,9 +10,8 @@ its own accumulator; out[w] = sum over t of those columns, compared exactly (sma
 with NumPy. A schedule that deadlocks (a barrier never completing) hangs here as on the GPU: the
 caller runs this file in a child process with a time limit (tests/test_wgemm_mgpu.py).
 
-Usage: python tests/mgpu_pipeline_toy.py KW:STEPS:STAGES[:CONSUMED_ARRIVALS][:d] ...
-(``d``: the delayed release, ``run_toy``'s ``delay``); prints "OK kw steps stages[ d]" or
-"MISMATCH ..." per case, flushed, in order.
+Usage: python tests/mgpu_pipeline_toy.py KW:STEPS:STAGES[:CONSUMED_ARRIVALS] ...; prints
+"OK kw steps stages" or "MISMATCH ..." per case, flushed, in order.
 """
 
 from __future__ import annotations
@@ -40,52 +39,36 @@ def interpret_params():
 
 
 def run_toy(kw: int, steps: int, stages: int, consumed_arrivals: int | None = None, rows: int = 8,
-            cols: int = 32, delay: bool = False) -> bool:
-    """One case; ``consumed_arrivals`` overrides the consumed barriers' count (kw: the kernel's).
-    ``delay``: the delayed release (MgpuConfig.delay_release) with a payload that reads each slot
-    one step late, as a WGMMA still in flight does: step t adds the slot of step t - 1, the drain
-    the last one; a slot released (and refilled) before that late read gives a wrong sum."""
+            cols: int = 32) -> bool:
+    """One case; ``consumed_arrivals`` overrides the consumed barriers' count (kw: the kernel's)."""
     cw = cols // kw
 
-    def body(x_g, o_g, x_smem, ready, consumed, acc_smem, started):
+    def body(x_g, o_g, x_smem, ready, consumed, acc_smem):
         wg = lax.axis_index("wg")
 
         def fetch(t, slot):
             plgpu.copy_gmem_to_smem(x_g.at[:, pl.ds(t * cols, cols)], x_smem.at[slot], ready.at[slot])
 
-        def add(slot, acc):
-            acc[...] += x_smem.at[slot][:, pl.ds(wg * cw, cw)]
-
         def step(slot, acc):
-            if not delay:
-                add(slot, acc)
-                return
-
-            @pl.when(started[wg] != 0)
-            def _():
-                add(lax.rem(slot + stages - 1, stages), acc)
-            started[wg] = jnp.int32(1)
+            acc[...] += x_smem.at[slot][:, pl.ds(wg * cw, cw)]
 
         def compute_context(run):
             acc = acc_smem.at[wg]
             acc[...] = jnp.zeros((rows, cw), jnp.float32)
-            started[wg] = jnp.int32(0)
             run(acc)
             plgpu.commit_smem()
             plgpu.copy_smem_to_gmem(acc, o_g.at[wg])
             plgpu.wait_smem_to_gmem(0)
 
-        drain = (lambda acc: add((steps - 1) % stages, acc)) if delay else None
         wm._k_split_own_pipeline(wg, kw, steps, stages, fetch=fetch, step=step, ready=ready, consumed=consumed,
-                                 compute_context=compute_context, drain=drain)
+                                 compute_context=compute_context)
 
     f = plgpu.kernel(
         body, out_type=jax.ShapeDtypeStruct((kw, rows, cw), jnp.float32), num_threads=kw + 1, thread_name="wg",
         scratch_types=dict(x_smem=plgpu.SMEM((stages, rows, cols), jnp.float32),
                            ready=plgpu.Barrier(num_arrivals=1, num_barriers=stages),
                            consumed=plgpu.Barrier(num_arrivals=consumed_arrivals or kw, num_barriers=stages),
-                           acc_smem=plgpu.SMEM((kw, rows, cw), jnp.float32),
-                           started=plgpu.SMEM((kw,), jnp.int32)),
+                           acc_smem=plgpu.SMEM((kw, rows, cw), jnp.float32)),
         interpret=interpret_params())
     x = np.random.default_rng(0).integers(-8, 9, (rows, steps * cols)).astype(np.float32)
     got = np.asarray(f(jnp.asarray(x)))
@@ -95,8 +78,6 @@ def run_toy(kw: int, steps: int, stages: int, consumed_arrivals: int | None = No
 
 if __name__ == "__main__":
     for arg in sys.argv[1:]:
-        parts = arg.split(":")
-        delay = parts[-1] == "d"  # KW:STEPS:STAGES[:CONSUMED_ARRIVALS][:d] (d = delayed release)
-        case = [int(v) for v in parts[:len(parts) - delay]]
-        ok = run_toy(*case, delay=delay)
-        print(f"{'OK' if ok else 'MISMATCH'} {' '.join(map(str, case))}{' d' if delay else ''}", flush=True)
+        case = [int(v) for v in arg.split(":")]  # KW:STEPS:STAGES[:CONSUMED_ARRIVALS]
+        ok = run_toy(*case)
+        print(f"{'OK' if ok else 'MISMATCH'} {' '.join(map(str, case))}", flush=True)

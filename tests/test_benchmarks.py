@@ -15,7 +15,7 @@ import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from benchmarks import compile_time, demo_recipes, gemm, quantize, train_step  # noqa: E402
+from benchmarks import compile_time, gemm, quantize, train_step  # noqa: E402
 
 
 def _png(path):
@@ -82,19 +82,6 @@ def test_compile_time_quick(tmp_path):
     assert math.isfinite(row["loss"]) and row["hlo_dot_generals"] > 0
     assert "| default | mxfp4 |" in (tmp_path / "compile_time.md").read_text()
     _png(tmp_path / "compile_time.png")
-
-
-def test_demo_recipes_quick(tmp_path):
-    assert demo_recipes.main(["--quick", "--recipes", "default", "--out", str(tmp_path)]) == 0
-    res = json.loads((tmp_path / "recipes_small_seed0.json").read_text())
-    bf = res["bf16"]
-    assert bf["measured"] and set(res["runs"]) == {"default"}
-    for r in [bf, *res["runs"].values()]:
-        assert _finite_positive(r["eval_loss"], r["train_loss"], r["wall_s"], r["tokens_per_s"])
-    for r in res["runs"].values():
-        assert r["gap_pct"] == pytest.approx(100 * (r["eval_loss"] - bf["eval_loss"]) / bf["eval_loss"])
-    assert "| default |" in (tmp_path / "recipes_small_seed0.md").read_text()
-    _png(tmp_path / "recipes_small_seed0.png")
 
 
 # ---- heavier runs
@@ -224,14 +211,14 @@ def test_no_benchmark_writes_into_the_source_tree_by_default(monkeypatch):
         seen.append(path)
         raise SystemExit(0)
 
-    monkeypatch.setattr("benchmarks.common.out_dir", fake_out_dir)  # compile_time, demo_recipes import it late
+    monkeypatch.setattr("benchmarks.common.out_dir", fake_out_dir)  # compile_time imports it late
     for mod in (gemm, quantize, train_step, sharded):
         monkeypatch.setattr(mod, "out_dir", fake_out_dir)
-    for mod in (gemm, quantize, train_step, sharded, compile_time, demo_recipes):
+    for mod in (gemm, quantize, train_step, sharded, compile_time):
         for argv in (["--quick"], []):
             with pytest.raises(SystemExit):
                 mod.main(argv)
-    assert len(seen) == 12 and all(p.startswith("bench_out" + os.sep) for p in seen), seen
+    assert len(seen) == 10 and all(p.startswith("bench_out" + os.sep) for p in seen), seen
 
 
 def test_train_step_refuses_names_it_would_skip(tmp_path, capsys):

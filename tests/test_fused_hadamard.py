@@ -176,11 +176,12 @@ def test_training_passes_fused_rotation_bit_identical(fused_on_cpu, monkeypatch,
         return quantize_impl(*a, interpret=True, **kw)
 
     monkeypatch.setattr(fused, "quantize_impl", counting)
-    monkeypatch.delenv("JAX_MXFP4_FUSED_HADAMARD", raising=False)
     got = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))(x, w)
     assert sum(h == (64, h[1]) for h in calls if h) == 6, calls  # fprop, dgrad, wgrad: 2 operands each
     calls.clear()
-    monkeypatch.setenv("JAX_MXFP4_FUSED_HADAMARD", "0")  # the two-pass form, fused quantizer kept
+    # the two-pass form (the jnp rotation, then the fused quantizer)
+    monkeypatch.setattr(quantize_mod, "fused_rotation_path", lambda x, rounding="nearest": False)
+    monkeypatch.setattr(training, "fused_rotation_path", lambda x, rounding="nearest": False)
     want = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))(x, w)
     assert calls and not any(calls)  # the quantizer kernel without the rotation
     for g, v in zip(jax.tree.leaves(got), jax.tree.leaves(want)):

@@ -1,4 +1,4 @@
-"""Serving example (python -m jax_mxfp4.demo generate): the KV-cache decoder computes the demo LM's
+"""Serving example (python examples/generate.py): the KV-cache decoder computes the demo LM's
 forward (checked position by position against model.apply), the weight byte counts follow the
 formats' sizes, and a tiny CLI run writes its results."""
 
@@ -13,9 +13,9 @@ import pytest
 
 pytest.importorskip("flax")
 
+import generate as gen  # noqa: E402
 import jax_mxfp4 as mx  # noqa: E402
-from jax_mxfp4 import demo  # noqa: E402
-from jax_mxfp4.examples import generate as gen  # noqa: E402
+import train_lm as demo  # noqa: E402
 
 CFG = dict(d_model=64, n_layers=2, n_heads=2, seq_len=32, batch=2, steps=1, lr=1e-3)
 
@@ -68,9 +68,9 @@ def test_weight_bytes_follow_the_formats():
 
 @pytest.mark.slow
 def test_cli_runs_and_writes_results(tmp_path, capsys):
-    demo.main(["generate", "--steps", "2", "--d-model", "32", "--layers", "1", "--seq-len", "32",
-               "--train-batch", "2", "--prompt-len", "8", "--new-tokens", "8", "--repeats", "1", "--quiet",
-               "--out", str(tmp_path)])
+    gen.main(["--steps", "2", "--d-model", "32", "--layers", "1", "--seq-len", "32",
+              "--train-batch", "2", "--prompt-len", "8", "--new-tokens", "8", "--repeats", "1", "--quiet",
+              "--out", str(tmp_path)])
     res = json.loads((tmp_path / "generate.json").read_text())
     for kind in ("bf16", "mxfp4"):
         r = res["runs"][kind]
@@ -78,4 +78,4 @@ def test_cli_runs_and_writes_results(tmp_path, capsys):
     assert res["runs"]["mxfp4"]["gemm_weight_bytes"] < res["runs"]["bf16"]["gemm_weight_bytes"] / 3.5
     assert "mxfp4 (w4a16)" in capsys.readouterr().out
     with pytest.raises(SystemExit):
-        demo.main(["generate", "--new-tokens", "0"])
+        gen.main(["--new-tokens", "0"])

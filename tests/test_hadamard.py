@@ -263,7 +263,7 @@ def test_mxfp4_array_hadamard_field():
 
 
 def test_demo_hadamard_flags():
-    from jax_mxfp4 import demo
+    import train_lm as demo
 
     assert demo.parse_args(["--hadamard"]).hadamard == ("wgrad",)  # the original flag's meaning
     a = demo.parse_args(["--hadamard", "fprop,wgrad", "--hadamard-block", "64"])

@@ -1,6 +1,7 @@
 """Import structure of the package: platform detection lives in one module that imports nothing
-from jax_mxfp4, and no import cycle (counting imports inside functions too) runs through
-``array``, ``checks``, ``quantize``, ``dispatch`` or the ``backends``."""
+from jax_mxfp4, no import cycle (counting imports inside functions too) runs through
+``array``, ``checks``, ``quantize``, ``dispatch`` or the ``backends``, and the applications in
+examples/ stay outside the package."""
 
 from __future__ import annotations
 
@@ -73,3 +74,32 @@ def test_platform_detection_is_one_module_importing_nothing_of_the_package():
     for path in PKG.rglob("*.py"):
         if path.name != "platform.py":
             assert "platform_version" not in path.read_text(), path
+
+
+EXAMPLES = pathlib.Path(__file__).resolve().parents[1] / "examples"
+
+
+def _absolute_imports(path: pathlib.Path) -> set[str]:
+    """Top-level names of the absolute imports of a file (inside functions too)."""
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module.partition(".")[0])
+        elif isinstance(node, ast.Import):
+            names.update(a.name.partition(".")[0] for a in node.names)
+    return names
+
+
+def test_the_applications_live_outside_the_package_and_import_one_way():
+    """examples/ (the LM training, serving, recipe sweep and quickstart scripts) is not part of the
+    wheel: no module of jax_mxfp4 imports one, and among them the imports run one way
+    (generate and recipes use train_lm; train_lm and quickstart import no other example)."""
+    apps = {p.stem for p in EXAMPLES.glob("*.py")}
+    assert {"train_lm", "generate", "recipes", "quickstart"} <= apps
+    assert not (PKG / "demo.py").exists() and not (PKG / "examples").exists() and not (PKG / "example.py").exists()
+    for path in PKG.rglob("*.py"):
+        assert not (_absolute_imports(path) & apps), path
+    uses = {app: _absolute_imports(EXAMPLES / f"{app}.py") & apps for app in apps}
+    assert uses == {"train_lm": set(), "quickstart": set(), "generate": {"train_lm"}, "recipes": {"train_lm"}}
+    for app in apps:  # each uses the library through its public names
+        assert "jax_mxfp4" in _absolute_imports(EXAMPLES / f"{app}.py"), app

@@ -126,7 +126,7 @@ def test_serving_provider_nnx_and_clear_error(rng):
 
 @pytest.mark.slow
 def test_demo_trains_through_qwix_like_the_layers(tmp_path):
-    from jax_mxfp4 import demo
+    import train_lm as demo
 
     tiny = ["--steps", "3", "--quiet", "--batch", "2", "--seq-len", "32", "--d-model", "32", "--layers", "1",
             "--eval-batches", "1"]

@@ -1,6 +1,7 @@
 """README.md stays runnable: every ```python block runs (each on its own, on CPU, in seconds),
-the file stays at most 350 lines, its relative links point to existing files, and every
-``python -m jax_mxfp4.X`` it names is an importable module."""
+the file stays at most 350 lines, its relative links point to existing files, every
+``python -m jax_mxfp4.X`` it names is an importable module and every ``python examples/X.py`` or
+``python benchmarks/X.py`` an existing script."""
 
 from __future__ import annotations
 
@@ -50,9 +51,12 @@ def test_relative_links_exist():
     assert not missing, f"README.md links to missing files: {missing}"
 
 
-def test_named_modules_exist():
+def test_named_modules_and_scripts_exist():
     shell = "\n".join(blocks("bash")) + "\n" + TEXT
     modules = set(re.findall(r"python3? (?:-\w+ )*-m (jax_mxfp4[\w.]*)", shell))
-    assert "jax_mxfp4.demo" in modules
     missing = [m for m in sorted(modules) if importlib.util.find_spec(m) is None]
     assert not missing, f"README.md names modules that do not exist: {missing}"
+    scripts = set(re.findall(r"python3? (?:-\w+ )*((?:examples|benchmarks)/[\w/]+\.py)", shell))
+    assert "examples/train_lm.py" in scripts  # the main job
+    missing = [p for p in sorted(scripts) if not (ROOT / p).is_file()]
+    assert not missing, f"README.md names scripts that do not exist: {missing}"

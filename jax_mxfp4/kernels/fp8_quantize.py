@@ -67,21 +67,16 @@ MAX_ROW = 16384
 
 @dataclasses.dataclass(frozen=True)
 class Fp8QuantizeConfig:
-    """``rows`` output rows per program (a power of two), Triton ``num_warps``, and whether tiles
-    of plain blocks take the shorter plain path (:func:`encode_tile`; False: the general path
-    everywhere, as before 2026-12-01: for A/B timing)."""
+    """``rows`` output rows per program (a power of two), Triton ``num_warps``."""
 
     rows: int = 1
     num_warps: int = 8
-    plain_path: bool = True
 
     def __post_init__(self):
         for name in ("rows", "num_warps"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1 or v & (v - 1):
                 raise ValueError(f"Fp8QuantizeConfig.{name} must be a power of two, got {v!r}")
-        if not isinstance(self.plain_path, bool):
-            raise TypeError(f"Fp8QuantizeConfig.plain_path must be a bool, got {self.plain_path!r}")
 
 
 TILE_ELEMENTS = 8192
@@ -146,16 +141,17 @@ bytes 0/1 (flushed codes) and 253/254 (overflow) are :func:`jax_mxfp4.fp8.specia
 0xFF (a NaN/Inf in the block) is the general path's."""
 
 
-def encode_tile(bits, u, scale_mode, plain_path=True):
+def encode_tile(bits, u, scale_mode):
     """Quantize and encode whole rows held in registers.
 
     Args:
       bits: int32 [R, nb, 32], the float32 bits of R rows of nb 32-element blocks.
       u: float32 uniforms [R, nb, 32] for stochastic rounding, or None (round to nearest even).
       scale_mode: the scale rule.
-      plain_path: take :func:`_encode_plain` (fewer operations per element) when every block of
-        the tile is plain (:data:`PLAIN_MIN_BYTE`), else :func:`_encode_general`; False: always the
-        general path. Both give the same bits (tests/test_fp8_fused.py).
+    A tile whose blocks are all plain (:data:`PLAIN_MIN_BYTE`) takes :func:`_encode_plain` (fewer
+    operations per element), any other :func:`_encode_general`; both give the same bits
+    (tests/test_fp8_fused.py).
+
     Returns:
       (float32 values E2M1 x 2^d [R, nb, 32] (exact E4M3 values), scale bytes uint8 [R, nb],
       row_exp int32 [R], row_flag uint8 [R]), as ``encode_rows(quantize(...))``.
@@ -164,13 +160,10 @@ def encode_tile(bits, u, scale_mode, plain_path=True):
     amax_bits = jnp.max(a, axis=-1)
     bad, byte, s = block_scale_bits(amax_bits, scale_mode)
     inv = pow2_from_exponent(-s)[..., None]
-    general = lambda: _encode_general(bits, a, u, inv, bad, byte)  # noqa: E731
-    if plain_path:
-        plain = (amax_bits == 0) | ((byte >= PLAIN_MIN_BYTE) & (byte <= PLAIN_MAX_BYTE))
-        all_plain = jnp.min(jnp.min(plain.astype(jnp.int32), axis=-1), axis=-1) != 0
-        vals, row_exp, row_flag = lax.cond(all_plain, lambda: _encode_plain(bits, a, u, inv, amax_bits, byte), general)
-    else:
-        vals, row_exp, row_flag = general()
+    plain = (amax_bits == 0) | ((byte >= PLAIN_MIN_BYTE) & (byte <= PLAIN_MAX_BYTE))
+    all_plain = jnp.min(jnp.min(plain.astype(jnp.int32), axis=-1), axis=-1) != 0
+    vals, row_exp, row_flag = lax.cond(all_plain, lambda: _encode_plain(bits, a, u, inv, amax_bits, byte),
+                                       lambda: _encode_general(bits, a, u, inv, bad, byte))
     return vals, byte, row_exp, row_flag
 
 
@@ -257,7 +250,7 @@ def _load_rows(ref, r0, br, nbp, mask):
     return plgpu.load(view) if mask is None else plgpu.load(view, mask=mask, other=0)
 
 
-def _kernel(*refs, n_rows, n_blocks, nbp, br, scale_mode, kernel_rng, uniform_input, transposed, plain_path):
+def _kernel(*refs, n_rows, n_blocks, nbp, br, scale_mode, kernel_rng, uniform_input, transposed):
     if kernel_rng:
         x_ref, key_ref, codes_ref, scale_ref, exp_ref, flag_ref = refs
     elif uniform_input:
@@ -292,7 +285,7 @@ def _kernel(*refs, n_rows, n_blocks, nbp, br, scale_mode, kernel_rng, uniform_in
         u = threefry_uniform(key_ref[0], key_ref[1], row * jnp.uint32(n_blocks * BLOCK_SIZE) + col)
     elif uniform_input:  # the reference's draw read in, element-aligned with the output rows
         u = _load_rows(u_ref, r0, br, nbp, omask)
-    vals, byte, row_exp, row_flag = encode_tile(bits, u, scale_mode, plain_path)
+    vals, byte, row_exp, row_flag = encode_tile(bits, u, scale_mode)
     cview = codes_ref.at[pl.ds(r0, br), from0(nbp), from0(BLOCK_SIZE)]
     sview = scale_ref.at[pl.ds(r0, br), from0(nbp)]
     eview, fview = exp_ref.at[pl.ds(r0, br)], flag_ref.at[pl.ds(r0, br)]
@@ -363,8 +356,7 @@ def quantize_fp8_2d(x, key_data=None, uniform=None, *, scale_mode="even", transp
         args.append(uniform.reshape(n_rows, n_blocks, BLOCK_SIZE))
     kernel = functools.partial(_kernel, n_rows=n_rows, n_blocks=n_blocks, nbp=nbp, br=br,
                                scale_mode=scale_mode, kernel_rng=kernel_rng,
-                               uniform_input=uniform is not None, transposed=transposed,
-                               plain_path=cfg.plain_path)
+                               uniform_input=uniform is not None, transposed=transposed)
     codes, byte, row_exp, row_flag = pl.pallas_call(
         kernel,
         out_shape=(

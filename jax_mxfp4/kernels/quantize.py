@@ -66,42 +66,23 @@ _MIN_NORMAL_BITS = 0x00800000
 
 @dataclasses.dataclass(frozen=True)
 class QuantizeConfig:
-    """Tile and formulation of the quantization kernel.
+    """Tile of the quantization kernel.
 
     ``rows`` x ``cols`` input elements per program (powers of two, cols >= 32, i.e. whole
-    32-element blocks), Triton ``num_warps``. The other fields select bit-identical formulations
-    (the defaults are the measured ones; the others are candidates timed side by side by
-    ``quantize.py --variants`` in the benchmarks as of commit 02fcf53):
-
-    - ``grid``: "rows" (program id 0, the fastest-launched, walks row tiles) or "cols" (it walks
-      the column tiles of one row band: consecutive programs read consecutive addresses and
-      complete each row's scale bytes together).
-    - ``flush``: how round-to-nearest drops subnormal inputs: "tile" (a tile-wide minimum of the
-      block scales decides whether the tile needs the flush: a cross-warp reduction and a branch
-      per program) or "always" (a compare and select per element, no reduction, no branch).
-    - ``swar``: bfloat16 round-to-nearest as inline PTX on 32-bit words holding two elements
-      (``_SWAR_PTX``: about 10 instructions per element instead of ~17; ``min.u16x2`` /
-      ``max.u16x2`` need sm_90, NVIDIA only). Other dtypes and stochastic rounding ignore it.
-      The Pallas interpreter runs a NumPy-exact emulation of the same instructions.
-    - ``f32_pairs``: float32/float16 input without the Hadamard rotation: "split" (one load of
-      whole blocks, even/odd elements split in registers) or "strided" (two stride-2 loads, one for
-      the even and one for the odd elements; no register split).
-    - ``probe``: benchmark-only, NOT a quantizer (its bytes are not MXFP4): "off" (the quantizer),
-      "nocompute" (the same grid, tiles, loads and stores, with nearly no arithmetic: each packed
-      byte is the xor of the low bytes of its two input elements, every scale byte 127: the
-      kernel's data-movement floor at this tiling) or "amax" ("nocompute" plus the per-block max
-      reduction, each scale byte the top byte of its block's max). Round to nearest only, no
-      Hadamard rotation; ``swar`` is ignored.
+    32-element blocks; the grid walks row tiles on program axis 0), Triton ``num_warps``.
+    ``swar``: bfloat16 round-to-nearest as inline PTX on 32-bit words holding two elements
+    (``_SWAR_PTX``: about 10 instructions per element instead of ~17; ``min.u16x2`` /
+    ``max.u16x2`` need sm_90, NVIDIA only), bit-identical to the portable form. Other dtypes and
+    stochastic rounding ignore it. The Pallas interpreter runs a NumPy-exact emulation of the same
+    instructions. Formulations measured and removed (the benchmarks as of commit 02fcf53 timed
+    them): a column-major grid, a per-element subnormal flush, stride-2 float32 loads, bfloat16
+    split in registers, and data-movement probes.
     """
 
     rows: int = 8
     cols: int = 512
     num_warps: int = 4
-    grid: str = "rows"
-    flush: str = "tile"
     swar: bool = False
-    f32_pairs: str = "split"
-    probe: str = "off"
 
     def __post_init__(self):
         for name in ("rows", "cols", "num_warps"):  # ints (NumPy ints stored as int), never bool
@@ -109,11 +90,6 @@ class QuantizeConfig:
             if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
                 raise ValueError(f"QuantizeConfig.{name} must be an int, got {v!r}")
             object.__setattr__(self, name, int(v))
-        for name, allowed in (("grid", ("rows", "cols")), ("flush", ("tile", "always")),
-                              ("f32_pairs", ("split", "strided")), ("probe", PROBES)):
-            v = getattr(self, name)
-            if not isinstance(v, str) or v not in allowed:  # a str: `in` on an array would compare elementwise
-                raise ValueError(f"QuantizeConfig.{name} must be one of {allowed}, got {v!r}")
         if not isinstance(self.swar, (bool, np.bool_)):
             raise ValueError(f"QuantizeConfig.swar must be a bool, got {self.swar!r}")
         object.__setattr__(self, "swar", bool(self.swar))
@@ -126,14 +102,7 @@ class QuantizeConfig:
                              f"threads), got {self.num_warps}")
 
 
-PROBES = ("off", "nocompute", "amax")
-"""Values of :attr:`QuantizeConfig.probe` ("off": the quantizer; the others are benchmark probes)."""
-
-
 DEFAULT_CONFIG = QuantizeConfig()
-
-BF16_AS_WORDS = True
-"""Read bfloat16 input as uint32 pairs (no even/odd split in registers); False: the old form."""
 
 
 def _split_pairs(v):
@@ -412,8 +381,7 @@ def _rotate_tile(x, signs, block):
 
 
 def _quantize_kernel(*refs, n_rows, n_blocks, br, nbt, scale_mode, stochastic, kernel_rng=False,
-                     hadamard_block=None, bf16_words=False, swar=False, flush="tile", grid="rows",
-                     f32_strided=False, probe="off", interpret=False):
+                     hadamard_block=None, bf16_words=False, swar=False, interpret=False):
     refs = list(refs)
     signs_ref = refs.pop(1) if hadamard_block else None
     if kernel_rng:
@@ -422,9 +390,8 @@ def _quantize_kernel(*refs, n_rows, n_blocks, br, nbt, scale_mode, stochastic, k
         x_ref, u_ref, data_ref, scale_ref = refs
     else:
         x_ref, data_ref, scale_ref = refs
-    row_axis, col_axis = (0, 1) if grid == "rows" else (1, 0)
-    r0 = pl.program_id(row_axis) * br
-    b0 = pl.program_id(col_axis) * nbt
+    r0 = pl.program_id(0) * br
+    b0 = pl.program_id(1) * nbt
     # Masks only where the grid overhangs the array (static shapes): unmasked loads vectorize.
     mask2 = None
     if n_rows % br or n_blocks % nbt:
@@ -432,12 +399,8 @@ def _quantize_kernel(*refs, n_rows, n_blocks, br, nbt, scale_mode, stochastic, k
             (b0 + lax.broadcasted_iota(jnp.int32, (br, nbt), 1)) < n_blocks
         )
 
-    def load(ref, width=BLOCK_SIZE, pick=None):
+    def load(ref, width=BLOCK_SIZE):
         shape = (br, nbt, width)
-        if pick is not None:  # ref [R, K/32, 16, 2]: element `pick` of each pair, as [br, nbt, 16]
-            view = ref.at[pl.ds(r0, br), pl.ds(b0, nbt), :, pl.ds(pick, 1)]
-            m = None if mask2 is None else jnp.broadcast_to(mask2[..., None, None], (*shape, 1))
-            return (plgpu.load(view) if m is None else plgpu.load(view, mask=m, other=0)).reshape(shape)
         view = ref.at[pl.ds(r0, br), pl.ds(b0, nbt), :]
         if mask2 is None:
             return plgpu.load(view)
@@ -452,26 +415,6 @@ def _quantize_kernel(*refs, n_rows, n_blocks, br, nbt, scale_mode, stochastic, k
         else:
             plgpu.store(dview, packed, mask=jnp.broadcast_to(mask2[..., None], packed.shape))
             plgpu.store(sview, byte, mask=mask2)
-
-    if probe != "off":
-        # Benchmark probe (QuantizeConfig.probe), not a quantizer: the loads and stores of the
-        # formulation below with (nearly) no arithmetic in between.
-        if bf16_words:
-            w = load(x_ref, BLOCK_SIZE // 2)
-            mixed, key = w ^ (w >> jnp.uint32(16)), w  # low byte: element 2i's low byte ^ element 2i+1's
-        else:
-            if f32_strided:
-                ev, od = (lax.bitcast_convert_type(load(x_ref, BLOCK_SIZE // 2, pick=j).astype(jnp.float32),
-                                                   jnp.int32) for j in (0, 1))
-            else:
-                ev, od = _split_pairs(lax.bitcast_convert_type(load(x_ref).astype(jnp.float32), jnp.int32))
-            mixed, key = ev ^ od, jnp.maximum(ev, od)
-        if probe == "amax":
-            byte = (jnp.max(key, axis=-1) >> 24).astype(jnp.uint8)
-        else:
-            byte = jnp.full((br, nbt), E8M0_BIAS, jnp.uint8)
-        store(mixed.astype(jnp.uint8), byte)
-        return
 
     if swar:
         # bfloat16 pairs, round to nearest, by the inline PTX of _SWAR_WORD (two elements per op).
@@ -490,15 +433,12 @@ def _quantize_kernel(*refs, n_rows, n_blocks, br, nbt, scale_mode, stochastic, k
         w = load(x_ref, BLOCK_SIZE // 2)
         ev = lax.bitcast_convert_type(w << jnp.uint32(16), jnp.int32)
         od = lax.bitcast_convert_type(w & jnp.uint32(0xFFFF0000), jnp.int32)
-    elif not f32_strided:
+    else:
         x = load(x_ref)
         if hadamard_block:
             x = _rotate_tile(x, plgpu.load(signs_ref.at[pl.ds(0, hadamard_block)]), hadamard_block)
         bits = lax.bitcast_convert_type(x.astype(jnp.float32), jnp.int32)  # exact widening
         ev, od = _split_pairs(bits)
-    else:  # f32_strided: the even and the odd elements by two stride-2 loads of x as [R, K/32, 16, 2]
-        ev, od = (lax.bitcast_convert_type(load(x_ref, BLOCK_SIZE // 2, pick=j).astype(jnp.float32), jnp.int32)
-                  for j in (0, 1))
     # Signs by integer ops: element 2i's sign to bit 3, element 2i+1's to bit 7.
     sign = ((ev >> 28) & 0x8) | ((od >> 24) & 0x80)
     a_ev, a_od = ev & _ABS, od & _ABS
@@ -527,7 +467,7 @@ def _quantize_kernel(*refs, n_rows, n_blocks, br, nbt, scale_mode, stochastic, k
         # Round to nearest: a float32 subnormal (< 2^-126) times 2^-s stays below 0.25 (code 0,
         # like the flushed zero) unless s <= -125, so the flush is needed only in tiles holding
         # such a block (block max below ~2^-122): a branch taken per tile, not per element.
-        codes = (magnitude(a_ev, None) | (magnitude(a_od, None) << 4)) if flush == "always" else lax.cond(
+        codes = lax.cond(
             jnp.min(s) <= -125,
             lambda: magnitude(a_ev, None) | (magnitude(a_od, None) << 4),
             lambda: magnitude(a_ev, None, flush=False) | (magnitude(a_od, None, flush=False) << 4),
@@ -587,16 +527,10 @@ def quantize_2d(x, uniform=None, *, key_data=None, scale_mode="even", cfg: Quant
         raise ValueError("quantize_2d: give uniform or key_data, not both")
     kernel_rng = key_data is not None
     stochastic = uniform is not None or kernel_rng
-    bf16_words = x.dtype == jnp.bfloat16 and BF16_AS_WORDS and signs is None
+    bf16_words = x.dtype == jnp.bfloat16 and signs is None  # bfloat16 read as uint32 pairs
     swar = bf16_words and cfg.swar and not stochastic
-    if cfg.probe != "off" and (stochastic or signs is not None):
-        raise ValueError("quantize_2d: QuantizeConfig.probe is a round-to-nearest benchmark probe "
-                         "(no stochastic rounding, no Hadamard rotation)")
-    f32_strided = not bf16_words and signs is None and cfg.f32_pairs == "strided"
     if bf16_words:  # a free bitcast in XLA: [R, K] bf16 -> [R, K/2] uint32
         args = [lax.bitcast_convert_type(x.reshape(n_rows, n_blocks, BLOCK_SIZE // 2, 2), jnp.uint32)]
-    elif f32_strided:
-        args = [x.reshape(n_rows, n_blocks, BLOCK_SIZE // 2, 2)]
     else:
         args = [x.reshape(n_rows, n_blocks, BLOCK_SIZE)]
     if signs is not None:
@@ -608,8 +542,7 @@ def quantize_2d(x, uniform=None, *, key_data=None, scale_mode="even", cfg: Quant
     kernel = functools.partial(
         _quantize_kernel, n_rows=n_rows, n_blocks=n_blocks, br=br, nbt=nbt,
         scale_mode=scale_mode, stochastic=stochastic, kernel_rng=kernel_rng, hadamard_block=hadamard_block,
-        bf16_words=bf16_words, swar=swar, flush=cfg.flush, grid=cfg.grid, f32_strided=f32_strided,
-        probe=cfg.probe, interpret=interpret,
+        bf16_words=bf16_words, swar=swar, interpret=interpret,
     )
     data, byte = pl.pallas_call(
         kernel,
@@ -617,8 +550,7 @@ def quantize_2d(x, uniform=None, *, key_data=None, scale_mode="even", cfg: Quant
             jax.ShapeDtypeStruct((n_rows, n_blocks, BLOCK_SIZE // 2), jnp.uint8),
             jax.ShapeDtypeStruct((n_rows, n_blocks), jnp.uint8),
         ),
-        grid=((pl.cdiv(n_rows, br), pl.cdiv(n_blocks, nbt)) if cfg.grid == "rows"
-              else (pl.cdiv(n_blocks, nbt), pl.cdiv(n_rows, br))),
+        grid=(pl.cdiv(n_rows, br), pl.cdiv(n_blocks, nbt)),
         compiler_params=plgpu.CompilerParams(num_warps=cfg.num_warps, num_stages=1),
         interpret=interpret,
         name="mxfp4_quantize",
@@ -637,17 +569,6 @@ def fast_path_enabled(platform: str, rounding: str = "nearest", size: int = 0) -
     """
     del rounding
     return platform in ("cuda", "rocm") and size < MAX_KERNEL_ELEMENTS and env_switch(ENV_VAR)
-
-
-ROTATION_ENV_VAR = "JAX_MXFP4_FUSED_HADAMARD"
-"""Set to 0/off/false/no to make :func:`jax_mxfp4.quantize.quantize_rotated` run the two-pass form (the jnp
-transform, then this kernel) on GPUs too."""
-
-
-def fused_rotation_enabled() -> bool:
-    """Whether the Hadamard rotation may be fused into this kernel (``hadamard=(block, seed)``):
-    unless ``JAX_MXFP4_FUSED_HADAMARD=0``. Both forms give the same bits."""
-    return env_switch(ROTATION_ENV_VAR)
 
 
 def default_config(dtype) -> QuantizeConfig:

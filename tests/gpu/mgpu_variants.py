@@ -3,15 +3,12 @@ tests/gpu/test_gpu_wgemm_mgpu.py checks on a Hopper GPU, and how each is called.
 functions (no device needed): tests/test_wgemm_mgpu.py lowers the k_split_wgs ones for CUDA on
 the CPU at the shapes checked here.
 
-Names: "k" = ``plgpu.kernel`` + ``emit_pipeline`` (one warpgroup), "ws" = warp-specialized, "ks2"
-/ "ks4" = one kernel per call with 2 / 4 compute warpgroups sharing each 64-row tile's K steps
-(the output written by the kernel), "raw" = E8M0 bytes [N, K/32] read by the kernel; decodes
-"pairs", "ptx", "lanes"; "tm" = tile-major weight layout, "c2"/"c4" = x multicast by TMA to a
-cluster of 2/4 CTAs, "ch2"/"ch4" = each warpgroup's tile decoded in 2/4 parts, "fold" = the
-2^126 and scale multiplies folded into one, "delay" = each step's WGMMAs waited one step late,
-"jax" = jax's ``plgpu.emit_pipeline_warp_specialized`` instead of the module's own pipeline.
+Names: "k" = the split-K tiling (``plgpu.kernel`` + ``emit_pipeline``, one warpgroup), "ks2" /
+"ks4" = one kernel per call with 2 / 4 compute warpgroups sharing each 64-row tile's K steps
+(the output written by the kernel); decodes "pairs", "ptx", "lanes"; "ch2"/"ch4" = each
+warpgroup's tile decoded in 2/4 parts, "fold" = the 2^126 and scale multiplies folded into one.
 Suffix: the weight's byte order, " P" pairs (what prepare_decode stored before the lanes order),
-" L" lanes, none natural (x permuted per call); " B" = scales as bfloat16 [K/32, N]."""
+" L" lanes, none natural (x permuted per call)."""
 
 from __future__ import annotations
 
@@ -20,82 +17,56 @@ import dataclasses
 import numpy as np
 
 from jax_mxfp4.decode_prepared import lanes_order_bytes, pair_order_bytes
-from jax_mxfp4.kernels.wgemm_mgpu import MgpuConfig, kernel_scales, tile_major_layout
+from jax_mxfp4.kernels.wgemm_mgpu import MgpuConfig
 
 
 def _one_kernel(decode="pairs", k_split_wgs=4, **more):
-    """A one-kernel tiling (bk 512, 5 stages, warp-specialized) with ``more`` of MgpuConfig's fields."""
-    return MgpuConfig(bk=512, split_k=1, stages=5, decode=decode, warp_specialized=True, k_split_wgs=k_split_wgs,
-                      **more)
+    """A one-kernel tiling (bk 512, 5 stages) with ``more`` of MgpuConfig's fields."""
+    return MgpuConfig(bk=512, split_k=1, stages=5, decode=decode, k_split_wgs=k_split_wgs, **more)
 
 
 VARIANTS = {  # name -> MgpuConfig
-    "k pairs bk256 s4 st4 P": MgpuConfig(bk=256, split_k=4, stages=4, decode="pairs", launcher="kernel"),
-    "k pairs bk256 s4 st4 N": MgpuConfig(bk=256, split_k=4, stages=4, decode="pairs", launcher="kernel"),
-    "k ptx bk256 s4 st4": MgpuConfig(bk=256, split_k=4, stages=4, decode="ptx", launcher="kernel"),
-    "ws pairs bk256 s2 st4 P": MgpuConfig(bk=256, split_k=2, stages=4, decode="pairs", warp_specialized=True),
-    "k pairs bk256 s2 st4 P": MgpuConfig(bk=256, split_k=2, stages=4, decode="pairs", launcher="kernel"),
-    "k pairs bk512 s4 st3 P": MgpuConfig(bk=512, split_k=4, stages=3, decode="pairs", launcher="kernel"),
-    "k pairs bk128 s4 st8 P": MgpuConfig(bk=128, split_k=4, stages=8, decode="pairs", launcher="kernel"),
-    "k pairs bk256 s4 st2 P": MgpuConfig(bk=256, split_k=4, stages=2, decode="pairs", launcher="kernel"),
-    "k pairs bk256 s8 st4 P": MgpuConfig(bk=256, split_k=8, stages=4, decode="pairs", launcher="kernel"),
-    "ws pairs bk256 s4 st4 P": MgpuConfig(bk=256, split_k=4, stages=4, decode="pairs", warp_specialized=True),
-    "ws raw ptx bk256 s4 st4": MgpuConfig(bk=256, split_k=4, stages=4, decode="ptx", warp_specialized=True,
-                                          raw_scales=True),
+    "k pairs bk256 s4 st4 P": MgpuConfig(bk=256, split_k=4, stages=4, decode="pairs"),
+    "k pairs bk256 s4 st4 N": MgpuConfig(bk=256, split_k=4, stages=4, decode="pairs"),
+    "k ptx bk256 s4 st4": MgpuConfig(bk=256, split_k=4, stages=4, decode="ptx"),
+    "k pairs bk256 s2 st4 P": MgpuConfig(bk=256, split_k=2, stages=4, decode="pairs"),
+    "k pairs bk512 s4 st3 P": MgpuConfig(bk=512, split_k=4, stages=3, decode="pairs"),
+    "k pairs bk128 s4 st8 P": MgpuConfig(bk=128, split_k=4, stages=8, decode="pairs"),
+    "k pairs bk256 s4 st2 P": MgpuConfig(bk=256, split_k=4, stages=2, decode="pairs"),
+    "k pairs bk256 s8 st4 P": MgpuConfig(bk=256, split_k=8, stages=4, decode="pairs"),
     # one kernel per call; stages are capped by shared memory (5 at bk 512, 16 rows)
-    "ks2 pairs bk512 st5 P": MgpuConfig(bk=512, split_k=1, stages=5, decode="pairs", warp_specialized=True,
-                                        k_split_wgs=2),
-    "ks4 pairs bk512 st5 P": MgpuConfig(bk=512, split_k=1, stages=5, decode="pairs", warp_specialized=True,
-                                        k_split_wgs=4),
-    "ks4 tm pairs bk512 st5 P": _one_kernel(tile_major=True),
-    "ks4 c2 pairs bk512 st5 P": _one_kernel(cluster=2),
-    "ks4 c2 tm pairs bk512 st5 P": _one_kernel(cluster=2, tile_major=True),
-    "ks4 c4 tm pairs bk512 st5 P": _one_kernel(cluster=4, tile_major=True),
+    "ks2 pairs bk512 st5 P": _one_kernel(k_split_wgs=2),
+    "ks4 pairs bk512 st5 P": _one_kernel(),
     "ks4 ch2 pairs bk512 st5 P": _one_kernel(chunks=2),
     "ks2 ch2 pairs bk512 st5 P": _one_kernel(k_split_wgs=2, chunks=2),
     "ks2 ch4 pairs bk512 st5 P": _one_kernel(k_split_wgs=2, chunks=4),
-    "ks4 pairs bk512 st5 P B": _one_kernel(),
-    "ks4 ch2 pairs bk512 st5 P B": _one_kernel(chunks=2),
     "ks4 lanes bk512 st5 L": _one_kernel("lanes"),
     "ks4 ch2 lanes bk512 st5 L": _one_kernel("lanes", chunks=2),
     "ks2 ch2 lanes bk512 st5 L": _one_kernel("lanes", k_split_wgs=2, chunks=2),
-    # fold and delay each alone (both together at ks2 gave wrong results and are refused)
     "ks4 ch2 lanes fold L": _one_kernel("lanes", chunks=2, fold_scale=True),
-    "ks4 ch2 lanes delay L": _one_kernel("lanes", chunks=2, delay_release=True),
     "ks2 ch2 lanes fold L": _one_kernel("lanes", k_split_wgs=2, chunks=2, fold_scale=True),
-    "ks2 ch2 lanes delay L": _one_kernel("lanes", k_split_wgs=2, chunks=2, delay_release=True),
-    "ks4 pairs bk256 st8 P": MgpuConfig(bk=256, split_k=1, stages=8, decode="pairs", warp_specialized=True,
-                                        k_split_wgs=4),
-    "ks4 pairs bk512 st3 P": MgpuConfig(bk=512, split_k=1, stages=3, decode="pairs", warp_specialized=True,
-                                        k_split_wgs=4),
-    "ks2 pairs bk256 st8 P": MgpuConfig(bk=256, split_k=1, stages=8, decode="pairs", warp_specialized=True,
-                                        k_split_wgs=2),
-    "ks2 ptx bk512 st5": MgpuConfig(bk=512, split_k=1, stages=5, decode="ptx", warp_specialized=True,
-                                    k_split_wgs=2),
-    "ks2 jax pairs bk512 st5 P": MgpuConfig(bk=512, split_k=1, stages=5, decode="pairs", warp_specialized=True,
-                                            k_split_wgs=2, k_split_pipeline="jax"),
+    "ks4 pairs bk256 st8 P": MgpuConfig(bk=256, split_k=1, stages=8, decode="pairs", k_split_wgs=4),
+    "ks4 pairs bk512 st3 P": MgpuConfig(bk=512, split_k=1, stages=3, decode="pairs", k_split_wgs=4),
+    "ks2 pairs bk256 st8 P": MgpuConfig(bk=256, split_k=1, stages=8, decode="pairs", k_split_wgs=2),
+    "ks2 ptx bk512 st5": _one_kernel("ptx", k_split_wgs=2),
 }
 
-# one variant per structure (launcher x warp specialization x scales x decode x byte order x
-# flags): each gets the small-shape and every-byte checks; the others share a structure with one
-SMOKE = ["k pairs bk256 s4 st4 P", "k pairs bk256 s4 st4 N", "k ptx bk256 s4 st4", "ws pairs bk256 s2 st4 P",
-         "ks2 pairs bk512 st5 P", "ks4 pairs bk512 st5 P", "ks2 ptx bk512 st5", "ks2 jax pairs bk512 st5 P",
-         "ks4 tm pairs bk512 st5 P", "ks4 c2 pairs bk512 st5 P", "ks4 c2 tm pairs bk512 st5 P",
-         "ks4 c4 tm pairs bk512 st5 P", "ks4 ch2 pairs bk512 st5 P", "ks2 ch2 pairs bk512 st5 P",
+# one variant per structure (tiling x decode x byte order x flags): each gets the small-shape
+# and every-byte checks; the others share a structure with one
+SMOKE = ["k pairs bk256 s4 st4 P", "k pairs bk256 s4 st4 N", "k ptx bk256 s4 st4",
+         "ks2 pairs bk512 st5 P", "ks4 pairs bk512 st5 P", "ks2 ptx bk512 st5",
+         "ks4 ch2 pairs bk512 st5 P", "ks2 ch2 pairs bk512 st5 P",
          "ks2 ch4 pairs bk512 st5 P", "ks4 lanes bk512 st5 L", "ks4 ch2 lanes bk512 st5 L",
-         "ks2 ch2 lanes bk512 st5 L", "ks4 ch2 lanes fold L", "ks4 ch2 lanes delay L",
-         "ks2 ch2 lanes fold L", "ks2 ch2 lanes delay L"]
+         "ks2 ch2 lanes bk512 st5 L", "ks4 ch2 lanes fold L", "ks2 ch2 lanes fold L"]
 
 
 def struct(c):
-    """A variant's structure (same structure = same code path): decode, launcher, flags."""
-    return (c.decode, c.warp_specialized, c.raw_scales, c.launcher, c.k_split_wgs, c.k_split_pipeline, c.cluster,
-            c.tile_major, c.fold_scale, c.delay_release)
+    """A variant's structure (same structure = same code path): decode, tiling, flags."""
+    return (c.decode, c.k_split_wgs, c.fold_scale)
 
 
 STRUCTURES = SMOKE + [nm for nm, c in VARIANTS.items() if all(struct(VARIANTS[sm]) != struct(c) for sm in SMOKE)]
-"""SMOKE and each variant whose structure no SMOKE variant shares ("ws raw ptx ..."): one
-variant per structure."""
+"""SMOKE and each variant whose structure no SMOKE variant shares: one variant per structure."""
 
 
 def smoke_of(name):
@@ -104,9 +75,9 @@ def smoke_of(name):
 
 
 def small_case(cfg):
-    """(m, n, k) of the small case per structure: 16x256x1024 (2 K steps at bk 512), K 512 per
-    split for ``raw_scales`` (which needs 16 scale bytes per row and K split)."""
-    return (16, 256, max(1024, 512 * cfg.split_k) if cfg.raw_scales else 1024)
+    """(m, n, k) of the small case per structure: 16x256x1024 (2 K steps at bk 512)."""
+    del cfg
+    return (16, 256, 1024)
 
 
 def bisect_ks(cfg):
@@ -127,12 +98,7 @@ def w_order(name):
     """The byte order a variant's weight is stored in (``mgpu_w4a16(w_order=...)``)."""
     if name.endswith(" L"):
         return "lanes"
-    return "pairs" if name.endswith(" P") or name.endswith(" P B") else "natural"
-
-
-def bf16_scales(name):
-    """Whether the variant takes its scales as bfloat16 [K/32, N] (``kernel_scales``)."""
-    return name.endswith(" B")
+    return "pairs" if name.endswith(" P") else "natural"
 
 
 def stored(data, name):
@@ -144,15 +110,9 @@ def stored(data, name):
 
 def call_args(name, cfg, data, scale_rows):
     """(weight bytes, scales, scales_form) of ``mgpu_w4a16`` for the variant: the bytes in its
-    byte order; the E8M0 scale bytes [N, K/32] as given ("rows"), bfloat16 [K/32, N] for the " B"
-    variants, or for ``tile_major`` both rearranged by ``tile_major_layout`` (K-major scales)."""
-    d = stored(data, name)
-    if bf16_scales(name):
-        return d, kernel_scales(scale_rows), "bf16"
-    if cfg.tile_major:
-        d, s = tile_major_layout(d, scale_rows.T, cfg.bk)
-        return d, s, "kmajor"
-    return d, scale_rows, "rows"
+    byte order, the E8M0 scale bytes [N, K/32] as given ("rows")."""
+    del cfg
+    return stored(data, name), scale_rows, "rows"
 
 
 def k_split_diagnosis(got, x, q, cfg, odt):

@@ -1,15 +1,15 @@
-"""Measure training recipes on the demo LM: MXFP4 runs of ``jax_mxfp4.demo`` with chosen recipes.
+"""Measure training recipes on the demo LM: MXFP4 runs of ``examples/train_lm.py`` with chosen recipes.
 
-Same data, model, seed, batches and optimizer as ``python -m jax_mxfp4.demo``; one bf16 run for
+Same data, model, seed, batches and optimizer as ``python examples/train_lm.py``; one bf16 run for
 the baseline (skip it with ``--bf16-eval``), then one MXFP4 run per named recipe, one after the
 other. After every run the results so far are written to ``--out``/recipes_<size>_seed<seed>.json
 (an interrupted sweep keeps its results; a later sweep into the same folder adds to them); at
 the end the table is printed and written beside it (.md) with the eval-loss curves (.png).
-Default --out: bench_out/demo_recipes (bench_out/demo_recipes-quick with --quick).
+Default --out: recipes_out (recipes_out-quick with --quick).
 
-    python benchmarks/demo_recipes.py --recipes default,had-all
-    python benchmarks/demo_recipes.py --quick      (QUICK: a tiny model, two steps: checks the pipeline on a CPU)
-    python benchmarks/demo_recipes.py --list
+    python examples/recipes.py --recipes default,had-all
+    python examples/recipes.py --quick      (QUICK: a tiny model, two steps: checks the pipeline on a CPU)
+    python examples/recipes.py --list
 
 Recipe names: see ``RECIPES`` (``--list``). Gap = (MXFP4 eval loss - bf16 eval loss) / bf16.
 """
@@ -21,15 +21,12 @@ import dataclasses
 import json
 import os
 import pathlib
-import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import train_lm
+from jax_mxfp4 import Recipe
 
-from jax_mxfp4 import demo  # noqa: E402
-from jax_mxfp4.recipe import Recipe  # noqa: E402
-
-BF16 = dict(demo.BF16_RECIPE_FIELDS)
+BF16 = dict(train_lm.BF16_RECIPE_FIELDS)
 # name -> (Recipe fields of the MXFP4 run, LM head precision)
 RECIPES = {
     "default": (dict(), "mxfp4"),
@@ -96,14 +93,13 @@ def main(argv=None):
     p.add_argument("--quick", action="store_true", help="a tiny model (no blocks, d_model 32), two steps: checks "
                    "the pipeline and files on a CPU")
     p.add_argument("--recipes", default="default,had-all", help="comma-separated names from RECIPES (--list)")
-    p.add_argument("--size", choices=sorted(demo.SIZES), default="small", help="the demo's model size")
+    p.add_argument("--size", choices=sorted(train_lm.SIZES), default="small", help="the demo's model size")
     p.add_argument("--steps", type=int, default=None, help="training steps per run (default the size's)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--backend", default="auto", help="the recipes' GEMM backend")
     p.add_argument("--eval-batches", type=int, default=None, help="held-out batches per evaluation (default 8)")
     p.add_argument("--bf16-eval", type=float, default=None, help="known bf16 eval loss: skip the bf16 run")
-    p.add_argument("--out", default=None, help="output folder (default bench_out/demo_recipes, "
-                   "bench_out/demo_recipes-quick)")
+    p.add_argument("--out", default=None, help="output folder (default recipes_out, recipes_out-quick)")
     p.add_argument("--list", action="store_true", help="print the recipe names and exit")
     for flag in ("--batch", "--seq-len", "--d-model", "--layers"):
         p.add_argument(flag, type=int, default=None, help=argparse.SUPPRESS)
@@ -124,7 +120,7 @@ def main(argv=None):
         p.error(f"unknown recipe names {unknown}; known: {sorted(RECIPES)}")
     import jax
 
-    cfg = dict(demo.SIZES[args.size])
+    cfg = dict(train_lm.SIZES[args.size])
     for key, val in (("batch", args.batch), ("seq_len", args.seq_len), ("d_model", args.d_model),
                      ("n_layers", args.layers)):
         if val is not None:
@@ -132,12 +128,14 @@ def main(argv=None):
     cfg["n_heads"] = min(cfg["n_heads"], max(1, cfg["d_model"] // 32))
     steps = args.steps or cfg["steps"]
     eval_every = max(1, steps // 6)
-    train_b, eval_b, data_info = demo.load_corpus()
-    starts = demo.batch_starts(train_b.size, cfg["seq_len"], cfg["batch"], steps, args.seed)
-    eval_starts = demo.batch_starts(eval_b.size, cfg["seq_len"], cfg["batch"], args.eval_batches, args.seed + 1)
-    from benchmarks.common import default_out, out_dir
-
-    out = pathlib.Path(out_dir(args.out or default_out("demo_recipes-quick" if args.quick else "demo_recipes")))
+    train_b, eval_b, data_info = train_lm.load_corpus()
+    starts = train_lm.batch_starts(train_b.size, cfg["seq_len"], cfg["batch"], steps, args.seed)
+    eval_starts = train_lm.batch_starts(eval_b.size, cfg["seq_len"], cfg["batch"], args.eval_batches, args.seed + 1)
+    out = pathlib.Path(args.out or ("recipes_out-quick" if args.quick else "recipes_out"))
+    try:  # before any training: a file in the way is a clear error, not a traceback
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise SystemExit(f"error: --out must name a folder (made if missing), got {str(out)!r}: {e}") from None
     path = out / f"recipes_{args.size}_seed{args.seed}.json"
     table = json.loads(path.read_text()) if path.exists() else {"runs": {}}
     table.update(size=args.size, steps=steps, seed=args.seed, model=cfg, data=data_info,
@@ -145,7 +143,7 @@ def main(argv=None):
                  jax=jax.__version__)
 
     def train(name, recipe, head_recipe):
-        return demo.train_one(name, recipe, cfg, steps, args.seed, train_b, eval_b, starts, eval_starts,
+        return train_lm.train_one(name, recipe, cfg, steps, args.seed, train_b, eval_b, starts, eval_starts,
                               eval_every, quiet=True, head_recipe=head_recipe)
 
     bf_recipe = Recipe(backend=args.backend, **BF16)

@@ -1,9 +1,9 @@
 """Serving example: greedy decoding of the demo byte LM with bf16 weights vs MXFP4 weights (w4a16).
 
-Run: ``python -m jax_mxfp4.demo generate [--size small --steps N --new-tokens 96 --batch 1
---out DIR]`` (or ``python -m jax_mxfp4.examples.generate``).
+Run from a checkout, with the package installed: ``python examples/generate.py [--size small
+--steps N --new-tokens 96 --batch 1 --out DIR]``.
 
-1. Trains the demo model (:func:`jax_mxfp4.demo.build_model`, same data, same optimizer) for
+1. Trains the demo model (``build_model`` of ``examples/train_lm.py``, same data, same optimizer) for
    ``--steps`` steps (default: the demo's, 400 for "small") with the MXFP4 training recipe
    (``--train-recipe bf16`` for bf16 GEMMs).
 2. Pre-quantizes the weights once: every projection kernel (q/k/v, attention output, both MLP
@@ -36,6 +36,8 @@ import time
 
 import numpy as np
 
+from train_lm import BF16_RECIPE_FIELDS, SIZES, batch_starts, build_model, load_corpus, windows
+
 
 def _layer_norm(x, p, eps=1e-6):  # flax.linen.LayerNorm's defaults (epsilon 1e-6, scale and bias)
     import jax.numpy as jnp
@@ -55,8 +57,7 @@ def serving_weights(params, kind: str, scale_mode: str = "even", prepare: bool =
     :func:`jax_mxfp4.prepare_decode` (``prepare=False``: the plain MXFP4Array); everything else as is."""
     import jax.numpy as jnp
 
-    from ..decode_prepared import prepare_decode
-    from ..quantize import quantize
+    from jax_mxfp4 import prepare_decode, quantize
 
     def conv(k):
         if kind == "bf16":
@@ -80,10 +81,7 @@ def _matmul(x, layer, backend: str):
     DecodePrepared: jax_mxfp4 w4a16)."""
     import jax.numpy as jnp
 
-    from ..array import MXFP4Array
-    from ..decode_prepared import DecodePrepared
-    from ..recipe import Recipe
-    from ..training import dot_general
+    from jax_mxfp4 import DecodePrepared, MXFP4Array, Recipe, dot_general
 
     k = layer["kernel"]
     if isinstance(k, (MXFP4Array, DecodePrepared)):
@@ -186,8 +184,7 @@ def prompt_starts(data: np.ndarray, prompt_len: int, batch: int, seed: int) -> n
 def param_bytes(tree) -> int:
     import jax
 
-    from ..array import MXFP4Array
-    from ..decode_prepared import DecodePrepared
+    from jax_mxfp4 import DecodePrepared, MXFP4Array
 
     packed = (MXFP4Array, DecodePrepared)
     leaves = jax.tree_util.tree_leaves(tree, is_leaf=lambda x: isinstance(x, packed))
@@ -204,8 +201,6 @@ def train_params(cfg, steps, seed, recipe, train_b, quiet=True):
     import jax
     import jax.numpy as jnp
     import optax
-
-    from ..demo import batch_starts, build_model, windows
 
     model = build_model(cfg, recipe)
     starts = batch_starts(train_b.size, cfg["seq_len"], cfg["batch"], steps, seed)
@@ -247,9 +242,7 @@ def time_call(fn, *args, repeats: int = 5) -> float:
 
 
 def parse_args(argv=None):
-    from ..demo import SIZES
-
-    p = argparse.ArgumentParser(prog="jax-mxfp4-demo generate", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="generate.py", description=__doc__.splitlines()[0])
     p.add_argument("--size", choices=sorted(SIZES), default="small")
     p.add_argument("--steps", type=int, default=None, help="training steps before serving (default: the demo's, per --size)")
     p.add_argument("--train-recipe", choices=["mxfp4", "bf16"], default="mxfp4",
@@ -279,8 +272,7 @@ def run(argv=None) -> dict:
     import jax
     import jax.numpy as jnp
 
-    from ..demo import BF16_RECIPE_FIELDS, SIZES, load_corpus
-    from ..recipe import Recipe
+    from jax_mxfp4 import Recipe
 
     cfg = dict(SIZES[args.size])
     for key, val in (("d_model", args.d_model), ("n_layers", args.layers), ("seq_len", args.seq_len),

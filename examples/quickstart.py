@@ -1,6 +1,7 @@
 """Quantize two matrices to MXFP4, multiply them, and compare with the float32 product.
 
-Run: ``python -m jax_mxfp4.example [--m 256 --n 512 --k 1024 --scale-mode even --backend auto]``
+Run from a checkout, with the package installed:
+``python examples/quickstart.py [--m 256 --n 512 --k 1024 --scale-mode even --backend auto]``
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""The demo (python -m jax_mxfp4.demo): a tiny end-to-end run, the data split and the CLI."""
+"""The LM training example (python examples/train_lm.py): a tiny end-to-end run, the data split
+and the CLI."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import tomllib
 import numpy as np
 import pytest
 
-from jax_mxfp4 import demo
+import train_lm as demo
 
 TINY = ["--steps", "3", "--quiet", "--batch", "2", "--seq-len", "32", "--d-model", "32",
         "--layers", "0", "--eval-batches", "1"]  # 0 blocks: embeddings + MXFP4 LM head (fast compile)
@@ -100,10 +101,19 @@ def test_cli_rejects_bad_flags(capsys):
     assert demo.parse_args(["--lr", "2e-4"]).lr == 2e-4 and demo.parse_args(["--size", "xl"]).size == "xl"
 
 
-def test_console_script_declared():
-    pyproject = tomllib.loads((pathlib.Path(__file__).parents[1] / "pyproject.toml").read_text())
-    assert pyproject["project"]["scripts"]["jax-mxfp4-demo"] == "jax_mxfp4.demo:main"
-    assert callable(demo.main)
+def test_runs_as_a_script_outside_the_package(tmp_path):
+    """`python examples/train_lm.py` with the installed package: the script imports the library,
+    the wheel holds no application (no console script, nothing under jax_mxfp4 imports it)."""
+    import subprocess
+    import sys
+
+    root = pathlib.Path(__file__).parents[1]
+    pyproject = tomllib.loads((root / "pyproject.toml").read_text())
+    assert "scripts" not in pyproject["project"]
+    assert pyproject["tool"]["scikit-build"]["wheel"]["packages"] == ["jax_mxfp4"]
+    r = subprocess.run([sys.executable, str(root / "examples" / "train_lm.py"), "--steps", "0"], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and "--steps must be >= 1, got 0" in r.stderr, r.stderr[-2000:]
 
 
 @pytest.mark.slow
@@ -136,11 +146,7 @@ def test_hadamard_block_not_dividing_the_model_refused_before_training(capsys):
     """--hadamard-block 256 at --size small (d_model 128): refused before any data or training."""
     import time
 
-    import pytest as _pt
-
-    from jax_mxfp4 import demo as _demo
-
     t0 = time.perf_counter()
-    with _pt.raises(SystemExit, match="does not divide d_model = 128"):
-        _demo.run(["--hadamard", "all", "--hadamard-block", "256", "--steps", "1"])
+    with pytest.raises(SystemExit, match="does not divide d_model = 128"):
+        demo.run(["--hadamard", "all", "--hadamard-block", "256", "--steps", "1"])
     assert time.perf_counter() - t0 < 10  # no bf16 run first

@@ -1,7 +1,9 @@
 """Train a small byte-level transformer LM twice -- bf16 GEMMs vs MXFP4 GEMMs -- and compare.
 
-Run: ``python -m jax_mxfp4.demo [--steps N --size small|medium --backend auto --seed 0 --out DIR]``
-(also installed as the console script ``jax-mxfp4-demo``).
+Run from a checkout, with the package installed (``pip install ".[flax]"``):
+``python examples/train_lm.py [--steps N --size small|medium --backend auto --seed 0 --out DIR]``.
+An application of the library, outside the package (nothing in ``jax_mxfp4`` imports it);
+``examples/generate.py`` serves the trained model.
 
 Data: the bytes of the Python standard library's own ``.py`` sources
 (``sysconfig.get_paths()["stdlib"]``, test directories and ``site-packages`` excluded), as a
@@ -119,7 +121,7 @@ def build_model(cfg: dict, recipe, head_recipe=None, via: str = "layers"):
     import jax
     import jax.numpy as jnp
 
-    from .flax import linen as mxl
+    from jax_mxfp4.flax import linen as mxl
 
     if via == "qwix":  # plain Flax layers; the recipe goes to the Qwix rules below
         mxl = types.SimpleNamespace(Dense=lambda features, recipe=None, name=None: nn.Dense(features, name=name))
@@ -156,7 +158,7 @@ def build_model(cfg: dict, recipe, head_recipe=None, via: str = "layers"):
     if via == "qwix":
         import qwix
 
-        from .qwix import MxQtProvider, MxRule
+        from jax_mxfp4.qwix import MxQtProvider, MxRule
 
         rules = [MxRule(module_path="head", recipe=recipe if head_recipe is None else head_recipe),
                  MxRule(module_path=r"block\d+/(qkv|proj|mlp_in|mlp_out)", recipe=recipe)]
@@ -301,7 +303,7 @@ def mxfp4_backend_used(recipe, cfg) -> str:
     import jax
     import jax.numpy as jnp
 
-    from .gemm import explain
+    from jax_mxfp4 import explain
 
     x = jax.ShapeDtypeStruct((cfg["batch"] * cfg["seq_len"], cfg["d_model"]), jnp.float32)
     w = jax.ShapeDtypeStruct((cfg["d_model"], 4 * cfg["d_model"]), jnp.float32)
@@ -347,7 +349,7 @@ def learning_rate(text: str) -> float:
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(prog="jax-mxfp4-demo", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="train_lm.py", description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=None, help="training steps per run (default: per --size)")
     p.add_argument("--size", choices=sorted(SIZES), default="small", help="model size (default small: ~4 min for both runs on 2 CPU cores; medium: ~75 min; large, xl: GPU sizes)")
     p.add_argument("--lr", type=learning_rate, default=None, help="peak learning rate (default: per --size)")
@@ -407,15 +409,8 @@ def parse_args(argv=None):
 
 
 def main(argv=None) -> int:
-    """Entry point of ``python -m jax_mxfp4.demo`` and the ``jax-mxfp4-demo`` console script;
-    ``python -m jax_mxfp4.demo generate ...`` runs the serving example
-    (:mod:`jax_mxfp4.examples.generate`)."""
-    argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["generate"]:
-        from .examples import generate
-
-        return generate.main(argv[1:])
-    run(argv)
+    """Entry point of ``python examples/train_lm.py``."""
+    run(sys.argv[1:] if argv is None else list(argv))
     return 0
 
 
@@ -431,7 +426,7 @@ def run(argv=None) -> dict:
     args = parse_args(argv)
     import jax
 
-    from .recipe import Recipe
+    from jax_mxfp4 import Recipe
 
     cfg = dict(SIZES[args.size])
     for key, val in (("batch", args.batch), ("seq_len", args.seq_len), ("d_model", args.d_model), ("n_layers", args.layers),
