@@ -52,7 +52,7 @@ stochastic rounding of the gradient operands and round-to-nearest for weights an
 in NVIDIA, "Pretraining Large Language Models with NVFP4" (arXiv 2509.25149) and Tseng et al.,
 "Training LLMs with MXFP4" (arXiv 2502.20586), which also motivate the random Hadamard
 transform on the wgrad operands. Measured effect of each option on a small LM: README and
-:mod:`jax_mxfp4.demo`.
+``examples/train_lm.py``.
 """
 
 from __future__ import annotations

@@ -23,6 +23,19 @@ pytestmark = [pytest.mark.gpu]
 
 PATTERNS = ["six", "mixed"]
 
+# The PTX decodes of the Hopper w4a16/decode-size kernels (Triton e2m1_asm, Mosaic GPU) keep an
+# element below 2^-126 (0.5, 1 or 1.5 under scale byte 0x00, 0.5 under 0x01) as the subnormal it
+# is, where the documented decoding flushes it to a signed zero. quantize() never writes such
+# elements (tests/test_scale_range.py); MXFP4 bytes from elsewhere can. Measured on an NVIDIA H200
+# (jax 0.11.2, 2026-12-03): "mixed" differs on these routes, "six" agrees.
+KEEPS_SUBNORMAL_ELEMENTS = pytest.mark.xfail(
+    strict=True, reason="PTX decode keeps elements below 2^-126 (docs/numerics.md, scale byte 0x00)")
+
+
+def _known_deviation(request, pattern):
+    if pattern == "mixed":
+        request.applymarker(KEEPS_SUBNORMAL_ELEMENTS)
+
 
 @pytest.fixture
 def mosaic(request, monkeypatch):
@@ -58,7 +71,8 @@ def test_gpu_scale_pairs_pallas_tiled(pattern):
 @pytest.mark.parametrize("mosaic", [True, False], indirect=True, ids=["mosaic", "triton"])
 @pytest.mark.parametrize("float_lhs", [False, True], ids=["a4w4", "w4a16"])
 @pytest.mark.parametrize("pattern", PATTERNS)
-def test_gpu_scale_pairs_pallas_decode_size(pattern, float_lhs, mosaic):
+def test_gpu_scale_pairs_pallas_decode_size(pattern, float_lhs, mosaic, request):
+    _known_deviation(request, pattern)
     check_scale_pairs("pallas", pattern, jnp.bfloat16, k=512, batch_rows=16, float_lhs=float_lhs)
 
 
@@ -66,11 +80,13 @@ def test_gpu_scale_pairs_pallas_decode_size(pattern, float_lhs, mosaic):
 @pytest.mark.parametrize("form", ["plain", "decode"])
 @pytest.mark.parametrize("mosaic", [True, False], indirect=True, ids=["tiles", "two-pass"])
 @pytest.mark.parametrize("pattern", PATTERNS)
-def test_gpu_scale_pairs_pallas_w4a16_many_rows(pattern, mosaic, form):
+def test_gpu_scale_pairs_pallas_w4a16_many_rows(pattern, mosaic, form, request):
+    _known_deviation(request, pattern)
     check_scale_pairs("pallas", pattern, jnp.bfloat16, k=512, float_lhs=True, form=form)
 
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("pattern", PATTERNS)
-def test_gpu_scale_pairs_pallas_decode_prepared_weight(pattern):
+def test_gpu_scale_pairs_pallas_decode_prepared_weight(pattern, request):
+    _known_deviation(request, pattern)
     check_scale_pairs("pallas", pattern, jnp.bfloat16, k=512, batch_rows=16, float_lhs=True, form="decode")
