@@ -9,6 +9,7 @@ import jax.numpy as jnp
 
 from . import checks, sharding
 from .array import MXFP4Array
+from .differentiation import not_differentiable
 from .platform import current_platform
 from .mx_format import (
     BLOCK_SIZE,
@@ -74,6 +75,7 @@ def quantize(
     checks.check_scale_mode(scale_mode)
     checks.check_rounding(rounding, key)
     checks.check_scale_layout(scale_layout)
+    x = not_differentiable(x, "jax_mxfp4.quantize")
     if rounding == "nearest":
         key = None
     # GPU fast path (both roundings): one fused Pallas pass, bit-identical to _quantize_impl.
@@ -156,6 +158,7 @@ def quantize_rotated(
     checks.check_block_multiple(x.shape[axis], axis, "x")
     checks.check_scale_mode(scale_mode)
     checks.check_rounding(rounding, key)
+    x = not_differentiable(x, "jax_mxfp4.quantize_rotated")
     if rounding == "nearest":
         key = None
     data, scales = fused.quantize_impl(x, key, axis=axis, scale_mode=scale_mode, rounding=rounding,

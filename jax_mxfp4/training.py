@@ -11,6 +11,14 @@ Each pass named in ``Recipe.hadamard`` first rotates both of its operands along 
 (K, N or M) with the same blockwise random Hadamard transform (``Recipe.hadamard_block``;
 :mod:`jax_mxfp4.hadamard`), which leaves the exact product unchanged.
 
+**Higher-order derivatives** (gradient penalties, Hessian-vector products by reverse over
+reverse): the backward passes are differentiated as the exact float products they approximate,
+dA = dY·Bᵀ and dB = Aᵀ·dY (float32, ``Precision.HIGHEST``), at the saved float operands and the
+incoming dY (:func:`jax_mxfp4.differentiation.straight_through`); the forward product keeps its
+MXFP4 custom VJP at every order. E.g. for ``pen(w) = Σ (∂/∂w Σ y²)²``, y = x·w: ∂pen/∂w is the
+MXFP4 VJP in w of 4·x·G, G the MXFP4 gradient. Forward mode (``jax.jvp``) raises JAX's
+custom_vjp error. Differentiating ``quantize`` itself raises (the 4-bit codes would give zero).
+
 The quantizers are treated as the identity in the backward pass (straight-through estimator):
 the cotangents are computed from the float operands saved by the forward pass. Each pass may be
 switched to bf16 (operands cast to bfloat16, float32 accumulation) with ``Recipe.fprop/dgrad/
@@ -75,6 +83,7 @@ from .fp8 import FP8Prepared
 from .mx_format import BLOCK_SIZE
 from .quantize import dequantize, fused_path, fused_rotation_path, quantize, quantize_rotated
 from .recipe import Recipe
+from .differentiation import straight_through
 
 ROOT_SEED = 0x4D584634  # "MXF4"
 DGRAD_TAG, WGRAD_TAG = 1, 2
@@ -403,6 +412,15 @@ def _wgrad(dy, a, recipe: Recipe, site: int, key=None, grad_dtype=jnp.float32, k
     return _grad_gemm(dy, a, 1, 1, recipe.wgrad, key, recipe, hadamard_seed=seed, grad_dtype=grad_dtype, w_first=kn)
 
 
+def _exact_gemm(g, w, g_axis, w_axis, w_first=False):
+    """The float32 (HIGHEST) product :func:`_grad_gemm` approximates: the derivative of the
+    backward passes (:func:`jax_mxfp4.differentiation.straight_through`)."""
+    contraction = (((g_axis,), (w_axis,)), ((0,), (0,)))
+    out = lax.dot_general(g, w, contraction, precision=lax.Precision.HIGHEST, preferred_element_type=jnp.float32,
+                          out_sharding=_out_sharding_3d(g, w, g_axis, w_axis))
+    return jnp.swapaxes(out, 1, 2) if w_first else out
+
+
 def _materialize(dy):
     if isinstance(dy, SymbolicZero):
         return jnp.zeros(dy.shape, dy.dtype)
@@ -424,14 +442,26 @@ def _nk(b, b_kn):
 
 
 def _mx_gemm_fwd(a, b, recipe, out_dtype, site, fprop_seed, b_kn, key):
-    return _fprop(a, _nk(b, b_kn), recipe, out_dtype, fprop_seed), (a, b, key)
+    # the primal through _mx_gemm itself: an outer jax.grad then takes this custom VJP, not the
+    # quantizer's zero derivative (higher-order differentiation)
+    return _mx_gemm(a, b, recipe, out_dtype, site, fprop_seed, b_kn, key), (a, b, key)
 
 
 def _mx_gemm_bwd(recipe, out_dtype, site, fprop_seed, b_kn, res, dy):
     a, b, key = res
-    da = shd.like(_dgrad(dy, _nk(b, b_kn), recipe, site, key, grad_dtype=a.dtype).astype(a.dtype), a)
-    db = shd.like(_wgrad(dy, a, recipe, site, key, grad_dtype=b.dtype, kn=b_kn).astype(b.dtype), b)
-    return da, db, None
+
+    def quantized(args, key):
+        dy, a, b = args
+        da = shd.like(_dgrad(dy, _nk(b, b_kn), recipe, site, key, grad_dtype=a.dtype).astype(a.dtype), a)
+        db = shd.like(_wgrad(dy, a, recipe, site, key, grad_dtype=b.dtype, kn=b_kn).astype(b.dtype), b)
+        return da, db
+
+    def exact(args):
+        dy, a, b = args
+        return (_exact_gemm(dy, _nk(b, b_kn), 2, 1).astype(a.dtype),
+                _exact_gemm(dy, a, 1, 1, w_first=b_kn).astype(b.dtype))
+
+    return (*straight_through(quantized, exact)((dy, a, b), key), None)
 
 
 _mx_gemm.defvjp(_mx_gemm_fwd, _mx_gemm_bwd)
@@ -467,8 +497,10 @@ def _mixed_fwd(lhs, rhs, dimension_numbers, out_dtype, recipe, site, key):
             )
         values.append(jax.tree_util.tree_map(lambda p: p.value, arg) if is_mx else arg.value)
     lhs_v, rhs_v = values
-    y = gemm.dot_general(lhs_v, rhs_v, dimension_numbers, preferred_element_type=out_dtype, recipe=recipe)
-    return y, (lhs_v, rhs_v, key.value if key is not None else None)
+    key_v = key.value if key is not None else None
+    # through _mixed_gemm itself: an outer jax.grad takes this custom VJP (higher-order differentiation)
+    y = _mixed_gemm(lhs_v, rhs_v, dimension_numbers, out_dtype, recipe, site, key_v)
+    return y, (lhs_v, rhs_v, key_v)
 
 
 def _mixed_bwd(dimension_numbers, out_dtype, recipe, site, res, dy):
@@ -495,8 +527,13 @@ def _mixed_bwd(dimension_numbers, out_dtype, recipe, site, res, dy):
         x3, pull = jax.vjp(to_canonical, x)
         return shd.like(pull(shd.like(canonical_grad().astype(x3.dtype), x3))[0].astype(x.dtype), x)
 
-    return (grad_of(lhs, lc, lb, lambda: _dgrad(dy3, b, recipe, site, key), 0),
-            grad_of(rhs, rc, rb, lambda: _wgrad(dy3, a, recipe, site, key, kn=rhs_kn), 1, rhs_kn), None)
+    # straight-through: the quantized gradients, differentiated as the float products
+    dgrad = straight_through(lambda args, k: _dgrad(*args, recipe, site, k),
+                             lambda args: _exact_gemm(*args, 2, 1))
+    wgrad = straight_through(lambda args, k: _wgrad(*args, recipe, site, k, kn=rhs_kn),
+                             lambda args: _exact_gemm(*args, 1, 1, w_first=rhs_kn))
+    return (grad_of(lhs, lc, lb, lambda: dgrad((dy3, b), key), 0),
+            grad_of(rhs, rc, rb, lambda: wgrad((dy3, a), key), 1, rhs_kn), None)
 
 
 _mixed_gemm.defvjp(_mixed_fwd, _mixed_bwd, symbolic_zeros=True)
