@@ -61,6 +61,7 @@ class MXFP4Array:
     def tree_unflatten(cls, aux, children):
         axis, shape, dtype, scale_mode, scale_layout, hadamard = aux
         data, scales = children
+        shape = checks.resolve_symbolic(tuple(shape), axis, data, packed=True, axis_last=False)
         # vmap/scan batch the children along some axis while the static fields describe the
         # unbatched array: re-describe the dims added (out_axes) or removed (in_axes).
         if scale_layout == "plain" and hasattr(data, "shape") and hasattr(scales, "shape"):

@@ -173,6 +173,8 @@ class DecodePrepared(PreparedWeight):
     @classmethod
     def tree_unflatten(cls, aux, children):
         obj = object.__new__(cls)
+        axis, shape, *rest = aux
+        aux = (axis, checks.resolve_symbolic(tuple(shape), axis, children[0], packed=True, axis_last=True), *rest)
         names = ("data", "scales", "axis", "shape", "dtype", "scale_mode", "hadamard", "byte_order")
         for name, value in zip(names, (*children, *aux)):
             object.__setattr__(obj, name, value)

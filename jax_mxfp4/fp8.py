@@ -248,6 +248,8 @@ class FP8Prepared(PreparedWeight):
     @classmethod
     def tree_unflatten(cls, aux, children):
         obj = object.__new__(cls)
+        axis, shape, *rest = aux
+        aux = (axis, checks.resolve_symbolic(tuple(shape), axis, children[0], packed=False, axis_last=True), *rest)
         names = ("codes", "scales", "row_exp", "row_flag", "axis", "shape", "dtype", "scale_mode")
         for name, value in zip(names, (*children, *aux)):
             object.__setattr__(obj, name, value)

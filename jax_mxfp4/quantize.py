@@ -98,6 +98,8 @@ def fused_path(x, rounding: str = "nearest") -> bool:
     from .kernels import quantize as fused
 
     sharded = not jax.sharding.get_abstract_mesh().empty
+    if any(checks.is_symbolic(d) for d in x.shape):
+        return False  # shape polymorphism: the kernel's grid needs static shapes; jnp takes symbolic dims
     # an empty array has no kernel grid: the reference path returns its empty result
     return x.size > 0 and fused.fast_path_enabled(current_platform(), rounding, x.size) and not sharded
 

@@ -151,6 +151,7 @@ def _out_sharding_3d(g, w, g_axis, w_axis):
 
 
 def _pad_axis(x, axis):
+    checks.check_concrete_block_dim(x.shape[axis], f"a contraction zero-padded to a multiple of {BLOCK_SIZE} (axis {axis})")
     extra = (-x.shape[axis]) % BLOCK_SIZE
     if not extra:
         return x
@@ -169,7 +170,8 @@ def _check_hadamard_lengths(recipe: Recipe, m: int, n: int, k: int) -> None:
                "dgrad": (pad(n), "the dgrad contraction N (rhs free dims, padded to a multiple of 32)"),
                "wgrad": (pad(m), "the wgrad contraction M (lhs free dims = tokens, padded to a multiple of 32)")}
     for name in recipe.hadamard_passes:
-        if getattr(recipe, name) == "mxfp4":
+        # a symbolic N or M (shape polymorphism) is refused when the backward is traced
+        if getattr(recipe, name) == "mxfp4" and not checks.is_symbolic(lengths[name][0]):
             hd.check_length(lengths[name][0], recipe.hadamard_block, f"Recipe.hadamard={recipe.hadamard_passes}: " + lengths[name][1])
 
 
@@ -395,8 +397,20 @@ def rounding_key(key, dy, site: int, tag: int):
     return jax.random.fold_in(key, tag)
 
 
+def _check_static_backward(dy):
+    """ValueError naming shape polymorphism for a symbolic dY: wgrad contracts over the tokens M
+    and dgrad over N (zero-padded to 32-blocks), and the rounding key hashes dY's positions."""
+    if any(checks.is_symbolic(d) for d in dy.shape):
+        raise ValueError(
+            f"differentiating jax_mxfp4.dot_general with symbolic dims (shape polymorphism: jax.export with "
+            f"symbolic shapes; dY has shape {tuple(dy.shape)}) is not supported: the backward passes contract "
+            "over the token and output dims, which must be concrete; export the forward pass only, or export "
+            "the training step with concrete shapes")
+
+
 def _dgrad(dy, b, recipe: Recipe, site: int, key=None, grad_dtype=jnp.float32):
     """dA [B, M, K] = dY [B, M, N] · b [B, N, K], contracted along N (float32; ``grad_dtype`` on the fused FP8 route)."""
+    _check_static_backward(dy)
     sr = recipe.dgrad == "mxfp4" and recipe.grad_rounding == "stochastic"
     key = rounding_key(key, dy, site, DGRAD_TAG) if sr else None
     seed = _site_seed(site, "dgrad") if "dgrad" in recipe.hadamard_passes else None
@@ -406,6 +420,7 @@ def _dgrad(dy, b, recipe: Recipe, site: int, key=None, grad_dtype=jnp.float32):
 def _wgrad(dy, a, recipe: Recipe, site: int, key=None, grad_dtype=jnp.float32, kn=False):
     """dB [B, N, K] = dYᵀ · a, both [B, M, ·], contracted along the token axis M (float32; ``grad_dtype`` on the fused FP8 route).
     ``kn``: dB as [B, K, N] = aᵀ · dY (:func:`_kn_layout`), the GEMM's own output layout."""
+    _check_static_backward(dy)
     mx = recipe.wgrad == "mxfp4"
     key = rounding_key(key, dy, site, WGRAD_TAG) if mx and recipe.grad_rounding == "stochastic" else None
     seed = site if (mx and "wgrad" in recipe.hadamard_passes) else None
@@ -642,7 +657,7 @@ def _dot_general(lhs, rhs, dimension_numbers, preferred_element_type, recipe, *,
     b_kn = _kn_layout(rhs, rc, rb)
     b = _canonical(rhs, rc, rb, pad_k=pad_k, name="rhs", kn=b_kn)
     _check_hadamard_lengths(recipe, a.shape[1], b.shape[2 if b_kn else 1], a.shape[2])
-    fprop_seed = hd.weight_seed(rhs.shape, rc, rb)
+    fprop_seed = hd.weight_seed(rhs.shape, rc, rb) if "fprop" in recipe.hadamard_passes else None
     out = _mx_gemm(a, b, recipe, out_dtype, site, fprop_seed, b_kn, key)
     return dims.to_logical(out, out_shape, lhs, rhs, lc, rc, lb, rb)
 
