@@ -39,6 +39,11 @@ class MXFP4Array:
     Under ``vmap``/``scan`` (batch axis 0, plain layout) the static ``shape`` and ``axis`` follow
     the children: leading dims added or removed by batching are re-described on unflattening.
     Batching along the quantized axis itself, or a swizzled array, is not supported.
+
+    ``jax.export`` serializes it as an argument or result (:mod:`jax_mxfp4.serialization`). Its
+    shape is part of the pytree structure, so an exported program takes MXFP4Array arguments of
+    the exported shape only; a shape-polymorphic export may return one with symbolic
+    non-quantized dims (concrete again when called: :func:`jax_mxfp4.checks.resolve_symbolic`).
     """
 
     _IS_MXFP4_ARRAY = True  # how jax_mxfp4.checks recognises it without importing this module

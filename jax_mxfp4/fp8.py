@@ -227,7 +227,8 @@ class FP8Prepared(PreparedWeight):
     (logical), ``dtype``, ``scale_mode`` - those of the MXFP4Array it came from.
 
     Memory: 1 + 1/32 bytes per element plus 5 bytes per row (an MXFP4Array: 17/32).
-    A pytree: ``jit``, ``device_put``/sharding and orbax handle it like any tuple of arrays.
+    A pytree: ``jit``, ``device_put``/sharding and orbax handle it like any tuple of arrays;
+    ``jax.export`` serializes it as an argument or result (:mod:`jax_mxfp4.serialization`).
     """
 
     holds = "an FP8Prepared holds E4M3 codes with per-row exponents"

@@ -66,6 +66,8 @@ def weight_seed(shape, contracting, batch) -> int:
     Depends only on the weight's logical shape and its contracting/batch dims (normalized
     tuples of ints), never on the activation, so that :func:`jax_mxfp4.flax.quantize_params`
     rotates a kernel exactly as training's forward pass did, whatever the batch size at serving.
+    ValueError for a symbolic dim (``jax.export`` shape polymorphism): the seed needs the
+    concrete shape.
     """
     if any(checks.is_symbolic(d) for d in shape):
         raise ValueError(

@@ -64,9 +64,13 @@ def quantize(
 
     Raises:
       TypeError: ``x`` is not float32/bfloat16/float16, or ``axis`` is not an int.
-      ValueError: ``axis`` out of range; ``x.shape[axis]`` not a multiple of 32; an unknown
-        ``scale_mode``, ``rounding`` or ``scale_layout``; "stochastic" without ``key``; under an
-        explicit-sharding mesh, ``axis`` sharded so that a shard would split a 32-element block.
+      ValueError: ``axis`` out of range; ``x.shape[axis]`` not a multiple of 32, or symbolic
+        (``jax.export`` shape polymorphism: the other dims may be symbolic, the quantized one
+        must be concrete); an unknown ``scale_mode``, ``rounding`` or ``scale_layout``;
+        "stochastic" without ``key``; under an explicit-sharding mesh, ``axis`` sharded so that a
+        shard would split a 32-element block; a derivative with respect to ``x`` (the codes are
+        integers: JAX would return an exact zero; :func:`jax_mxfp4.dot_general` passes gradients
+        straight through its quantizers instead).
     """
     checks.check_float_input(x, "x")
     axis = checks.normalize_axis(axis, jnp.ndim(x), "axis")

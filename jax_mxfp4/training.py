@@ -611,7 +611,15 @@ def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_t
       TypeError: an operand that is neither float nor MXFP4Array; a ``recipe`` that is not a
         Recipe; shape mismatches (``lax.dot_general``'s shape rule).
       TypeError: ``key`` not one PRNG key (``jax.random.key`` or a legacy uint32[2] key).
-      BackendUnavailableError: the requested backend cannot compute a GEMM.
+      ValueError: under ``jax.export`` shape polymorphism, a symbolic contracting dim, a symbolic
+        weight with "fprop" in ``recipe.hadamard``, or differentiation with symbolic dims (the
+        backward passes contract over them); symbolic batch and free dims export (backend "xla").
+      BackendUnavailableError: the requested backend cannot compute a GEMM (or, for symbolic
+        dims, is not backend "xla").
+
+    Higher-order derivatives (``jax.grad`` of a function of gradients: gradient penalties,
+    Hessian-vector products by reverse over reverse) differentiate the backward passes as the
+    exact float products they approximate (module docstring of :mod:`jax_mxfp4.training`).
     """
     recipe = with_precision(recipe, precision)
     out = _dot_general(lhs, rhs, dimension_numbers, preferred_element_type, recipe, pad_k=False, key=key)

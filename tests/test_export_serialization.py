@@ -62,6 +62,21 @@ def test_prequantized_argument_round_trips(operands, form):
     assert_same_values(exp.call(x, wq), jax.jit(f)(x, wq))
 
 
+def test_ffi_cpu_custom_call_with_mxfp4array_argument_round_trips(operands):
+    """The CPU FFI handler's custom call survives serialization and runs the same bits."""
+    if "ffi-cpu" not in mx.available_backends():
+        pytest.skip("the CPU FFI extension is not built here")
+    x, w = operands
+    q = mx.quantize(w, 0)
+
+    def f(x, q):
+        return mx.dot_general(x, q, DN, recipe=mx.Recipe(backend="ffi-cpu"))
+
+    exp = round_trip(f, x, q)
+    assert "stablehlo.custom_call @jax_mxfp4" in exp.mlir_module()
+    np.testing.assert_array_equal(exp.call(x, q), jax.jit(f)(x, q))
+
+
 @pytest.mark.parametrize("form", list(PREPARE))
 def test_prequantized_result_round_trips(operands, form):
     """The result comes back as the same pytree type, static fields included."""
