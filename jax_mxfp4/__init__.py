@@ -17,6 +17,7 @@ from .gemm import explain
 from .quantize import dequantize, quantize
 from .recipe import Recipe
 from .training import dense, dot_general
+from . import serialization as _serialization  # noqa: F401  (jax.export serialization of the pytrees)
 
 __version__ = "0.1.0"
 

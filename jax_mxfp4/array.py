@@ -41,6 +41,11 @@ class MXFP4Array:
     Under ``vmap``/``scan`` (batch axis 0, plain layout) the static ``shape`` and ``axis`` follow
     the children: leading dims added or removed by batching are re-described on unflattening.
     Batching along the quantized axis itself, or a swizzled array, is not supported.
+
+    ``jax.export`` serializes it as an argument or result (:mod:`jax_mxfp4.serialization`). Its
+    shape is part of the pytree structure, so an exported program takes MXFP4Array arguments of
+    the exported shape only; a shape-polymorphic export may return one with symbolic
+    non-quantized dims (concrete again when called: :func:`jax_mxfp4.checks.resolve_symbolic`).
     """
 
     _IS_MXFP4_ARRAY = True  # how jax_mxfp4.checks recognises it without importing this module
@@ -63,6 +68,7 @@ class MXFP4Array:
     def tree_unflatten(cls, aux, children):
         axis, shape, dtype, scale_mode, scale_layout, hadamard = aux
         data, scales = children
+        shape = checks.resolve_symbolic(tuple(shape), axis, data, packed=True, axis_last=False)
         # vmap/scan batch the children along some axis while the static fields describe the
         # unbatched array: re-describe the dims added (out_axes) or removed (in_axes).
         if scale_layout == "plain" and hasattr(data, "shape") and hasattr(scales, "shape"):

@@ -63,7 +63,51 @@ def normalize_axis(axis, ndim, name="axis"):
     return int(axis) % ndim
 
 
+def is_symbolic(d) -> bool:
+    """Whether ``d`` is a symbolic dimension (``jax.export`` shape polymorphism)."""
+    import jax
+
+    return jax.export.is_symbolic_dim(d)
+
+
+def is_dim(d) -> bool:
+    """A non-negative int, or a symbolic dimension (``jax.export.symbolic_shape``)."""
+    if is_symbolic(d):
+        return True
+    return isinstance(d, (int, np.integer)) and not isinstance(d, bool) and d >= 0
+
+
+def resolve_symbolic(shape, axis, child, packed: bool, axis_last: bool):
+    """``shape`` (a static logical shape) with its symbolic dims replaced by the concrete sizes
+    of ``child``: the data child, the logical shape with ``axis`` halved (``packed`` bytes) or
+    not, in place or moved last (``axis_last``). For the result of a shape-polymorphic export
+    called with concrete sizes; otherwise (no symbolic dim, a child without a concrete shape of
+    the same rank) ``shape`` unchanged."""
+    cs = getattr(child, "shape", None)
+    if (not any(is_symbolic(d) for d in shape) or cs is None or len(cs) != len(shape)
+            or any(is_symbolic(d) for d in cs) or not 0 <= axis < len(shape)):
+        return shape
+    cs = tuple(int(d) for d in cs)
+    if axis_last:
+        cs = cs[:axis] + cs[-1:] + cs[axis:-1]
+    return cs[:axis] + (cs[axis] * (2 if packed else 1),) + cs[axis + 1:]
+
+
+def check_concrete_block_dim(length, what: str):
+    """ValueError naming shape polymorphism if ``length`` (a quantized or contracting length) is a
+    symbolic dimension: the 32-element blocks, the packed bytes and the scales are laid out from
+    it, so it must be a concrete multiple of 32 in an export; the other dims may be symbolic."""
+    if is_symbolic(length):
+        raise ValueError(
+            f"{what} has the symbolic length {length}: under shape polymorphism (jax.export with symbolic "
+            f"shapes) the quantized / contracting dim must be a concrete multiple of the MXFP4 block size "
+            f"{BLOCK_SIZE} (OCP MX v1.0 §5.1: one E8M0 scale per 32 elements); only the other dims (batch, "
+            "rows, columns) may be symbolic"
+        )
+
+
 def check_block_multiple(length, axis, name="x"):
+    check_concrete_block_dim(length, f"{name}: the quantized axis {axis}")
     if length % BLOCK_SIZE:
         raise ValueError(
             f"{name}: the quantized axis {axis} has length {length}, which is not a multiple of the "
@@ -112,8 +156,8 @@ def dot_output_dtype(preferred_element_type, lhs_dtype, rhs_dtype, name="preferr
 def check_mx_array_parts(data, scales, axis, shape, scale_layout):
     """Shape and dtype contract of an ``MXFP4Array``'s children (see its docstring)."""
     ndim = len(shape)
-    if not all(isinstance(d, (int, np.integer)) and not isinstance(d, bool) and d >= 0 for d in shape):
-        raise TypeError(f"MXFP4Array shape must be a tuple of non-negative ints, got {shape!r}")
+    if not all(is_dim(d) for d in shape):
+        raise TypeError(f"MXFP4Array shape must be a tuple of non-negative ints (or symbolic dims), got {shape!r}")
     if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)) or not 0 <= axis < ndim:
         raise ValueError(f"MXFP4Array axis must be an int in [0, {ndim}), got {axis!r}")
     check_block_multiple(shape[axis], axis, "MXFP4Array shape")

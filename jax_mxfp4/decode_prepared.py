@@ -145,7 +145,8 @@ class DecodePrepared(PreparedWeight):
     "natural" (byte j of a row = elements 2j, 2j+1).
 
     Memory: the same 17/32 bytes per element as an MXFP4Array in the plain layout.
-    A pytree: ``jit``, ``device_put``/sharding and orbax handle it like a pair of arrays. It
+    A pytree: ``jit``, ``device_put``/sharding and orbax handle it like a pair of arrays;
+    ``jax.export`` serializes it as an argument or result (:mod:`jax_mxfp4.serialization`). It
     cannot be batched by ``vmap``/``scan`` (the static shape would no longer describe the
     children: :meth:`to_mxfp4` and ``dot_general`` then raise); use a stacked array and
     ``dot_general``'s batch dims instead.
@@ -173,6 +174,8 @@ class DecodePrepared(PreparedWeight):
     @classmethod
     def tree_unflatten(cls, aux, children):
         obj = object.__new__(cls)
+        axis, shape, *rest = aux
+        aux = (axis, checks.resolve_symbolic(tuple(shape), axis, children[0], packed=True, axis_last=True), *rest)
         names = ("data", "scales", "axis", "shape", "dtype", "scale_mode", "hadamard", "byte_order")
         for name, value in zip(names, (*children, *aux)):
             object.__setattr__(obj, name, value)

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from . import sharding
+from . import checks, sharding
 from .mx_format import BLOCK_SIZE
 from .recipe import Recipe
 
@@ -62,7 +62,8 @@ def parse_dimension_numbers(dimension_numbers, lshape, rshape):
 
 
 def check_block_k(k: int, contracting, name: str = "lhs") -> None:
-    """ValueError unless the total contracting length ``k`` is a multiple of 32."""
+    """ValueError unless the total contracting length ``k`` is a (concrete) multiple of 32."""
+    checks.check_concrete_block_dim(k, f"{name}: contracting dim(s) {tuple(contracting)}")
     if k % BLOCK_SIZE:
         raise ValueError(
             f"{name}: contracting dim(s) {tuple(contracting)} have total length {k}, which is not a "

@@ -97,10 +97,29 @@ def requested_backend(recipe_backend: str) -> str:
     return env or "auto"
 
 
+SYMBOLIC_REASON = ("the GEMM has symbolic dims (shape polymorphism: jax.export with symbolic shapes) and this "
+                   "backend is a custom call or kernel built for static shapes; backend 'xla' takes symbolic "
+                   "batch/row/column dims (Backend.symbolic_dims)")
+
+
+def _symbolic(problem: GemmProblem) -> bool:
+    return any(jax.export.is_symbolic_dim(d) for d in (problem.batch, problem.m, problem.n))
+
+
+def _judge(rule, problem: GemmProblem) -> str:
+    """A backend rule's reason; a size rule that symbolic dims leave undecided rejects the backend."""
+    try:
+        return rule(problem) or ""
+    except jax.errors.InconclusiveDimensionOperation:
+        return SYMBOLIC_REASON
+
+
 def _reason(b: Backend, problem: GemmProblem, here: str) -> str:
+    if _symbolic(problem) and not b.symbolic_dims:
+        return SYMBOLIC_REASON
     if problem.platform == here:
-        return b.unavailable_reason() or b.rejects(problem) or ""
-    return b.foreign_reason(problem.platform) or b.rejects(problem) or ""
+        return b.unavailable_reason() or _judge(b.rejects, problem)
+    return b.foreign_reason(problem.platform) or _judge(b.rejects, problem)
 
 
 def decide(problem: GemmProblem, recipe_backend: str) -> Decision:
@@ -132,7 +151,7 @@ def decide(problem: GemmProblem, recipe_backend: str) -> Decision:
     candidates = [n for n in AUTO_ORDER if n in _REGISTRY and problem.platform in _REGISTRY[n].auto_platforms]
     cannot_run = {n for n, why in reasons.items() if why}
     for name in candidates:
-        reasons[name] = reasons[name] or _REGISTRY[name].auto_rejects(problem) or ""
+        reasons[name] = reasons[name] or _judge(_REGISTRY[name].auto_rejects, problem)
     chosen = next((n for n in candidates if not reasons[n]), "xla")
     for name in reasons:
         if name == chosen or reasons[name]:
@@ -185,7 +204,7 @@ def plan(problem: GemmProblem, recipe_backend: str) -> Decision:
                 if p == here:
                     continue
                 foreign = dataclasses.replace(problem, platform=p)
-                why = backend.foreign_reason(p) or backend.rejects(foreign)
+                why = _reason(backend, foreign, here)
                 if not why:
                     d = decide(foreign, recipe_backend)
                     return dataclasses.replace(d, per_platform={"default": d.backend})

@@ -232,7 +232,8 @@ class FP8Prepared(PreparedWeight):
     :func:`jax_mxfp4.dot_general` rotates a float operand facing it the same way).
 
     Memory: 1 + 1/32 bytes per element plus 5 bytes per row (an MXFP4Array: 17/32).
-    A pytree: ``jit``, ``device_put``/sharding and orbax handle it like any tuple of arrays.
+    A pytree: ``jit``, ``device_put``/sharding and orbax handle it like any tuple of arrays;
+    ``jax.export`` serializes it as an argument or result (:mod:`jax_mxfp4.serialization`).
     """
 
     holds = "an FP8Prepared holds E4M3 codes with per-row exponents"
@@ -254,6 +255,8 @@ class FP8Prepared(PreparedWeight):
     @classmethod
     def tree_unflatten(cls, aux, children):
         obj = object.__new__(cls)
+        axis, shape, *rest = aux
+        aux = (axis, checks.resolve_symbolic(tuple(shape), axis, children[0], packed=False, axis_last=True), *rest)
         names = ("codes", "scales", "row_exp", "row_flag", "axis", "shape", "dtype", "scale_mode", "hadamard")
         for name, value in zip(names, (*children, *aux)):
             object.__setattr__(obj, name, value)

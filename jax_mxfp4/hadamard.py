@@ -28,6 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from . import checks
 from .mx_format import BLOCK_SIZE
 
 HADAMARD_BLOCKS = (32, 64, 128, 256)
@@ -65,7 +66,14 @@ def weight_seed(shape, contracting, batch) -> int:
     Depends only on the weight's logical shape and its contracting/batch dims (normalized
     tuples of ints), never on the activation, so that :func:`jax_mxfp4.flax.quantize_params`
     rotates a kernel exactly as training's forward pass did, whatever the batch size at serving.
+    ValueError for a symbolic dim (``jax.export`` shape polymorphism): the seed needs the
+    concrete shape.
     """
+    if any(checks.is_symbolic(d) for d in shape):
+        raise ValueError(
+            f"the weight has symbolic dims {tuple(shape)} (shape polymorphism: jax.export with symbolic shapes): "
+            "the fprop Hadamard rotation's seed is derived from the weight's concrete shape; export a "
+            "Recipe with 'fprop' in hadamard with a concrete weight shape (activation rows may stay symbolic)")
     return site_seed("fprop-hadamard", tuple(int(d) for d in shape), tuple(int(d) for d in contracting),
                      tuple(int(d) for d in batch))
 

@@ -9,6 +9,7 @@ import jax.numpy as jnp
 
 from . import checks, sharding
 from .array import MXFP4Array
+from .differentiation import not_differentiable
 from .platform import current_platform
 from .mx_format import (
     BLOCK_SIZE,
@@ -63,9 +64,13 @@ def quantize(
 
     Raises:
       TypeError: ``x`` is not float32/bfloat16/float16, or ``axis`` is not an int.
-      ValueError: ``axis`` out of range; ``x.shape[axis]`` not a multiple of 32; an unknown
-        ``scale_mode``, ``rounding`` or ``scale_layout``; "stochastic" without ``key``; under an
-        explicit-sharding mesh, ``axis`` sharded so that a shard would split a 32-element block.
+      ValueError: ``axis`` out of range; ``x.shape[axis]`` not a multiple of 32, or symbolic
+        (``jax.export`` shape polymorphism: the other dims may be symbolic, the quantized one
+        must be concrete); an unknown ``scale_mode``, ``rounding`` or ``scale_layout``;
+        "stochastic" without ``key``; under an explicit-sharding mesh, ``axis`` sharded so that a
+        shard would split a 32-element block; a derivative with respect to ``x`` (the codes are
+        integers: JAX would return an exact zero; :func:`jax_mxfp4.dot_general` passes gradients
+        straight through its quantizers instead).
     """
     checks.check_float_input(x, "x")
     axis = checks.normalize_axis(axis, jnp.ndim(x), "axis")
@@ -74,6 +79,7 @@ def quantize(
     checks.check_scale_mode(scale_mode)
     checks.check_rounding(rounding, key)
     checks.check_scale_layout(scale_layout)
+    x = not_differentiable(x, "jax_mxfp4.quantize")
     if rounding == "nearest":
         key = None
     # GPU fast path (both roundings): one fused Pallas pass, bit-identical to _quantize_impl.
@@ -97,6 +103,8 @@ def fused_path(x, rounding: str = "nearest") -> bool:
     """
     from .kernels import quantize as fused
 
+    if any(checks.is_symbolic(d) for d in x.shape):
+        return False  # shape polymorphism: the kernel's grid needs static shapes; jnp takes symbolic dims
     # an empty array has no kernel grid: the reference path returns its empty result
     return x.size > 0 and fused.fast_path_enabled(current_platform(), rounding, x.size) and sharding.kernel_may_run(x)
 
@@ -153,6 +161,7 @@ def quantize_rotated(
     checks.check_block_multiple(x.shape[axis], axis, "x")
     checks.check_scale_mode(scale_mode)
     checks.check_rounding(rounding, key)
+    x = not_differentiable(x, "jax_mxfp4.quantize_rotated")
     if rounding == "nearest":
         key = None
     data, scales = fused.quantize_impl(x, key, axis=axis, scale_mode=scale_mode, rounding=rounding,

@@ -11,6 +11,14 @@ Each pass named in ``Recipe.hadamard`` first rotates both of its operands along 
 (K, N or M) with the same blockwise random Hadamard transform (``Recipe.hadamard_block``;
 :mod:`jax_mxfp4.hadamard`), which leaves the exact product unchanged.
 
+**Higher-order derivatives** (gradient penalties, Hessian-vector products by reverse over
+reverse): the backward passes are differentiated as the exact float products they approximate,
+dA = dY·Bᵀ and dB = Aᵀ·dY (float32, ``Precision.HIGHEST``), at the saved float operands and the
+incoming dY (:func:`jax_mxfp4.differentiation.straight_through`); the forward product keeps its
+MXFP4 custom VJP at every order. E.g. for ``pen(w) = Σ (∂/∂w Σ y²)²``, y = x·w: ∂pen/∂w is the
+MXFP4 VJP in w of 4·x·G, G the MXFP4 gradient. Forward mode (``jax.jvp``) raises JAX's
+custom_vjp error. Differentiating ``quantize`` itself raises (the 4-bit codes would give zero).
+
 The quantizers are treated as the identity in the backward pass (straight-through estimator):
 the cotangents are computed from the float operands saved by the forward pass. Each pass may be
 switched to bf16 (operands cast to bfloat16, float32 accumulation) with ``Recipe.fprop/dgrad/
@@ -75,6 +83,7 @@ from .fp8 import FP8Prepared
 from .mx_format import BLOCK_SIZE
 from .quantize import dequantize, fused_path, fused_rotation_path, quantize, quantize_rotated
 from .recipe import Recipe
+from .differentiation import straight_through
 
 ROOT_SEED = 0x4D584634  # "MXF4"
 DGRAD_TAG, WGRAD_TAG = 1, 2
@@ -142,6 +151,7 @@ def _out_sharding_3d(g, w, g_axis, w_axis):
 
 
 def _pad_axis(x, axis):
+    checks.check_concrete_block_dim(x.shape[axis], f"a contraction zero-padded to a multiple of {BLOCK_SIZE} (axis {axis})")
     extra = (-x.shape[axis]) % BLOCK_SIZE
     if not extra:
         return x
@@ -160,7 +170,8 @@ def _check_hadamard_lengths(recipe: Recipe, m: int, n: int, k: int) -> None:
                "dgrad": (pad(n), "the dgrad contraction N (rhs free dims, padded to a multiple of 32)"),
                "wgrad": (pad(m), "the wgrad contraction M (lhs free dims = tokens, padded to a multiple of 32)")}
     for name in recipe.hadamard_passes:
-        if getattr(recipe, name) == "mxfp4":
+        # a symbolic N or M (shape polymorphism) is refused when the backward is traced
+        if getattr(recipe, name) == "mxfp4" and not checks.is_symbolic(lengths[name][0]):
             hd.check_length(lengths[name][0], recipe.hadamard_block, f"Recipe.hadamard={recipe.hadamard_passes}: " + lengths[name][1])
 
 
@@ -384,8 +395,20 @@ def rounding_key(key, dy, site: int, tag: int):
     return jax.random.fold_in(key, tag)
 
 
+def _check_static_backward(dy):
+    """ValueError naming shape polymorphism for a symbolic dY: wgrad contracts over the tokens M
+    and dgrad over N (zero-padded to 32-blocks), and the rounding key hashes dY's positions."""
+    if any(checks.is_symbolic(d) for d in dy.shape):
+        raise ValueError(
+            f"differentiating jax_mxfp4.dot_general with symbolic dims (shape polymorphism: jax.export with "
+            f"symbolic shapes; dY has shape {tuple(dy.shape)}) is not supported: the backward passes contract "
+            "over the token and output dims, which must be concrete; export the forward pass only, or export "
+            "the training step with concrete shapes")
+
+
 def _dgrad(dy, b, recipe: Recipe, site: int, key=None, grad_dtype=jnp.float32):
     """dA [B, M, K] = dY [B, M, N] · b [B, N, K], contracted along N (float32; ``grad_dtype`` on the fused FP8 route)."""
+    _check_static_backward(dy)
     sr = recipe.dgrad == "mxfp4" and recipe.grad_rounding == "stochastic"
     key = rounding_key(key, dy, site, DGRAD_TAG) if sr else None
     seed = _site_seed(site, "dgrad") if "dgrad" in recipe.hadamard_passes else None
@@ -395,10 +418,20 @@ def _dgrad(dy, b, recipe: Recipe, site: int, key=None, grad_dtype=jnp.float32):
 def _wgrad(dy, a, recipe: Recipe, site: int, key=None, grad_dtype=jnp.float32, kn=False):
     """dB [B, N, K] = dYᵀ · a, both [B, M, ·], contracted along the token axis M (float32; ``grad_dtype`` on the fused FP8 route).
     ``kn``: dB as [B, K, N] = aᵀ · dY (:func:`_kn_layout`), the GEMM's own output layout."""
+    _check_static_backward(dy)
     mx = recipe.wgrad == "mxfp4"
     key = rounding_key(key, dy, site, WGRAD_TAG) if mx and recipe.grad_rounding == "stochastic" else None
     seed = site if (mx and "wgrad" in recipe.hadamard_passes) else None
     return _grad_gemm(dy, a, 1, 1, recipe.wgrad, key, recipe, hadamard_seed=seed, grad_dtype=grad_dtype, w_first=kn)
+
+
+def _exact_gemm(g, w, g_axis, w_axis, w_first=False):
+    """The float32 (HIGHEST) product :func:`_grad_gemm` approximates: the derivative of the
+    backward passes (:func:`jax_mxfp4.differentiation.straight_through`)."""
+    contraction = (((g_axis,), (w_axis,)), ((0,), (0,)))
+    out = lax.dot_general(g, w, contraction, precision=lax.Precision.HIGHEST, preferred_element_type=jnp.float32,
+                          out_sharding=_out_sharding_3d(g, w, g_axis, w_axis))
+    return jnp.swapaxes(out, 1, 2) if w_first else out
 
 
 def _materialize(dy):
@@ -422,14 +455,26 @@ def _nk(b, b_kn):
 
 
 def _mx_gemm_fwd(a, b, recipe, out_dtype, site, fprop_seed, b_kn, key):
-    return _fprop(a, _nk(b, b_kn), recipe, out_dtype, fprop_seed), (a, b, key)
+    # the primal through _mx_gemm itself: an outer jax.grad then takes this custom VJP, not the
+    # quantizer's zero derivative (higher-order differentiation)
+    return _mx_gemm(a, b, recipe, out_dtype, site, fprop_seed, b_kn, key), (a, b, key)
 
 
 def _mx_gemm_bwd(recipe, out_dtype, site, fprop_seed, b_kn, res, dy):
     a, b, key = res
-    da = shd.like(_dgrad(dy, _nk(b, b_kn), recipe, site, key, grad_dtype=a.dtype).astype(a.dtype), a)
-    db = shd.like(_wgrad(dy, a, recipe, site, key, grad_dtype=b.dtype, kn=b_kn).astype(b.dtype), b)
-    return da, db, None
+
+    def quantized(args, key):
+        dy, a, b = args
+        da = shd.like(_dgrad(dy, _nk(b, b_kn), recipe, site, key, grad_dtype=a.dtype).astype(a.dtype), a)
+        db = shd.like(_wgrad(dy, a, recipe, site, key, grad_dtype=b.dtype, kn=b_kn).astype(b.dtype), b)
+        return da, db
+
+    def exact(args):
+        dy, a, b = args
+        return (_exact_gemm(dy, _nk(b, b_kn), 2, 1).astype(a.dtype),
+                _exact_gemm(dy, a, 1, 1, w_first=b_kn).astype(b.dtype))
+
+    return (*straight_through(quantized, exact)((dy, a, b), key), None)
 
 
 _mx_gemm.defvjp(_mx_gemm_fwd, _mx_gemm_bwd)
@@ -465,8 +510,10 @@ def _mixed_fwd(lhs, rhs, dimension_numbers, out_dtype, recipe, site, key):
             )
         values.append(jax.tree_util.tree_map(lambda p: p.value, arg) if is_mx else arg.value)
     lhs_v, rhs_v = values
-    y = gemm.dot_general(lhs_v, rhs_v, dimension_numbers, preferred_element_type=out_dtype, recipe=recipe)
-    return y, (lhs_v, rhs_v, key.value if key is not None else None)
+    key_v = key.value if key is not None else None
+    # through _mixed_gemm itself: an outer jax.grad takes this custom VJP (higher-order differentiation)
+    y = _mixed_gemm(lhs_v, rhs_v, dimension_numbers, out_dtype, recipe, site, key_v)
+    return y, (lhs_v, rhs_v, key_v)
 
 
 def _mixed_bwd(dimension_numbers, out_dtype, recipe, site, res, dy):
@@ -493,8 +540,13 @@ def _mixed_bwd(dimension_numbers, out_dtype, recipe, site, res, dy):
         x3, pull = jax.vjp(to_canonical, x)
         return shd.like(pull(shd.like(canonical_grad().astype(x3.dtype), x3))[0].astype(x.dtype), x)
 
-    return (grad_of(lhs, lc, lb, lambda: _dgrad(dy3, b, recipe, site, key), 0),
-            grad_of(rhs, rc, rb, lambda: _wgrad(dy3, a, recipe, site, key, kn=rhs_kn), 1, rhs_kn), None)
+    # straight-through: the quantized gradients, differentiated as the float products
+    dgrad = straight_through(lambda args, k: _dgrad(*args, recipe, site, k),
+                             lambda args: _exact_gemm(*args, 2, 1))
+    wgrad = straight_through(lambda args, k: _wgrad(*args, recipe, site, k, kn=rhs_kn),
+                             lambda args: _exact_gemm(*args, 1, 1, w_first=rhs_kn))
+    return (grad_of(lhs, lc, lb, lambda: dgrad((dy3, b), key), 0),
+            grad_of(rhs, rc, rb, lambda: wgrad((dy3, a), key), 1, rhs_kn), None)
 
 
 _mixed_gemm.defvjp(_mixed_fwd, _mixed_bwd, symbolic_zeros=True)
@@ -557,7 +609,15 @@ def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_t
       TypeError: an operand that is neither float nor MXFP4Array; a ``recipe`` that is not a
         Recipe; shape mismatches (``lax.dot_general``'s shape rule).
       TypeError: ``key`` not one PRNG key (``jax.random.key`` or a legacy uint32[2] key).
-      BackendUnavailableError: the requested backend cannot compute a GEMM.
+      ValueError: under ``jax.export`` shape polymorphism, a symbolic contracting dim, a symbolic
+        weight with "fprop" in ``recipe.hadamard``, or differentiation with symbolic dims (the
+        backward passes contract over them); symbolic batch and free dims export (backend "xla").
+      BackendUnavailableError: the requested backend cannot compute a GEMM (or, for symbolic
+        dims, is not backend "xla").
+
+    Higher-order derivatives (``jax.grad`` of a function of gradients: gradient penalties,
+    Hessian-vector products by reverse over reverse) differentiate the backward passes as the
+    exact float products they approximate (module docstring of :mod:`jax_mxfp4.training`).
     """
     recipe = with_precision(recipe, precision)
     out = _dot_general(lhs, rhs, dimension_numbers, preferred_element_type, recipe, pad_k=False, key=key)
@@ -603,7 +663,7 @@ def _dot_general(lhs, rhs, dimension_numbers, preferred_element_type, recipe, *,
     b_kn = _kn_layout(rhs, rc, rb)
     b = _canonical(rhs, rc, rb, pad_k=pad_k, name="rhs", kn=b_kn)
     _check_hadamard_lengths(recipe, a.shape[1], b.shape[2 if b_kn else 1], a.shape[2])
-    fprop_seed = hd.weight_seed(rhs.shape, rc, rb)
+    fprop_seed = hd.weight_seed(rhs.shape, rc, rb) if "fprop" in recipe.hadamard_passes else None
     out = _mx_gemm(a, b, recipe, out_dtype, site, fprop_seed, b_kn, key)
     return dims.to_logical(out, out_shape, lhs, rhs, lc, rc, lb, rb)
 

@@ -406,6 +406,9 @@ def _producer_chain(jaxpr, var):
     chain = []
     while id(var) in producers:
         eqn = producers[id(var)]
+        if eqn.primitive.name == "custom_vjp_call":  # the straight-through wrapper: follow its body
+            inner = eqn.params["call_jaxpr"].jaxpr
+            return chain + _producer_chain(inner, inner.outvars[[id(v) for v in eqn.outvars].index(id(var))])
         chain.append(eqn.params.get("name", eqn.primitive.name) if eqn.primitive.name in ("pjit", "jit")
                      else eqn.primitive.name)
         if eqn.primitive.name not in ("reshape", "convert_element_type", "squeeze", "copy", "copy_p"):

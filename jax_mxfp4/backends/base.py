@@ -112,6 +112,10 @@ class Backend:
     """True for FFI custom calls and Pallas kernels, which XLA's SPMD partitioner cannot see into:
     jax_mxfp4.partitioning then supplies their sharding rule."""
 
+    symbolic_dims: bool = False
+    """True if the GEMM takes symbolic batch/row/column dims (``jax.export`` shape polymorphism):
+    a backend made of XLA ops; custom calls and kernels are built for static shapes."""
+
     lowers_on: tuple[str, ...] | None = None
     """Platforms ("cpu", "cuda", "rocm", ...) whose compiled programs this backend's GEMM can be
     lowered into; None: every platform."""

@@ -26,6 +26,7 @@ class XlaBackend(Backend):
 
     name = "xla"
     auto_platforms = ("cpu", "cuda", "rocm", "tpu")
+    symbolic_dims = True  # XLA ops: shape-polymorphic exports lower with symbolic dims
 
     def gemm(self, lhs, rhs, problem):
         a = _as_float32(lhs)
