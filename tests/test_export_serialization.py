@@ -102,6 +102,25 @@ def test_swizzled_rotated_mxfp4array_static_fields_round_trip(operands):
     assert_same_values(got, q)
 
 
+@pytest.mark.parametrize("form", ["FP8Prepared", "DecodePrepared"])
+def test_rotated_serving_forms_keep_their_rotation_through_export(operands, form):
+    """A serving form of a rotated weight keeps the rotation record across serialization, and the
+    exported program rotates the float operand facing it as the jitted one does."""
+    x, w = operands
+    q = mx.quantize(w, 0)
+    q = type(q)(q.data, q.scales, q.axis, q.shape, q.dtype, q.scale_mode, q.scale_layout, (32, 7))
+    wq = PREPARE[form](q)
+    assert wq.hadamard == (32, 7)
+    got = round_trip(lambda v: v, wq).call(wq)
+    assert type(got) is type(wq) and got.hadamard == (32, 7)
+    assert_same_values(got, wq)
+
+    def f(x, v):
+        return mx.dot_general(x, v, DN)
+
+    np.testing.assert_array_equal(round_trip(f, x, wq).call(x, wq), jax.jit(f)(x, wq))
+
+
 # ----------------------------------------------------------------------------- shape polymorphism
 def rows_spec(k=64):
     (m,) = jax.export.symbolic_shape("m")
