@@ -11,12 +11,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import checks, layout
+from .pytree import ArraysWithRecord
 from .mx_format import BLOCK_SIZE, as_scale_bytes, dequantize_packed
 
 
-@jax.tree_util.register_pytree_node_class
 @dataclasses.dataclass(frozen=True, eq=False)
-class MXFP4Array:
+class MXFP4Array(ArraysWithRecord):
     """An MXFP4 tensor (OCP MX v1.0): E2M1 elements with one E8M0 scale per 32 along ``axis``.
 
     Children (traced by ``jit``/``vmap``/``scan``, moved by ``device_put``):
@@ -59,27 +59,18 @@ class MXFP4Array:
     scale_layout: str = "plain"
     hadamard: tuple[int, int] | None = None
 
-    # ---------------------------------------------------------------- pytree protocol
-    def tree_flatten(self):
-        aux = (self.axis, self.shape, jnp.dtype(self.dtype), self.scale_mode, self.scale_layout, self.hadamard)
-        return (self.data, self.scales), aux
+    CHILDREN = ("data", "scales")
 
     @classmethod
-    def tree_unflatten(cls, aux, children):
-        axis, shape, dtype, scale_mode, scale_layout, hadamard = aux
+    def _restore(cls, static, children):
         data, scales = children
-        shape = checks.resolve_symbolic(tuple(shape), axis, data, packed=True, axis_last=False)
+        axis, scale_layout = static["axis"], static["scale_layout"]
+        shape = checks.resolve_symbolic(tuple(static["shape"]), axis, data, packed=True, axis_last=False)
         # vmap/scan batch the children along some axis while the static fields describe the
         # unbatched array: re-describe the dims added (out_axes) or removed (in_axes).
         if scale_layout == "plain" and hasattr(data, "shape") and hasattr(scales, "shape"):
             shape, axis = _rebatch(tuple(shape), axis, tuple(data.shape), tuple(scales.shape))
-        obj = object.__new__(cls)
-        for name, value in zip(
-            ("data", "scales", "axis", "shape", "dtype", "scale_mode", "scale_layout", "hadamard"),
-            (data, scales, axis, shape, dtype, scale_mode, scale_layout, hadamard),
-        ):
-            object.__setattr__(obj, name, value)
-        return obj
+        return {**static, "shape": shape, "axis": axis}
 
     def __post_init__(self):
         checks.check_mx_dtype(self.dtype)

@@ -39,6 +39,7 @@ import numpy as np
 
 from . import checks
 from .array import MXFP4Array
+from .pytree import ArraysWithRecord
 from .prepared import PreparedWeight
 from .mx_format import BLOCK_SIZE
 
@@ -129,9 +130,8 @@ def plain_from_kmajor(scales_kmajor):
     return scales_kmajor if scales_kmajor.ndim < 2 else jnp.swapaxes(scales_kmajor, -1, -2)
 
 
-@jax.tree_util.register_pytree_node_class
 @dataclasses.dataclass(frozen=True, eq=False)
-class DecodePrepared(PreparedWeight):
+class DecodePrepared(PreparedWeight, ArraysWithRecord):
     """An :class:`jax_mxfp4.MXFP4Array` arranged once for decode-size GEMMs (:func:`prepare_decode`).
 
     Children (see the module docstring for the layout):
@@ -167,19 +167,12 @@ class DecodePrepared(PreparedWeight):
     hadamard: tuple[int, int] | None = None
     byte_order: str = "lanes"
 
-    def tree_flatten(self):
-        aux = (self.axis, self.shape, jnp.dtype(self.dtype), self.scale_mode, self.hadamard, self.byte_order)
-        return (self.data, self.scales), aux
+    CHILDREN = ("data", "scales")
 
     @classmethod
-    def tree_unflatten(cls, aux, children):
-        obj = object.__new__(cls)
-        axis, shape, *rest = aux
-        aux = (axis, checks.resolve_symbolic(tuple(shape), axis, children[0], packed=True, axis_last=True), *rest)
-        names = ("data", "scales", "axis", "shape", "dtype", "scale_mode", "hadamard", "byte_order")
-        for name, value in zip(names, (*children, *aux)):
-            object.__setattr__(obj, name, value)
-        return obj
+    def _restore(cls, static, children):
+        shape = checks.resolve_symbolic(tuple(static["shape"]), static["axis"], children[0], packed=True, axis_last=True)
+        return {**static, "shape": shape}
 
     def __post_init__(self):
         checks.check_mx_dtype(self.dtype, "DecodePrepared dtype")

@@ -41,6 +41,7 @@ import numpy as np
 from . import checks
 from .array import MXFP4Array
 from .prepared import PreparedWeight
+from .pytree import ArraysWithRecord
 from .platform import current_platform, env_switch
 from .sharding import kernel_may_run
 from .mx_format import (
@@ -216,9 +217,8 @@ def decode_rows(codes, scale_bytes, row_exp, row_flag):
     return pack_nibbles(e2m1_code_nearest(e2m1).reshape(q.shape))
 
 
-@jax.tree_util.register_pytree_node_class
 @dataclasses.dataclass(frozen=True, eq=False)
-class FP8Prepared(PreparedWeight):
+class FP8Prepared(PreparedWeight, ArraysWithRecord):
     """An :class:`jax_mxfp4.MXFP4Array` converted for the FP8 GEMM path (:func:`prepare_fp8`).
 
     Children (stored with the quantized axis LAST, the K-contiguous layout an FP8 GEMM reads):
@@ -248,19 +248,12 @@ class FP8Prepared(PreparedWeight):
     scale_mode: str = "even"
     hadamard: tuple[int, int] | None = None
 
-    def tree_flatten(self):
-        aux = (self.axis, self.shape, jnp.dtype(self.dtype), self.scale_mode, self.hadamard)
-        return (self.codes, self.scales, self.row_exp, self.row_flag), aux
+    CHILDREN = ("codes", "scales", "row_exp", "row_flag")
 
     @classmethod
-    def tree_unflatten(cls, aux, children):
-        obj = object.__new__(cls)
-        axis, shape, *rest = aux
-        aux = (axis, checks.resolve_symbolic(tuple(shape), axis, children[0], packed=False, axis_last=True), *rest)
-        names = ("codes", "scales", "row_exp", "row_flag", "axis", "shape", "dtype", "scale_mode", "hadamard")
-        for name, value in zip(names, (*children, *aux)):
-            object.__setattr__(obj, name, value)
-        return obj
+    def _restore(cls, static, children):
+        shape = checks.resolve_symbolic(tuple(static["shape"]), static["axis"], children[0], packed=False, axis_last=True)
+        return {**static, "shape": shape}
 
     def __post_init__(self):
         checks.check_mx_dtype(self.dtype)

@@ -106,3 +106,21 @@ def test_constructor_rejects_non_arrays_and_bad_static_fields():
         mx.MXFP4Array(q.data, q.scales, True, (2, 32), jnp.float32)
     with pytest.raises(TypeError, match="already an MXFP4Array"):
         mx.quantize(q)
+
+
+def test_weight_forms_share_one_pytree_protocol(rng):
+    """MXFP4Array, FP8Prepared and DecodePrepared declare children once (jax_mxfp4.pytree): the
+    arrays are leaves, every other field is static, and a flatten/unflatten keeps every field."""
+    from jax_mxfp4.pytree import ArraysWithRecord
+
+    q = mx.quantize(jnp.asarray(rng.standard_normal((64, 96)), jnp.bfloat16), 0, scale_mode="rceil")
+    q = type(q)(q.data, q.scales, q.axis, q.shape, q.dtype, q.scale_mode, q.scale_layout, (32, 3))
+    for form in (q, mx.prepare_fp8(q), mx.prepare_decode(q)):
+        assert isinstance(form, ArraysWithRecord)
+        leaves, treedef = jax.tree.flatten(form)
+        assert len(leaves) == len(type(form).CHILDREN) and all(hasattr(v, "shape") for v in leaves)
+        back = jax.tree.unflatten(treedef, leaves)
+        for name in type(form).CHILDREN + type(form).static_fields():
+            a, b = getattr(back, name), getattr(form, name)
+            assert (a is b) or (a == b), name
+        assert back.hadamard == (32, 3) and back.scale_mode == "rceil" and back.dtype == jnp.bfloat16
