@@ -31,12 +31,14 @@ import flax.linen as nn
 import jax.numpy as jnp
 import numpy as np
 from flax.linen import initializers
+from flax.linen import module
 from flax.linen.dtypes import promote_dtype
 
 from .. import dims, sharding
+from ..einsum import _einsum
 from ..recipe import Recipe
 from ..training import _dense, _dot_general
-from .params import QUANTIZED_KERNELS, kernel_kind, layer_operands, quantized_kernel
+from .params import QUANTIZED_KERNELS, einsum_kernel_dims, einsum_trained, kernel_kind, layer_operands, quantized_kernel
 
 default_kernel_init = initializers.lecun_normal()
 
@@ -97,6 +99,11 @@ class Dense(nn.Module):
         inputs, kernel, bias, out_dtype = layer_operands(inputs, kernel, bias, self.dtype, self.recipe, _promote,
                                                          trained)
         return _dense(inputs, kernel, bias, self.recipe, _rounding_key(self), out_dtype)
+
+    def _mx_kernel_dims(self, args, kwargs, kernel_ndim):
+        """(contracted kernel axis or None if several, kernel batch dims) of a call: read by
+        :func:`jax_mxfp4.flax.consumed_kernels`."""
+        return 0, ()
 
 
 def _canonicalize_tuple(x):
@@ -204,5 +211,67 @@ class DenseGeneral(nn.Module):
             out = out + jnp.reshape(bias, expanded_batch_shape + features).astype(out.dtype)
         return out
 
+    def _mx_kernel_dims(self, args, kwargs, kernel_ndim):
+        """(contracted kernel axis or None if several, kernel batch dims) of a call: read by
+        :func:`jax_mxfp4.flax.consumed_kernels`."""
+        axis = self.axis if isinstance(self.axis, (tuple, list)) else (self.axis,)
+        batch = self.batch_dims if isinstance(self.batch_dims, (tuple, list)) else (self.batch_dims,)
+        n_batch = len(tuple(batch))
+        return (n_batch if len(tuple(axis)) == 1 else None), tuple(range(n_batch))
 
-from .linen_einsum import Einsum  # noqa: E402  (MXFP4 flax.linen.Einsum; needs the names above)
+
+class Einsum(nn.Einsum):
+    """MXFP4 drop-in for ``flax.linen.Einsum``: ``y = einsum(einsum_str, inputs, kernel) + bias``.
+
+    Attributes: those of ``flax.linen.Einsum`` (``shape``, ``einsum_str``, ``use_bias``,
+    ``dtype``, ``param_dtype``, ``precision`` (ignored), ``kernel_init``, ``bias_init``,
+    ``promote_dtype``, ``preferred_element_type``) plus ``recipe`` (:class:`jax_mxfp4.Recipe`).
+    Params ``kernel`` (``shape``) and ``bias`` (the kernel's output dims) exactly as Flax makes
+    them, so checkpoints move between the two. The contraction runs through
+    :func:`jax_mxfp4.einsum` (rules in :mod:`jax_mxfp4.einsum`; K zero-padded to a multiple of 32
+    inside). A kernel replaced by an :class:`jax_mxfp4.MXFP4Array` quantized along its single
+    contracting dim (:func:`jax_mxfp4.flax.quantize_params`), or by its
+    :class:`jax_mxfp4.DecodePrepared`/:class:`jax_mxfp4.FP8Prepared` form, is used as is.
+
+    Raises:
+      ValueError: as ``flax.linen.Einsum`` (no "->", not two operands), and as
+        :func:`jax_mxfp4.einsum` for a contraction that is not one ``dot_general``.
+    """
+
+    recipe: Recipe | None = None
+    rng_collection: str = "stochastic_rounding"
+
+    @nn.compact
+    def __call__(self, inputs, einsum_str: str | None = None):
+        einsum_str = module.merge_param("einsum_str", self.einsum_str, einsum_str).replace(" ", "")
+        if "->" not in einsum_str:
+            raise ValueError('`einsum_str` equation must be explicit and include "->".')
+        if einsum_str.count(",") != 1:
+            raise ValueError(
+                "`einsum_str` equation must have exactly two operands and therefore, exactly one "
+                f"comma character, instead of {einsum_str.count(',')}"
+            )
+        kernel = _quantized_kernel(self)
+        if kernel is None:
+            kernel = self.param("kernel", self.kernel_init, self.shape, self.param_dtype)
+        bias = None
+        if self.use_bias:
+            bias_shape, broadcasted_bias_shape = self._get_bias_shape(einsum_str, inputs, kernel)
+            bias = self.param("bias", self.bias_init, bias_shape, self.param_dtype)
+        # the one weight path of every layer: the kernel is quantized from its param_dtype value,
+        # never from a copy cast to `dtype`; inputs and bias are promoted
+        inputs, kernel, bias, out_dtype = layer_operands(
+            inputs, kernel, bias, self.dtype, self.recipe,
+            lambda args, dtype: self.promote_dtype(*args, dtype=dtype),
+            einsum_trained(einsum_str, inputs, self.shape))
+        y = _einsum(einsum_str, inputs, kernel, self.preferred_element_type or out_dtype, self.recipe,
+                    pad_k=True, key=_rounding_key(self))
+        if bias is not None:
+            y += jnp.reshape(bias, broadcasted_bias_shape)
+        return y
+
+    def _mx_kernel_dims(self, args, kwargs, kernel_ndim):
+        """(contracted kernel axis or None if several, kernel batch dims) of a call: read by
+        :func:`jax_mxfp4.flax.consumed_kernels`."""
+        es = kwargs.get("einsum_str", args[1] if len(args) > 1 else None) or self.einsum_str
+        return einsum_kernel_dims(es, jnp.ndim(args[0]), kernel_ndim)

@@ -83,7 +83,7 @@ def default_select(path: tuple[str, ...], leaf) -> int | None:
     return 0
 
 
-def _einsum_kernel_dims(einsum_str, inputs_ndim, kernel_ndim):
+def einsum_kernel_dims(einsum_str, inputs_ndim, kernel_ndim):
     """(contraction axis or None if several, batch dims) of an einsum's kernel (rhs)."""
     from ..einsum import parse_subscripts
 
@@ -92,22 +92,6 @@ def _einsum_kernel_dims(einsum_str, inputs_ndim, kernel_ndim):
     except (ValueError, TypeError):
         return None, ()
     return (rc[0] if len(rc) == 1 else None), tuple(rb)
-
-
-def _linen_kernel_dims(module, args, kwargs, kernel_ndim):
-    """(contraction axis, None if several; batch dims) of the (per-call) kernel of a jax_mxfp4
-    linen layer."""
-    from . import linen
-
-    if isinstance(module, linen.Einsum):
-        es = kwargs.get("einsum_str", args[1] if len(args) > 1 else None) or module.einsum_str
-        return _einsum_kernel_dims(es, jnp.ndim(args[0]), kernel_ndim)
-    if isinstance(module, linen.DenseGeneral):
-        axis = module.axis if isinstance(module.axis, (tuple, list)) else (module.axis,)
-        batch = module.batch_dims if isinstance(module.batch_dims, (tuple, list)) else (module.batch_dims,)
-        n_batch = len(tuple(batch))
-        return (n_batch if len(tuple(axis)) == 1 else None), tuple(range(n_batch))
-    return 0, ()  # linen.Dense
 
 
 def _record(found, path, dims, call_shape):
@@ -142,32 +126,24 @@ def _consumers(model, params, inputs) -> dict:
     except ImportError:  # pragma: no cover - nnx missing in some jax/flax pairs
         is_nnx = False
     if is_nnx:
-        from . import nnx as mxnnx
-
+        # the jax_mxfp4 layers say which kernel dims their GEMM contracts (_mx_kernel_dims), so
+        # this module never imports the layer modules (they import it)
         for path, m in nnx.iter_modules(model):
-            if isinstance(m, (mxnnx.Linear, mxnnx.Einsum)):
+            if hasattr(m, "_mx_kernel_dims"):
                 kernel = m.kernel.get_value()
-                if isinstance(m, mxnnx.Linear):
-                    per_call, dims = 2, (0, ())
-                else:
-                    per_call = len(m.kernel_shape)
-                    lhs_term = (m.einsum_str or "").split("->")[0].split(",")[0].replace("...", "")
-                    dims = _einsum_kernel_dims(m.einsum_str, len(lhs_term), per_call) if m.einsum_str else (None, ())
+                per_call, dims = m._mx_kernel_dims()
                 _record(found, path, dims, tuple(kernel.shape)[len(kernel.shape) - per_call:])
     else:
         import flax.linen as nn
 
-        from . import linen
-
-        layers = (linen.Dense, linen.DenseGeneral, linen.Einsum)
-
         def interceptor(next_fun, args, kwargs, context):
             out = next_fun(*args, **kwargs)
             mod = context.module
-            if context.method_name == "__call__" and isinstance(mod, layers) and mod.has_variable("params", "kernel"):
+            if (context.method_name == "__call__" and hasattr(mod, "_mx_kernel_dims")
+                    and mod.has_variable("params", "kernel")):
                 k = mod.get_variable("params", "kernel")
                 if not isinstance(k, QUANTIZED_KERNELS):
-                    _record(found, mod.path, _linen_kernel_dims(mod, args, kwargs, jnp.ndim(k)), jnp.shape(k))
+                    _record(found, mod.path, mod._mx_kernel_dims(args, kwargs, jnp.ndim(k)), jnp.shape(k))
             return out
 
         variables = params if "params" in params else {"params": params}
