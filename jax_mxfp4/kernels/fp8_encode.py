@@ -6,7 +6,7 @@ maximum, the encode) and cost ~0.3 ms for an 8192 x 8192 weight on one NVIDIA H2
 (the second read mostly from L2): pass A gathers per row the largest and smallest scale byte of
 the blocks holding a nonzero code, the NaN bytes and the special blocks (:func:`jax_mxfp4.fp8.
 special_blocks`); pass B writes the E4M3 bytes with the per-block shift of
-:func:`jax_mxfp4.fp8._block_shift`. Every rule is the one of :mod:`jax_mxfp4.fp8` (imported, not
+:func:`jax_mxfp4.fp8._block_shift`. Every rule is the one of :mod:`jax_mxfp4.fp8_format` (imported, not
 copied); only the E2M1 x 2^d -> E4M3 byte step is new, done with integer operations (below), and
 the result is bit-identical to ``encode_rows`` (tests/test_fp8_encode_kernel.py, Pallas
 interpreter; tests/gpu/test_gpu_fp8.py on the GPU).
@@ -23,7 +23,8 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from ..mx_format import BLOCK_SIZE, E8M0_NAN
+from .. import fp8_format as rules
+from ..mx_format import BLOCK_SIZE, E8M0_NAN, as_scale_bytes
 
 MAX_CHUNK_BLOCKS = 32
 """Blocks per loop step (1024 elements of a row) where a program owns several rows."""
@@ -120,8 +121,6 @@ def _special_from_summary(sb, low, one, ge4, ge6):
     """:func:`jax_mxfp4.fp8.special_blocks` from :func:`_word_block_summary`'s flags: the rule reads
     only whether the smallest nonzero magnitude is 1 or <= 3 and the largest >= 4 or >= 6, so
     stand-ins with those answers (1 / 3 / 8, and 7 / 4 / 0) give its result."""
-    from .. import fp8 as rules
-
     min_mag = jnp.where(one != 0, 1, jnp.where(low != 0, 3, 8))
     max_mag = jnp.where(ge6 != 0, 7, jnp.where(ge4 != 0, 4, 0))
     return rules.special_blocks(sb, max_mag, min_mag)
@@ -151,8 +150,6 @@ def _row_rule_step(carry, sb, any_nonzero, spec):
 def _row_rule_finish(bmax, bmin, special):
     """(b_max, exact) per row after pass A: an empty row takes EMPTY_ROW_BMAX; a row is exact when
     a counted block lies more than WINDOW_SPAN binades below b_max or a block is special."""
-    from .. import fp8 as rules
-
     bmax = jnp.where(bmax < 0, rules.EMPTY_ROW_BMAX, bmax)
     return bmax, (bmin < bmax - rules.WINDOW_SPAN) | (special != 0)
 
@@ -165,8 +162,6 @@ def _encode_swar_kernel(w32_ref, h16_ref, scale_ref, codes_ref, exp_ref, flag_re
     bytes per uint16 (:func:`e4m3_word`): a 1:1 map, no interleave. ``fast_path``: a chunk with no
     scale byte in {0, 1, 253, 254} skips the special-block summary, and one whose blocks all have
     d >= -5 takes :func:`e4m3_word`'s normal-only form (``lax.cond`` on the chunk)."""
-    from .. import fp8 as rules
-
     r0 = pl.program_id(0) * br
     ragged = n_rows % br != 0
     rows = r0 + lax.broadcasted_iota(jnp.int32, (br, nbc), 0)
@@ -225,8 +220,6 @@ def _store_chunk(codes_ref, r0, br, c, nbc, out, mask2):
 
 def _store_row_outputs(exp_ref, flag_ref, r0, br, n_rows, bmax, exact, nan):
     """row_exp and row_flag of a program's rows (the rule of :func:`jax_mxfp4.fp8.encode_blocks`)."""
-    from .. import fp8 as rules
-
     row_exp = bmax - rules.ROW_EXP_OFFSET
     row_flag = exact.astype(jnp.int32) * rules.FLAG_EXACT | jnp.where(nan != 0, rules.FLAG_NAN, 0)
     rmask = (r0 + lax.broadcasted_iota(jnp.int32, (br,), 0)) < n_rows if n_rows % br else None
@@ -235,8 +228,6 @@ def _store_row_outputs(exp_ref, flag_ref, r0, br, n_rows, bmax, exact, nan):
 
 
 def _encode_kernel(data_ref, scale_ref, codes_ref, exp_ref, flag_ref, *, n_rows, br, nbc, n_chunks, pairs16):
-    from .. import fp8 as rules  # the rules live there (imported lazily: fp8 imports this module)
-
     r0 = pl.program_id(0) * br
     ragged = n_rows % br != 0
     rows = r0 + lax.broadcasted_iota(jnp.int32, (br, nbc), 0)
@@ -337,15 +328,12 @@ def encode_rows_kernel(data, scale_bytes, *, rows_per_program: int | None = None
     Returns:
       (codes float8_e4m3fn [R, K], row_exp int32 [R], row_flag uint8 [R]).
     Raises:
-      TypeError: data not uint8, scales not uint8/float8_e8m0fnu (:func:`jax_mxfp4.fp8.check_packed_rows`).
+      TypeError: data not uint8, scales not uint8/float8_e8m0fnu (:func:`jax_mxfp4.fp8_format.check_packed_rows`).
       ValueError: shapes that are not [R, K/2] and [R, K/32]; a bad ``rows_per_program``,
         ``chunk_blocks`` or ``num_warps`` (each a power of two); ``fast_path`` without ``swar``.
       TypeError: ``pairs16``, ``swar``, ``fast_path`` or ``interpret`` not a bool.
     """
-    from ..fp8 import check_packed_rows
-    from ..mx_format import as_scale_bytes
-
-    check_packed_rows(data, scale_bytes)  # types first: a list or None is named, not an AttributeError
+    rules.check_packed_rows(data, scale_bytes)  # types first: a list or None is named, not an AttributeError
     if data.ndim != 2:
         raise ValueError(f"encode_rows_kernel: data must be 2-D [R, K/2], got shape {data.shape}")
     n_blk = max(1, data.shape[-1] * 2 // BLOCK_SIZE)
@@ -372,10 +360,9 @@ def encode_rows_kernel(data, scale_bytes, *, rows_per_program: int | None = None
         raise ValueError("fast_path=True needs swar=True (it is a branch of the word-parallel kernel)")
     scale_bytes = as_scale_bytes(scale_bytes)  # bytes, not values (float8_e8m0fnu is bit-cast)
     n_rows, half = data.shape
-    if n_rows == 0 or half == 0:  # nothing to launch; the outputs of encode_rows for empty input
-        from ..fp8 import encode_rows
-
-        return encode_rows(data, scale_bytes)
+    if n_rows == 0 or half == 0:  # nothing to launch: encode_rows' outputs for empty rows (e = 0, no flag)
+        return (jnp.zeros((n_rows, 2 * half), jnp.float8_e4m3fn), jnp.zeros((n_rows,), jnp.int32),
+                jnp.zeros((n_rows,), jnp.uint8))
     n_blocks = half * 2 // BLOCK_SIZE
     br = min(rows_per_program, 1 << max(0, (n_rows - 1).bit_length()))
     nbc = _chunk_blocks(n_blocks, chunk_blocks)
