@@ -67,7 +67,7 @@ def test_train_step_quick(tmp_path):
         assert r["status"] == "ok" and _finite_positive(r["median_s"], r["tokens_per_s"]), r
         assert r["tokens_per_s"] * r["median_s"] == pytest.approx(r["t"])
         assert r["time_ratio_vs_bf16"] == pytest.approx(r["median_s"] / base)
-    assert set(res["routing_linear"]) == {"fprop", "dgrad", "wgrad"} and res["fused_training"]
+    assert set(res["routing_linear"]) == {"fprop", "dgrad", "wgrad"} and res["kernels_enabled"] is True
     assert "| linear |" in (tmp_path / "train_step.md").read_text()
     _png(tmp_path / "train_step.png")
 
