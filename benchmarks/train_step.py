@@ -18,10 +18,10 @@ Variants:
   mxfp4-rbg-key  ``Recipe()`` with an explicit "rbg" rounding key (see KEY_IMPL): the stochastic
                  rounding's uniforms drawn by XLA's RngBitGenerator (the others use the
                  data-derived threefry key).
-The quantize-to-FP8 passes of the MXFP4 steps follow ``$JAX_MXFP4_FUSED_TRAINING`` (unset: the
-library default, ``jax_mxfp4.training.DEFAULT_FUSED_MODE``); set it to time another mode. The
-JSON records the mode under "fused_training". ``--check-fused`` first compares the linear layer's
-step outputs across the fused modes, bit for bit.
+The MXFP4 steps run the library's kernels; with ``JAX_MXFP4_KERNELS=0`` the portable paths (the
+JSON records which under "kernels_enabled"). ``--check-fused`` first compares the linear layer's
+step outputs with and without the custom kernels (the fused training passes among them), bit for
+bit.
 Timing: benchmarks/common.time_fn (fair timing). Reports ms/step, time relative to bf16 and
 tokens/s, and the backend "auto" chose for each of the linear layer's GEMMs. Output:
 train_step.json, train_step.md (the table, also printed) and train_step.png in --out (default
@@ -48,7 +48,8 @@ from jax import lax  # noqa: E402
 import jax_mxfp4 as mx  # noqa: E402
 from benchmarks.common import (  # noqa: E402
     default_out, device_info, kernel_time, out_dir, save_figure, time_fn, write_json)
-from jax_mxfp4.training import DEFAULT_FUSED_MODE, FUSED_ENV  # noqa: E402
+from jax_mxfp4 import training  # noqa: E402
+from jax_mxfp4.platform import KERNELS_ENV, kernels_enabled  # noqa: E402
 
 FULL = {"linear": dict(t=8192, k=8192, n=8192), "mlp": dict(t=8192, d=8192),
         "mlp-d1024": dict(t=8192, d=1024)}  # the demo's large size: one MLP block of its step
@@ -64,6 +65,20 @@ VARIANTS = {
 KEY_IMPL = {"mxfp4-rbg-key": "rbg"}
 """Variants given an explicit rounding key of this PRNG implementation (the others use the
 data-derived key, threefry: bit-identical SR then costs ~80 integer operations per element)."""
+
+
+class _attr:
+    """Set one module attribute while the step is traced (a test-only setting of the library)."""
+
+    def __init__(self, obj, name, value):
+        self.obj, self.name, self.value = obj, name, value
+
+    def __enter__(self):
+        self.old = getattr(self.obj, self.name)
+        setattr(self.obj, self.name, self.value)
+
+    def __exit__(self, *exc):
+        setattr(self.obj, self.name, self.old)
 
 
 class _env:
@@ -140,48 +155,45 @@ fused kernel) and an explicit rbg key (the reference's uniforms drawn by XLA, re
 
 
 def check_fused(config, s, sets, report=lambda c: None):
-    """The fused and unfused training passes on the device: step outputs (Y, dX, dW) compared
-    bit for bit (expected identical: same quantized operands, same GEMMs), for every fused mode
-    (rows: strided operands transposed by XLA first; 1: the kernel's transposed layout; tiled: the
-    two-pass tiled kernel; sr, the default: dY's stochastic quantizations only) and both rounding keys of :data:`CHECK_KEYS` (stochastic rounding of dY in dgrad and
-    wgrad). Off CUDA the fused kernels run in the Pallas interpreter on backend "fp8" ("auto"
-    would route the GEMMs to "xla", where no fused kernel runs and the comparison would hold
-    trivially). ``fused_kernels``: pallas_calls in the fused step; ``fp8_quantize_kernels``: the
-    fused quantize-to-FP8 kernels among them (6 when every operand of the three GEMMs is fused).
-    ``report`` is called with each result as it comes (a run cut by a timeout keeps its lines)."""
+    """The training step with the custom kernels (the default: the fused quantize-to-FP8 kernel
+    for dY's two stochastic quantizations) and without them (``JAX_MXFP4_KERNELS=0``: the
+    unfused passes) on the device: step outputs (Y, dX, dW) compared bit for bit (expected
+    identical: same quantized operands, same GEMMs), for both rounding keys of :data:`CHECK_KEYS`.
+    Off CUDA the fused kernels run in the Pallas interpreter (``training._FUSED_INTERPRET``) on
+    backend "fp8" ("auto" would route the GEMMs to "xla", where no fused kernel runs and the
+    comparison would hold trivially). ``fused_kernels``: pallas_calls in the fused step;
+    ``fp8_quantize_kernels``: the fused quantize-to-FP8 kernels among them. ``report`` is called
+    with each result as it comes (a run cut by a timeout keeps its lines)."""
     import re
 
     from jax_mxfp4.dispatch import current_platform
 
-    cuda = current_platform() == "cuda"
-    modes, recipe = ((("rows", "1", "tiled", "sr"), mx.Recipe()) if cuda
-                     else (("interpret-rows", "interpret", "interpret-tiled", "interpret-sr"), mx.Recipe(backend="fp8")))
+    interpret = current_platform() != "cuda"
+    recipe = mx.Recipe(backend="fp8") if interpret else mx.Recipe()
     out = []
     for key_impl in CHECK_KEYS:
         key_name = key_impl or "data-derived (threefry)"
         try:
-            with _env(FUSED_ENV, "0"):
+            with _env(KERNELS_ENV, "0"):
                 want = jax.jit(make_step(layer_fns(config, recipe, key_impl)))(*sets[0])
+            jax.clear_caches()  # the switch is read at tracing: retrace the inner jitted GEMMs
         except Exception as e:  # record, keep going
             out.append({"config": config, "key": key_name, "error": f"unfused step: {type(e).__name__}: {str(e)[:300]}"})
             report(out[-1])
             continue
-        for mode in modes:
-            try:
-                with _env(FUSED_ENV, mode):
-                    step = make_step(layer_fns(config, recipe, key_impl))
-                    jaxpr = str(jax.make_jaxpr(step)(*sets[0]))
-                    got = jax.jit(step)(*sets[0])
-                same = [bool(jnp.array_equal(a, b)) for a, b in zip(got, want)]
-                diff = [float(jnp.max(jnp.abs(a.astype(jnp.float32) - b.astype(jnp.float32)))) for a, b in zip(got, want)]
-                out.append({"config": config, "key": key_name, "bit_identical": same, "max_abs_diff": diff,
-                            "fused_mode": mode, "fused_kernels": jaxpr.count("pallas_call"),
-                            "fp8_quantize_kernels": len(re.findall(r"name=(?:mxfp4_quantize_fp8|mxfp4_fp8_tile_values)",
-                                                                   jaxpr))})
-            except Exception as e:  # record, keep going
-                out.append({"config": config, "key": key_name, "fused_mode": mode,
-                            "error": f"{type(e).__name__}: {str(e)[:300]}"})
-            report(out[-1])
+        try:
+            with _attr(training, "_FUSED_INTERPRET", interpret):
+                step = make_step(layer_fns(config, recipe, key_impl))
+                jaxpr = str(jax.make_jaxpr(step)(*sets[0]))
+                got = jax.jit(step)(*sets[0])
+            same = [bool(jnp.array_equal(a, b)) for a, b in zip(got, want)]
+            diff = [float(jnp.max(jnp.abs(a.astype(jnp.float32) - b.astype(jnp.float32)))) for a, b in zip(got, want)]
+            out.append({"config": config, "key": key_name, "bit_identical": same, "max_abs_diff": diff,
+                        "interpret": interpret, "fused_kernels": jaxpr.count("pallas_call"),
+                        "fp8_quantize_kernels": len(re.findall(r"name=mxfp4_quantize_fp8", jaxpr))})
+        except Exception as e:  # record, keep going
+            out.append({"config": config, "key": key_name, "error": f"{type(e).__name__}: {str(e)[:300]}"})
+        report(out[-1])
         del want
     return out
 
@@ -247,7 +259,7 @@ def run(args):
                 rows[-1]["profile"] = profile_step(config, variant, recipe, sets, hlo_dir=args.hlo)
         del sets
     return {"info": device_info(), "quick": args.quick, "method": __doc__.split("Usage")[0].strip(),
-            "fused_training": os.environ.get(FUSED_ENV, DEFAULT_FUSED_MODE),
+            "kernels_enabled": kernels_enabled(),
             "routing_linear": routing(sizes["linear"]), "rows": rows, "fused_checks": checks}
 
 
@@ -270,8 +282,8 @@ def markdown(result):
     for c in result.get("fused_checks", []):
         lines.append(f"- fused vs unfused passes, {c['config']} (Y, dX, dW): {c.get('bit_identical', c.get('error'))}"
                      + ("" if "error" in c else f", max |diff| {c['max_abs_diff']} ({c['fused_kernels']} fused "
-                        f"kernels, {c['fp8_quantize_kernels']} of them quantize-to-FP8, ${FUSED_ENV}={c['fused_mode']}, "
-                        f"key {c['key']})"))
+                        f"kernels, {c['fp8_quantize_kernels']} of them quantize-to-FP8"
+                        f"{' (Pallas interpreter)' if c['interpret'] else ''}, against ${KERNELS_ENV}=0, key {c['key']})"))
     return "\n".join(lines) + "\n"
 
 
@@ -337,7 +349,7 @@ def main(argv=None):
     ap.add_argument("--hlo", default=None, metavar="DIR",
                     help="with --profile: also write each profiled step's optimized HLO into DIR")
     ap.add_argument("--check-fused", action="store_true",
-                    help="first compare the linear layer's step outputs with and without the fused passes")
+                    help="first compare the linear layer's step outputs with and without the custom kernels")
     args = ap.parse_args(argv)
     args.configs = [c for c in args.configs.split(",") if c]
     args.variants = [v for v in args.variants.split(",") if v]

@@ -42,7 +42,7 @@ from . import checks
 from .array import MXFP4Array
 from .prepared import PreparedWeight
 from .pytree import ArraysWithRecord
-from .platform import current_platform, env_switch
+from .platform import current_platform, kernels_enabled
 from .sharding import kernel_may_run
 from .mx_format import (
     BLOCK_SIZE,
@@ -142,14 +142,10 @@ def rescale_elements(acc, e, nan, out_dtype):
     return out.astype(out_dtype)
 
 
-ENCODE_KERNEL_ENV = "JAX_MXFP4_FP8_ENCODE_KERNEL"
-"""Set to 0 to keep :func:`encode_rows_on` on the jnp formulation on GPUs too."""
-
-
 def encode_rows_on(data, scale_bytes, platform: str):
     """:func:`encode_rows` computed the fastest way on ``platform`` (bit-identical either way).
 
-    On "cuda" (unless ``JAX_MXFP4_FP8_ENCODE_KERNEL=0``, or where
+    On "cuda" (unless custom kernels are off, ``JAX_MXFP4_KERNELS=0``, or where
     :func:`jax_mxfp4.sharding.kernel_may_run` says no: under a mesh, explicitly sharded or
     ``shard_map``-varying operands) one Pallas kernel
     (:func:`jax_mxfp4.kernels.fp8_encode.encode_rows_kernel`; the jnp form cost ~0.3 ms (fp8 minus fp8-prepared, one H200 run) for an
@@ -158,7 +154,7 @@ def encode_rows_on(data, scale_bytes, platform: str):
     check_packed_rows(data, scale_bytes)
     if not isinstance(platform, str):
         raise TypeError(f"platform must be a platform name such as 'cpu' or 'cuda', got {platform!r}")
-    use_kernel = platform == "cuda" and env_switch(ENCODE_KERNEL_ENV) and kernel_may_run(data, scale_bytes)
+    use_kernel = platform == "cuda" and kernels_enabled() and kernel_may_run(data, scale_bytes)
     if not use_kernel or data.size == 0:
         return encode_rows(data, as_scale_bytes(scale_bytes))
     from .kernels.fp8_encode import DISPATCH_TILE, encode_rows_kernel

@@ -50,3 +50,24 @@ def env_switch(name: str) -> bool:
     if v in ("", "1", "on", "true", "yes"):
         return True
     raise ValueError(f"${name} must be 1/on/true/yes or 0/off/false/no, got {v!r}")
+
+
+KERNELS_ENV = "JAX_MXFP4_KERNELS"
+"""The one switch over every custom GPU kernel (Pallas/Triton/Mosaic GPU): on by default; 0/off
+turns them all off, leaving the portable paths (:func:`kernels_enabled`)."""
+
+
+def kernels_enabled() -> bool:
+    """Whether jax_mxfp4 may run its custom kernels (``$JAX_MXFP4_KERNELS``, on unless
+    0/off/false/no). Off: backend "pallas" rejects every problem, the fp8 backend encodes,
+    rescales and fixes flagged rows with its XLA formulations, :func:`jax_mxfp4.quantize` takes
+    the reference jnp path and training quantizes in unfused passes; the same bits as the kernels
+    everywhere except backend "pallas" (its GEMMs go to another backend).
+
+    The one place this switch is read; it is read when a program is traced, so a change applies
+    to programs traced after it (``jax.clear_caches()`` to recompile).
+
+    Raises:
+      ValueError: any other value (:func:`env_switch`), naming ``JAX_MXFP4_KERNELS``.
+    """
+    return env_switch(KERNELS_ENV)

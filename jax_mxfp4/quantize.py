@@ -130,7 +130,7 @@ def quantize_rotated(
     Pallas quantization kernel (``jax_mxfp4.kernels.quantize``, ``hadamard=(block, seed)``), with
     the same float32 operations in the same order as :func:`jax_mxfp4.hadamard.
     random_hadamard_transform`, so the result is bit-identical to the two-pass form, which runs
-    everywhere else (CPU, under a mesh, ``JAX_MXFP4_FAST_QUANTIZE=0``). Not differentiable (used
+    everywhere else (CPU, under a mesh, ``JAX_MXFP4_KERNELS=0``). Not differentiable (used
     where the quantized operand is consumed: the backward passes and ``quantize_params``).
 
     Args:

@@ -67,7 +67,6 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 
 import jax
 import jax.numpy as jnp
@@ -82,6 +81,7 @@ from .decode_prepared import DecodePrepared
 from .fp8 import FP8Prepared
 from .mx_format import BLOCK_SIZE
 from .quantize import dequantize, fused_path, fused_rotation_path, quantize, quantize_rotated
+from .platform import kernels_enabled
 from .recipe import Recipe
 from .differentiation import straight_through
 
@@ -89,28 +89,18 @@ ROOT_SEED = 0x4D584634  # "MXF4"
 DGRAD_TAG, WGRAD_TAG = 1, 2
 _CANON = (((2,), (2,)), ((0,), (0,)))
 
-FUSED_ENV = "JAX_MXFP4_FUSED_TRAINING"
-"""Fused FP8 quantization of the training passes (:func:`fused_mode`) on CUDA:
+_FUSED_INTERPRET = False
+"""Fused FP8 quantization of the training passes (:func:`_fused_route`): on CUDA the one-pass
+fused kernel (:mod:`jax_mxfp4.kernels.fp8_quantize`) quantizes the stochastically rounded operands
+(dY in dgrad and wgrad; one along a strided axis is transposed by XLA first) straight to the FP8
+operand; the round-to-nearest ones take the unfused passes (the quantizer, then the fp8 backend's
+encode kernel). ``JAX_MXFP4_KERNELS=0``: every operand in the unfused passes (the same bits).
+Why only the stochastic ones: on an NVIDIA H200 (jax 0.11.2, 2026-12-02) the linear-layer
+training step at T = K = N = 8192 was ~1% faster so than with every operand fused (the unfused
+passes round to nearest faster than the one-pass kernel; figures: docs/performance.md).
 
-- "sr" (default): the one-pass fused kernel (:mod:`jax_mxfp4.kernels.fp8_quantize`) for the
-  stochastically rounded operands (dY in dgrad and wgrad; one along a strided axis is transposed
-  by XLA first), the unfused passes for the round-to-nearest ones (the quantizer, the SWAR word
-  program on Hopper, then the fp8 backend's encode kernel);
-- "rows": the one-pass kernel for every operand, those along a strided axis transposed by XLA
-  first;
-- "1"/"all": the one-pass kernel for every operand, strided layouts read by the kernel;
-- "tiled": the two-pass tiled kernel (:mod:`jax_mxfp4.kernels.fp8_quantize_tiled`) for every
-  operand, both layouts read coalesced, no row-length cap;
-- "0"/"off": the unfused passes;
-- "interpret" / "interpret-rows" / "interpret-tiled" / "interpret-sr": "all" / "rows" / "tiled" /
-  "sr" off the GPU through the Pallas interpreter (tests).
-
-Every mode gives the same bits. Why "sr": on an NVIDIA H200 (jax 0.11.2, 2026-12-02) its linear-layer
-training step at T = K = N = 8192 is ~1% faster than "rows" (the unfused passes round to nearest
-faster than the one-pass kernel), "tiled" is slower and "all"'s strided reads cost more than an
-XLA transpose (figures: docs/performance.md)."""
-
-DEFAULT_FUSED_MODE = "sr"
+This flag is for tests, not a user setting: True takes the same route off the GPU through the
+Pallas interpreter."""
 
 
 # ----------------------------------------------------------------------------- utilities
@@ -208,23 +198,6 @@ def _bf16_gemm(a, b, dimension_numbers):
 
 
 # ----------------------------------------------------------------------------- fused FP8 passes
-_FUSED_MODES = {"": DEFAULT_FUSED_MODE, "rows": "rows", "0": "off", "off": "off", "false": "off", "no": "off",
-                "1": "all", "all": "all", "auto": "all", "on": "all", "true": "all", "yes": "all",
-                "tiled": "tiled", "sr": "sr", "interpret": "interpret", "interpret-rows": "interpret-rows",
-                "interpret-tiled": "interpret-tiled", "interpret-sr": "interpret-sr"}
-
-
-def fused_mode() -> str:
-    """"sr" (default), "rows", "all", "tiled", "off", "interpret", "interpret-rows",
-    "interpret-tiled" or "interpret-sr", from ``$JAX_MXFP4_FUSED_TRAINING`` (:data:`FUSED_ENV`).
-    ValueError for any other value."""
-    v = os.environ.get(FUSED_ENV, DEFAULT_FUSED_MODE).strip().lower()
-    if v not in _FUSED_MODES:
-        raise ValueError(f"${FUSED_ENV} must be 'sr' (default), 'rows', '1'/'all', 'tiled', '0'/'off', "
-                         f"'interpret', 'interpret-rows', 'interpret-tiled' or 'interpret-sr', got {v!r}")
-    return _FUSED_MODES[v]
-
-
 def _routes_to_fp8(x, y, contraction, out_dtype, recipe: Recipe) -> bool:
     """Whether "auto"/the recipe's backend runs this float x float GEMM on backend "fp8" here."""
     platform = dispatch.current_platform()
@@ -234,20 +207,16 @@ def _routes_to_fp8(x, y, contraction, out_dtype, recipe: Recipe) -> bool:
 
 
 def _fused_route(x, y, contraction, out_dtype, recipe: Recipe):
-    """None, or ``(interpret, kernel)`` for :func:`_fp8_fused`: the fused passes are taken
-    when the GEMM of these two float operands routes to backend "fp8" on this platform (CUDA;
-    any platform with ``$JAX_MXFP4_FUSED_TRAINING=interpret[-rows|-tiled|-sr]``), outside any mesh, and (on
-    CUDA) where :func:`jax_mxfp4.quantize.fused_path` takes the fused quantizer (size limit,
-    ``JAX_MXFP4_FAST_QUANTIZE``). Every other backend and platform keeps the unfused passes.
-    ``kernel``: "rows" (operands quantized along a strided axis are transposed by XLA first),
-    "all" (the one-pass kernel reads both layouts), "tiled" (the two-pass tiled kernel, both
-    layouts) or "sr" (as "rows" for stochastically rounded operands; round-to-nearest operands
-    take the unfused passes)."""
-    mode = fused_mode()
-    platform = dispatch.current_platform()
-    if mode == "off":
+    """None, or ``interpret`` (bool) for :func:`_fp8_fused`: the fused passes are taken for the
+    stochastically rounded operands when the GEMM of these two float operands routes to backend
+    "fp8" on this platform (CUDA; any platform with :data:`_FUSED_INTERPRET`), outside any mesh,
+    and (on CUDA) where :func:`jax_mxfp4.quantize.fused_path` takes the fused quantizer (size
+    limit; custom kernels on, :func:`jax_mxfp4.platform.kernels_enabled`). Every other backend
+    and platform keeps the unfused passes."""
+    if not kernels_enabled():
         return None
-    interpret = mode.startswith("interpret")
+    platform = dispatch.current_platform()
+    interpret = _FUSED_INTERPRET
     # the kernel is a pallas_call, opaque to SPMD partitioning: under a mesh the unfused passes
     # run (as quantize's fused_path rules for the MXFP4 quantizer)
     if not interpret and (platform != "cuda" or not (fused_path(x) and fused_path(y))):
@@ -256,69 +225,54 @@ def _fused_route(x, y, contraction, out_dtype, recipe: Recipe):
         return None
     if not _routes_to_fp8(x, y, contraction, out_dtype, recipe):
         return None
-    kernel = {"interpret": "all", "interpret-rows": "rows", "interpret-tiled": "tiled",
-              "interpret-sr": "sr"}.get(mode, mode)
-    return interpret and platform not in ("cuda", "rocm"), kernel
+    return interpret and platform not in ("cuda", "rocm")
 
 
-def _fp8_operand(x, axis, scale_mode, route, rounding="nearest", key=None, swap=False):
+def _fp8_operand(x, axis, scale_mode, route, rounding="nearest", key=None):
     """The FP8-path operand of a canonical float x: the fused kernel's :class:`FP8Prepared`
-    (:func:`_fp8_fused`) where ``route`` (from :func:`_fused_route`) and the layout allow, else
-    the unfused ``quantize`` (an MXFP4Array the fp8 backend encodes). Same bits either way."""
+    (:func:`_fp8_fused`) for a stochastically rounded operand where ``route`` (from
+    :func:`_fused_route`) and the layout allow, else the unfused ``quantize`` (an MXFP4Array the
+    fp8 backend encodes). Same bits either way."""
     q = None
-    if route is not None:
-        interpret, kernel = route
-        if kernel != "sr" or rounding == "stochastic":
-            q = _fp8_fused(x, axis, scale_mode, interpret, rounding, key, swap, "rows" if kernel == "sr" else kernel)
+    if route is not None and rounding == "stochastic":
+        q = _fp8_fused(x, axis, scale_mode, route, rounding, key)
     return q if q is not None else quantize(x, axis, scale_mode=scale_mode, rounding=rounding, key=key)
 
 
-def _fp8_fused(x, axis, scale_mode, interpret, rounding="nearest", key=None, swap=False, kernel="all"):
+def _fp8_fused(x, axis, scale_mode, interpret, rounding="nearest", key=None):
     """``prepare_fp8(quantize(x, axis, ...))`` for a canonical float operand x [B, ., .] (axis 1
     or 2) in one fused kernel (:mod:`jax_mxfp4.kernels.fp8_quantize`), or None where the kernel
-    cannot take it (then the caller keeps the unfused passes for this operand). ``kernel``:
-    "all" the one-pass kernel in either layout; "rows" the same, but an operand quantized along a
-    strided axis is transposed by XLA first and the kernel reads rows; "tiled" the two-pass tiled
-    kernel (:mod:`jax_mxfp4.kernels.fp8_quantize_tiled`) in either layout, no row-length cap.
+    cannot take it (then the caller keeps the unfused passes for this operand). An operand
+    quantized along a strided axis (axis 1) is transposed by XLA first and the kernel reads rows.
 
     Stochastic rounding (``key``) uses exactly the reference's uniforms, those of
     ``quantize(x, axis, rounding="stochastic", key=key)``: generated in the kernel for threefry
     keys (:func:`jax_mxfp4.kernels.quantize.kernel_rng_supported`), else (rbg / unsafe_rbg keys)
     drawn by ``jax.random.uniform`` with the reference's shape and read by the kernel
-    (:func:`jax_mxfp4.kernels.quantize.sr_uniforms`); both layouts, both modes.
-
-    ``swap``: run the kernel on ``swapaxes(x, 1, 2)`` with the other layout: for an operand that
-    is itself a transpose (the weight: canonical ``b`` = kernel [K, N] transposed) XLA cancels
-    the two transposes and the kernel reads the stored array, instead of a transposed copy.
+    (:func:`jax_mxfp4.kernels.quantize.sr_uniforms`); both layouts.
     """
     from .kernels import fp8_quantize as fq
-    from .kernels import fp8_quantize_tiled as ft
     from .kernels.quantize import sr_uniforms
 
     bsz, kq = x.shape[0], x.shape[axis]
     last = axis == 2
-    if (kernel != "tiled" and kq > fq.MAX_ROW) or kq % BLOCK_SIZE or x.size >= 2**31 or ((swap or not last) and bsz != 1):
+    if kq > fq.MAX_ROW or kq % BLOCK_SIZE or x.size >= 2**31 or (not last and bsz != 1):
         return None
     rest = tuple(d for i, d in enumerate(x.shape) if i != axis)  # the output rows, in order
     uniform = key_data = None
     if rounding == "stochastic":
         # quantize(x, axis)'s draw: uniform(key, rest + (kq / 32, 32)), the quantized axis last:
-        # element-aligned with the kernel's output rows in every layout below (threefry keys:
+        # element-aligned with the kernel's output rows in both layouts below (threefry keys:
         # generated in the kernel from that flat index; rbg keys: the drawn array, read in)
         uniform, key_data = sr_uniforms(key, rest + (kq // BLOCK_SIZE, BLOCK_SIZE))
-    if swap:  # quantized axis 0 of [K, M] (last) or axis 1 of [N, M]
-        x2, transposed = jnp.swapaxes(x, 1, 2)[0], last
-    else:
-        x2, transposed = (x.reshape(-1, kq), False) if last else (x[0], True)
-    if transposed and kernel == "rows":
-        # XLA's transpose pass, then the kernel along rows: on the H200 the kernel's strided
-        # transposed reads took 1.1-1.6 ms for 8192x8192 bf16, a transpose takes ~0.07 ms and the
-        # rows kernel ~0.15 ms. Same bits for both roundings: the rows of x2.T are the output rows,
-        # so each element keeps its uniform (its flat index in the reference's draw is unchanged).
-        x2, transposed = x2.T, False
-    quantize_2d = ft.quantize_fp8_2d_tiled if kernel == "tiled" else fq.quantize_fp8_2d
-    codes, scales, row_exp, row_flag = quantize_2d(
-        x2, key_data, uniform, scale_mode=scale_mode, transposed=transposed, interpret=interpret)
+    # A strided operand: XLA's transpose pass, then the kernel along rows: on the H200 the
+    # kernel's strided transposed reads took 1.1-1.6 ms for 8192x8192 bf16, a transpose takes
+    # ~0.07 ms and the rows kernel ~0.15 ms. Same bits for both roundings: the rows of x[0].T are
+    # the output rows, so each element keeps its uniform (its flat index in the reference's draw
+    # is unchanged).
+    x2 = x.reshape(-1, kq) if last else x[0].T
+    codes, scales, row_exp, row_flag = fq.quantize_fp8_2d(
+        x2, key_data, uniform, scale_mode=scale_mode, transposed=False, interpret=interpret)
     return FP8Prepared(codes.reshape(rest + (kq,)), scales.reshape(rest + (kq // BLOCK_SIZE,)),
                        row_exp.reshape(rest), row_flag.reshape(rest), axis, x.shape, x.dtype, scale_mode)
 
@@ -341,12 +295,12 @@ def _fprop(a, b, recipe: Recipe, out_dtype, fprop_seed):
     route = _fused_route(a, b, _CANON, out_dtype, recipe)
     if route is not None:
         qa = _fp8_operand(a, 2, recipe.scale_mode, route)
-        qb = _fp8_operand(b, 2, recipe.scale_mode, route, swap=True)
+        qb = _fp8_operand(b, 2, recipe.scale_mode, route)
         return gemm.dot_general(qa, qb, _CANON, preferred_element_type=out_dtype, recipe=recipe)
     return gemm.dot_general(a, b, _CANON, preferred_element_type=out_dtype, recipe=recipe)
 
 
-def _grad_gemm(g, w, g_axis, w_axis, precision, key, recipe: Recipe, hadamard_seed=None, w_swap=False,
+def _grad_gemm(g, w, g_axis, w_axis, precision, key, recipe: Recipe, hadamard_seed=None,
                grad_dtype=jnp.float32, w_first=False):
     """Contract g (the incoming gradient) along ``g_axis`` with w along ``w_axis``, batch dim 0:
     [B, g free, w free], or with ``w_first`` [B, w free, g free] (w is then the GEMM's lhs and g
@@ -379,7 +333,7 @@ def _grad_gemm(g, w, g_axis, w_axis, precision, key, recipe: Recipe, hadamard_se
         return gemm.dot_general(*order(gq, wq), dims_, preferred_element_type=jnp.float32, recipe=recipe)
     route = _fused_route(*order(g, w), dims_, grad_dtype, recipe)
     gq = _fp8_operand(g, g_axis, recipe.scale_mode, route, rounding, gkey)
-    wq = _fp8_operand(w, w_axis, recipe.scale_mode, route, swap=w_swap)
+    wq = _fp8_operand(w, w_axis, recipe.scale_mode, route)
     # On backend "fp8" the GEMM writes ``grad_dtype`` directly (the float32 result rounded once,
     # the caller's cast: same value) instead of a float32 [M, N] array cast afterwards.
     fp8 = route is not None or _routes_to_fp8(*order(g, w), dims_, grad_dtype, recipe)
@@ -412,7 +366,7 @@ def _dgrad(dy, b, recipe: Recipe, site: int, key=None, grad_dtype=jnp.float32):
     sr = recipe.dgrad == "mxfp4" and recipe.grad_rounding == "stochastic"
     key = rounding_key(key, dy, site, DGRAD_TAG) if sr else None
     seed = _site_seed(site, "dgrad") if "dgrad" in recipe.hadamard_passes else None
-    return _grad_gemm(dy, b, 2, 1, recipe.dgrad, key, recipe, hadamard_seed=seed, w_swap=True, grad_dtype=grad_dtype)
+    return _grad_gemm(dy, b, 2, 1, recipe.dgrad, key, recipe, hadamard_seed=seed, grad_dtype=grad_dtype)
 
 
 def _wgrad(dy, a, recipe: Recipe, site: int, key=None, grad_dtype=jnp.float32, kn=False):

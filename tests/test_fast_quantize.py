@@ -308,7 +308,7 @@ def test_fast_path_on_gpus_for_both_roundings(monkeypatch):
     assert not fast_path_enabled("cpu")
     assert fast_path_enabled("cuda") and fast_path_enabled("rocm")
     assert fast_path_enabled("cuda", "stochastic") and fast_path_enabled("rocm", "stochastic")
-    monkeypatch.setenv("JAX_MXFP4_FAST_QUANTIZE", "0")
+    monkeypatch.setenv("JAX_MXFP4_KERNELS", "0")
     assert not fast_path_enabled("cuda") and not fast_path_enabled("cuda", "stochastic")
 
 

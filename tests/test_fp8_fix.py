@@ -183,10 +183,11 @@ def test_fix_flagged_lowers_for_cuda():
 
 def test_fp8_gemm_routes_the_fix_kernel_on_cuda_only(monkeypatch, rng):
     """fp8_gemm's CUDA branch (traced, not run) holds the flagged-row kernel and no while loop;
-    with JAX_MXFP4_FP8_FIX_KERNEL=0, on CPU, and under a mesh (a pallas_call is opaque to SPMD
+    with JAX_MXFP4_KERNELS=0, on CPU, and under a mesh (a pallas_call is opaque to SPMD
     partitioning) it keeps the lax.while_loop. A typo in the switch is refused."""
     import jax_mxfp4 as mx
     from jax_mxfp4.backends import fp8 as fb
+    from jax_mxfp4.platform import KERNELS_ENV
 
     a = mx.quantize(jnp.asarray(rng.standard_normal((1, 64, 64)), jnp.float32), 2)
     b = mx.quantize(jnp.asarray(rng.standard_normal((1, 32, 64)), jnp.float32), 2)
@@ -203,11 +204,11 @@ def test_fp8_gemm_routes_the_fix_kernel_on_cuda_only(monkeypatch, rng):
     with jax.set_mesh(mesh):
         meshed = jaxpr("cuda")
     assert "mxfp4_fp8_fix_flagged" not in meshed  # (the loop's body is the full exact GEMM there)
-    monkeypatch.setenv(fb.FIX_KERNEL_ENV, "0")
+    monkeypatch.setenv(KERNELS_ENV, "0")
     off = jaxpr("cuda")
     assert "mxfp4_fp8_fix_flagged" not in off and "top_k" in off
-    monkeypatch.setenv(fb.FIX_KERNEL_ENV, "of")
-    with pytest.raises(ValueError, match=fb.FIX_KERNEL_ENV):
+    monkeypatch.setenv(KERNELS_ENV, "of")
+    with pytest.raises(ValueError, match=KERNELS_ENV):
         jaxpr("cuda")
     fb.fp8_gemm.clear_cache()
 

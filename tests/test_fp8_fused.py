@@ -14,6 +14,7 @@ import pytest
 
 import jax_mxfp4 as mx
 from jax_mxfp4 import training
+from jax_mxfp4.platform import KERNELS_ENV
 from jax_mxfp4.fp8 import FLAG_EXACT, FLAG_NAN, encode_rows, prepare_fp8
 from jax_mxfp4.kernels import fp8_quantize as fq
 from jax_mxfp4.kernels import quantize as kquant
@@ -219,14 +220,12 @@ def test_kernel_uniform_errors_name_the_argument():
 
 
 @pytest.mark.sweep(keep=2)
-@pytest.mark.parametrize("layout", ["rows", "transposed-rows-only", "transposed-kernel", "rows-tiled",
-                                    "transposed-tiled"])
+@pytest.mark.parametrize("layout", ["rows", "transposed"])
 @pytest.mark.parametrize("impl", ["threefry2x32", "threefry2x32-input", "rbg", "unsafe_rbg"])
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 def test_fused_sr_operand_equals_unfused(monkeypatch, layout, impl, dtype, rng):
     """training._fp8_fused with stochastic rounding, the operand of dgrad (dY along N: rows) and
-    of wgrad (dY along the token axis M: transposed, either by XLA then rows, or by the kernel;
-    "-tiled": the two-pass tiled kernel in that layout):
+    of wgrad (dY along the token axis M: transposed by XLA, then rows):
     codes, scales, row_exp and row_flag equal prepare_fp8(quantize(x, axis, "stochastic", key)).
     "-input": a threefry key with the uniforms read (kernels.quantize.SR_UNIFORMS = "input")."""
     if impl.endswith("-input"):
@@ -234,10 +233,9 @@ def test_fused_sr_operand_equals_unfused(monkeypatch, layout, impl, dtype, rng):
         impl = impl[:-len("-input")]
     scale_mode = SCALE_MODES[rng.integers(4)]  # one per case, drawn (the kernel tests cover each)
     hard = _hard_rows(rng, 10, 96, dtype)  # rows x quantized length
-    kernel = {"rows": "rows", "transposed-rows-only": "rows", "transposed-kernel": "all"}.get(layout, "tiled")
-    x3, axis = (hard[None], 2) if layout.startswith("rows") else (hard.T[None], 1)
+    x3, axis = (hard[None], 2) if layout == "rows" else (hard.T[None], 1)
     key = _key(impl, rng)
-    got = training._fp8_fused(x3, axis, scale_mode, True, "stochastic", key, kernel=kernel)
+    got = training._fp8_fused(x3, axis, scale_mode, True, "stochastic", key)
     assert got is not None, "the fused kernel must take stochastic rounding in every layout"
     want = prepare_fp8(mx.quantize(x3, axis, scale_mode=scale_mode, rounding="stochastic", key=key))
     for name in ("codes", "scales", "row_exp", "row_flag"):
@@ -247,13 +245,19 @@ def test_fused_sr_operand_equals_unfused(monkeypatch, layout, impl, dtype, rng):
                                       b.view(np.uint8) if b.dtype.itemsize == 1 else b, err_msg=f"{name} ({scale_mode})")
 
 
-def _grads(monkeypatch, mode, x, w, recipe, key):
-    monkeypatch.setenv(training.FUSED_ENV, mode)
+def _grads(monkeypatch, fused, x, w, recipe, key):
+    """Loss and gradients, and the number of fused quantize-to-FP8 kernels in the backward's
+    jaxpr: ``fused`` the fused passes through the Pallas interpreter, else the unfused passes
+    (JAX_MXFP4_KERNELS=0)."""
+    monkeypatch.setattr(training, "_FUSED_INTERPRET", fused)
+    if fused:
+        monkeypatch.delenv(KERNELS_ENV, raising=False)
+    else:
+        monkeypatch.setenv(KERNELS_ENV, "0")
     f = lambda x, w: jnp.sum(mx.dense(x, w, recipe=recipe, key=key) * jnp.cos(jnp.arange(w.shape[1])))  # noqa: E731
     jaxpr = str(jax.make_jaxpr(jax.grad(f, argnums=(0, 1)))(x, w))
     out = jax.jit(jax.value_and_grad(f, argnums=(0, 1)))(x, w)
-    # one per kernel body (the tiled form: its values pass)
-    return out, len(re.findall(r"let (?:mxfp4_quantize_fp8|mxfp4_fp8_tile_values)\w* =", jaxpr))
+    return out, len(re.findall(r"let mxfp4_quantize_fp8\w* =", jaxpr))  # one per kernel body
 
 
 @pytest.mark.slow
@@ -263,7 +267,7 @@ def _grads(monkeypatch, mode, x, w, recipe, key):
                                                      ("nearest", None, jnp.float32)])
 def test_training_fused_equals_unfused(monkeypatch, rounding, key_impl, dtype, rng):
     """Recipe(backend="fp8") on CPU: the fused passes (interpreter) give bit-identical loss and
-    gradients to today's quantize-then-convert passes, flagged rows included. Stochastic rounding
+    gradients to the quantize-then-convert passes, flagged rows included. Stochastic rounding
     with a caller's threefry or rbg key (rbg: the kernels read the reference's drawn uniforms)
     or the data-derived key (None)."""
     t, k, n = 40, 64, 96  # T not a multiple of 32: wgrad pads the token axis
@@ -272,48 +276,30 @@ def test_training_fused_equals_unfused(monkeypatch, rounding, key_impl, dtype, r
     w = jnp.asarray(rng.standard_normal((k, n)) * 0.1, jnp.float32).at[:32, 0].mul(2.0**30).astype(dtype)  # flagged col
     recipe = mx.Recipe(backend="fp8", grad_rounding=rounding)
     key = jax.random.key(int(rng.integers(2**31)), impl=key_impl) if key_impl else None
-    (l0, g0), n0 = _grads(monkeypatch, "0", x, w, recipe, key)
-    (l1, g1), n1 = _grads(monkeypatch, "interpret", x, w, recipe, key)
-    (l2, g2), n2 = _grads(monkeypatch, "interpret-rows", x, w, recipe, key)
-    (l3, g3), n3 = _grads(monkeypatch, "interpret-tiled", x, w, recipe, key)
-    (l4, g4), n4 = _grads(monkeypatch, "interpret-sr", x, w, recipe, key)
-    assert n0 == 0 and n1 == 6 and n3 == 6  # fprop x, w; dgrad dY, w; wgrad dY, x
-    assert n4 == (2 if rounding == "stochastic" else 0)  # "sr": dY's two stochastic quantizations only
-    # rows only: every operand through the rows kernel (x, W and wgrad's dY transposed by XLA
-    # first where they are quantized along a strided axis), stochastically rounded dY included
-    assert n2 == 6
-    for l_, g_ in ((l1, g1), (l2, g2), (l3, g3), (l4, g4)):
-        np.testing.assert_array_equal(np.asarray(l0), np.asarray(l_))
-        for a, b in zip(g0, g_):
-            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    (l0, g0), n0 = _grads(monkeypatch, False, x, w, recipe, key)
+    (l1, g1), n1 = _grads(monkeypatch, True, x, w, recipe, key)
+    assert n0 == 0
+    assert n1 == (2 if rounding == "stochastic" else 0)  # dY's two stochastic quantizations only
+    np.testing.assert_array_equal(np.asarray(l0), np.asarray(l1))
+    for a, b in zip(g0, g1):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
-def test_fused_modes_parsed_and_typos_refused(monkeypatch):
-    for value, mode in (("", "sr"), ("rows", "rows"), ("0", "off"), ("off", "off"), ("1", "all"),
-                        ("all", "all"), ("interpret", "interpret"), ("Interpret-Rows", "interpret-rows"),
-                        ("tiled", "tiled"), ("interpret-tiled", "interpret-tiled"), ("SR", "sr"),
-                        ("interpret-sr", "interpret-sr")):
-        monkeypatch.setenv(training.FUSED_ENV, value)
-        assert training.fused_mode() == mode, value
-    monkeypatch.delenv(training.FUSED_ENV)
-    assert training.fused_mode() == "sr"  # the default
-    monkeypatch.setenv(training.FUSED_ENV, "row")
-    with pytest.raises(ValueError, match="JAX_MXFP4_FUSED_TRAINING"):
-        training.fused_mode()
-
-
-@pytest.mark.parametrize("mode,want", [("", (False, "sr")), ("rows", (False, "rows")), ("1", (False, "all")), ("tiled", (False, "tiled")),
-                                       ("sr", (False, "sr")), ("0", None)])
-def test_fused_route_on_cuda(monkeypatch, mode, want):
+@pytest.mark.parametrize("kernels,want", [(None, False), ("1", False), ("0", None)])
+def test_fused_route_on_cuda(monkeypatch, kernels, want):
     """The CUDA branch of the route (a CPU test cannot run the kernels, but it can take the
-    decision): an 8192-class bf16 GEMM routed to "fp8" takes the fused passes, "sr" by
-    default. Guards the code path that only CUDA reaches (an import lost in a merge broke it)."""
+    decision): a bf16 GEMM routed to "fp8" takes the fused passes (on the device, not
+    interpreted) unless JAX_MXFP4_KERNELS=0. Guards the code path that only CUDA reaches (an
+    import lost in a merge broke it)."""
     import importlib
 
     qmod = importlib.import_module("jax_mxfp4.quantize")  # the module (the package exports the function)
     kq = importlib.import_module("jax_mxfp4.kernels.quantize")
 
-    monkeypatch.setenv(training.FUSED_ENV, mode)
+    if kernels is None:
+        monkeypatch.delenv(KERNELS_ENV, raising=False)
+    else:
+        monkeypatch.setenv(KERNELS_ENV, kernels)
     monkeypatch.setattr(training.dispatch, "current_platform", lambda: "cuda")
     monkeypatch.setattr(qmod, "current_platform", lambda: "cuda")
     monkeypatch.setattr(kq, "fast_path_enabled", lambda platform, rounding, size: platform == "cuda")
@@ -331,9 +317,9 @@ def test_training_fused_hadamard_and_batch_dims(monkeypatch, rng):
     x = jnp.asarray(rng.standard_normal((2, 24, 64)), jnp.float32)  # tokens [2, 24] -> M = 48
     w = jnp.asarray(rng.standard_normal((64, 64)) * 0.1, jnp.float32)
     recipe = mx.Recipe(backend="fp8", hadamard=("wgrad",))
-    (l0, g0), _ = _grads(monkeypatch, "0", x, w, recipe, None)
-    (l1, g1), n1 = _grads(monkeypatch, "interpret", x, w, recipe, None)
-    assert n1 == 4  # fprop x, w; dgrad dY, w
+    (l0, g0), _ = _grads(monkeypatch, False, x, w, recipe, None)
+    (l1, g1), n1 = _grads(monkeypatch, True, x, w, recipe, None)
+    assert n1 == 1  # dgrad's stochastically rounded dY (wgrad's: the rotate+quantize kernel)
     np.testing.assert_array_equal(np.asarray(l0), np.asarray(l1))
     for a, b in zip(g0, g1):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
@@ -343,7 +329,7 @@ def test_training_other_backends_unfused(monkeypatch, rng):
     """Only GEMMs routed to "fp8" take the fused passes: backend "xla" stays as it was."""
     x = jnp.asarray(rng.standard_normal((32, 64)), jnp.float32)
     w = jnp.asarray(rng.standard_normal((64, 32)), jnp.float32)
-    (_, _), count = _grads(monkeypatch, "interpret", x, w, mx.Recipe(backend="xla"), None)
+    (_, _), count = _grads(monkeypatch, True, x, w, mx.Recipe(backend="xla"), None)
     assert count == 0
 
 

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from jax_mxfp4.backends import fp8 as fp8_backend
-from jax_mxfp4.backends.fp8 import RESCALE_KERNEL_ENV, rescale, rescale_on
+from jax_mxfp4.backends.fp8 import rescale, rescale_on
+from jax_mxfp4.platform import KERNELS_ENV
 from jax_mxfp4.kernels.rescale import rescale_kernel
 
 rk = importlib.import_module("jax_mxfp4.kernels.rescale")
@@ -102,7 +103,7 @@ def test_rescale_matches_numpy_ldexp(out_dtype, rng):
 
 
 def test_rescale_on_routes_the_kernel_on_cuda_only(monkeypatch, rng):
-    """rescale_on: XLA's fusion off CUDA and with JAX_MXFP4_RESCALE_KERNEL=0; the kernel on CUDA
+    """rescale_on: XLA's fusion off CUDA and with JAX_MXFP4_KERNELS=0; the kernel on CUDA
     (spied here: a CPU test cannot run Triton). A typo in the switch is refused."""
     args = random_data(rng, 1, 16, 24, jnp.bfloat16)
     calls = []
@@ -117,11 +118,11 @@ def test_rescale_on_routes_the_kernel_on_cuda_only(monkeypatch, rng):
     assert calls == []
     np.testing.assert_array_equal(bits(rescale_on(*args, jnp.bfloat16, "cuda")), want)
     assert len(calls) == 1
-    monkeypatch.setenv(RESCALE_KERNEL_ENV, "0")
+    monkeypatch.setenv(KERNELS_ENV, "0")
     np.testing.assert_array_equal(bits(rescale_on(*args, jnp.bfloat16, "cuda")), want)
     assert len(calls) == 1
-    monkeypatch.setenv(RESCALE_KERNEL_ENV, "of")
-    with pytest.raises(ValueError, match=RESCALE_KERNEL_ENV):
+    monkeypatch.setenv(KERNELS_ENV, "of")
+    with pytest.raises(ValueError, match=KERNELS_ENV):
         rescale_on(*args, jnp.bfloat16, "cuda")
 
 
@@ -134,7 +135,7 @@ def test_fp8_gemm_on_cuda_traces_the_kernel(monkeypatch, rng):
     b = mx.quantize(jnp.asarray(rng.standard_normal((1, 32, 64)), jnp.float32), 2)
     jaxpr = lambda: str(jax.make_jaxpr(lambda a, b: fp8_backend.fp8_gemm(a, b, jnp.bfloat16, "default", "cuda"))(a, b))  # noqa: E731
     assert jaxpr().count("name=mxfp4_fp8_rescale") == 1
-    monkeypatch.setenv(RESCALE_KERNEL_ENV, "0")
+    monkeypatch.setenv(KERNELS_ENV, "0")
     fp8_backend.fp8_gemm.clear_cache()
     assert jaxpr().count("name=mxfp4_fp8_rescale") == 0
     fp8_backend.fp8_gemm.clear_cache()

@@ -417,15 +417,16 @@ def _producer_chain(jaxpr, var):
     return chain
 
 
-@pytest.mark.parametrize("mode", ["0", "interpret-rows", "interpret"])
+@pytest.mark.parametrize("fused", [False, True])
 @pytest.mark.parametrize("layout", ["kernel [K, N]", "kernel [N, K]", "tokens [2, 24]"])
-def test_wgrad_gemm_writes_the_weight_gradient_without_transpose(monkeypatch, mode, layout):
+def test_wgrad_gemm_writes_the_weight_gradient_without_transpose(monkeypatch, fused, layout):
     """dW comes out of the wgrad GEMM through reshapes only: for a kernel [K, N] the GEMM computes
     Xᵀ·dY [K, N] (the rhs held as [B, K, N], training._kn_layout) instead of dYᵀ·X [N, K] and a
     transpose, which XLA could not fold into the fp8 GEMM (its exact-row while_loop sits in
-    between: 8192^2 bf16 transpose per step on the H200 profile of 2026-12-01). Every fused mode,
-    a kernel stored [N, K] (contracted along its dim 1) and a batch of token dims. dX likewise."""
-    monkeypatch.setenv(training.FUSED_ENV, mode)
+    between: 8192^2 bf16 transpose per step on the H200 profile of 2026-12-01). With and without
+    the fused passes (the Pallas interpreter here), a kernel stored [N, K] (contracted along its
+    dim 1) and a batch of token dims. dX likewise."""
+    monkeypatch.setattr(training, "_FUSED_INTERPRET", fused)
     recipe = mx.Recipe(backend="fp8")
     x = jnp.zeros((2, 24, 64) if layout.startswith("tokens") else (48, 64), jnp.bfloat16)
     w = jnp.zeros((96, 64) if layout == "kernel [N, K]" else (64, 96), jnp.bfloat16)

@@ -196,7 +196,7 @@ def test_ptx_fragment_order_is_a_permutation_matching_the_layouts():
 
 @pytest.mark.skipif(not _mgpu_available(), reason="Mosaic GPU lowering unavailable in this jaxlib")
 def test_dispatch_switch_routes_hopper_w4a16_to_the_kernel(monkeypatch):
-    """Behind backends.pallas.W4A16_MOSAIC_GPU (on unless JAX_MXFP4_MOSAIC_W4A16=0): a decode-size w4a16 problem on a
+    """Behind backends.pallas.W4A16_MOSAIC_GPU (on by default): a decode-size w4a16 problem on a
     compute-capability-9.0 CUDA device routes to the Mosaic GPU kernel and lowers for CUDA."""
     import jax_mxfp4 as mx
     from jax_mxfp4.backends import fp8, pallas
@@ -278,33 +278,6 @@ def test_argument_errors_are_named_before_the_kernel():
         out = jax.eval_shape(lambda a, b, c: wm.mgpu_w4a16(a, b, c, jnp.float32, scales_form=form),
                              x, wd, s.view(jnp.float8_e8m0fnu))
         assert out.shape == (16, 64) and out.dtype == jnp.float32
-
-
-@pytest.mark.skipif(not _mgpu_available(), reason="Mosaic GPU lowering unavailable in this jaxlib")
-def test_mosaic_switch_is_read_per_call_like_the_other_switches(monkeypatch):
-    """$JAX_MXFP4_MOSAIC_W4A16 was read once at import: set later it did nothing, and a typo made
-    `import jax_mxfp4` fail everywhere. Now it is read when a CUDA GEMM is planned (as
-    JAX_MXFP4_FUSED_TRAINING and the other switches), a typo raising there with the variable named."""
-    import os
-    import subprocess
-    import sys
-
-    from jax_mxfp4.backends import fp8, pallas
-    from jax_mxfp4.backends.base import GemmProblem
-
-    prob = GemmProblem(batch=1, m=16, n=1024, k=2048, out_dtype=np.dtype(jnp.bfloat16), scale_layout="plain",
-                       platform="cuda", lhs_kind="float", rhs_kind="mxfp4", lhs_dtype=np.dtype(jnp.bfloat16))
-    monkeypatch.setattr(pallas, "W4A16_MOSAIC_GPU", None)
-    monkeypatch.setattr(fp8, "_compute_capability", lambda: (9, 0))
-    for value, on in (("0", False), ("off", False), ("1", True), ("", True)):
-        monkeypatch.setenv("JAX_MXFP4_MOSAIC_W4A16", value)
-        assert ("Mosaic GPU kernel" in pallas.PallasBackend().route(prob)) == on, value
-    monkeypatch.setenv("JAX_MXFP4_MOSAIC_W4A16", "bogus")
-    with pytest.raises(ValueError, match=r"\$JAX_MXFP4_MOSAIC_W4A16 must be 1/on/true/yes or 0/off/false/no, got 'bogus'"):
-        pallas.PallasBackend().route(prob)
-    env = dict(os.environ, JAX_MXFP4_MOSAIC_W4A16="bogus")
-    r = subprocess.run([sys.executable, "-c", "import jax_mxfp4"], env=env, capture_output=True, text=True)
-    assert r.returncode == 0, r.stderr[-2000:]
 
 
 # ---- k_split_wgs: one kernel per call, the final [M, N] output written by the kernel

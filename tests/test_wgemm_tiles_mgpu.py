@@ -275,8 +275,7 @@ def test_dispatch_routes_prepared_many_row_w4a16_to_the_kernel(monkeypatch):
     from jax_mxfp4.backends import fp8, pallas
 
     monkeypatch.setattr(fp8, "_compute_capability", lambda: (9, 0))
-    monkeypatch.setattr(pallas, "W4A16_MOSAIC_GPU", None)
-    monkeypatch.delenv("JAX_MXFP4_MOSAIC_W4A16", raising=False)
+    monkeypatch.setattr(pallas, "W4A16_MOSAIC_GPU", True)
     be = pallas.PallasBackend()
     for order, decode in (("lanes", "decode='lanes'"), ("pairs", "decode='pairs'")):
         r = be.route(_problem(rhs_decode_prepared=order))
@@ -302,7 +301,7 @@ def test_dispatch_routes_prepared_many_row_w4a16_to_the_kernel(monkeypatch):
     assert tuple(map(bool, be.takes_decode_prepared(_problem()))) == (False, True)
     monkeypatch.setattr(pallas, "W4A16_MOSAIC_GPU", False)
     assert be.route(_problem()).startswith("two-pass")
-    monkeypatch.setattr(pallas, "W4A16_MOSAIC_GPU", None)
+    monkeypatch.setattr(pallas, "W4A16_MOSAIC_GPU", True)
     monkeypatch.setattr(fp8, "_compute_capability", lambda: (8, 0))
     assert be.route(_problem()).startswith("two-pass")
 

@@ -3,7 +3,7 @@
 Pipeline:
 
 1. each operand row -> float8_e4m3fn codes x one power of two (:func:`jax_mxfp4.fp8.encode_rows`:
-   one Pallas kernel on CUDA, jnp elsewhere; a weight can be converted once with
+   one Pallas kernel on CUDA, jnp elsewhere and with ``JAX_MXFP4_KERNELS=0``; a weight can be converted once with
    :func:`jax_mxfp4.prepare_fp8`);
 2. XLA's FP8 ``dot_general`` (cuBLASLt ``__cublas$lt$matmul$f8`` on CUDA; XLA on CPU upcasts the
    codes to float32), float32 accumulation requested (bfloat16 output for a bfloat16 result on
@@ -19,7 +19,7 @@ Pipeline:
    This runs in a ``lax.while_loop`` that takes zero trips when no row is flagged (one predicate
    read, no copy of the result); on CUDA outside a mesh one Pallas kernel replaces it
    (:mod:`jax_mxfp4.kernels.fp8_fix`: no host round trip per GEMM, no exact GEMMs for XLA to
-   autotune; :func:`fix_kernel_enabled`). Rows with a NaN scale byte come out NaN, as in the
+   autotune). Rows with a NaN scale byte come out NaN, as in the
    reference.
 
 Products are exact (E4M3 x E4M3 in the tensor core); what is not exact is the hardware's
@@ -51,7 +51,7 @@ from jax import lax
 from ..array import MXFP4Array
 from ..fp8 import FLAG_EXACT, FLAG_NAN, FP8Prepared, encode_rows_on, rescale_elements
 from ..mx_format import as_scale_bytes
-from ..platform import env_switch
+from ..platform import kernels_enabled
 from ..sharding import canonical_out_sharding, explicit_spec, kernel_may_run
 from .base import EXACT, Backend, Contract, GemmProblem
 from .xla import CANONICAL_DIMS, _as_float32
@@ -145,25 +145,22 @@ def rescale(acc, e_lhs, e_rhs, nan_rows, nan_cols, out_dtype):
 
 def pallas_here(platform: str, x) -> bool:
     """Whether this backend's CUDA Pallas kernels (rescale, flagged-row fix) may run on ``x``:
-    on CUDA where :func:`jax_mxfp4.sharding.kernel_may_run` allows (outside a mesh, no explicit
-    sharding, not varying inside ``shard_map``); elsewhere the XLA formulations run."""
-    return platform == "cuda" and kernel_may_run(x)
-
-
-RESCALE_KERNEL_ENV = "JAX_MXFP4_RESCALE_KERNEL"
-"""Set to 0 to keep :func:`rescale_on` on XLA's fusion of :func:`rescale` on GPUs too."""
+    on CUDA with custom kernels on (:func:`jax_mxfp4.platform.kernels_enabled`) where
+    :func:`jax_mxfp4.sharding.kernel_may_run` allows (outside a mesh, no explicit sharding, not
+    varying inside ``shard_map``); elsewhere the XLA formulations run (the same bits)."""
+    return platform == "cuda" and kernels_enabled() and kernel_may_run(x)
 
 
 def rescale_on(acc, e_lhs, e_rhs, nan_rows, nan_cols, out_dtype, platform: str):
     """:func:`rescale` computed the fastest way on ``platform`` (bit-identical either way).
 
-    On "cuda" (unless ``JAX_MXFP4_RESCALE_KERNEL=0``, under a mesh or for an explicitly sharded
-    ``acc``: a pallas_call is opaque to SPMD partitioning) one Pallas kernel over 2-D tiles
+    On "cuda" (unless ``JAX_MXFP4_KERNELS=0``, under a mesh or for an explicitly sharded
+    ``acc``: a pallas_call is opaque to SPMD partitioning; :func:`pallas_here`) one Pallas kernel over 2-D tiles
     (:func:`jax_mxfp4.kernels.rescale.rescale_kernel`): XLA's fusion of :func:`rescale` moved
     its 256 MB (8192 x 8192 bf16 in and out) at ~2 TB/s on an H200 (0.13 ms per GEMM in the
     training-step profile of 2026-12-01), about half of HBM speed. Elsewhere XLA's fusion.
     """
-    use_kernel = env_switch(RESCALE_KERNEL_ENV) and acc.size > 0 and pallas_here(platform, acc)
+    use_kernel = acc.size > 0 and pallas_here(platform, acc)
     if not use_kernel:
         return rescale(acc, e_lhs, e_rhs, nan_rows, nan_cols, out_dtype)
     from ..kernels.rescale import rescale_kernel
@@ -272,7 +269,7 @@ def fp8_gemm(lhs, rhs, out_dtype, precision: str = "default", platform: str = "c
     out = rescale_on(acc, a.row_exp, b.row_exp, nan_l, nan_r, out_dtype, platform)
     if not _fallback:
         return out
-    if fix_kernel_enabled() and pallas_here(platform, out):  # no host round trip
+    if pallas_here(platform, out):  # no host round trip
         from ..kernels.fp8_fix import fix_flagged
 
         return fix_flagged(out, a.codes, as_scale_bytes(a.scales), a.row_exp, a.row_flag,
@@ -280,16 +277,6 @@ def fp8_gemm(lhs, rhs, out_dtype, precision: str = "default", platform: str = "c
     flag_l, flag_r = (a.row_flag & FLAG_EXACT) != 0, (b.row_flag & FLAG_EXACT) != 0
     # flagged rows/columns get the reference's values, NaN rows included (0 x NaN = NaN there)
     return _fix_flagged(out, lhs, rhs, flag_l, flag_r, platform)
-
-
-FIX_KERNEL_ENV = "JAX_MXFP4_FP8_FIX_KERNEL"
-"""Set to 0 to keep the flagged-row recompute on the portable ``lax.while_loop`` on CUDA too."""
-
-
-def fix_kernel_enabled() -> bool:
-    """Whether CUDA recomputes flagged rows/columns with :func:`jax_mxfp4.kernels.fp8_fix.fix_flagged`
-    (default) rather than :func:`_fix_flagged`'s ``lax.while_loop`` ($JAX_MXFP4_FP8_FIX_KERNEL)."""
-    return env_switch(FIX_KERNEL_ENV)
 
 
 def _compute_capability():

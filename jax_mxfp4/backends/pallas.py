@@ -32,7 +32,7 @@ import numpy as np
 from ..array import MXFP4Array
 from ..decode_prepared import DecodePrepared
 from ..mx_format import as_scale_bytes
-from ..platform import env_switch
+from ..platform import KERNELS_ENV, kernels_enabled
 from .base import Backend, GemmProblem
 
 FLOAT_OPERAND_DTYPES = (np.dtype(jnp.bfloat16),)
@@ -72,19 +72,18 @@ def _tiles_max_rows(order: str) -> int:
 # correct at 1/16/40 rows and 0.75x of bf16 at 16x8192x8192 against the Triton kernel's 1.14x
 # (tests/gpu/test_gpu_wgemm_mgpu.py); through dot_general with a prepare_decode'd weight 0.78x
 # (2026-12-01). Decode-size a4w4 takes it too, after the exact bfloat16
-# dequantization of its small side (as for the Triton kernel). JAX_MXFP4_MOSAIC_W4A16=0 turns it off.
-W4A16_MOSAIC_GPU: bool | None = None
-"""None (default): ``$JAX_MXFP4_MOSAIC_W4A16`` decides at each routing decision (on unless
-0/off/false/no; any other value raises there); True/False override the environment. Covers the
-decode-size and the large-tile kernels. The routing decision is made when a program is lowered
-(inside jax_mxfp4.partitioning's custom partitioning, after tracing), and jax reuses a compiled
-executable for an identical program: a change applies to programs compiled after it (call
-``jax.clear_caches()`` to recompile; a benchmark that times both settings must do so)."""
+# dequantization of its small side (as for the Triton kernel).
+W4A16_MOSAIC_GPU = True
+"""Whether the Mosaic GPU routes (the decode-size and the large-tile kernels) are taken on Hopper;
+not a user setting: tests set it False to reach the Triton routes on a Hopper GPU. The routing
+decision is made when a program is lowered (inside jax_mxfp4.partitioning's custom partitioning,
+after tracing), and jax reuses a compiled executable for an identical program: a change applies
+to programs compiled after it (``jax.clear_caches()`` recompiles)."""
 
 
 def mosaic_w4a16_enabled() -> bool:
     """Whether decode-size GEMMs on Hopper may take the Mosaic GPU kernel (``W4A16_MOSAIC_GPU``)."""
-    return env_switch("JAX_MXFP4_MOSAIC_W4A16") if W4A16_MOSAIC_GPU is None else bool(W4A16_MOSAIC_GPU)
+    return bool(W4A16_MOSAIC_GPU)
 
 
 def _plain(x):
@@ -115,6 +114,8 @@ class PallasBackend(Backend):
         return None
 
     def rejects(self, problem: GemmProblem):
+        if not kernels_enabled():
+            return f"custom GPU kernels are off (${KERNELS_ENV}=0): every kernel of this backend is one"
         for kind, dtype, side in (
             (problem.lhs_kind, problem.lhs_dtype, "lhs"),
             (problem.rhs_kind, problem.rhs_dtype, "rhs"),

@@ -23,8 +23,7 @@ with Threefry stochastic rounding 0.398 ms (0.478); the transposed layout 1.1-1.
 0.289): its column reads are strided. So training transposes such operands with XLA first and
 uses the rows layout (:mod:`jax_mxfp4.training`). With the SWAR quantizer the unfused passes
 are faster for round to nearest (0.120 ms against 0.185 for this kernel's 1-row x 16-warp tile,
-2026-12-02), so training's default (``JAX_MXFP4_FUSED_TRAINING=sr``) runs this kernel for the
-stochastically rounded operands only.
+2026-12-02), so training runs this kernel for the stochastically rounded operands only.
 
 Every rule is shared code: the block scale and the E2M1 rounding (nearest, or stochastic with
 the reference's uniforms, generated in the kernel for Threefry keys or read as an input array
@@ -340,7 +339,7 @@ def quantize_fp8_2d(x, key_data=None, uniform=None, *, scale_mode="even", transp
     """
     if cfg is not None and not isinstance(cfg, Fp8QuantizeConfig):
         raise TypeError(f"cfg must be an Fp8QuantizeConfig or None, got {cfg!r}")
-    kq, n_rows = check_call(x, key_data, uniform, transposed, "quantize_fp8_2d", max_row=MAX_ROW)
+    kq, n_rows = check_call(x, key_data, uniform, transposed, "quantize_fp8_2d")
     if cfg is None:
         cfg = default_config(kq, jnp.dtype(x.dtype).itemsize, transposed,
                              stochastic=key_data is not None or uniform is not None)
@@ -373,11 +372,9 @@ def quantize_fp8_2d(x, key_data=None, uniform=None, *, scale_mode="even", transp
     return codes.reshape(n_rows, kq), as_e8m0(byte), row_exp, row_flag
 
 
-def check_call(x, key_data, uniform, transposed, fn, max_row):
-    """The argument rules of :func:`quantize_fp8_2d` (and of the tiled form,
-    :func:`jax_mxfp4.kernels.fp8_quantize_tiled.quantize_fp8_2d_tiled`, ``max_row`` None: no
-    cap): returns (Kq, R); raises the TypeError / ValueError its docstring lists, named after
-    ``fn``."""
+def check_call(x, key_data, uniform, transposed, fn):
+    """The argument rules of :func:`quantize_fp8_2d`: returns (Kq, R); raises the TypeError /
+    ValueError its docstring lists, named after ``fn``."""
     from .. import checks
 
     checks.check_float_input(x, "x")
@@ -398,8 +395,8 @@ def check_call(x, key_data, uniform, transposed, fn, max_row):
             raise ValueError(f"{fn}: give key_data (uniforms generated in the kernel) or uniform "
                              "(uniforms read), not both")
         _check_uniform(uniform, n_rows, kq)
-    if max_row is not None and kq > max_row:
-        raise ValueError(f"{fn}: quantized axis length {kq} > MAX_ROW = {max_row}")
+    if kq > MAX_ROW:
+        raise ValueError(f"{fn}: quantized axis length {kq} > MAX_ROW = {MAX_ROW}")
     return kq, n_rows
 
 

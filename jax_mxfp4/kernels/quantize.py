@@ -54,10 +54,7 @@ from ..mx_format import (
     e8m0_from_amax,
     pow2_from_exponent,
 )
-from ..platform import env_switch
-
-ENV_VAR = "JAX_MXFP4_FAST_QUANTIZE"
-"""Set to "0" to make :func:`jax_mxfp4.quantize` use the reference jnp path on GPUs too."""
+from ..platform import kernels_enabled
 
 _ABS = 0x7FFFFFFF
 _INF_BITS = 0x7F800000
@@ -561,14 +558,15 @@ def quantize_2d(x, uniform=None, *, key_data=None, scale_mode="even", cfg: Quant
 def fast_path_enabled(platform: str, rounding: str = "nearest", size: int = 0) -> bool:
     """Whether :func:`jax_mxfp4.quantize` uses this kernel: on CUDA/ROCm, for both roundings,
     for inputs of fewer than :data:`MAX_KERNEL_ELEMENTS` elements (``size``; the kernel's element
-    offsets are int32), unless disabled by ``JAX_MXFP4_FAST_QUANTIZE=0``.
+    offsets are int32), unless custom kernels are off
+(``JAX_MXFP4_KERNELS=0``, :func:`jax_mxfp4.platform.kernels_enabled`).
 
     ``rounding`` is accepted for callers that ask per rounding; both are bit-identical to the
     reference (stochastic rounding builds its sign nibble with integer operations, so the -0.0
     that Triton's ``0 - x`` negation lost before is kept).
     """
     del rounding
-    return platform in ("cuda", "rocm") and size < MAX_KERNEL_ELEMENTS and env_switch(ENV_VAR)
+    return platform in ("cuda", "rocm") and size < MAX_KERNEL_ELEMENTS and kernels_enabled()
 
 
 def default_config(dtype) -> QuantizeConfig:
