@@ -12,7 +12,7 @@ from .array import MXFP4Array
 from .decode_prepared import DecodePrepared, prepare_decode
 from .dispatch import BackendUnavailableError, available_backends
 from .einsum import einsum
-from .fp8 import FP8Prepared, prepare_fp8
+from .fp8_prepared import FP8Prepared, prepare_fp8
 from .gemm import explain
 from .quantize import dequantize, quantize
 from .recipe import Recipe

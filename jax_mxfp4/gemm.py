@@ -23,8 +23,8 @@ from .backends.base import GemmProblem
 from .decode_prepared import DecodePrepared
 from .decode_prepared import canonical as decode_canonical
 from .decode_prepared import order_of
-from .fp8 import FP8Prepared
-from .fp8 import canonical as fp8_canonical
+from .fp8_prepared import FP8Prepared
+from .fp8_prepared import canonical as fp8_canonical
 from .partitioning import partitioned_gemm
 from .quantize import quantize
 from .recipe import Recipe
@@ -75,7 +75,7 @@ def _operand_kinds(lhs, rhs, recipe: Recipe) -> tuple[str, str]:
 def _to_canonical(x, contracting, batch, recipe: Recipe, kind: str, name):
     """Operand -> MXFP4Array [B, F, K] quantized along axis 2 with plain scales, or, for
     ``kind == "float"``, the float array as [B, F, K] (:func:`jax_mxfp4.dims.to_bfk`); an
-    :class:`jax_mxfp4.FP8Prepared` operand stays prepared ([B, F, K], see :mod:`jax_mxfp4.fp8`), as
+    :class:`jax_mxfp4.FP8Prepared` operand stays prepared ([B, F, K], see :mod:`jax_mxfp4.fp8_prepared`), as
     does a :class:`jax_mxfp4.DecodePrepared` ([B, F, K], see :mod:`jax_mxfp4.decode_prepared`)."""
     if isinstance(x, DecodePrepared):
         return decode_canonical(x, contracting, batch)

@@ -154,9 +154,15 @@ def _entry(axes):
     return None if not axes else (axes[0] if len(axes) == 1 else tuple(axes))
 
 
-@functools.lru_cache(maxsize=None)
 def _partitioned_impl(backend_name: str, problem: GemmProblem):
-    """custom_partitioning of the local backend call, one per (backend, static problem)."""
+    """custom_partitioning of the local backend call: one per configuration (backend, operand
+    kinds, dtypes, layout, platform, precision), shared by every shape (each call reads its shapes
+    from its arguments: :func:`_local_problem`)."""
+    return _partitioned_rule(backend_name, dataclasses.replace(problem, batch=0, m=0, n=0, k=0))
+
+
+@functools.lru_cache(maxsize=None)  # bounded: finitely many configurations, shapes excluded
+def _partitioned_rule(backend_name: str, problem: GemmProblem):
     n_lhs = 1 if problem.lhs_kind == "float" else 2
     n_rhs = 1 if problem.rhs_kind == "float" else 2
 
@@ -172,7 +178,8 @@ def _partitioned_impl(backend_name: str, problem: GemmProblem):
         k_axes = tuple(a for a in _axes(lspec[2]) if a not in b_axes + m_axes)
         n_axes = tuple(a for a in _axes(rspec[1]) if a not in b_axes + m_axes + k_axes)
         k_shards = int(np.prod([mesh.shape[a] for a in k_axes])) if k_axes else 1
-        if (problem.k // BLOCK_SIZE) % k_shards:  # a shard may not split a 32-element block
+        k_len = arg_infos[0].shape[2] * (1 if problem.lhs_kind == "float" else 2)
+        if (k_len // BLOCK_SIZE) % k_shards:  # a shard may not split a 32-element block
             k_axes, k_shards = (), 1
         b, m, n, k = _entry(b_axes), _entry(m_axes), _entry(n_axes), _entry(k_axes)
         lhs_s = NamedSharding(mesh, PartitionSpec(b, m, k))

@@ -83,7 +83,7 @@ def quantize(
     if rounding == "nearest":
         key = None
     # GPU fast path (both roundings): one fused Pallas pass, bit-identical to _quantize_impl.
-    from .kernels import quantize as fused
+    from .kernels import quantize_kernel as fused
 
     impl = fused.quantize_impl if fused_path(x, rounding) else _quantize_impl
     data, scales = impl(x, key, axis=axis, scale_mode=scale_mode, rounding=rounding)
@@ -93,7 +93,7 @@ def quantize(
 
 def fused_path(x, rounding: str = "nearest") -> bool:
     """Whether :func:`quantize` of ``x`` runs the fused Pallas quantizer (GPU fast path,
-    :func:`jax_mxfp4.kernels.quantize.fast_path_enabled`) rather than the reference jnp path.
+    :func:`jax_mxfp4.kernels.quantize_kernel.fast_path_enabled`) rather than the reference jnp path.
 
     The fused kernel is a pallas_call, opaque to SPMD partitioning (XLA would all-gather its
     input): under a mesh, for an explicitly sharded ``x`` and inside ``shard_map``
@@ -101,7 +101,7 @@ def fused_path(x, rounding: str = "nearest") -> bool:
     partitions shard-locally.
     An empty ``x`` takes the reference path too (the kernel has no grid to launch).
     """
-    from .kernels import quantize as fused
+    from .kernels import quantize_kernel as fused
 
     if any(checks.is_symbolic(d) for d in x.shape):
         return False  # shape polymorphism: the kernel's grid needs static shapes; jnp takes symbolic dims
@@ -127,7 +127,7 @@ def quantize_rotated(
     """``quantize(random_hadamard_transform(x, axis, seed, block), axis, ...)``, one pass on GPUs.
 
     On the GPU fast path (:func:`fused_rotation_path`) the rotation is applied in registers inside the
-    Pallas quantization kernel (``jax_mxfp4.kernels.quantize``, ``hadamard=(block, seed)``), with
+    Pallas quantization kernel (``jax_mxfp4.kernels.quantize_kernel``, ``hadamard=(block, seed)``), with
     the same float32 operations in the same order as :func:`jax_mxfp4.hadamard.
     random_hadamard_transform`, so the result is bit-identical to the two-pass form, which runs
     everywhere else (CPU, under a mesh, ``JAX_MXFP4_KERNELS=0``). Not differentiable (used
@@ -149,7 +149,7 @@ def quantize_rotated(
       :func:`jax_mxfp4.hadamard.check_block` / :func:`~jax_mxfp4.hadamard.check_length`.
     """
     from . import hadamard as hd
-    from .kernels import quantize as fused
+    from .kernels import quantize_kernel as fused
 
     block, seed = hd.check_spec(hadamard, "hadamard")
     checks.check_float_input(x, "x")

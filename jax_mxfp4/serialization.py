@@ -19,7 +19,7 @@ import numpy as np
 
 from .array import MXFP4Array
 from .decode_prepared import DecodePrepared
-from .fp8 import FP8Prepared
+from .fp8_prepared import FP8Prepared
 
 SERIALIZED_TYPES = (MXFP4Array, FP8Prepared, DecodePrepared)
 

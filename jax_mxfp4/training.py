@@ -77,8 +77,9 @@ from . import checks, dims, dispatch, gemm
 from . import sharding as shd
 from .array import MXFP4Array
 from . import hadamard as hd
+from .backends import fp8 as fp8_backend
 from .decode_prepared import DecodePrepared
-from .fp8 import FP8Prepared
+from .fp8_prepared import FP8Prepared
 from .mx_format import BLOCK_SIZE
 from .quantize import dequantize, fused_path, fused_rotation_path, quantize, quantize_rotated
 from .platform import kernels_enabled
@@ -207,7 +208,7 @@ def _routes_to_fp8(x, y, contraction, out_dtype, recipe: Recipe) -> bool:
 
 
 def _fused_route(x, y, contraction, out_dtype, recipe: Recipe):
-    """None, or ``interpret`` (bool) for :func:`_fp8_fused`: the fused passes are taken for the
+    """None, or ``interpret`` (bool) for :func:`jax_mxfp4.backends.fp8.fused_operand`: the fused passes are taken for the
     stochastically rounded operands when the GEMM of these two float operands routes to backend
     "fp8" on this platform (CUDA; any platform with :data:`_FUSED_INTERPRET`), outside any mesh,
     and (on CUDA) where :func:`jax_mxfp4.quantize.fused_path` takes the fused quantizer (size
@@ -230,51 +231,13 @@ def _fused_route(x, y, contraction, out_dtype, recipe: Recipe):
 
 def _fp8_operand(x, axis, scale_mode, route, rounding="nearest", key=None):
     """The FP8-path operand of a canonical float x: the fused kernel's :class:`FP8Prepared`
-    (:func:`_fp8_fused`) for a stochastically rounded operand where ``route`` (from
+    (:func:`jax_mxfp4.backends.fp8.fused_operand`) for a stochastically rounded operand where ``route`` (from
     :func:`_fused_route`) and the layout allow, else the unfused ``quantize`` (an MXFP4Array the
     fp8 backend encodes). Same bits either way."""
     q = None
     if route is not None and rounding == "stochastic":
-        q = _fp8_fused(x, axis, scale_mode, route, rounding, key)
+        q = fp8_backend.fused_operand(x, axis, scale_mode, route, rounding, key)
     return q if q is not None else quantize(x, axis, scale_mode=scale_mode, rounding=rounding, key=key)
-
-
-def _fp8_fused(x, axis, scale_mode, interpret, rounding="nearest", key=None):
-    """``prepare_fp8(quantize(x, axis, ...))`` for a canonical float operand x [B, ., .] (axis 1
-    or 2) in one fused kernel (:mod:`jax_mxfp4.kernels.fp8_quantize`), or None where the kernel
-    cannot take it (then the caller keeps the unfused passes for this operand). An operand
-    quantized along a strided axis (axis 1) is transposed by XLA first and the kernel reads rows.
-
-    Stochastic rounding (``key``) uses exactly the reference's uniforms, those of
-    ``quantize(x, axis, rounding="stochastic", key=key)``: generated in the kernel for threefry
-    keys (:func:`jax_mxfp4.kernels.quantize.kernel_rng_supported`), else (rbg / unsafe_rbg keys)
-    drawn by ``jax.random.uniform`` with the reference's shape and read by the kernel
-    (:func:`jax_mxfp4.kernels.quantize.sr_uniforms`); both layouts.
-    """
-    from .kernels import fp8_quantize as fq
-    from .kernels.quantize import sr_uniforms
-
-    bsz, kq = x.shape[0], x.shape[axis]
-    last = axis == 2
-    if kq > fq.MAX_ROW or kq % BLOCK_SIZE or x.size >= 2**31 or (not last and bsz != 1):
-        return None
-    rest = tuple(d for i, d in enumerate(x.shape) if i != axis)  # the output rows, in order
-    uniform = key_data = None
-    if rounding == "stochastic":
-        # quantize(x, axis)'s draw: uniform(key, rest + (kq / 32, 32)), the quantized axis last:
-        # element-aligned with the kernel's output rows in both layouts below (threefry keys:
-        # generated in the kernel from that flat index; rbg keys: the drawn array, read in)
-        uniform, key_data = sr_uniforms(key, rest + (kq // BLOCK_SIZE, BLOCK_SIZE))
-    # A strided operand: XLA's transpose pass, then the kernel along rows: on the H200 the
-    # kernel's strided transposed reads took 1.1-1.6 ms for 8192x8192 bf16, a transpose takes
-    # ~0.07 ms and the rows kernel ~0.15 ms. Same bits for both roundings: the rows of x[0].T are
-    # the output rows, so each element keeps its uniform (its flat index in the reference's draw
-    # is unchanged).
-    x2 = x.reshape(-1, kq) if last else x[0].T
-    codes, scales, row_exp, row_flag = fq.quantize_fp8_2d(
-        x2, key_data, uniform, scale_mode=scale_mode, transposed=False, interpret=interpret)
-    return FP8Prepared(codes.reshape(rest + (kq,)), scales.reshape(rest + (kq // BLOCK_SIZE,)),
-                       row_exp.reshape(rest), row_flag.reshape(rest), axis, x.shape, x.dtype, scale_mode)
 
 
 def _fprop(a, b, recipe: Recipe, out_dtype, fprop_seed):

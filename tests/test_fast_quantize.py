@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 
 import mx_reference as ref
-from jax_mxfp4.kernels.quantize import (
+from jax_mxfp4.kernels.quantize_kernel import (
     QuantizeConfig,
     fast_path_enabled,
     kernel_rng_supported,
@@ -294,7 +294,7 @@ def test_quantize_2d_and_impl_refuse_bad_arguments():
 def test_inputs_too_large_for_int32_offsets_take_the_reference(monkeypatch):
     """quantize() routes inputs the kernel's int32 offsets cannot address to the reference; the
     kernel itself refuses them with a clear error."""
-    import jax_mxfp4.kernels.quantize as fused
+    import jax_mxfp4.kernels.quantize_kernel as fused
 
     monkeypatch.setattr(fused, "MAX_KERNEL_ELEMENTS", 64 * 96)
     assert fused.fast_path_enabled("cuda", "nearest", 64 * 96 - 1)
@@ -331,7 +331,7 @@ def test_swar_word_program_on_every_bfloat16_pair():
     magic-add code of the plain kernel for every finite bfloat16 magnitude in both lanes, for
     every block scale exponent s that can hold it (y = |x| 2^-s <= 8), with signs and the subnormal
     flush; NaN/Inf blocks give byte 0."""
-    from jax_mxfp4.kernels import quantize as fq
+    from jax_mxfp4.kernels import quantize_kernel as fq
 
     u32 = jnp.uint32
     mags = np.arange(0, 0x7F80, dtype=np.uint32)  # every finite bfloat16 magnitude
@@ -372,7 +372,7 @@ def test_swar_word_program_on_every_bfloat16_pair():
 
 
 def test_swar_ptx_text_matches_the_emulated_program():
-    from jax_mxfp4.kernels import quantize as fq
+    from jax_mxfp4.kernels import quantize_kernel as fq
 
     ptx = fq._SWAR_PTX
     assert ptx.count("fma.rn.bf16x2") == 4 and ptx.count("min.u16x2") == 8 and ptx.count("max.u16x2") == 4
@@ -389,7 +389,7 @@ def test_swar_ptx_assembles_for_sm90():
     import subprocess
     import tempfile
 
-    from jax_mxfp4.kernels import quantize as fq
+    from jax_mxfp4.kernels import quantize_kernel as fq
 
     ptxas = shutil.which("ptxas")
     if ptxas is None:
@@ -486,7 +486,7 @@ def test_default_config_takes_swar_for_bfloat16_on_hopper_only(monkeypatch):
     """The SWAR word program is the bfloat16 default only where the default device is an NVIDIA
     GPU of compute capability >= 9.0; elsewhere, and for other dtypes, not."""
     from jax_mxfp4 import platform
-    from jax_mxfp4.kernels import quantize as fq
+    from jax_mxfp4.kernels import quantize_kernel as fq
 
     assert not fq.default_config(jnp.bfloat16).swar  # this CPU machine
     for cc, want in (((9, 0), True), ((10, 0), True), ((8, 9), False), ((8, 0), False), (None, False)):
@@ -513,7 +513,7 @@ def test_config_fields_of_the_wrong_kind_named(kw):
 def test_direct_kernel_calls_refuse_what_quantize_refuses():
     """quantize_impl / default_config called directly name the argument and the rule: integer
     inputs, an unknown rounding, an unsupported dtype, an empty input."""
-    from jax_mxfp4.kernels import quantize as fq
+    from jax_mxfp4.kernels import quantize_kernel as fq
 
     x = jnp.ones((4, 64), jnp.bfloat16)
     # (a float64 NumPy input reaches quantize_impl, a jitted function, as float32 with x64 off)

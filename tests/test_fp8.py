@@ -19,7 +19,7 @@ import jax_mxfp4 as mx
 from jax_mxfp4 import checks, dispatch
 from jax_mxfp4.backends import fp8 as fp8_backend
 from jax_mxfp4.backends.base import GemmProblem
-from jax_mxfp4.fp8 import FP8Prepared, prepare_fp8
+from jax_mxfp4.fp8_prepared import FP8Prepared, prepare_fp8
 from mx_reference import dequantize_ref, pack_ref
 
 FP8 = mx.Recipe(backend="fp8")
@@ -239,7 +239,7 @@ def test_e8m0_extremes_flush_overflow_and_wide_output_exponents(rng):
 
 
 def test_special_blocks_matches_the_reference_decoding_for_every_byte_and_code():
-    from jax_mxfp4.fp8 import special_blocks
+    from jax_mxfp4.fp8_prepared import special_blocks
     from jax_mxfp4.mx_format import dequantize_blocks
 
     b = np.repeat(np.arange(256), 16)  # one block per (byte, code): the code, then zeros

@@ -1,7 +1,7 @@
 """The Pallas MXFP4 -> FP8-operand kernel (jax_mxfp4.kernels.fp8_encode) against the jnp rules.
 
 Independent reference for the byte step: ml_dtypes' float8_e4m3fn conversion of E2M1 x 2^d in
-float64. The whole kernel is compared bit for bit with jax_mxfp4.fp8.encode_rows (whose rules are
+float64. The whole kernel is compared bit for bit with jax_mxfp4.fp8_prepared.encode_rows (whose rules are
 tested against float64 in tests/test_fp8.py) in the Pallas interpreter.
 """
 
@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import pytest
 
-from jax_mxfp4.fp8 import encode_rows, encode_rows_on
+from jax_mxfp4.fp8_prepared import encode_rows, encode_rows_on
 from jax_mxfp4.kernels.fp8_encode import e4m3_byte, encode_rows_kernel
 
 E2M1 = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6], np.float64)

@@ -14,10 +14,11 @@ import pytest
 
 import jax_mxfp4 as mx
 from jax_mxfp4 import training
+from jax_mxfp4.backends import fp8 as fp8_backend
 from jax_mxfp4.platform import KERNELS_ENV
-from jax_mxfp4.fp8 import FLAG_EXACT, FLAG_NAN, encode_rows, prepare_fp8
+from jax_mxfp4.fp8_prepared import FLAG_EXACT, FLAG_NAN, encode_rows, prepare_fp8
 from jax_mxfp4.kernels import fp8_quantize as fq
-from jax_mxfp4.kernels import quantize as kquant
+from jax_mxfp4.kernels import quantize_kernel as kquant
 from jax_mxfp4.quantize import _quantize_impl
 
 SCALE_MODES = ("floor", "ceil", "even", "rceil")
@@ -124,7 +125,7 @@ def test_kernel_reads_the_reference_uniforms(transposed, impl, dtype, rng):
 
 
 def test_sr_uniforms_chooses_the_source_and_draws_the_reference_values():
-    """kernels.quantize.sr_uniforms: key data for threefry keys (typed or legacy raw), the
+    """kernels.quantize_kernel.sr_uniforms: key data for threefry keys (typed or legacy raw), the
     reference's draw jax.random.uniform(key, shape) for rbg keys or uniforms="input"."""
     shape = (3, 2, 32)
     key = jax.random.key(7)
@@ -224,10 +225,10 @@ def test_kernel_uniform_errors_name_the_argument():
 @pytest.mark.parametrize("impl", ["threefry2x32", "threefry2x32-input", "rbg", "unsafe_rbg"])
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 def test_fused_sr_operand_equals_unfused(monkeypatch, layout, impl, dtype, rng):
-    """training._fp8_fused with stochastic rounding, the operand of dgrad (dY along N: rows) and
+    """backends.fp8.fused_operand with stochastic rounding, the operand of dgrad (dY along N: rows) and
     of wgrad (dY along the token axis M: transposed by XLA, then rows):
     codes, scales, row_exp and row_flag equal prepare_fp8(quantize(x, axis, "stochastic", key)).
-    "-input": a threefry key with the uniforms read (kernels.quantize.SR_UNIFORMS = "input")."""
+    "-input": a threefry key with the uniforms read (kernels.quantize_kernel.SR_UNIFORMS = "input")."""
     if impl.endswith("-input"):
         monkeypatch.setattr(kquant, "SR_UNIFORMS", "input")
         impl = impl[:-len("-input")]
@@ -235,7 +236,7 @@ def test_fused_sr_operand_equals_unfused(monkeypatch, layout, impl, dtype, rng):
     hard = _hard_rows(rng, 10, 96, dtype)  # rows x quantized length
     x3, axis = (hard[None], 2) if layout == "rows" else (hard.T[None], 1)
     key = _key(impl, rng)
-    got = training._fp8_fused(x3, axis, scale_mode, True, "stochastic", key)
+    got = fp8_backend.fused_operand(x3, axis, scale_mode, True, "stochastic", key)
     assert got is not None, "the fused kernel must take stochastic rounding in every layout"
     want = prepare_fp8(mx.quantize(x3, axis, scale_mode=scale_mode, rounding="stochastic", key=key))
     for name in ("codes", "scales", "row_exp", "row_flag"):
@@ -294,7 +295,7 @@ def test_fused_route_on_cuda(monkeypatch, kernels, want):
     import importlib
 
     qmod = importlib.import_module("jax_mxfp4.quantize")  # the module (the package exports the function)
-    kq = importlib.import_module("jax_mxfp4.kernels.quantize")
+    kq = importlib.import_module("jax_mxfp4.kernels.quantize_kernel")
 
     if kernels is None:
         monkeypatch.delenv(KERNELS_ENV, raising=False)

@@ -22,8 +22,8 @@ import pytest
 import mx_reference as ref
 from jax_mxfp4 import training
 from jax_mxfp4.hadamard import random_hadamard_transform, reference_transform_np
-from jax_mxfp4.kernels import quantize as fused
-from jax_mxfp4.kernels.quantize import QuantizeConfig, quantize_2d, quantize_impl
+from jax_mxfp4.kernels import quantize_kernel as fused
+from jax_mxfp4.kernels.quantize_kernel import QuantizeConfig, quantize_2d, quantize_impl
 from jax_mxfp4.quantize import _quantize_impl, quantize, quantize_rotated
 from jax_mxfp4.recipe import Recipe
 

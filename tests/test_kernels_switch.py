@@ -16,7 +16,8 @@ import numpy as np
 import pytest
 
 import jax_mxfp4 as mx
-from jax_mxfp4 import dispatch, fp8, platform
+from jax_mxfp4 import dispatch, platform
+from jax_mxfp4 import fp8_prepared as fp8
 from jax_mxfp4.backends import fp8 as fp8_backend
 from jax_mxfp4.backends.base import GemmProblem
 

@@ -17,7 +17,7 @@ import pytest
 
 import jax_mxfp4 as mx
 from jax_mxfp4 import dispatch
-from jax_mxfp4.kernels.gemm import TileConfig, default_config, mxfp4_gemm
+from jax_mxfp4.kernels.tiled_gemm import TileConfig, default_config, mxfp4_gemm
 from jax_mxfp4.mx_format import (
     as_scale_bytes,
     decode_e2m1,

@@ -267,7 +267,7 @@ def test_shard_map_export_lowers_every_platforms_branch_and_runs_here(rng):
 
 # ----------------------------------------------------------------------------- kernel guard
 def _encode(data, sb):
-    from jax_mxfp4.fp8 import encode_rows_on
+    from jax_mxfp4.fp8_prepared import encode_rows_on
 
     return encode_rows_on(data, sb, "cuda")
 
@@ -283,7 +283,7 @@ def _rescale(acc, e_rows, e_cols, on="cuda"):
 def _kernel_sites(rng):
     """name -> (fn staged for a CUDA lowering, its XLA formulation, args, their row-sharded
     specs): the CUDA Pallas kernels that give way where jax_mxfp4.sharding.kernel_may_run says no."""
-    from jax_mxfp4.fp8 import encode_rows
+    from jax_mxfp4.fp8_prepared import encode_rows
 
     q = mx.quantize(jnp.asarray(rng.standard_normal((256, 64)), jnp.float32), axis=1)
     acc = jnp.asarray(rng.standard_normal((256, 128)), jnp.float32)

@@ -145,3 +145,20 @@ def test_partitioned_ffi_gemm_under_vmap_and_grad_of_activations(rng):
     batched = jax.vmap(lambda x: mx.dot_general(x, wq, dims, recipe=recipe))(xs)
     for i in range(3):
         np.testing.assert_array_equal(np.asarray(batched[i]), np.asarray(mx.dot_general(xs[i], wq, dims, recipe=recipe)))
+
+
+def test_partitioning_rule_is_built_once_per_configuration_not_per_shape():
+    """The custom_partitioning rule is cached by configuration (backend, kinds, dtypes, layout,
+    platform, precision) with the shape left out, so the cache stays bounded; each call reads
+    its shapes from its arguments."""
+    import dataclasses
+
+    from jax_mxfp4 import partitioning
+    from jax_mxfp4.backends.base import GemmProblem
+
+    p = GemmProblem(1, 64, 32, 256, np.dtype(np.float32), "plain", "cpu")
+    same = [partitioning._partitioned_impl("ffi-cpu", dataclasses.replace(p, batch=b, m=m, n=n, k=k))
+            for b, m, n, k in ((1, 64, 32, 256), (4, 8, 96, 1024), (2, 1000, 8, 32))]
+    assert same[0] is same[1] is same[2]
+    other = partitioning._partitioned_impl("ffi-cpu", dataclasses.replace(p, out_dtype=jnp.dtype(jnp.bfloat16)))
+    assert other is not same[0]

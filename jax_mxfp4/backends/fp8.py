@@ -2,7 +2,7 @@
 
 Pipeline:
 
-1. each operand row -> float8_e4m3fn codes x one power of two (:func:`jax_mxfp4.fp8.encode_rows`:
+1. each operand row -> float8_e4m3fn codes x one power of two (:func:`jax_mxfp4.fp8_prepared.encode_rows`:
    one Pallas kernel on CUDA, jnp elsewhere and with ``JAX_MXFP4_KERNELS=0``; a weight can be converted once with
    :func:`jax_mxfp4.prepare_fp8`);
 2. XLA's FP8 ``dot_general`` (cuBLASLt ``__cublas$lt$matmul$f8`` on CUDA; XLA on CPU upcasts the
@@ -49,7 +49,7 @@ import numpy as np
 from jax import lax
 
 from ..array import MXFP4Array
-from ..fp8 import FLAG_EXACT, FLAG_NAN, FP8Prepared, encode_rows_on, rescale_elements
+from ..fp8_prepared import FLAG_EXACT, FLAG_NAN, FP8Prepared, encode_rows_on, rescale_elements
 from ..mx_format import as_scale_bytes
 from ..platform import kernels_enabled
 from ..sharding import canonical_out_sharding, explicit_spec, kernel_may_run
@@ -136,7 +136,7 @@ def rescale(acc, e_lhs, e_rhs, nan_rows, nan_cols, out_dtype):
     The exponent sum E (in [-266, 242]) is applied as 2^E1 x 2^E2 with E1 = clip(E, -100, 100):
     |acc| >= 2^-18 when nonzero (a sum of E4M3 products), so acc x 2^E1 is an exact normal float
     unless the result overflows anyway; the second factor rounds once. NaN rows/cols -> NaN.
-    The elementwise rule is :func:`jax_mxfp4.fp8.rescale_elements` (shared with the CUDA kernel,
+    The elementwise rule is :func:`jax_mxfp4.fp8_prepared.rescale_elements` (shared with the CUDA kernel,
     :mod:`jax_mxfp4.kernels.rescale`; :func:`rescale_on` picks the implementation).
     """
     e = e_lhs[:, :, None] + e_rhs[:, None, :]
@@ -277,6 +277,45 @@ def fp8_gemm(lhs, rhs, out_dtype, precision: str = "default", platform: str = "c
     flag_l, flag_r = (a.row_flag & FLAG_EXACT) != 0, (b.row_flag & FLAG_EXACT) != 0
     # flagged rows/columns get the reference's values, NaN rows included (0 x NaN = NaN there)
     return _fix_flagged(out, lhs, rhs, flag_l, flag_r, platform)
+
+
+def fused_operand(x, axis, scale_mode, interpret, rounding="nearest", key=None):
+    """``prepare_fp8(quantize(x, axis, ...))`` for a canonical float operand x [B, ., .] (axis 1
+    or 2) in one fused kernel (:mod:`jax_mxfp4.kernels.fp8_quantize`), or None where the kernel
+    cannot take it (then the caller keeps the unfused passes for this operand). An operand
+    quantized along a strided axis (axis 1) is transposed by XLA first and the kernel reads rows.
+
+    Stochastic rounding (``key``) uses exactly the reference's uniforms, those of
+    ``quantize(x, axis, rounding="stochastic", key=key)``: generated in the kernel for threefry
+    keys (:func:`jax_mxfp4.kernels.quantize_kernel.kernel_rng_supported`), else (rbg / unsafe_rbg keys)
+    drawn by ``jax.random.uniform`` with the reference's shape and read by the kernel
+    (:func:`jax_mxfp4.kernels.quantize_kernel.sr_uniforms`); both layouts.
+    """
+    from ..kernels import fp8_quantize as fq
+    from ..kernels.quantize_kernel import sr_uniforms
+    from ..mx_format import BLOCK_SIZE
+
+    bsz, kq = x.shape[0], x.shape[axis]
+    last = axis == 2
+    if kq > fq.MAX_ROW or kq % BLOCK_SIZE or x.size >= 2**31 or (not last and bsz != 1):
+        return None
+    rest = tuple(d for i, d in enumerate(x.shape) if i != axis)  # the output rows, in order
+    uniform = key_data = None
+    if rounding == "stochastic":
+        # quantize(x, axis)'s draw: uniform(key, rest + (kq / 32, 32)), the quantized axis last:
+        # element-aligned with the kernel's output rows in both layouts below (threefry keys:
+        # generated in the kernel from that flat index; rbg keys: the drawn array, read in)
+        uniform, key_data = sr_uniforms(key, rest + (kq // BLOCK_SIZE, BLOCK_SIZE))
+    # A strided operand: XLA's transpose pass, then the kernel along rows: on the H200 the
+    # kernel's strided transposed reads took 1.1-1.6 ms for 8192x8192 bf16, a transpose takes
+    # ~0.07 ms and the rows kernel ~0.15 ms. Same bits for both roundings: the rows of x[0].T are
+    # the output rows, so each element keeps its uniform (its flat index in the reference's draw
+    # is unchanged).
+    x2 = x.reshape(-1, kq) if last else x[0].T
+    codes, scales, row_exp, row_flag = fq.quantize_fp8_2d(
+        x2, key_data, uniform, scale_mode=scale_mode, transposed=False, interpret=interpret)
+    return FP8Prepared(codes.reshape(rest + (kq,)), scales.reshape(rest + (kq // BLOCK_SIZE,)),
+                       row_exp.reshape(rest), row_flag.reshape(rest), axis, x.shape, x.dtype, scale_mode)
 
 
 def _compute_capability():

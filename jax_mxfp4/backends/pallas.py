@@ -12,7 +12,7 @@ Routes (``PallasBackend.route`` says which one a problem takes; ``explain()`` pr
     (:mod:`jax_mxfp4.kernels.wgemm_tiles_mgpu`: the decode inside the GEMM's K loop; a weight
     from ``prepare_decode`` read as stored, a plain MXFP4Array's bytes as they are with its
     scales transposed per call);
-  * a4w4 with both sides large: the tiled kernel of :mod:`jax_mxfp4.kernels.gemm` (both operands
+  * a4w4 with both sides large: the tiled kernel of :mod:`jax_mxfp4.kernels.tiled_gemm` (both operands
     decoded in the K loop; "auto" prefers other backends there).
 All are exact up to the order of float32 accumulation: decoded values are exact in bfloat16 and
 bfloat16 products exact in float32; results equal backend "xla" up to that order.
@@ -178,7 +178,7 @@ class PallasBackend(Backend):
         plan = _plan(problem)
         if plan.kind != "tiled":
             return _weight_stationary(lhs, rhs, problem, plan)
-        from ..kernels.gemm import default_config, mxfp4_gemm
+        from ..kernels.tiled_gemm import default_config, mxfp4_gemm
 
         cfg = default_config(problem.m, problem.n, problem.k, problem.batch, a4w4=True)
         return mxfp4_gemm(

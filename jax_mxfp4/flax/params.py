@@ -12,7 +12,7 @@ from .. import checks, dims
 from .. import hadamard as hd
 from ..array import MXFP4Array
 from ..decode_prepared import DecodePrepared, prepare_decode
-from ..fp8 import FP8Prepared
+from ..fp8_prepared import FP8Prepared
 from ..mx_format import BLOCK_SIZE
 from ..weight_record import check_against_recipe, fprop_rotation, quantize_weight
 

@@ -1,12 +1,12 @@
-"""Fused MXFP4 -> FP8-operand pass on GPU: :func:`jax_mxfp4.fp8.encode_rows` as one Pallas kernel.
+"""Fused MXFP4 -> FP8-operand pass on GPU: :func:`jax_mxfp4.fp8_prepared.encode_rows` as one Pallas kernel.
 
 ``encode_rows`` in jnp is several XLA fusions (nibble unpack, per-block reductions, the row
 maximum, the encode) and cost ~0.3 ms for an 8192 x 8192 weight on one NVIDIA H200 (jax 0.11.2,
 2026-11-30: fp8 minus fp8-prepared at 1024x8192x8192), against ~30 us for its bytes at HBM speed. Here one program owns ``br`` whole rows and reads them twice
 (the second read mostly from L2): pass A gathers per row the largest and smallest scale byte of
-the blocks holding a nonzero code, the NaN bytes and the special blocks (:func:`jax_mxfp4.fp8.
+the blocks holding a nonzero code, the NaN bytes and the special blocks (:func:`jax_mxfp4.fp8_prepared.
 special_blocks`); pass B writes the E4M3 bytes with the per-block shift of
-:func:`jax_mxfp4.fp8._block_shift`. Every rule is the one of :mod:`jax_mxfp4.fp8_format` (imported, not
+:func:`jax_mxfp4.fp8_prepared._block_shift`. Every rule is the one of :mod:`jax_mxfp4.fp8_format` (imported, not
 copied); only the E2M1 x 2^d -> E4M3 byte step is new, done with integer operations (below), and
 the result is bit-identical to ``encode_rows`` (tests/test_fp8_encode_kernel.py, Pallas
 interpreter; tests/gpu/test_gpu_fp8.py on the GPU).
@@ -108,7 +108,7 @@ def e4m3_word(y, big_d, normal_only: bool = False):
 def _word_block_summary(w):
     """Per 32-element block, from its packed data as 4 uint32 words [..., 4]: (any nonzero code,
     any nonzero magnitude <= 3, any magnitude 1, any magnitude >= 4, any magnitude >= 6), as int32
-    0/1: what :func:`jax_mxfp4.fp8.special_blocks` reads from the largest / smallest nonzero
+    0/1: what :func:`jax_mxfp4.fp8_prepared.special_blocks` reads from the largest / smallest nonzero
     magnitude (each of its four conditions is one of these), with no per-nibble unpacking."""
     m = w & _U32(0x77777777)
     lsb = _U32(0x11111111)
@@ -118,7 +118,7 @@ def _word_block_summary(w):
 
 
 def _special_from_summary(sb, low, one, ge4, ge6):
-    """:func:`jax_mxfp4.fp8.special_blocks` from :func:`_word_block_summary`'s flags: the rule reads
+    """:func:`jax_mxfp4.fp8_prepared.special_blocks` from :func:`_word_block_summary`'s flags: the rule reads
     only whether the smallest nonzero magnitude is 1 or <= 3 and the largest >= 4 or >= 6, so
     stand-ins with those answers (1 / 3 / 8, and 7 / 4 / 0) give its result."""
     min_mag = jnp.where(one != 0, 1, jnp.where(low != 0, 3, 8))
@@ -135,8 +135,8 @@ def _row_rule_init(br):
 
 def _row_rule_step(carry, sb, any_nonzero, spec):
     """One chunk of pass A, from its scale bytes ``sb`` int32 [br, nbc], whether each block holds a
-    nonzero code and whether it is special (:func:`jax_mxfp4.fp8.special_blocks`): the rule of
-    :func:`jax_mxfp4.fp8.encode_blocks` (NaN blocks are not counted)."""
+    nonzero code and whether it is special (:func:`jax_mxfp4.fp8_prepared.special_blocks`): the rule of
+    :func:`jax_mxfp4.fp8_prepared.encode_blocks` (NaN blocks are not counted)."""
     bmax, bmin, special, nan = carry
     is_nan = sb == E8M0_NAN
     counted = any_nonzero & ~is_nan
@@ -219,7 +219,7 @@ def _store_chunk(codes_ref, r0, br, c, nbc, out, mask2):
 
 
 def _store_row_outputs(exp_ref, flag_ref, r0, br, n_rows, bmax, exact, nan):
-    """row_exp and row_flag of a program's rows (the rule of :func:`jax_mxfp4.fp8.encode_blocks`)."""
+    """row_exp and row_flag of a program's rows (the rule of :func:`jax_mxfp4.fp8_prepared.encode_blocks`)."""
     row_exp = bmax - rules.ROW_EXP_OFFSET
     row_flag = exact.astype(jnp.int32) * rules.FLAG_EXACT | jnp.where(nan != 0, rules.FLAG_NAN, 0)
     rmask = (r0 + lax.broadcasted_iota(jnp.int32, (br,), 0)) < n_rows if n_rows % br else None
@@ -270,7 +270,7 @@ def _encode_kernel(data_ref, scale_ref, codes_ref, exp_ref, flag_ref, *, n_rows,
 
 
 DISPATCH_TILE = dict(rows_per_program=1, chunk_blocks=ROW_CHUNK_BLOCKS, num_warps=8, swar=True, fast_path=True)
-"""The tile :func:`jax_mxfp4.fp8.encode_rows_on` runs: the word-parallel kernel with its per-chunk
+"""The tile :func:`jax_mxfp4.fp8_prepared.encode_rows_on` runs: the word-parallel kernel with its per-chunk
 fast path, one row per program, whole-row steps up to 8192 elements, 8 warps: 2.4x faster than the
 per-element kernel's best tile at 8192 x 8192 (NVIDIA H200, jax 0.11.2, 2026-12-01; figures:
 docs/performance.md)."""
@@ -306,7 +306,7 @@ def _plain_int(v):
 def encode_rows_kernel(data, scale_bytes, *, rows_per_program: int | None = None, num_warps: int = 4,
                        chunk_blocks: int | None = None, pairs16: bool = False, swar: bool = False,
                        fast_path: bool = False, interpret: bool = False):
-    """:func:`jax_mxfp4.fp8.encode_rows` for 2-D operands in one Pallas kernel (bit-identical).
+    """:func:`jax_mxfp4.fp8_prepared.encode_rows` for 2-D operands in one Pallas kernel (bit-identical).
 
     Args:
       data: uint8 [R, K/2] packed E2M1 pairs (low nibble first), K a multiple of 32.

@@ -29,7 +29,7 @@ recomputed a whole tile for one flagged row in it, and at d_model 4096 (0.07% of
 flagged, 9% of its 128-row groups) the demo step spent 38 ms of 112 there (NVIDIA H200, jax
 0.11.2, 2026-12-01).
 
-Exact values from the FP8 operand (:class:`jax_mxfp4.fp8.FP8Prepared` fields): a row without
+Exact values from the FP8 operand (:class:`jax_mxfp4.fp8_prepared.FP8Prepared` fields): a row without
 flags holds ``code x 2^row_exp`` exactly; a FLAG_EXACT row stores d = 0, so its codes are the E2M1
 values and the reference's rule :func:`jax_mxfp4.mx_format.scale_e2m1_values` applies with the
 block's scale byte; a FLAG_NAN row makes every product of its dot NaN, as in the reference.
@@ -46,7 +46,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from ..fp8 import FLAG_EXACT, FLAG_NAN
+from ..fp8_format import FLAG_EXACT, FLAG_NAN
 from ..mx_format import BLOCK_SIZE, pow2_from_exponent, scale_e2m1_values
 
 
@@ -290,7 +290,7 @@ def fix_flagged(out, a_codes, a_scales, a_exp, a_flag, b_codes, b_scales, b_exp,
       out: float32/bfloat16/float16 [B, M, N], the FP8 GEMM's rescaled result (aliased with the
         output).
       a_codes: float8_e4m3fn [B, M, K]; a_scales: uint8 [B, M, K/32]; a_exp: int32 [B, M];
-        a_flag: uint8 [B, M] -- the lhs's :class:`jax_mxfp4.fp8.FP8Prepared` fields (scale bytes);
+        a_flag: uint8 [B, M] -- the lhs's :class:`jax_mxfp4.fp8_prepared.FP8Prepared` fields (scale bytes);
       b_*: the same for the rhs [B, N, K].
       cfg: :class:`FixConfig` (default :func:`default_config`); interpret: the Pallas interpreter.
     Returns:

@@ -1,8 +1,8 @@
 """Fused quantize-to-FP8-operand: float rows -> MXFP4 -> E4M3 codes x one power of two per row,
 in one Pallas (Triton lowering) kernel that reads the float input once.
 
-Output: exactly ``jax_mxfp4.fp8.encode_rows(quantize(x, axis, ...))`` (codes ``float8_e4m3fn``,
-E8M0 scale bytes, per-row exponent and flags; :mod:`jax_mxfp4.fp8`), i.e. the children of
+Output: exactly ``jax_mxfp4.fp8_prepared.encode_rows(quantize(x, axis, ...))`` (codes ``float8_e4m3fn``,
+E8M0 scale bytes, per-row exponent and flags; :mod:`jax_mxfp4.fp8_prepared`), i.e. the children of
 ``prepare_fp8(quantize(x, axis, ...))``, without writing the packed MXFP4 array in between. Two
 layouts: the quantized axis last (rows of x are the output rows), or the quantized axis FIRST
 with the output written transposed (x [T, K] quantized along T -> codes [K, T]: the K-major
@@ -28,8 +28,8 @@ are faster for round to nearest (0.120 ms against 0.185 for this kernel's 1-row 
 Every rule is shared code: the block scale and the E2M1 rounding (nearest, or stochastic with
 the reference's uniforms, generated in the kernel for Threefry keys or read as an input array
 drawn by ``jax.random.uniform``, as the MXFP4 quantizer does) come from
-:mod:`jax_mxfp4.kernels.quantize` (:func:`block_scale_bits`, :func:`magnitude_code_bits`,
-:func:`threefry_uniform`, :func:`sr_uniforms`), the row encoding from :func:`jax_mxfp4.fp8.encode_blocks`, the E2M1
+:mod:`jax_mxfp4.kernels.quantize_kernel` (:func:`block_scale_bits`, :func:`magnitude_code_bits`,
+:func:`threefry_uniform`, :func:`sr_uniforms`), the row encoding from :func:`jax_mxfp4.fp8_prepared.encode_blocks`, the E2M1
 decoding from :func:`jax_mxfp4.mx_format.decode_e2m1`. Bit-identical to the reference in the
 Pallas interpreter (tests/test_fp8_fused.py).
 """
@@ -56,7 +56,7 @@ from ..mx_format import (
     e2m1_stochastic_magnitude,
     pow2_from_exponent,
 )
-from .quantize import _ABS, _MIN_NORMAL_BITS, block_scale_bits, magnitude_code_bits, threefry_uniform
+from .quantize_kernel import _ABS, _MIN_NORMAL_BITS, block_scale_bits, magnitude_code_bits, threefry_uniform
 
 _SIGN = -(2**31)  # int32 sign bit
 
@@ -136,7 +136,7 @@ PLAIN_MIN_BYTE, PLAIN_MAX_BYTE = 3, 252
 """Scale bytes of the blocks the plain path takes (besides all-zero blocks). From 3: a float32
 subnormal element (< 2^-126) over a scale of at least 2^-124 is below 0.25, which rounds to the
 zero that the reference's subnormal flush gives, so round-to-nearest needs no per-element flush;
-bytes 0/1 (flushed codes) and 253/254 (overflow) are :func:`jax_mxfp4.fp8.special_blocks`' and
+bytes 0/1 (flushed codes) and 253/254 (overflow) are :func:`jax_mxfp4.fp8_prepared.special_blocks`' and
 0xFF (a NaN/Inf in the block) is the general path's."""
 
 
@@ -168,7 +168,7 @@ def encode_tile(bits, u, scale_mode):
 
 def _encode_general(bits, a, u, inv, bad, byte):
     """Every block kind (NaN/Inf, flushed subnormals, special scale bytes): codes, then values."""
-    from ..fp8 import encode_blocks
+    from ..fp8_format import encode_blocks
 
     mag, code4 = general_codes(bits, a, u, inv, bad)
     d, row_exp, row_flag = encode_blocks(byte.astype(jnp.int32), mag)
@@ -196,7 +196,7 @@ def _encode_plain(bits, a, u, inv, amax_bits, byte):
     (:func:`plain_magnitudes`) times 2^d, the input's sign bit OR-ed in; no code, no decode, no
     NaN masks; round to nearest takes each block's largest code from its amax (rounding is
     monotone) instead of a reduction over the elements."""
-    from ..fp8 import encode_block_stats
+    from ..fp8_format import encode_block_stats
 
     q = plain_magnitudes(a, u, inv)
     if u is None:
@@ -224,7 +224,7 @@ def plain_max_code(amax_bits, inv):
     (rounding is monotone) [..., nb]. With stochastic rounding it is also nonzero exactly where
     the block is (a plain block's amax x 2^-s is > 2 for every scale rule of
     :func:`jax_mxfp4.mx_format.e8m0_from_amax`, which no rounding takes to 0), which is all
-    :func:`jax_mxfp4.fp8.encode_block_stats` reads of it for plain scale bytes."""
+    :func:`jax_mxfp4.fp8_prepared.encode_block_stats` reads of it for plain scale bytes."""
     return e2m1_magnitude_code(lax.bitcast_convert_type(amax_bits, jnp.float32) * inv[..., 0])
 
 
@@ -317,11 +317,11 @@ def quantize_fp8_2d(x, key_data=None, uniform=None, *, scale_mode="even", transp
         stochastic rounding with the uniforms of the reference, ``jax.random.uniform(key,
         [R, Kq / 32, 32])`` (the quantized axis moved last), generated in the kernel.
       uniform: None, or float32 uniforms in [0, 1) for stochastic rounding read by the kernel
-        (``jax_mxfp4.kernels.quantize.quantize_2d``'s convention): element-aligned with the
+        (``jax_mxfp4.kernels.quantize_kernel.quantize_2d``'s convention): element-aligned with the
         OUTPUT rows, i.e. of shape [*lead, Kq] or [*lead, Kq / 32, 32] with prod(lead) = R in
         the row-major order of [R, Kq] (the quantized axis last in both layouts): the
         reference's draw ``jax.random.uniform(key, (*lead, Kq / 32, 32))``
-        (:func:`jax_mxfp4.kernels.quantize.sr_uniforms`), for keys whose uniforms the kernel
+        (:func:`jax_mxfp4.kernels.quantize_kernel.sr_uniforms`), for keys whose uniforms the kernel
         cannot generate (rbg). Exclusive with ``key_data``.
       scale_mode: the scale rule (as :func:`jax_mxfp4.quantize`).
       cfg: :class:`Fp8QuantizeConfig`; default :func:`default_config`.
@@ -329,7 +329,7 @@ def quantize_fp8_2d(x, key_data=None, uniform=None, *, scale_mode="even", transp
     Returns:
       (codes float8_e4m3fn [R, Kq], scales float8_e8m0fnu [R, Kq/32], row_exp int32 [R],
       row_flag uint8 [R]) = ``encode_rows`` of ``quantize(x, axis)`` with the quantized axis
-      last (:mod:`jax_mxfp4.fp8`), bit for bit.
+      last (:mod:`jax_mxfp4.fp8_prepared`), bit for bit.
     Raises:
       TypeError: x not a float array; key_data not uint32[2]; uniform not float32; cfg of
         another type.

@@ -5,7 +5,7 @@ rounded once to the output dtype, NaN rows and columns poisoned. XLA fuses that 
 fusion; on an H200 it moved an 8192 x 8192 bf16 accumulator in and out (256 MB) in ~0.13 ms per
 GEMM, ~2 TB/s, about half of HBM speed (training-step profile of 2026-12-01, three per step).
 Here one program owns a [bm, bn] tile of one batch element: it reads the tile, the bm row and bn
-column exponents and NaN flags, and applies :func:`jax_mxfp4.fp8.rescale_elements`
+column exponents and NaN flags, and applies :func:`jax_mxfp4.fp8_prepared.rescale_elements`
 (imported, not copied: the same float32 operations in the same order), so the result is
 bit-identical to ``rescale`` (tests/test_rescale_kernel.py in the Pallas interpreter).
 """
@@ -21,7 +21,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
-from ..fp8 import rescale_elements  # the rule (jax_mxfp4.fp8 does not import this module)
+from ..fp8_format import rescale_elements  # the rule
 
 DEFAULT_TILE = (32, 256, 8)
 """(bm, bn, num_warps): rows and columns of one program's tile, warps per program (32

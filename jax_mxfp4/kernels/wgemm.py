@@ -29,7 +29,7 @@ from jax.experimental.pallas import triton as plgpu
 from ..platform import sm_count
 from ..mx_format import BLOCK_SIZE, e8m0_to_bf16_bits
 from . import e2m1_asm
-from .gemm import _dequant_halves
+from .tiled_gemm import _dequant_halves
 
 DECODES = ("asm", "f16", "e4m3")
 

@@ -53,7 +53,7 @@ KINDS = ("random", "head_tail_6", "head_tail_10", "head_tail_14", "cancel", "ram
 
 @functools.lru_cache(maxsize=None)
 def _exact(kind, k):
-    from jax_mxfp4.fp8 import prepare_fp8
+    from jax_mxfp4.fp8_prepared import prepare_fp8
 
     ca, sa, cb, sb = fp8_operands(kind, k, seed=k + len(kind))
     a, b = mx_from_codes(ca, sa), mx_from_codes(cb, sb)
@@ -115,7 +115,7 @@ def test_nan_scale_bytes_poison_exactly_their_row_and_column():
 
 
 def test_prepared_weight_gives_the_same_bits():
-    from jax_mxfp4.fp8 import prepare_fp8
+    from jax_mxfp4.fp8_prepared import prepare_fp8
 
     ca, sa, cb, sb = fp8_operands("random", 4096, 9, m=1024, n=1024)
     a, b = mx_from_codes(ca, sa), mx_from_codes(cb, sb)
@@ -132,7 +132,7 @@ ENCODE_CASES = list(itertools.product(((4096, 8192), (1000, 96), (37, 1056)), ((
 def test_encode_kernel_bit_identical_to_encode_rows(i):
     """Scale bands: (100, 150) flags most rows; (120, 135) keeps most inside the window, with
     blocks at shifts -8..-6 (subnormal E4M3 results); edge bytes 80, 255, 0, 254, 1 and a zero row."""
-    from jax_mxfp4.fp8 import encode_rows
+    from jax_mxfp4.fp8_prepared import encode_rows
     from jax_mxfp4.kernels.fp8_encode import DISPATCH_TILE, encode_rows_kernel
 
     (r_, k_), band, tile_name = ENCODE_CASES[i]

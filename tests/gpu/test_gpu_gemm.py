@@ -13,7 +13,7 @@ import pytest
 
 import jax_mxfp4 as mx
 from gpu_reference import assert_within_bound, rand
-from jax_mxfp4.kernels.gemm import TileConfig, default_config, mxfp4_gemm
+from jax_mxfp4.kernels.tiled_gemm import TileConfig, default_config, mxfp4_gemm
 from jax_mxfp4.mx_format import as_scale_bytes
 
 pytestmark = [pytest.mark.gpu, pytest.mark.cuda]

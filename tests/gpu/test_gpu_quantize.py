@@ -13,7 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jax_mxfp4.kernels.quantize import quantize_impl
+from jax_mxfp4.kernels.quantize_kernel import quantize_impl
 from jax_mxfp4.quantize import _quantize_impl
 
 pytestmark = [pytest.mark.gpu, pytest.mark.cuda]
@@ -61,7 +61,7 @@ def test_fused_quantizer_bit_identical_to_reference(dname, mode, rounding, axis)
 
 
 def test_public_quantize_takes_the_fused_path_for_both_roundings():
-    from jax_mxfp4.kernels.quantize import fast_path_enabled
+    from jax_mxfp4.kernels.quantize_kernel import fast_path_enabled
     from jax_mxfp4.platform import current_platform
 
     platform = current_platform()

@@ -66,6 +66,9 @@ from .fp8_format import (  # noqa: F401  (the format's rules, re-exported as thi
     WINDOW_SPAN,
     _block_shift,
     check_packed_rows,
+    encode_block_stats,
+    encode_blocks,
+    rescale_elements,
     special_blocks,
 )
 
@@ -90,56 +93,6 @@ def encode_rows(data, scale_bytes):
     d, row_exp, row_flag = encode_blocks(sb, (blocks & 7).astype(jnp.int32))
     vals = decode_e2m1(blocks) * pow2_from_exponent(d)[..., None]
     return vals.reshape(codes4.shape).astype(jnp.float8_e4m3fn), row_exp, row_flag
-
-
-def encode_blocks(sb, mag):
-    """The row encoding rule (module docstring) from scale bytes and E2M1 magnitude codes.
-
-    Args:
-      sb: int32 scale bytes [..., nb]; mag: int32 E2M1 magnitude codes (0..7) [..., nb, 32].
-    Returns:
-      (d int32 [..., nb]: the shift of each block, row_exp int32 [...], row_flag uint8 [...]).
-    Shared by :func:`encode_rows` and the fused kernel :mod:`jax_mxfp4.kernels.fp8_quantize`
-    (written with max/min reductions only, which the Triton lowering takes).
-    """
-    max_mag = jnp.max(mag, axis=-1)
-    min_nz = jnp.min(jnp.where(mag != 0, mag, 8), axis=-1)
-    return encode_block_stats(sb, max_mag, min_nz)
-
-
-def encode_block_stats(sb, max_mag, min_nz):
-    """:func:`encode_blocks` from per-block statistics: scale bytes ``sb``, the largest E2M1
-    magnitude code ``max_mag`` and the smallest nonzero one ``min_nz`` (8 = none), int32 [..., nb].
-
-    Only :func:`special_blocks` reads ``min_nz``, and only for scale bytes 0 and 1; ``max_mag``
-    decides which blocks count (nonzero) and, for bytes 253/254, overflow. So a caller that knows
-    its tile holds no such byte (the fused kernel's plain path) may pass ``min_nz`` = 8 and
-    ``max_mag`` from the block's amax. Returns (d, row_exp, row_flag) as :func:`encode_blocks`.
-    """
-    nan_blk = sb == E8M0_NAN
-    special = special_blocks(sb, max_mag, min_nz)
-    counted = (max_mag != 0) & ~nan_blk
-    b_max = jnp.max(jnp.where(counted, sb, -1), axis=-1, keepdims=True)
-    b_max = jnp.where(b_max < 0, EMPTY_ROW_BMAX, b_max)
-    outside = counted & (sb < b_max - WINDOW_SPAN)
-    exact = jnp.max((outside | special).astype(jnp.int32), axis=-1, keepdims=True) != 0
-    d = _block_shift(sb, b_max, exact)
-    row_exp = (b_max[..., 0] - ROW_EXP_OFFSET).astype(jnp.int32)
-    any_nan = jnp.max(nan_blk.astype(jnp.int32), axis=-1) != 0
-    row_flag = (exact[..., 0].astype(jnp.uint8) * FLAG_EXACT) | (any_nan.astype(jnp.uint8) * FLAG_NAN)
-    return d, row_exp, row_flag
-
-
-def rescale_elements(acc, e, nan, out_dtype):
-    """The FP8 GEMM's output rescale, elementwise (:func:`jax_mxfp4.backends.fp8.rescale`; shared
-    with its CUDA kernel :mod:`jax_mxfp4.kernels.rescale`): ``acc`` (float) x 2^e (int32 e, any
-    value) in float32 as 2^E1 x 2^E2 (E1 = clip(e, -100, 100), E2 = clip(e - E1, -126, 127)), NaN
-    where ``nan`` (bool), then one rounding to ``out_dtype``. Operands broadcast together."""
-    e1 = jnp.clip(e, -100, 100)
-    e2 = jnp.clip(e - e1, -126, 127)
-    out = acc.astype(jnp.float32) * pow2_from_exponent(e1) * pow2_from_exponent(e2)
-    out = jnp.where(nan, jnp.float32(jnp.nan), out)
-    return out.astype(out_dtype)
 
 
 def encode_rows_on(data, scale_bytes, platform: str):
