@@ -245,7 +245,7 @@ def run(args):
                                 sets = make_sets(m, n, k, "bf16" if name == "bf16" else variant, seed=m + n + k,
                                                  scale_layout=layout, cap=cap)
                             if name == "fp8-prepared":  # the weight converted once, outside the timing
-                                from jax_mxfp4.fp8 import prepare_fp8
+                                from jax_mxfp4.fp8_prepared import prepare_fp8
 
                                 sets = [(a, prepare_fp8(b)) for a, b in sets]
                                 jax.block_until_ready(sets)
@@ -385,7 +385,7 @@ def figures(result, out):
 
 def tune(out):
     """Time candidate Pallas tile configs at the issue's goal shapes (a4w4 and w4a16)."""
-    from jax_mxfp4.kernels.gemm import TileConfig, default_config, mxfp4_gemm
+    from jax_mxfp4.kernels.tiled_gemm import TileConfig, default_config, mxfp4_gemm
     from jax_mxfp4.mx_format import as_scale_bytes
 
     def tc(bm, bn, bk, split, warps, stages, decode="f16", swap=False):

@@ -40,7 +40,7 @@ from jax import lax  # noqa: E402
 from benchmarks.common import (  # noqa: E402
     default_out, device_info, n_sets_for, out_dir, save_figure, time_fn, write_json)
 from jax_mxfp4 import dispatch  # noqa: E402
-from jax_mxfp4.kernels.quantize import QuantizeConfig, default_config, quantize_2d, quantize_impl  # noqa: E402
+from jax_mxfp4.kernels.quantize_kernel import QuantizeConfig, default_config, quantize_2d, quantize_impl  # noqa: E402
 from jax_mxfp4.mx_format import SCALE_MODES  # noqa: E402
 from jax_mxfp4.quantize import _quantize_impl  # noqa: E402
 
