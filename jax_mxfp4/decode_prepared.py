@@ -190,17 +190,9 @@ class DecodePrepared(PreparedWeight, ArraysWithRecord):
         object.__setattr__(self, "axis", int(axis))
         checks.check_block_multiple(shape[axis], axis, "DecodePrepared shape")
         want_data, want_scales = child_shapes(shape, axis)
-        for name, wshape, wdtype, what in (
-            ("data", want_data, jnp.uint8, "packed E2M1 pairs, quantized axis last"),
-            ("scales", want_scales, jnp.float8_e8m0fnu, "E8M0 scales, K-major"),
-        ):
-            v = getattr(self, name)
-            if not hasattr(v, "shape") or tuple(v.shape) != wshape or jnp.dtype(v.dtype) != jnp.dtype(wdtype):
-                got = (tuple(v.shape), jnp.dtype(v.dtype).name) if hasattr(v, "shape") else type(v).__name__
-                raise ValueError(
-                    f"DecodePrepared.{name} must be {jnp.dtype(wdtype).name} of shape {wshape} ({what}; "
-                    f"logical shape {shape}, axis {axis}), got {got}"
-                )
+        self._check_child_forms({"data": (want_data, jnp.uint8), "scales": (want_scales, jnp.float8_e8m0fnu)},
+                             f"packed E2M1 pairs and K-major E8M0 scales, quantized axis last; logical shape "
+                             f"{shape}, axis {axis}")
         self._check_hadamard()
 
     @property

@@ -183,14 +183,7 @@ class FP8Prepared(PreparedWeight, ArraysWithRecord):
             "row_exp": (rest, jnp.int32),
             "row_flag": (rest, jnp.uint8),
         }
-        for name, (wshape, wdtype) in want.items():
-            v = getattr(self, name)
-            if not hasattr(v, "shape") or tuple(v.shape) != wshape or jnp.dtype(v.dtype) != jnp.dtype(wdtype):
-                got = (tuple(v.shape), jnp.dtype(v.dtype).name) if hasattr(v, "shape") else type(v).__name__
-                raise ValueError(
-                    f"FP8Prepared.{name} must be {jnp.dtype(wdtype).name} of shape {wshape} (logical shape "
-                    f"{shape}, axis {axis} moved last), got {got}"
-                )
+        self._check_child_forms(want, f"logical shape {shape}, axis {axis} moved last")
         self._check_hadamard()
 
     @property

@@ -41,6 +41,16 @@ class PreparedWeight:
                        self.axis, self.shape, self.dtype, self.scale_mode, "plain", self.hadamard).hadamard
         object.__setattr__(self, "hadamard", h)
 
+    def _check_child_forms(self, want, where: str):
+        """Each child ``name`` in ``want`` ({name: (shape, dtype)}) has that shape and dtype;
+        ValueError naming the field, the expected form and ``where`` (the layout rule) otherwise."""
+        for name, (wshape, wdtype) in want.items():
+            v = getattr(self, name)
+            if not hasattr(v, "shape") or tuple(v.shape) != tuple(wshape) or jnp.dtype(v.dtype) != jnp.dtype(wdtype):
+                got = (tuple(v.shape), jnp.dtype(v.dtype).name) if hasattr(v, "shape") else type(v).__name__
+                raise ValueError(f"{type(self).__name__}.{name} must be {jnp.dtype(wdtype).name} of shape "
+                                 f"{tuple(wshape)} ({where}), got {got}")
+
     def _not_dense(self, how: str) -> TypeError:
         return TypeError(
             f"{how} on {self!r}: {self.holds}, not a dense array; decode it with q.dequantize(dtype), or "

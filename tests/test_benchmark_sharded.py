@@ -7,12 +7,14 @@ import os
 import sys
 
 import jax
+import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
 from benchmarks import sharded  # noqa: E402
 
 
+@pytest.mark.slow  # a whole benchmark program on 8 simulated devices
 def test_sharded_quick(tmp_path):
     assert sharded.main(["--quick", "--out", str(tmp_path)]) == 0
     data = json.loads((tmp_path / "sharded.json").read_text())

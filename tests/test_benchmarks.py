@@ -72,6 +72,7 @@ def test_train_step_quick(tmp_path):
     _png(tmp_path / "train_step.png")
 
 
+@pytest.mark.slow  # a whole benchmark program
 def test_compile_time_quick(tmp_path):
     """One child process (the MXFP4 recipe) of the tiny model: its phase times come back."""
     assert compile_time.main(["--quick", "--recipes", "mxfp4", "--out", str(tmp_path)]) == 0

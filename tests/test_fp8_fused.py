@@ -407,6 +407,7 @@ def test_plain_path_equals_general_path(scale_mode, rounding, rng):
     assert np.signbit(np.asarray(general[0])[4, 1]).all()  # -0.0 kept
 
 
+@pytest.mark.slow  # a sweep over tile thresholds in the interpreter
 def test_plain_path_threshold_is_needed():
     """Why the plain path's round to nearest needs no subnormal flush from scale byte
     PLAIN_MIN_BYTE up, and why byte 2 goes to the general path. In NumPy float32 (which keeps

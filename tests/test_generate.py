@@ -32,7 +32,7 @@ def decode_all(params, tokens):
     return jnp.stack(out, axis=1)
 
 
-@pytest.mark.sweep(keep=1)
+@pytest.mark.slow  # the serving application (examples/), not the library
 @pytest.mark.parametrize("kind", ["bf16", "mxfp4"])
 def test_kv_cache_decoder_matches_the_linen_forward(kind, rng):
     tokens = jnp.asarray(rng.integers(0, 256, size=(2, 16)), jnp.int32)
@@ -56,6 +56,7 @@ def test_kv_cache_decoder_matches_the_linen_forward(kind, rng):
     assert float(jnp.mean(jnp.argmax(got, -1) == jnp.argmax(want, -1))) > 0.9
 
 
+@pytest.mark.slow  # the serving application (examples/), not the library
 def test_weight_bytes_follow_the_formats():
     params = demo.build_model(CFG, mx.Recipe()).init(jax.random.key(0), jnp.zeros((1, 8), jnp.int32))["params"]
     d = CFG["d_model"]

@@ -16,6 +16,7 @@ def _finite_positive(*xs):
     return all(isinstance(x, (int, float)) and math.isfinite(x) and x > 0 for x in xs)
 
 
+@pytest.mark.slow  # the recipe sweep application (examples/), not the library
 def test_quick_run_writes_json_table_and_plot(tmp_path):
     assert recipes.main(["--quick", "--recipes", "default", "--out", str(tmp_path)]) == 0
     res = json.loads((tmp_path / "recipes_small_seed0.json").read_text())
