@@ -47,6 +47,7 @@ def test_gemm_quick(tmp_path):
     _png(tmp_path / "gemm_time_ratio_vs_k.png")
 
 
+@pytest.mark.slow  # a whole benchmark program (test_gemm_quick keeps one in the default tier)
 def test_quantize_quick(tmp_path):
     assert quantize.main(["--quick", "--out", str(tmp_path)]) == 0
     res = json.loads((tmp_path / "quantize.json").read_text())
@@ -58,6 +59,7 @@ def test_quantize_quick(tmp_path):
     _png(tmp_path / "quantize_bandwidth.png")
 
 
+@pytest.mark.slow  # a whole benchmark program (test_gemm_quick keeps one in the default tier)
 def test_train_step_quick(tmp_path):
     assert train_step.main(["--quick", "--out", str(tmp_path)]) == 0
     res = json.loads((tmp_path / "train_step.json").read_text())
