@@ -155,18 +155,23 @@ def load_mxfp4(path, *, dtype=None, axes: Mapping[str, int] | None = None) -> di
         the record (a rotation stays along K).
 
     Raises:
-      ValueError: a ``_blocks`` tensor without its ``_scales`` (or the reverse), or a pair of the
+      FileNotFoundError: no file at ``path``.
+      ValueError: ``path`` is not a safetensors file (truncated, or another format); a
+        ``_blocks`` tensor without its ``_scales`` (or the reverse), or a pair of the
         wrong shapes; a record that is malformed, of another format version, of no pair in the
         file, or whose shape does not match its pair; ``dtype`` given for a recorded pair and
         different from its record (the message names both). TypeError: a pair of the wrong
         dtypes. The message names the tensor.
     """
-    from safetensors import safe_open
+    from safetensors import SafetensorError, safe_open
     from safetensors.numpy import load_file
 
-    raw = load_file(str(path))
-    with safe_open(str(path), framework="np") as f:
-        file_meta = f.metadata() or {}
+    try:
+        raw = load_file(str(path))
+        with safe_open(str(path), framework="np") as f:
+            file_meta = f.metadata() or {}
+    except SafetensorError as e:  # a truncated or foreign file: say which file and what it is not
+        raise ValueError(f"path: {path} is not a readable safetensors file ({e})") from e
     records = {k[len(weight_record.RECORD_KEY_PREFIX):]: v for k, v in file_meta.items()
                if k.startswith(weight_record.RECORD_KEY_PREFIX)}
     axes = dict(axes or {})

@@ -97,3 +97,17 @@ def test_wrong_tensors_name_themselves(tmp_path, rng):
             load_mxfp4(f)
     with pytest.raises(TypeError, match="dtype of a"):
         from_blocks_scales(blocks, scales, dtype=jnp.int8, name="a")
+
+
+@pytest.mark.parametrize("damage", ["random_bytes", "truncated", "empty"])
+def test_a_file_that_is_not_safetensors_is_refused_naming_the_path(tmp_path, rng, damage):
+    good = tmp_path / "good.safetensors"
+    save_mxfp4(str(good), {"w": mx.quantize(jnp.asarray(rng.standard_normal((8, 64)), jnp.float32), axis=-1)})
+    bad = tmp_path / f"{damage}.safetensors"
+    data = good.read_bytes()
+    bad.write_bytes({"random_bytes": rng.integers(0, 256, 300, dtype=np.uint8).tobytes(),
+                     "truncated": data[: len(data) // 2], "empty": b""}[damage])
+    with pytest.raises(ValueError, match=f"{bad}.* is not a readable safetensors file"):
+        load_mxfp4(str(bad))
+    with pytest.raises(FileNotFoundError):
+        load_mxfp4(str(tmp_path / "missing.safetensors"))
