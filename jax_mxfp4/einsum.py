@@ -169,13 +169,10 @@ def einsum(subscripts, lhs, rhs, *, precision=None, preferred_element_type=None,
         letter whose sizes differ (other than a size-1 batch letter of a float operand).
       TypeError: non-float operands, a bad ``recipe``.
     """
-    from .training import with_precision
-
-    return _einsum(subscripts, lhs, rhs, preferred_element_type, with_precision(recipe, precision),
-                   pad_k=False, key=key)
+    return _einsum(subscripts, lhs, rhs, preferred_element_type, recipe, pad_k=False, key=key, precision=precision)
 
 
-def _einsum(subscripts, lhs, rhs, preferred_element_type, recipe, *, pad_k: bool, key=None):
+def _einsum(subscripts, lhs, rhs, preferred_element_type, recipe, *, pad_k: bool, key=None, precision=None):
     """:func:`einsum`; ``pad_k=True`` zero-pads K to a multiple of 32 (the Flax Einsum layers),
     including a float operand facing an MXFP4Array whose single contracting dim was padded by
     :func:`jax_mxfp4.flax.quantize_params`."""
@@ -184,7 +181,7 @@ def _einsum(subscripts, lhs, rhs, preferred_element_type, recipe, *, pad_k: bool
     lhs, rhs, dn, perm = align_operands(subscripts, lhs, rhs, pad_k=pad_k)
     if preferred_element_type is None:  # jnp.einsum promotes the operands first
         preferred_element_type = jnp.result_type(lhs.dtype, rhs.dtype)
-    out = _dot_general(lhs, rhs, dn, preferred_element_type, recipe, pad_k=pad_k, key=key)
+    out = _dot_general(lhs, rhs, dn, preferred_element_type, recipe, pad_k=pad_k, key=key, precision=precision)
     return out if perm is None else jnp.transpose(out, perm)
 
 

@@ -137,9 +137,42 @@ def match_rotation(lhs, rhs, dimension_numbers):
     return lhs, rhs
 
 
-def _plan(lhs, rhs, dimension_numbers, preferred_element_type, recipe, precision=None):
-    """(recipe, (lc, rc, lb, rb), problem, output shape), validating every argument."""
-    recipe = dims.check_recipe(recipe)
+@dataclasses.dataclass(frozen=True)
+class GemmPlan:
+    """One GEMM validated and dispatched once (:func:`plan`), run by :func:`execute`.
+
+    ``recipe``: the validated :class:`jax_mxfp4.Recipe`; ``dims``: normalized ``(lc, rc, lb, rb)``;
+    ``problem``: the canonical :class:`jax_mxfp4.backends.base.GemmProblem`; ``out_shape``: the
+    logical output shape; ``backends``: ``(platform, backend)`` pairs staged per platform
+    ("default": any platform not listed); ``decision``: the full
+    :class:`jax_mxfp4.dispatch.Decision` (what :func:`explain` returns; not part of the hash).
+    Hashable, so it passes through ``jax.custom_vjp`` as a static argument."""
+
+    recipe: Recipe
+    dims: tuple
+    problem: GemmProblem
+    out_shape: tuple
+    backends: tuple
+    decision: dispatch.Decision = dataclasses.field(compare=False, hash=False, repr=False)
+
+    @property
+    def backend_here(self) -> str:
+        """The backend this process's platform runs."""
+        table = dict(self.backends)
+        return table.get(self.problem.platform, table["default"])
+
+    def with_out_dtype(self, dtype) -> "GemmPlan":
+        """The same plan writing ``dtype`` (no backend's choice depends on the output dtype)."""
+        return dataclasses.replace(self, problem=dataclasses.replace(self.problem, out_dtype=jnp.dtype(dtype)))
+
+
+def plan(lhs, rhs, dimension_numbers, preferred_element_type, recipe: Recipe, precision=None) -> GemmPlan:
+    """Validate one GEMM and choose its backend per platform, once.
+
+    ``lhs``/``rhs``: float arrays, ``jax.ShapeDtypeStruct``s or quantized operands as
+    :func:`dot_general` takes them, after :func:`match_rotation`; ``recipe``: an already validated
+    :class:`jax_mxfp4.Recipe` (the public entry points validate it). Raises what
+    :func:`dot_general` raises for bad arguments or an unavailable backend."""
     precision = checks.stricter_precision(checks.canonical_precision(precision), recipe.precision)
     lshape, rshape = _logical_shape(lhs, "lhs"), _logical_shape(rhs, "rhs")
     out_dtype = checks.dot_output_dtype(preferred_element_type, lhs.dtype, rhs.dtype)
@@ -156,7 +189,16 @@ def _plan(lhs, rhs, dimension_numbers, preferred_element_type, recipe, precision
         lhs_dtype=jnp.dtype(lhs.dtype), rhs_dtype=jnp.dtype(rhs.dtype), precision=precision,
         lhs_decode_prepared=order_of(lhs), rhs_decode_prepared=order_of(rhs),
     )
-    return recipe, (lc, rc, lb, rb), problem, out_shape
+    decision = dispatch.plan(problem, recipe.backend)
+    return GemmPlan(recipe, (lc, rc, lb, rb), problem, out_shape, tuple(decision.per_platform.items()), decision)
+
+
+def abstract(x):
+    """A float operand as its ``jax.ShapeDtypeStruct`` (planning needs no values); quantized
+    operands and structs as they are."""
+    if isinstance(x, _QUANTIZED) or isinstance(x, jax.ShapeDtypeStruct) or not hasattr(x, "shape"):
+        return x
+    return jax.ShapeDtypeStruct(jnp.shape(x), x.dtype)
 
 
 def _run(a, b, backend_name: str, problem: GemmProblem, platforms=None):
@@ -242,17 +284,24 @@ def dot_general(
       BackendUnavailableError: the backend named by the recipe or ``JAX_MXFP4_BACKEND`` cannot
         run this GEMM.
     """
+    recipe = dims.check_recipe(recipe)
     lhs, rhs = match_rotation(lhs, rhs, dimension_numbers)
-    recipe, (lc, rc, lb, rb), problem, out_shape = _plan(
-        lhs, rhs, dimension_numbers, preferred_element_type, recipe, precision
-    )
-    decision = dispatch.plan(problem, recipe.backend)
-    a = _to_canonical(lhs, lc, lb, recipe, problem.lhs_kind, "lhs")
-    b = _to_canonical(rhs, rc, rb, recipe, problem.rhs_kind, "rhs")
+    p = plan(abstract(lhs), abstract(rhs), dimension_numbers, preferred_element_type, recipe, precision)
+    return execute(lhs, rhs, p, out_sharding=out_sharding)
+
+
+def execute(lhs, rhs, p: GemmPlan, *, out_sharding=None):
+    """Run the GEMM ``p`` (:func:`plan`) on ``lhs``/``rhs``: operands of the logical shapes and
+    dtypes it was planned for, already rotated (:func:`match_rotation`); a float operand planned
+    to be quantized may come quantized already (same axis, same bits: the training passes hand
+    in their own quantized operands)."""
+    (lc, rc, lb, rb), problem = p.dims, p.problem
+    a = _to_canonical(lhs, lc, lb, p.recipe, problem.lhs_kind, "lhs")
+    b = _to_canonical(rhs, rc, rb, p.recipe, problem.rhs_kind, "rhs")
     if 0 in (problem.batch, problem.m, problem.n, problem.k):  # empty operands: an exact zero sum
         out = jnp.zeros((problem.batch, problem.m, problem.n), problem.out_dtype)
     else:
-        out = _staged_gemm(a, b, problem, decision.per_platform)
+        out = _staged_gemm(a, b, problem, dict(p.backends))
 
     def leaf(v):  # an array of the operand's logical rank and shardings (to_logical reads both)
         if isinstance(v, DecodePrepared):  # rank only, unless a mesh needs the permuted shardings
@@ -262,7 +311,7 @@ def dot_general(
             return jnp.moveaxis(v.codes, -1, v.axis)
         return v.data if isinstance(v, MXFP4Array) else v
 
-    out = dims.to_logical(out, out_shape, leaf(lhs), leaf(rhs), lc, rc, lb, rb)
+    out = dims.to_logical(out, p.out_shape, leaf(lhs), leaf(rhs), lc, rc, lb, rb)
     return out if out_sharding is None else jax.sharding.reshard(out, out_sharding)
 
 
@@ -275,5 +324,4 @@ def explain(lhs, rhs, dimension_numbers, precision=None, preferred_element_type=
     registered backend to why it was not chosen. Raises what :func:`dot_general` would raise.
     """
     lhs, rhs = match_rotation(lhs, rhs, dimension_numbers)
-    recipe, _, problem, _ = _plan(lhs, rhs, dimension_numbers, preferred_element_type, recipe, precision)
-    return dispatch.plan(problem, recipe.backend)
+    return plan(lhs, rhs, dimension_numbers, preferred_element_type, dims.check_recipe(recipe), precision).decision

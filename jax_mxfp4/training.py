@@ -199,18 +199,10 @@ def _bf16_gemm(a, b, dimension_numbers):
 
 
 # ----------------------------------------------------------------------------- fused FP8 passes
-def _routes_to_fp8(x, y, contraction, out_dtype, recipe: Recipe) -> bool:
-    """Whether "auto"/the recipe's backend runs this float x float GEMM on backend "fp8" here."""
-    platform = dispatch.current_platform()
-    structs = [jax.ShapeDtypeStruct(v.shape, v.dtype) for v in (x, y)]
-    decision = gemm.explain(*structs, contraction, preferred_element_type=out_dtype, recipe=recipe)
-    return decision.per_platform.get(platform, decision.per_platform["default"]) == "fp8"
-
-
-def _fused_route(x, y, contraction, out_dtype, recipe: Recipe):
+def _fused_route(x, y, p: gemm.GemmPlan):
     """None, or ``interpret`` (bool) for :func:`jax_mxfp4.backends.fp8.fused_operand`: the fused passes are taken for the
-    stochastically rounded operands when the GEMM of these two float operands routes to backend
-    "fp8" on this platform (CUDA; any platform with :data:`_FUSED_INTERPRET`), outside any mesh,
+    stochastically rounded operands when the GEMM of these two float operands (its plan ``p``)
+    routes to backend "fp8" on this platform (CUDA; any platform with :data:`_FUSED_INTERPRET`), outside any mesh,
     and (on CUDA) where :func:`jax_mxfp4.quantize.fused_path` takes the fused quantizer (size
     limit; custom kernels on, :func:`jax_mxfp4.platform.kernels_enabled`). Every other backend
     and platform keeps the unfused passes."""
@@ -224,7 +216,7 @@ def _fused_route(x, y, contraction, out_dtype, recipe: Recipe):
         return None
     if not shd.kernel_may_run(x, y):
         return None
-    if not _routes_to_fp8(x, y, contraction, out_dtype, recipe):
+    if p.backend_here != "fp8":
         return None
     return interpret and platform not in ("cuda", "rocm")
 
@@ -254,13 +246,17 @@ def _fprop(a, b, recipe: Recipe, out_dtype, fprop_seed):
         else:
             a = hd.random_hadamard_transform(a, 2, fprop_seed, recipe.hadamard_block)
             b = hd.random_hadamard_transform(b, 2, fprop_seed, recipe.hadamard_block)
-        return gemm.dot_general(a, b, _CANON, preferred_element_type=out_dtype, recipe=recipe)
-    route = _fused_route(a, b, _CANON, out_dtype, recipe)
+    p = _plan(a, b, _CANON, out_dtype, recipe)
+    route = _fused_route(a, b, p) if "fprop" not in recipe.hadamard_passes else None
     if route is not None:
-        qa = _fp8_operand(a, 2, recipe.scale_mode, route)
-        qb = _fp8_operand(b, 2, recipe.scale_mode, route)
-        return gemm.dot_general(qa, qb, _CANON, preferred_element_type=out_dtype, recipe=recipe)
-    return gemm.dot_general(a, b, _CANON, preferred_element_type=out_dtype, recipe=recipe)
+        a = _fp8_operand(a, 2, recipe.scale_mode, route)
+        b = _fp8_operand(b, 2, recipe.scale_mode, route)
+    return gemm.execute(a, b, p)
+
+
+def _plan(a, b, contraction, out_dtype, recipe: Recipe) -> gemm.GemmPlan:
+    """The plan of one canonical GEMM of the training passes (validated and dispatched once)."""
+    return gemm.plan(gemm.abstract(a), gemm.abstract(b), contraction, out_dtype, recipe)
 
 
 def _grad_gemm(g, w, g_axis, w_axis, precision, key, recipe: Recipe, hadamard_seed=None,
@@ -293,15 +289,16 @@ def _grad_gemm(g, w, g_axis, w_axis, precision, key, recipe: Recipe, hadamard_se
         h = (recipe.hadamard_block, hadamard_seed)
         gq = quantize_rotated(g, g_axis, h, scale_mode=recipe.scale_mode, rounding=rounding, key=gkey)
         wq = quantize_rotated(w, w_axis, h, scale_mode=recipe.scale_mode)
-        return gemm.dot_general(*order(gq, wq), dims_, preferred_element_type=jnp.float32, recipe=recipe)
-    route = _fused_route(*order(g, w), dims_, grad_dtype, recipe)
+        return gemm.execute(*order(gq, wq), _plan(*order(gq, wq), dims_, jnp.float32, recipe))
+    p = _plan(*order(g, w), dims_, grad_dtype, recipe)
+    route = _fused_route(*order(g, w), p)
     gq = _fp8_operand(g, g_axis, recipe.scale_mode, route, rounding, gkey)
     wq = _fp8_operand(w, w_axis, recipe.scale_mode, route)
     # On backend "fp8" the GEMM writes ``grad_dtype`` directly (the float32 result rounded once,
     # the caller's cast: same value) instead of a float32 [M, N] array cast afterwards.
-    fp8 = route is not None or _routes_to_fp8(*order(g, w), dims_, grad_dtype, recipe)
-    out_dtype = grad_dtype if fp8 else jnp.float32
-    return gemm.dot_general(*order(gq, wq), dims_, preferred_element_type=out_dtype, recipe=recipe)
+    if p.backend_here != "fp8":
+        p = p.with_out_dtype(jnp.float32)
+    return gemm.execute(*order(gq, wq), p)
 
 
 def rounding_key(key, dy, site: int, tag: int):
@@ -407,12 +404,18 @@ def _as_float(x):
     return dequantize(x, jnp.float32) if isinstance(x, MXFP4Array) else x
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4, 5))
-def _mixed_gemm(lhs, rhs, dimension_numbers, out_dtype, recipe, site, key):
-    return gemm.dot_general(lhs, rhs, dimension_numbers, preferred_element_type=out_dtype, recipe=recipe)
+# ``p``: the forward GEMM's plan (:func:`jax_mxfp4.gemm.plan`), made once by :func:`_dot_general`.
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3))
+def _mixed_gemm(lhs, rhs, p, site, key):
+    return gemm.execute(*gemm.match_rotation(lhs, rhs, _dimension_numbers(p)), p)
 
 
-def _mixed_fwd(lhs, rhs, dimension_numbers, out_dtype, recipe, site, key):
+def _dimension_numbers(p):
+    lc, rc, lb, rb = p.dims
+    return ((lc, rc), (lb, rb))
+
+
+def _mixed_fwd(lhs, rhs, p, site, key):
     values = []
     for name, arg in (("lhs", lhs), ("rhs", rhs)):
         is_mx = isinstance(arg, _QUANTIZED)
@@ -429,14 +432,15 @@ def _mixed_fwd(lhs, rhs, dimension_numbers, out_dtype, recipe, site, key):
     lhs_v, rhs_v = values
     key_v = key.value if key is not None else None
     # through _mixed_gemm itself: an outer jax.grad takes this custom VJP (higher-order differentiation)
-    y = _mixed_gemm(lhs_v, rhs_v, dimension_numbers, out_dtype, recipe, site, key_v)
+    y = _mixed_gemm(lhs_v, rhs_v, p, site, key_v)
     return y, (lhs_v, rhs_v, key_v)
 
 
-def _mixed_bwd(dimension_numbers, out_dtype, recipe, site, res, dy):
+def _mixed_bwd(p, site, res, dy):
     lhs, rhs, key = res
+    recipe, dimension_numbers = p.recipe, _dimension_numbers(p)
     dy = _materialize(dy)
-    lc, rc, lb, rb, _ = dims.parse_dimension_numbers(dimension_numbers, lhs.shape, rhs.shape)
+    lc, rc, lb, rb = p.dims
     lf, rf = _as_float(lhs), _as_float(rhs)
     a = _canonical(lf, lc, lb, pad_k=False)
     b = _canonical(rf, rc, rb, pad_k=False)
@@ -536,8 +540,8 @@ def dot_general(lhs, rhs, dimension_numbers, precision=None, preferred_element_t
     Hessian-vector products by reverse over reverse) differentiate the backward passes as the
     exact float products they approximate (module docstring of :mod:`jax_mxfp4.training`).
     """
-    recipe = with_precision(recipe, precision)
-    out = _dot_general(lhs, rhs, dimension_numbers, preferred_element_type, recipe, pad_k=False, key=key)
+    out = _dot_general(lhs, rhs, dimension_numbers, preferred_element_type, recipe, pad_k=False, key=key,
+                       precision=precision)
     if out_sharding is not None:
         out = jax.sharding.reshard(out, out_sharding)
     return out
@@ -552,9 +556,11 @@ def with_precision(recipe, precision):
     return recipe.replace(precision=checks.stricter_precision(checks.canonical_precision(precision), recipe.precision))
 
 
-def _dot_general(lhs, rhs, dimension_numbers, preferred_element_type, recipe, *, pad_k: bool, key=None):
-    """:func:`dot_general`; ``pad_k=True`` zero-pads a float x float contraction to 32 (dense, layers)."""
-    recipe = dims.check_recipe(recipe)
+def _dot_general(lhs, rhs, dimension_numbers, preferred_element_type, recipe, *, pad_k: bool, key=None,
+                 precision=None):
+    """:func:`dot_general`; ``pad_k=True`` zero-pads a float x float contraction to 32 (dense, layers).
+    The one place that validates the recipe of a call (every public entry point comes here)."""
+    recipe = with_precision(recipe, precision)
     if key is not None:
         checks.check_rounding("stochastic", key)  # one PRNG key
     if isinstance(lhs, _QUANTIZED) or isinstance(rhs, _QUANTIZED):
@@ -562,13 +568,14 @@ def _dot_general(lhs, rhs, dimension_numbers, preferred_element_type, recipe, *,
             if not isinstance(x, _QUANTIZED):
                 checks.check_float_input(x, name)
         out_dtype = checks.dot_output_dtype(preferred_element_type, lhs.dtype, rhs.dtype)
-        gemm.explain(lhs, rhs, dimension_numbers, preferred_element_type=out_dtype, recipe=recipe)
-        lc, rc, lb, rb, _ = dims.parse_dimension_numbers(dimension_numbers, lhs.shape, rhs.shape)
+        p = gemm.plan(*gemm.match_rotation(gemm.abstract(lhs), gemm.abstract(rhs), dimension_numbers),
+                      dimension_numbers, out_dtype, recipe)
+        lc, rc, lb, rb = p.dims
         _, m, k = dims.canonical_sizes(lhs.shape, lc, lb)
         _check_hadamard_lengths(recipe.replace(hadamard=tuple(p for p in recipe.hadamard_passes if p != "fprop")),
                                 m, dims.canonical_sizes(rhs.shape, rc, rb)[1], k)
         site = _site_seed(lhs.shape, rhs.shape, str(jnp.dtype(lhs.dtype)), str(jnp.dtype(rhs.dtype)), (lc, rc, lb, rb))
-        return _mixed_gemm(lhs, rhs, ((lc, rc), (lb, rb)), out_dtype, recipe, site, key)
+        return _mixed_gemm(lhs, rhs, p, site, key)
     checks.check_float_input(lhs, "lhs")
     checks.check_float_input(rhs, "rhs")
     out_dtype = checks.dot_output_dtype(preferred_element_type, lhs.dtype, rhs.dtype)
