@@ -114,7 +114,7 @@ def load_gpt_oss(path, names: Sequence[str] | None = None, *, dtype=jnp.bfloat16
     Args:
       path: a safetensors file, or a sequence of them (the shards of one checkpoint: a pair may
         have its two tensors in different shards).
-      names: the stems to read (default: every pair).
+      names: the stems to read, a sequence of str or one str (default: every pair).
       dtype: logical dtype of the results (bfloat16 (default), float32 or float16).
       extra: also return every tensor that is not part of a pair (biases, norms, attention and
         embedding weights), as NumPy arrays under their own names.
@@ -141,7 +141,7 @@ def load_gpt_oss(path, names: Sequence[str] | None = None, *, dtype=jnp.bfloat16
     for stem in sorted(stems ^ scale_stems):
         have, lack = (b_suffix, s_suffix) if stem in stems else (s_suffix, b_suffix)
         raise ValueError(f"{stem}{have}: found no matching {stem}{lack} tensor in {_shown(files)}")
-    wanted = sorted(stems) if names is None else list(names)
+    wanted = sorted(stems) if names is None else [names] if isinstance(names, str) else list(names)
     unknown = [n for n in wanted if n not in stems]
     if unknown:
         raise ValueError(f"names: {unknown} are not {b_suffix}/{s_suffix} pairs in {_shown(files)} "
@@ -158,8 +158,8 @@ def save_gpt_oss(path, weights: Mapping[str, MXFP4Array], extra: Mapping | None 
                  metadata: Mapping[str, str] | None = None, sep: str = "_") -> None:
     """Write ``weights`` in the gpt-oss layout to one safetensors file: each ``{name: w}`` as
     ``{name}{sep}blocks``/``{name}{sep}scales`` (:func:`to_gpt_oss`), each ``extra`` tensor
-    (NumPy/JAX array) under its own name, and ``metadata`` (str -> str; the Hugging Face files
-    carry ``{"format": "pt"}``) in the header. No jax_mxfp4 record is written: the file holds
+    (NumPy/JAX array) under its own name, and ``metadata`` (str -> str; files written by Hugging Face
+    transformers carry ``{"format": "pt"}``) in the header. No jax_mxfp4 record is written: the file holds
     what the published layout holds, and :func:`load_gpt_oss` reads it back byte for byte.
 
     Raises:

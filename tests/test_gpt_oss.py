@@ -111,7 +111,8 @@ def test_load_save_load_keeps_every_byte_and_the_other_tensors(tmp_path, rng):
     reloaded = mx.load_gpt_oss(out)
     for name, w in weights.items():
         np.testing.assert_array_equal(np.asarray(reloaded[name].data), np.asarray(w.data))
-        np.testing.assert_array_equal(np.asarray(reloaded[name].scales).view(np.uint8), np.asarray(w.scales).view(np.uint8))
+        np.testing.assert_array_equal(np.asarray(reloaded[name].scales).view(np.uint8),
+                                      np.asarray(w.scales).view(np.uint8))
 
 
 def test_to_gpt_oss_inverts_from_gpt_oss_also_from_jax_arrays_and_swizzled_scales(rng):
@@ -167,6 +168,7 @@ def test_names_select_pairs_sep_dot_and_pairs_split_over_shards(tmp_path, rng):
                "block.0.mlp.mlp2_weight.blocks": blocks[:1], "block.0.mlp.mlp2_weight.scales": scales[:1]}, str(f))
     w = mx.load_gpt_oss(f, ["block.0.mlp.mlp1_weight"], sep=".")
     assert list(w) == ["block.0.mlp.mlp1_weight"]
+    assert list(mx.load_gpt_oss(f, "block.0.mlp.mlp2_weight", sep=".")) == ["block.0.mlp.mlp2_weight"]
     assert_same_bits(mx.dequantize(w["block.0.mlp.mlp1_weight"]), published_decode(codes, scales))
     a, b = tmp_path / "a.safetensors", tmp_path / "b.safetensors"
     save_file({"x_blocks": blocks, "n": np.ones(3, np.float32)}, str(a))
