@@ -26,7 +26,7 @@ by a reshape ``[..., K/32, 16] -> [..., K/2]`` and a bitcast of the scales; writ
 
 Scale bytes are kept as they are. Byte 0xFF is NaN in E8M0 (OCP MX v1.0 §5.4.1):
 :func:`jax_mxfp4.dequantize` gives NaN for the block's 32 elements (the PyTorch decoders above
-compute ``ldexp(v, 128)`` instead: ±inf, or 0 for a zero code). Byte 0xFE is 2^127: decoded
+compute ``ldexp(v, 255 - 127)`` instead, an overflow rather than the E8M0 NaN). Byte 0xFE is 2^127: decoded
 magnitudes of 2 and above overflow float32 to ±inf. Byte 0x00 is 2^-127: decoded values below
 2^-126 become signed zeros (dequantize's rule).
 
