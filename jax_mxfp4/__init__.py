@@ -4,9 +4,7 @@ Public API: :func:`quantize`, :func:`dequantize`, :class:`MXFP4Array`, :func:`do
 (differentiable: MXFP4 fprop, dgrad and wgrad; :mod:`jax_mxfp4.training`), :func:`einsum`,
 :func:`dense`, :class:`Recipe`, :func:`available_backends`, :func:`explain`, :func:`prepare_fp8`
 (:class:`FP8Prepared`, a weight converted once for the FP8 GEMM path), :func:`prepare_decode`
-(:class:`DecodePrepared`, a weight arranged once for decode-size GEMMs); :func:`load_gpt_oss`,
-:func:`save_gpt_oss`, :func:`from_gpt_oss`, :func:`to_gpt_oss` (gpt-oss expert weights, the
-published ``_blocks``/``_scales`` layout, as MXFP4Array without dequantizing); Flax layers in
+(:class:`DecodePrepared`, a weight arranged once for decode-size GEMMs); Flax layers in
 :mod:`jax_mxfp4.flax` (imported on first use of ``jax_mxfp4.flax``; needs flax).
 """
 
@@ -16,7 +14,6 @@ from .dispatch import BackendUnavailableError, available_backends
 from .einsum import einsum
 from .fp8_prepared import FP8Prepared, prepare_fp8
 from .gemm import explain
-from .gpt_oss import from_gpt_oss, load_gpt_oss, save_gpt_oss, to_gpt_oss
 from .quantize import dequantize, quantize
 from .recipe import Recipe
 from .training import dense, dot_general
@@ -46,11 +43,7 @@ __all__ = [
     "dot_general",
     "einsum",
     "explain",
-    "from_gpt_oss",
-    "load_gpt_oss",
     "prepare_decode",
     "prepare_fp8",
     "quantize",
-    "save_gpt_oss",
-    "to_gpt_oss",
 ]
