@@ -104,7 +104,8 @@ def test_forward_mxfp4_activations(rng):
     assert_close_f32(y, fprop_ref(x, np.asarray(w), GS_EMPTY_AND_TAIL))
 
 
-@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+@pytest.mark.sweep(keep=1)
+@pytest.mark.parametrize("dtype", [jnp.bfloat16, jnp.float32])
 def test_forward_w4a16_keeps_activations(rng, dtype):
     x, w = operands(rng)
     x = x.astype(dtype)
@@ -195,7 +196,7 @@ def test_group_blocked_values_follow_the_rule(rng):
     sum (74 of 100) give 0. Scales differ per block, so any other blocking gives other values."""
     x = rng.standard_normal((100, 8)).astype(np.float32) * np.exp(rng.uniform(-4, 4, (100, 1))).astype(np.float32)
     gs = np.array([33, 1, 0, 40], np.int32)
-    got = np.asarray(group_blocks.group_blocked_values(jnp.asarray(x), jnp.asarray(gs)))
+    got = np.asarray(jax.jit(group_blocks.group_blocked_values)(jnp.asarray(x), jnp.asarray(gs)))
     want = blocked_ref(x, gs)
     np.testing.assert_array_equal(got, want)
     assert np.all(got[74:] == 0)
@@ -213,7 +214,8 @@ def test_block_layout_bounds():
     assert np.all(dest[74:] == layout.rows)  # dropped
 
 
-@pytest.mark.parametrize("storage", ["GKN", "GNK"])
+@pytest.mark.sweep(keep=1)
+@pytest.mark.parametrize("storage", ["GNK", "GKN"])
 def test_gradients_nearest_match_blocked_reference(rng, storage):
     """grad_rounding="nearest": dX = per group qdq_N(dY_g)·qdq_N(W_g)ᵀ (N = 48 zero-padded to 64);
     dW_g = blocked(X)_gᵀ·blocked(dY)_g with the per-group token blocks."""
@@ -226,8 +228,7 @@ def test_gradients_nearest_match_blocked_reference(rng, storage):
     else:
         rhs = jnp.swapaxes(w, 1, 2)
         call = lambda a, b: mx.ragged_dot_general(a, b, jnp.asarray(gs), NK_DN, recipe=recipe)  # noqa: E731
-    _, pull = jax.vjp(call, x, rhs)
-    dx, dw = pull(jnp.asarray(c))
+    dx, dw = jax.jit(lambda a, b, ct: jax.vjp(call, a, b)[1](ct))(x, rhs, jnp.asarray(c))
     wn = np.asarray(w)
     want_dx = np.zeros((70, 64))
     for g, (a, b) in enumerate(bounds(gs)):
@@ -245,7 +246,7 @@ def test_ragged_contracting_form_matches_blocked_reference(rng):
     x = rng.standard_normal((80, 64)).astype(np.float32)
     y = rng.standard_normal((80, 32)).astype(np.float32)
     gs = np.array([0, 33, 1, 40], np.int32)
-    out = mx.ragged_dot_general(jnp.asarray(x), jnp.asarray(y), jnp.asarray(gs), WGRAD_DN)
+    out = jax.jit(lambda a, b: mx.ragged_dot_general(a, b, jnp.asarray(gs), WGRAD_DN))(jnp.asarray(x), jnp.asarray(y))
     bx, by = blocked_ref(x, gs), blocked_ref(y, gs)
     assert out.shape == (4, 64, 32)
     assert_close_f32(out, np.stack([bx[a:b].T @ by[a:b] for a, b in bounds(gs)]))
@@ -266,8 +267,8 @@ def test_gradients_within_bound_of_float64(rng):
         exact_dx[a:b] = c[a:b] @ wf[g].T
         exact_dw[g] = xf[a:b].T @ c[a:b]
     for recipe, lo, hi in ((mx.Recipe(), 0.01, 0.30), (mx.Recipe(dgrad="bf16", wgrad="bf16"), 0.0, 0.01)):
-        _, pull = jax.vjp(lambda a, b: mx.ragged_dot(a, b, jnp.asarray(gs), recipe=recipe), x, w)
-        dx, dw = pull(jnp.asarray(c, jnp.float32))
+        dx, dw = jax.jit(lambda a, b, ct: jax.vjp(lambda p, q: mx.ragged_dot(p, q, jnp.asarray(gs), recipe=recipe),
+                                                  a, b)[1](ct))(x, w, jnp.asarray(c, jnp.float32))
         for got, want in ((dx, exact_dx), (dw, exact_dw)):
             assert lo <= rel_fro(got, want) < hi
 
@@ -288,6 +289,7 @@ def test_stochastic_dgrad_keys_as_documented(rng, jax_key):
     c = jnp.asarray(rng.standard_normal((64, 64)), jnp.float32)
     site = zlib.crc32(repr(("ragged_dot", (64, 32), (2, 32, 64), "float32", "float32", "ragged rows", 1)).encode()) & 0x7FFFFFFF
 
+    @jax.jit
     def grads(key):
         return jax.vjp(lambda a, b: mx.ragged_dot(a, b, jnp.asarray(gs), key=key), x, w)[1](c)
 
@@ -315,12 +317,17 @@ def test_wgrad_stochastic_uses_fold_in_key_2(rng, jax_key):
     x, w = operands(rng, m=64, k=32, n=32, g=2)
     gs = jnp.asarray([33, 31], jnp.int32)
     c = jnp.asarray(rng.standard_normal((64, 32)), jnp.float32)
-    _, dw = jax.vjp(lambda a, b: mx.ragged_dot(a, b, gs, key=jax_key), x, w)[1](c)
-    layout = group_blocks.block_layout(gs, 64)
-    xb = mx.dequantize(group_blocks.quantize_blocked(x, layout, scale_mode="even"))
-    cb = mx.dequantize(group_blocks.quantize_blocked(c, layout, scale_mode="even", rounding="stochastic",
-                                                     key=jax.random.fold_in(jax_key, 2)))
-    want = lax.ragged_dot_general(xb, cb, layout.padded_sizes, WGRAD_DN, precision=lax.Precision.HIGHEST)
+    _, dw = jax.jit(lambda a, b, ct: jax.vjp(lambda p, q: mx.ragged_dot(p, q, gs, key=jax_key), a, b)[1](ct))(x, w, c)
+
+    @jax.jit
+    def want_fn(x, c):
+        layout = group_blocks.block_layout(gs, 64)
+        xb = mx.dequantize(group_blocks.quantize_blocked(x, layout, scale_mode="even"))
+        cb = mx.dequantize(group_blocks.quantize_blocked(c, layout, scale_mode="even", rounding="stochastic",
+                                                         key=jax.random.fold_in(jax_key, 2)))
+        return lax.ragged_dot_general(xb, cb, layout.padded_sizes, WGRAD_DN, precision=lax.Precision.HIGHEST)
+
+    want = want_fn(x, c)
     assert_close_f32(dw, want)
 
 
@@ -339,7 +346,7 @@ def test_gradient_wrt_mxfp4_experts_raises_and_lhs_gradient_works(rng):
 def test_gradient_dtypes_follow_operands(rng):
     x, w = operands(rng)
     gs = jnp.asarray(GS_EMPTY_AND_TAIL)
-    dx, dw = jax.grad(lambda a, b: mx.ragged_dot(a, b, gs).astype(jnp.float32).sum(), argnums=(0, 1))(
+    dx, dw = jax.jit(jax.grad(lambda a, b: mx.ragged_dot(a, b, gs).astype(jnp.float32).sum(), argnums=(0, 1)))(
         x.astype(jnp.bfloat16), w)
     assert dx.dtype == jnp.bfloat16 and dw.dtype == jnp.float32
 
