@@ -45,8 +45,10 @@ as for dense layers (:func:`jax_mxfp4.training.rounding_key`): ``fold_in(key, 1)
 (:func:`jax_mxfp4.training.gradient_key`) with the call site ``crc32(repr(("ragged_dot",
 lhs.shape, rhs.shape, lhs dtype, rhs dtype, form, rhs contracting dim))) & 0x7FFFFFFF``. The
 quantizers are straight-through: the backward passes are differentiated as the exact float32
-products they approximate. A gradient with respect to an MXFP4Array operand raises (as
-:func:`jax_mxfp4.dot_general`); an undifferentiated operand's gradient pass is skipped.
+products they approximate (second derivatives through dgrad work; through wgrad JAX raises
+NotImplementedError: ``lax`` has no transpose of the ragged-contracting form). A gradient with
+respect to an MXFP4Array operand raises (as :func:`jax_mxfp4.dot_general`); an undifferentiated
+operand's gradient pass is skipped.
 
 **Checks.** Shapes, dtypes, dimension numbers and the recipe are checked when traced. The values
 of ``group_sizes`` (sizes >= 0, sum <= M) are checked eagerly when they are concrete; under
@@ -77,7 +79,6 @@ from .dispatch import current_platform
 from .errors import BackendUnavailableError
 from .gemm import _operand_kinds
 from .hadamard import site_seed
-from .mx_format import BLOCK_SIZE
 from .quantize import quantize
 from .recipe import Recipe
 from .training import DGRAD_TAG, WGRAD_TAG, _materialize, _pad_axis, rounding_key
@@ -113,8 +114,8 @@ def _form_of(ragged_dot_dimension_numbers, lhs_ndim: int, rhs_ndim: int) -> _For
     rdn = ragged_dot_dimension_numbers
     try:
         (lc, rc), (lb, rb) = rdn.dot_dimension_numbers
-        lc, rc, lb, rb, ragged, group = (tuple(int(d) for d in t) for t in
-                                         (lc, rc, lb, rb, rdn.lhs_ragged_dimensions, rdn.rhs_group_dimensions))
+        lc, lb, ragged = (tuple(int(d) % max(lhs_ndim, 1) for d in t) for t in (lc, lb, rdn.lhs_ragged_dimensions))
+        rc, rb, group = (tuple(int(d) % max(rhs_ndim, 1) for d in t) for t in (rc, rb, rdn.rhs_group_dimensions))
     except (AttributeError, TypeError, ValueError):
         raise TypeError("ragged_dot_dimension_numbers must be a jax.lax.RaggedDotDimensionNumbers, got "
                         f"{ragged_dot_dimension_numbers!r}") from None
