@@ -4,7 +4,8 @@ Public API: :func:`quantize`, :func:`dequantize`, :class:`MXFP4Array`, :func:`do
 (differentiable: MXFP4 fprop, dgrad and wgrad; :mod:`jax_mxfp4.training`), :func:`einsum`,
 :func:`dense`, :class:`Recipe`, :func:`available_backends`, :func:`explain`, :func:`prepare_fp8`
 (:class:`FP8Prepared`, a weight converted once for the FP8 GEMM path), :func:`prepare_decode`
-(:class:`DecodePrepared`, a weight arranged once for decode-size GEMMs); Flax layers in
+(:class:`DecodePrepared`, a weight arranged once for decode-size GEMMs), :func:`ragged_dot` and
+:func:`ragged_dot_general` (MoE grouped GEMMs with MXFP4 experts; :mod:`jax_mxfp4.ragged`); Flax layers in
 :mod:`jax_mxfp4.flax` (imported on first use of ``jax_mxfp4.flax``; needs flax).
 """
 
@@ -15,6 +16,7 @@ from .einsum import einsum
 from .fp8_prepared import FP8Prepared, prepare_fp8
 from .gemm import explain
 from .quantize import dequantize, quantize
+from .ragged import ragged_dot, ragged_dot_general
 from .recipe import Recipe
 from .training import dense, dot_general
 from . import serialization as _serialization  # noqa: F401  (jax.export serialization of the pytrees)
@@ -46,4 +48,6 @@ __all__ = [
     "prepare_decode",
     "prepare_fp8",
     "quantize",
+    "ragged_dot",
+    "ragged_dot_general",
 ]
