@@ -19,6 +19,15 @@ a gfx950 machine this is what verifies the documented envelope (its cases run); 
 shape rules can be judged. The internal route hipBLASLt takes (rocRoller or TensileLite, and why)
 is printed per device.
 
+hipBLASLt repeats and routes. hipBLASLt below 1.5.0 carries an upstream bug giving intermittent
+non-finite output on gfx950 (fixed in 1.5.0, CHANGELOG "Intermittent nonfinite (NaN/Inf) values in
+hipblasLtMatmul output on gfx950"), which one pass cannot show absent: every swizzled case of
+backend "hipblaslt" is repeated :data:`REPEATS` times on fresh data, every output finite and within
+the bound. hipBLASLt's other internal route is checked in a subprocess with
+``HIPBLASLT_USE_ROCROLLER=0`` (TensileLite; the library reads it when a handle is created): swizzled
+scales must run exact there, plain scales must be refused naming TensileLite (or, if they ever
+run, be exact).
+
 Exit status: 0 when every case that ran passed, 1 otherwise. Options: --quick (small shapes only),
 --no-speed, --iters N, --backends NAME[,NAME...] (only these backends).
 """
@@ -29,6 +38,7 @@ import argparse
 import contextlib
 import dataclasses
 import os
+import subprocess
 import sys
 import time
 
@@ -40,6 +50,7 @@ import numpy as np
 from . import dispatch
 from .array import MXFP4Array
 from .backends.base import Contract, GemmProblem
+from .backends.hipblaslt import ENVELOPE_ENV
 from .gemm import dot_general
 from .recipe import Recipe
 
@@ -81,8 +92,7 @@ def check_case(backend, m, n, k, layout, out, seed=0):
     except dispatch.BackendUnavailableError as e:
         return "SKIP", str(e).split(": ", 1)[-1][:90]
     try:
-        got = jax.jit(lambda x, y: dot_general(x, y, DN, preferred_element_type=getattr(jnp, out), recipe=recipe))(a, b)
-        got = np.asarray(got).astype(np.float64)
+        got = np.asarray(_gemm_fn(recipe, out)(a, b)).astype(np.float64)
     except Exception as e:  # report, never crash the table
         return "FAIL", f"{type(e).__name__}: {str(e)[:120]}"
     exact = ea @ eb.T
@@ -94,6 +104,75 @@ def check_case(backend, m, n, k, layout, out, seed=0):
     return ("PASS" if ok else "FAIL"), f"max err/bound = {worst:.3g} ({contract.kind})"
 
 
+def _gemm_fn(recipe, out):
+    """The jitted GEMM the self-test runs: lhs [M, K] . rhs [N, K]^T in ``out``."""
+    return jax.jit(lambda x, y: dot_general(x, y, DN, preferred_element_type=getattr(jnp, out), recipe=recipe))
+
+
+REPEATS = 20  # runs of each repeated case (an intermittent fault needs more than one)
+
+
+def repeat_case(backend, m, n, k, layout, out, runs=REPEATS):
+    """(status, detail): one GEMM compiled once and run ``runs`` times on fresh random data (seeds
+    0..runs-1); "FAIL" names the first run with a non-finite output or one outside the backend's
+    contract, "SKIP" the reason the backend cannot take it."""
+    recipe = Recipe(backend=backend, scale_layout=layout)
+    try:
+        dispatch.decide(dispatch_problem_shape(m, n, k, out, recipe), backend)
+    except dispatch.BackendUnavailableError as e:
+        return "SKIP", str(e).split(": ", 1)[-1][:90]
+    fn, contract = _gemm_fn(recipe, out), contract_for(backend, m, n, k, layout, out)
+    for i in range(runs):
+        rng = np.random.default_rng(i)
+        (a, ea), (b, eb) = _random_mx(rng, m, k), _random_mx(rng, n, k)
+        try:
+            got = np.asarray(fn(a, b)).astype(np.float64)
+        except Exception as e:  # report, never crash the table
+            return "FAIL", f"run {i + 1} of {runs}: {type(e).__name__}: {str(e)[:100]}"
+        nonfinite = int(np.sum(~np.isfinite(got)))
+        if nonfinite:
+            return "FAIL", f"run {i + 1} of {runs}: {nonfinite} non-finite output(s)"
+        exact = ea @ eb.T
+        bound = contract.bound(exact, np.abs(ea) @ np.abs(eb).T, k, getattr(jnp, out), DATA)
+        if not np.all(np.abs(got - exact) <= bound):
+            worst = float(np.max(np.abs(got - exact) / np.maximum(bound, 1e-300)))
+            return "FAIL", f"run {i + 1} of {runs}: max err/bound = {worst:.3g} ({contract.kind})"
+    return "PASS", f"{runs} runs, every output finite and within the {contract.kind} bound"
+
+
+ROUTE_ENV = "HIPBLASLT_USE_ROCROLLER"
+ROUTE_CHECK_SHAPE = (64, 32, 512)  # inside the validated envelope: only the route decides
+
+
+def route_check_rows():
+    """Rows (case, status, detail) for backend "hipblaslt" in this process, run by
+    :func:`tensilelite_route_check` under ``HIPBLASLT_USE_ROCROLLER=0``: swizzled scales must run
+    and meet the bound; plain scales must be refused naming TensileLite, or run and meet it."""
+    m, n, k = ROUTE_CHECK_SHAPE
+    rows = []
+    for layout in ("plain", "swizzled"):
+        for out in ("float32", "bfloat16"):
+            status, detail = check_case("hipblaslt", m, n, k, layout, out)
+            if status == "SKIP" and layout == "plain":
+                recipe = Recipe(backend="hipblaslt", scale_layout=layout)
+                why = dispatch.decide(dispatch_problem_shape(m, n, k, out, recipe), "auto").reasons["hipblaslt"]
+                if "TensileLite" in why:
+                    status, detail = "PASS", f"refused: {why[:100]}"
+            rows.append((f"{m}x{n}x{k} {layout} {out}", status, detail))
+    return rows
+
+
+def tensilelite_route_check(timeout=600):
+    """(exit status, output) of ``python -m jax_mxfp4.selftest --route-check`` in a subprocess with
+    ``HIPBLASLT_USE_ROCROLLER=0``: hipBLASLt fixes its route when a handle is created, so the other
+    route needs a fresh process. The child allocates GPU memory on demand: this process already
+    holds JAX's preallocated share."""
+    env = dict(os.environ, **{ROUTE_ENV: "0", "XLA_PYTHON_CLIENT_PREALLOCATE": "false"})
+    r = subprocess.run([sys.executable, "-m", "jax_mxfp4.selftest", "--route-check"], env=env,
+                       capture_output=True, text=True, timeout=timeout)
+    return r.returncode, (r.stdout + r.stderr).strip()
+
+
 def dispatch_problem(a, b, out, recipe):
     return dispatch_problem_shape(a.shape[0], b.shape[0], a.shape[1], out, recipe)
 
@@ -101,8 +180,6 @@ def dispatch_problem(a, b, out, recipe):
 def dispatch_problem_shape(m, n, k, out, recipe):
     return GemmProblem(1, m, n, k, np.dtype(getattr(jnp, out)), recipe.scale_layout, dispatch.current_platform())
 
-
-ENVELOPE_ENV = "JAX_MXFP4_HIPBLASLT_ENVELOPE"
 
 # (M, N, K, scale layout, out dtype, envelope, what the rule says, expected reason when routed).
 # "run": inside every rule; "route": outside the envelope's shape/dtype rules; "either": inside
@@ -203,7 +280,14 @@ def main(argv=None) -> int:
     ap.add_argument("--no-speed", action="store_true", help="skip the speed table")
     ap.add_argument("--iters", type=int, default=10)
     ap.add_argument("--backends", default="", help="comma-separated backend names (default: every available one)")
+    ap.add_argument("--route-check", action="store_true",
+                    help="only the hipBLASLt route rows (run by the self-test itself with HIPBLASLT_USE_ROCROLLER=0)")
     args = ap.parse_args(argv)
+    if args.route_check:
+        rows = route_check_rows()
+        for case, status, detail in rows:
+            print(f"{case:<28} {status:<7} {detail}")
+        return 1 if any(r[1] == "FAIL" for r in rows) else 0
 
     platform = dispatch.current_platform()
     devices = jax.devices()
@@ -243,6 +327,19 @@ def main(argv=None) -> int:
                     status, detail = check_case(name, m, n, k, layout, out)
                     failures += status == "FAIL"
                     print(f"{name:<11} {f'{m}x{n}x{k}':<15} {layout:<9} {out:<9} {status:<7} {detail}")
+
+    if "hipblaslt" in backends:
+        print(f"\nhipBLASLt swizzled cases, {REPEATS} runs each (hipBLASLt < 1.5.0: upstream fix for "
+              "intermittent non-finite output on gfx950)")
+        for m, n, k in shapes:
+            for out in ("float32", "bfloat16"):
+                status, detail = repeat_case("hipblaslt", m, n, k, "swizzled", out)
+                failures += status == "FAIL"
+                print(f"{'hipblaslt':<11} {f'{m}x{n}x{k}':<15} {'swizzled':<9} {out:<9} {status:<7} {detail}")
+        print(f"\nhipBLASLt with {ROUTE_ENV}=0 (TensileLite route), in a subprocess")
+        rc, output = tensilelite_route_check()
+        failures += rc != 0
+        print("\n".join("  " + line for line in output.splitlines()[-8:]))
 
     if "hipblaslt" in dispatch._REGISTRY and not dispatch.get_backend("hipblaslt").foreign_reason("rocm"):
         where = "on this device" if platform == "rocm" else "as judged for a ROCm lowering (shape rules only)"

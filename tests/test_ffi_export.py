@@ -171,3 +171,19 @@ def test_export_examples_run_as_written(source):
         with warnings.catch_warnings():
             warnings.filterwarnings("error", message=".*target_platforms.*")  # no deprecated API
             exec(compile(code, f"<{source} export example>", "exec"), {})
+
+
+def test_rocm_export_through_xla_scaled_dot_forward_and_vjp():
+    # Backend "scaled_dot" (JAX's lax.scaled_dot) for a ROCm lowering: the forward GEMM and both
+    # GEMMs of the VJP (dgrad, wgrad) are XLA's block-scaled-dot composite, no FFI custom call.
+    # The exported module stops there: which kernel serves the composite (on ROCm, XLA's hipBLASLt
+    # block-scaled call) is chosen later, by XLA's GPU compiler on the device.
+    def loss(x, w):
+        out = mx.dot_general(x, w, DN, preferred_element_type=jnp.float32, recipe=Recipe(backend="scaled_dot"))
+        return out.sum()
+
+    forward = export(jax.jit(loss), "rocm")(*args()).mlir_module()
+    backward = export(jax.jit(jax.grad(loss, argnums=(0, 1))), "rocm")(*args()).mlir_module()
+    composite = 'stablehlo.composite "xla.scaled_dot"'
+    assert forward.count(composite) == 1 and backward.count(composite) == 2
+    assert not custom_calls(forward) and not custom_calls(backward)

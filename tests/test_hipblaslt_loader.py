@@ -80,7 +80,9 @@ unsigned hipblasLtMatmul(void*, void*, const void*, const void*, void*, const vo
 """
 
 
-def probe(env_updates):
+def probe(env_updates, preload=()):
+    """hipblaslt_status() in a fresh process; ``preload``: libraries loaded first (RTLD_GLOBAL), as
+    another library of the process (a JAX plugin) would have loaded them."""
     env = {k: v for k, v in os.environ.items() if k not in ("JAX_MXFP4_ROCM_LIB_DIR", "ROCM_PATH")}
     env.update(env_updates)
     # The package as the tests import it (installed, or the source tree via PYTHONPATH).
@@ -88,7 +90,8 @@ def probe(env_updates):
 
     pkg_parent = os.path.dirname(os.path.dirname(jax_mxfp4.__file__))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (env.get("PYTHONPATH", ""), pkg_parent) if p)
-    out = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, timeout=120,
+    code = "".join(f"import ctypes; ctypes.CDLL({str(p)!r}, mode=ctypes.RTLD_GLOBAL)\n" for p in preload) + PROBE
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120,
                          cwd="/")
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -151,7 +154,9 @@ def test_stand_in_libraries_load_and_report_arch_and_version(tmp_path):
     assert st["hip_path"] == f"{d}/libamdhip64.so.7" and st["hipblaslt_path"] == f"{d}/libhipblaslt.so.1"
     (dev,) = st["devices"]
     assert (dev["arch"], dev["hipblaslt_version"], dev["hip_runtime_version"], dev["error"]) == ("gfx950", 100300, 70100000, "")
-    assert st["find"] == [True, ""] and st["find_swizzled"] == [True, ""]
+    # The stand-in hipBLASLt links no librocroller: TensileLite route, where plain scales are refused.
+    assert st["find"][0] is False and "refused on hipBLASLt's TensileLite" in st["find"][1]
+    assert st["find_swizzled"] == [True, ""]
 
 
 def test_stand_in_with_another_arch_and_old_version_is_gated(tmp_path):
@@ -181,7 +186,7 @@ def test_therock_wheels_are_found_after_the_env_dir_and_before_system_paths(tmp_
     blas_searched = st["searched"].split(" | ")[1].split("; ")
     assert blas_searched[:4] == ["libhipblaslt.so.1 (already loaded?)", f"{core}/libhipblaslt.so.1",
                                  f"{core}/libhipblaslt.so", f"{libs}/libhipblaslt.so.1"]
-    assert st["find"] == [True, ""]
+    assert st["find_swizzled"] == [True, ""]
     # The stand-in hipBLASLt links no librocroller: the route is reported, and assumed TensileLite.
     assert st["rocroller_path"] == "" and "TensileLite" in st["devices"][0]["route"]
 
@@ -221,3 +226,48 @@ def test_a_librocroller_loaded_with_hipblaslt_is_seen(tmp_path, env, route):
     assert st["loaded"] is True, st["error"]
     assert st["rocroller_path"] == f"{tmp_path}/librocroller.so.1"
     assert st["devices"][0]["route"].startswith(route), st["devices"][0]["route"]
+
+
+def _shared(cxx, src, out, *extra):
+    subprocess.run([cxx, "-shared", "-fPIC", "-O0", *extra, "-o", str(out), str(src)], check=True)
+
+
+def test_hipblaslt_comes_from_the_directory_hip_came_from_when_hip_is_not_a_wheel(tmp_path):
+    # HIP already loaded from a system install (as a JAX ROCm plugin may load it), a TheRock wheel
+    # installed too: hipBLASLt must come from HIP's own installation, not from the wheel, or the
+    # process mixes two ROCm installations.
+    cxx = shutil.which("c++") or shutil.which("g++")
+    if cxx is None:
+        pytest.skip("no C++ compiler to build the stand-in libraries")
+    site, core, libs = therock_site(tmp_path)
+    system = tmp_path / "system" / "lib"
+    system.mkdir(parents=True)
+    _shared(cxx, tmp_path / "hip.cc", system / "libamdhip64.so.7", '-DARCH="gfx950:sramecc+:xnack-"',
+            "-Wl,-soname,libamdhip64.so.7")
+    _shared(cxx, tmp_path / "blas.cc", system / "libhipblaslt.so.1", "-DVERSION=100300")
+    st = probe({"PYTHONPATH": str(site), "ROCM_PATH": str(tmp_path / "rocm")}, preload=[system / "libamdhip64.so.7"])
+    assert st["loaded"] is True, st["error"]
+    assert st["hip_path"] == f"{system}/libamdhip64.so.7"
+    assert st["hipblaslt_path"] == f"{system}/libhipblaslt.so.1", st["searched"]
+
+
+def test_hip_from_a_wheel_still_takes_hipblaslt_from_the_wheels(tmp_path):
+    site, core, libs = therock_site(tmp_path)
+    st = probe({"PYTHONPATH": str(site), "ROCM_PATH": str(tmp_path / "rocm")})
+    assert st["hip_path"] == f"{core}/libamdhip64.so.7" and st["hipblaslt_path"] == f"{libs}/libhipblaslt.so.1"
+
+
+def test_a_librocroller_loaded_by_something_else_does_not_make_the_route_rocroller(tmp_path):
+    # hipBLASLt built without rocRoller (no librocroller among its own dependencies) in a process
+    # where another library pulled in a librocroller: the route is TensileLite.
+    cxx = shutil.which("c++") or shutil.which("g++")
+    if cxx is None:
+        pytest.skip("no C++ compiler to build the stand-in libraries")
+    d = build(tmp_path)
+    (tmp_path / "rr.cc").write_text('extern "C" int rocroller_stand_in() { return 1; }\n')
+    (tmp_path / "other").mkdir()
+    _shared(cxx, tmp_path / "rr.cc", tmp_path / "other" / "librocroller.so.1")
+    st = probe({"JAX_MXFP4_ROCM_LIB_DIR": str(d)}, preload=[tmp_path / "other" / "librocroller.so.1"])
+    assert st["loaded"] is True, st["error"]
+    assert st["rocroller_path"] == ""
+    assert st["devices"][0]["route"].startswith("TensileLite"), st["devices"][0]["route"]

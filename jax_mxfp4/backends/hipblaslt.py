@@ -6,14 +6,17 @@ them again and returns an error). Every rule lives once, in C++ (xla_ffi/src/hip
 this module asks it through ``_native``:
 
 - operands both MXFP4 (no w4a16);
-- the envelope (``JAX_MXFP4_HIPBLASLT_ENVELOPE``). Default "validated", the envelope ROCm
-  TransformerEngine runs its MXFP4 hipBLASLt GEMM in on gfx950: hipBLASLt >= 1.3,
-  K % 256 == 0, M % 32 == N % 32 == 0, bfloat16 or float32 out, beta = 0. "documented"
-  (opt-in, UNVERIFIED on hardware): hipBLASLt's api-reference rules M % 16, N % 16, K % 128,
-  float16 out too, hipBLASLt >= 1.0 for plain scales (>= 1.3 swizzled), plus the route gates:
-  swizzled scales on hipBLASLt < 1.5 only unpadded (M % 32, N % 32, K % 256), and plain scales on
-  hipBLASLt's TensileLite route (``HIPBLASLT_USE_ROCROLLER`` set to anything not starting with
-  "1", or no rocRoller library) likewise, since that route reads scales padded;
+- the envelope (``JAX_MXFP4_HIPBLASLT_ENVELOPE``). Default "validated", the project's policy,
+  modelled on the gate reported for ROCm TransformerEngine's MXFP4 hipBLASLt GEMM on gfx950:
+  hipBLASLt >= 1.3, K % 256 == 0, M % 32 == N % 32 == 0, bfloat16 or float32 out, beta = 0.
+  "documented" (opt-in, UNVERIFIED on hardware): hipBLASLt's api-reference rules M % 16, N % 16,
+  K % 128, float16 out too, hipBLASLt >= 1.0 for plain scales (>= 1.3 swizzled), and swizzled
+  scales on hipBLASLt < 1.5 only unpadded (M % 32, N % 32, K % 256);
+- in both envelopes, plain scales are refused on hipBLASLt's TensileLite route
+  (``HIPBLASLT_USE_ROCROLLER`` set to anything not starting with "1", or a libhipblaslt that does
+  not link librocroller), for every shape: TensileLite is not told the scale mode and its gfx950
+  FP4 kernels read pre-swizzled scales (reference §7.1). ``scale_layout="swizzled"`` is that
+  route's own path. The route is read once, when the handler creates its first hipBLASLt handle;
 - a gfx950 device, ROCm >= 7.0;
 - the hipBLASLt heuristic returns an algorithm for the shape and output dtype.
 

@@ -6,6 +6,13 @@ values, their products are exact in float32, and it accumulates in float32). ``l
 is not differentiable in JAX 0.10, but backends only ever run forward GEMMs (the custom VJP of
 :func:`jax_mxfp4.dot_general` calls them for fprop, dgrad and wgrad), so "auto" may pick it on
 CUDA GPUs, where it measured fastest for large a4w4 GEMMs (NVIDIA H200, 2026-11-29).
+
+On ROCm it is XLA's own route to hipBLASLt: upstream XLA serves the ``xla.scaled_dot`` composite
+with its autotuned hipBLASLt block-scaled call ``__cublas$lt$matmul$mx`` (read in sources,
+reference/hipblaslt-mxfp4.md §7; not run here: the exported module holds only the composite,
+the call is chosen by XLA's GPU compiler on the device). "auto" does not pick it on ROCm: XLA's
+call sets plain VEC32 scales (§1.5) on either of hipBLASLt's internal routes, and the TensileLite
+route may read plain scales in the pre-swizzled order (§7.1), a case backend "hipblaslt" refuses.
 """
 
 from __future__ import annotations

@@ -2,6 +2,7 @@
 #include "fake_hipblaslt.h"
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -30,8 +31,10 @@ struct Pref {
 };
 struct Handle {
   int device;
+  bool tensilelite = false;      // its route, read at creation (model_route_at_create)
   hipStream_t stream = nullptr;  // the stream of its first matmul
   bool used = false;
+  std::set<int> kernels;         // rocRoller kernels generated on it (model_kernel_per_handle)
 };
 
 struct State {
@@ -60,6 +63,23 @@ uint32_t Enter(const char* fn, std::vector<std::pair<std::string, Value>> args) 
   return 0;
 }
 void Note(const std::string& key, Value v) { g->log.back().args.push_back({key, std::move(v)}); }
+
+// hipBLASLt's route as the rocblaslt handle constructor reads it (reference §6.1, §7.2).
+bool EnvTensileLite() {
+  const char* v = std::getenv("HIPBLASLT_USE_ROCROLLER");
+  return !g->cfg.rocroller_library || (v != nullptr && std::strncmp(v, "1", 1) != 0);
+}
+bool HandleTensileLite(const Handle& h) { return g->cfg.model_route_at_create ? h.tensilelite : EnvTensileLite(); }
+
+// rocRoller's MX tile list and its selection rule m % tm == 0, n % tn == 0, k % (2 tk) == 0
+// (rocroller_host.cpp, reference §1.4); hipBLASLt m, n, k.
+bool RocrollerTileDivides(int64_t m, int64_t n, int64_t k) {
+  static const int64_t kTiles[][3] = {{256, 256, 64}, {128, 128, 64}, {64, 64, 64}, {32, 32, 64}, {16, 16, 128}};
+  for (const auto& t : kTiles) {
+    if (m % t[0] == 0 && n % t[1] == 0 && k % (2 * t[2]) == 0) return true;
+  }
+  return false;
+}
 
 bool Valid(const void* p, size_t bytes) {
   const uintptr_t a = reinterpret_cast<uintptr_t>(p);
@@ -142,9 +162,11 @@ const char* FakeGetErrorString(hipError_t e) {
 hipblasStatus_t FakeCreate(hipblasLtHandle_t* h) {
   if (auto s = Enter("hipblasLtCreate", {{"current_device", int64_t{g->cfg.current_device}}})) return s;
   auto obj = std::make_unique<Handle>(Handle{g->cfg.current_device});
+  obj->tensilelite = EnvTensileLite();
   *h = obj.get();
   g->handles[*h] = std::move(obj);
   Note("handle", P(*h));
+  Note("route", std::string(EnvTensileLite() ? "TensileLite" : "rocRoller"));
   return HIPBLAS_STATUS_SUCCESS;
 }
 hipblasStatus_t FakeDestroy(hipblasLtHandle_t h) {
@@ -178,6 +200,12 @@ hipblasStatus_t FakeDescSet(hipblasLtMatmulDesc_t d, hipblasLtMatmulDescAttribut
     return s;
   auto it = g->descs.find(d);
   if (it == g->descs.end()) return HIPBLAS_STATUS_INVALID_VALUE;
+  if (g->cfg.model_mode_version && g->cfg.hipblaslt_version < 100300 && n == 4 &&
+      (a == HIPBLASLT_MATMUL_DESC_A_SCALE_MODE || a == HIPBLASLT_MATMUL_DESC_B_SCALE_MODE)) {
+    uint32_t mode;
+    std::memcpy(&mode, buf, 4);
+    if (mode == HIPBLASLT_MATMUL_MATRIX_SCALE_BLK32_UE8M0_32_8_EXT) return HIPBLAS_STATUS_INVALID_VALUE;  // not in <= 1.2.x
+  }
   it->second->attrs[a] = bytes;
   return HIPBLAS_STATUS_SUCCESS;
 }
@@ -246,15 +274,35 @@ hipblasStatus_t FakeHeuristic(hipblasLtHandle_t h, hipblasLtMatmulDesc_t d, hipb
   Note("b_scale_mode_set", int64_t{HasAttr(desc, HIPBLASLT_MATMUL_DESC_B_SCALE_MODE)});
   Note("a_scale_pointer", P(Attr<const void*>(desc, HIPBLASLT_MATMUL_DESC_A_SCALE_POINTER)));
   Note("b_scale_pointer", P(Attr<const void*>(desc, HIPBLASLT_MATMUL_DESC_B_SCALE_POINTER)));
-  const int n = std::min(requested, g->cfg.heuristic_count);
+  Handle& handle = *g->handles[h];
+  const bool swizzled = Attr<uint32_t>(desc, HIPBLASLT_MATMUL_DESC_A_SCALE_MODE) ==
+                        HIPBLASLT_MATMUL_MATRIX_SCALE_BLK32_UE8M0_32_8_EXT;
+  const bool tensilelite = HandleTensileLite(handle) || swizzled;
+  int n = std::min(requested, g->cfg.heuristic_count);
+  if (g->cfg.model_heuristic) {
+    const Layout &la = *g->layouts[a], &lb = *g->layouts[b], &ld = *g->layouts[dd];
+    const char* none = nullptr;
+    if (ld.type == HIP_R_16F) none = "no FP4 kernel writes float16";
+    else if (!Attr<const void*>(desc, HIPBLASLT_MATMUL_DESC_A_SCALE_POINTER) ||
+             !Attr<const void*>(desc, HIPBLASLT_MATMUL_DESC_B_SCALE_POINTER)) none = "scale pointers not set";
+    else if (!tensilelite && !RocrollerTileDivides(static_cast<int64_t>(la.cols), static_cast<int64_t>(lb.cols),
+                                                   static_cast<int64_t>(la.rows))) none = "no rocRoller tile divides m, n, k";
+    if (none != nullptr) {
+      n = 0;
+      Note("empty_because", std::string(none));
+    }
+  }
   for (int i = 0; i < n; ++i) {
+    const uint64_t ws = g->cfg.workspace_size * (g->cfg.model_workspace_per_solution ? i + 1 : 1);
     results[i] = hipblasLtMatmulHeuristicResult_t{};
     std::memset(results[i].algo.data, kAlgoTag, sizeof(results[i].algo.data));
     results[i].algo.data[0] = static_cast<uint8_t>(i);
-    results[i].algo.max_workspace_bytes = g->cfg.workspace_size;
-    results[i].workspaceSize = g->cfg.workspace_size;
+    results[i].algo.data[2] = tensilelite ? 1 : 0;  // the library that owns the solution index
+    results[i].algo.max_workspace_bytes = ws;
+    results[i].workspaceSize = ws;
     results[i].state = HIPBLAS_STATUS_SUCCESS;
     results[i].wavesCount = 1.0f;
+    if (!tensilelite) handle.kernels.insert(i);  // rocRoller generates the kernel on this handle
   }
   *returned = n;
   Note("returned", int64_t{n});
@@ -316,10 +364,29 @@ hipblasStatus_t FakeMatmul(hipblasLtHandle_t h, hipblasLtMatmulDesc_t d, const v
   if (la.ld < k || lb.ld < k || ld.ld < m || la.ld % 2 || lb.ld % 2 || k % 32)
     return reject("leading dims", HIPBLAS_STATUS_INVALID_VALUE);
   if (algo == nullptr || algo->data[1] != kAlgoTag) return reject("algo not from the heuristic", HIPBLAS_STATUS_INVALID_VALUE);
-  if (ws_size < g->cfg.workspace_size) return reject("workspace smaller than the algorithm needs", HIPBLAS_STATUS_INVALID_VALUE);
+  const bool handle_tensilelite = HandleTensileLite(*hi->second);
+  const bool tensilelite = handle_tensilelite || mode_a == HIPBLASLT_MATMUL_MATRIX_SCALE_BLK32_UE8M0_32_8_EXT;
+  Note("provider", std::string(tensilelite ? "TensileLite" : "rocRoller"));
+  // A solution index of rocRoller is not in a TensileLite handle's library (CHANGELOG 1.5.0 fixes a
+  // crash on exactly that; earlier releases crash).
+  if (g->cfg.model_route_at_create && algo->data[2] == 0 && handle_tensilelite)
+    return reject("rocRoller algorithm on a TensileLite handle", HIPBLAS_STATUS_INVALID_VALUE);
+  const uint64_t ws_needed = g->cfg.workspace_size * (g->cfg.model_workspace_per_solution ? algo->data[0] + 1 : 1);
+  if (ws_size < ws_needed) return reject("workspace smaller than the algorithm needs", HIPBLAS_STATUS_INVALID_VALUE);
+  if (g->cfg.model_kernel_per_handle && !tensilelite) {
+    const bool compiled = hi->second->kernels.insert(algo->data[0]).second;
+    Note("compiled_in_matmul", int64_t{compiled});
+  }
   if (ws_size > 0 && (!Valid(ws, ws_size) || reinterpret_cast<uintptr_t>(ws) % 16))
     return reject("workspace not valid 16-byte aligned device memory", HIPBLAS_STATUS_INVALID_VALUE);
-  const ScaleLayout layout = mode_a == HIPBLASLT_MATMUL_MATRIX_SCALE_VEC32_UE8M0 ? ScaleLayout::kPlain : ScaleLayout::kSwizzled;
+  const ScaleLayout given = mode_a == HIPBLASLT_MATMUL_MATRIX_SCALE_VEC32_UE8M0 ? ScaleLayout::kPlain : ScaleLayout::kSwizzled;
+  // A HostPreSwizzle TensileLite kernel is not told the scale mode: plain scales read as swizzled.
+  const ScaleLayout layout = g->cfg.model_tensilelite_scales && tensilelite ? ScaleLayout::kSwizzled : given;
+  Note("scales_read_as", std::string(layout == ScaleLayout::kPlain ? "plain" : "swizzled"));
+  // rocRoller's descriptors are dense: it reads A and B with ld = K whatever ld says.
+  const bool dense = g->cfg.model_rocroller_dense && !tensilelite;
+  const int64_t lda = dense ? k : la.ld, ldb = dense ? k : lb.ld;
+  const bool reads_c = !g->cfg.model_c_read || (!tensilelite && given == ScaleLayout::kPlain);
   GemmProblem p;
   p.batch = 1;
   p.m = n;  // ReferenceGemm computes out[n_idx][m_idx] = sum_k B(k, n_idx) A(k, m_idx)
@@ -333,8 +400,8 @@ hipblasStatus_t FakeMatmul(hipblasLtHandle_t h, hipblasLtMatmulDesc_t d, const v
   const void* sa = Attr<const void*>(desc, HIPBLASLT_MATMUL_DESC_A_SCALE_POINTER);
   const void* sb = Attr<const void*>(desc, HIPBLASLT_MATMUL_DESC_B_SCALE_POINTER);
   const size_t elem = ElemTypeBytes(out);
-  if (!Valid(A, (la.ld * (m - 1) + k) / 2)) return reject("A outside device memory", HIPBLAS_STATUS_INVALID_VALUE);
-  if (!Valid(B, (lb.ld * (n - 1) + k) / 2)) return reject("B outside device memory", HIPBLAS_STATUS_INVALID_VALUE);
+  if (!Valid(A, (lda * (m - 1) + k) / 2)) return reject("A outside device memory", HIPBLAS_STATUS_INVALID_VALUE);
+  if (!Valid(B, (ldb * (n - 1) + k) / 2)) return reject("B outside device memory", HIPBLAS_STATUS_INVALID_VALUE);
   if (!Valid(sa, p.rhs_scale_rows * p.scale_cols)) return reject("A scales outside device memory", HIPBLAS_STATUS_INVALID_VALUE);
   if (!Valid(sb, p.lhs_scale_rows * p.scale_cols)) return reject("B scales outside device memory", HIPBLAS_STATUS_INVALID_VALUE);
   if (!Valid(D, (ld.ld * (n - 1) + m) * elem)) return reject("D outside device memory", HIPBLAS_STATUS_INVALID_VALUE);
@@ -355,15 +422,17 @@ hipblasStatus_t FakeMatmul(hipblasLtHandle_t h, hipblasLtMatmulDesc_t d, const v
         std::memcpy(&v, e, 2);
         bad = out == ElemType::kBF16 ? (v & 0x7F80u) == 0x7F80u : (v & 0x7C00u) == 0x7C00u;
       }
+      bad = bad && reads_c;
       c_poison[static_cast<size_t>(j * m + i)] = bad;
       poisoned += bad;
     }
   }
   Note("c_nonfinite", poisoned);
+  Note("c_read", int64_t{reads_c});
   // Gather the strided columns into dense rows, compute, scatter into D with its ld.
   std::vector<uint8_t> a_dense(m * k / 2), b_dense(n * k / 2), d_dense(m * n * elem);
-  for (int64_t i = 0; i < m; ++i) std::memcpy(&a_dense[i * k / 2], static_cast<const uint8_t*>(A) + i * la.ld / 2, k / 2);
-  for (int64_t j = 0; j < n; ++j) std::memcpy(&b_dense[j * k / 2], static_cast<const uint8_t*>(B) + j * lb.ld / 2, k / 2);
+  for (int64_t i = 0; i < m; ++i) std::memcpy(&a_dense[i * k / 2], static_cast<const uint8_t*>(A) + i * lda / 2, k / 2);
+  for (int64_t j = 0; j < n; ++j) std::memcpy(&b_dense[j * k / 2], static_cast<const uint8_t*>(B) + j * ldb / 2, k / 2);
   ReferenceGemm(p, b_dense.data(), static_cast<const uint8_t*>(sb), a_dense.data(), static_cast<const uint8_t*>(sa), d_dense.data());
   for (int64_t j = 0; j < n; ++j) {
     for (int64_t i = 0; i < m; ++i) {

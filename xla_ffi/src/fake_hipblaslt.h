@@ -30,6 +30,22 @@ struct Config {
   int fail_nth = 1;                  // ... on its nth call ...
   int fail_status = 0;               // ... returning this status (hipblasStatus_t / hipError_t)
   bool rocroller_library = true;     // what the loader would report (LoadResult::rocroller_path)
+
+  // Models of hipBLASLt behaviour beyond the call contract (reference/hipblaslt-mxfp4.md §7), each
+  // off unless a test turns it on. The kernel provider of a matmul is TensileLite when its handle's
+  // route is TensileLite or the scales are swizzled (FP4 x FP4 with mode 1001 runs on TensileLite's
+  // subtile kernels), rocRoller otherwise. The route comes from HIPBLASLT_USE_ROCROLLER (unset or
+  // first char '1': rocRoller; anything else: TensileLite) and rocroller_library.
+  bool model_heuristic = false;        // empty list for f16 out, no scale pointers, no dividing tile
+  bool model_tensilelite_scales = false;  // TensileLite reads VEC32 scales in the pre-swizzled order
+  bool model_rocroller_dense = false;  // rocRoller ignores ld: A and B read as dense (ld = K)
+  bool model_route_at_create = false;  // route fixed at hipblasLtCreate (else read at each matmul);
+                                       // a rocRoller algorithm on a TensileLite handle: INVALID_VALUE
+  bool model_mode_version = false;     // A/B_SCALE_MODE 1001 below 1.3.0: INVALID_VALUE
+  bool model_workspace_per_solution = false;  // algorithm i needs workspace_size * (i + 1)
+  bool model_c_read = false;           // only rocRoller with plain scales reads C (else always)
+  bool model_kernel_per_handle = false;  // rocRoller compiles per handle: a matmul whose algorithm
+                                         // was not found on its handle compiles (noted in the log)
 };
 
 using Value = std::variant<int64_t, double, std::string>;

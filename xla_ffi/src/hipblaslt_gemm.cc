@@ -96,6 +96,10 @@ Status CheckHipblasltShape(int64_t m, int64_t n, int64_t k, ElemType out, Envelo
   return Status::Ok();
 }
 
+bool KernelReadsC(ScaleLayout layout, const Route& route) {
+  return layout == ScaleLayout::kPlain && !route.tensilelite;
+}
+
 Route HipblasltRoute(bool rocroller_library) {
   Route r;
   const char* v = std::getenv(kRocrollerEnv);
@@ -114,20 +118,20 @@ Route HipblasltRoute(bool rocroller_library) {
 
 Status CheckHipblasltRoute(int64_t m, int64_t n, int64_t k, ScaleLayout layout, int hipblaslt_version,
                            const Route& route) {
-  const bool unpadded = m % 32 == 0 && n % 32 == 0 && k % 256 == 0;
-  if (unpadded) return Status::Ok();
   const std::string s = StrCat("M=", m, " N=", n, " K=", k);
-  if (layout == ScaleLayout::kSwizzled && hipblaslt_version < kHipblasltVersionPaddedSwizzle) {
+  if (layout == ScaleLayout::kPlain && route.tensilelite) {
+    return Status::Unimplemented(
+        "plain scales (VEC32_UE8M0) are refused on hipBLASLt's " + route.why +
+        ": TensileLite is not told the scale mode and its gfx950 FP4 kernels read pre-swizzled scales, so plain "
+        "ones could be read permuted (silently wrong) for every shape; use scale_layout=\"swizzled\" "
+        "(BLK32_UE8M0_32_8_EXT, TensileLite's own FP4 x FP4 path); got " + s);
+  }
+  const bool unpadded = m % 32 == 0 && n % 32 == 0 && k % 256 == 0;
+  if (!unpadded && layout == ScaleLayout::kSwizzled && hipblaslt_version < kHipblasltVersionPaddedSwizzle) {
     return Status::Unimplemented(
         "swizzled scales (BLK32_UE8M0_32_8_EXT) on hipBLASLt " + VersionString(hipblaslt_version) +
         " < 1.5.0 need M % 32 == 0, N % 32 == 0 and K % 256 == 0 (padded buffers are only fixed in 1.5.0); got " +
         s);
-  }
-  if (layout == ScaleLayout::kPlain && route.tensilelite) {
-    return Status::Unimplemented(
-        "plain scales on hipBLASLt's " + route.why +
-        " are read with rows padded to 32 and K/32 padded to 8, so dense scales need M % 32 == 0, N % 32 == 0 "
-        "and K % 256 == 0; got " + s);
   }
   return Status::Ok();
 }
@@ -226,6 +230,8 @@ class HipblasltRuntime::Call {
                                  "; route this GEMM to another backend");
   }
 
+  hipblasLtHandle_t handle() const { return handle_; }
+
   Status Matmul(const CachedAlgo& algo, const void* w, const void* x, void* y, void* workspace) {
     const float alpha = 1.0f, beta = 0.0f;
     // C = D = y, zeroed on this stream before the first matmul (see Gemm).
@@ -269,13 +275,30 @@ Status HipblasltRuntime::BorrowHandle(const PoolKey& key, hipblasLtHandle_t* han
       return Status::Ok();
     }
   }
-  // The caller made `device` current; a handle belongs to the device current at creation.
+  // The caller made `device` current; a handle belongs to the device current at creation. The
+  // library reads its route in the handle constructor, so it is read here, next to the call.
+  const Route route = HipblasltRoute(rocroller_library_);
   hipblasStatus_t s = api_->hipblasLtCreate(handle);
   if (s != HIPBLAS_STATUS_SUCCESS) {
     *handle = nullptr;
     return BlasError("hipblasLtCreate", s, "device " + std::to_string(key.first));
   }
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!route_) route_ = route;  // the snapshot every gate uses from now on
+  if (route_->tensilelite != route.tensilelite) {
+    api_->hipblasLtDestroy(*handle);  // best effort: the refusal below is the error to report
+    *handle = nullptr;
+    return Status::Precondition(
+        std::string(kRocrollerEnv) + " changed after this process created its first hipBLASLt handle: "
+        "hipBLASLt fixes the route per handle, and this process runs on " + route_->why +
+        ", but a new handle would take " + route.why + "; restore the variable or restart the process");
+  }
   return Status::Ok();
+}
+
+Route HipblasltRuntime::CurrentRoute() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return route_ ? *route_ : HipblasltRoute(rocroller_library_);
 }
 
 void HipblasltRuntime::ReturnHandle(const PoolKey& key, hipblasLtHandle_t handle) {
@@ -376,11 +399,16 @@ Status HipblasltRuntime::Gates(int device, int64_t m, int64_t n, int64_t k, Elem
   return CheckHipblasltRoute(m, n, k, layout, d.hipblaslt_version, CurrentRoute());
 }
 
+HipblasltRuntime::Key HipblasltRuntime::KeyOf(int device, int64_t m, int64_t n, int64_t k, ElemType out,
+                                              ScaleLayout layout) {
+  return Key{device, m, n, k, static_cast<int>(out), static_cast<int>(layout), CurrentRoute().tensilelite};
+}
+
 Status HipblasltRuntime::FindAlgorithm(int device, int64_t m, int64_t n, int64_t k, ElemType out,
                                        ScaleLayout layout) {
   Status st = Gates(device, m, n, k, out, layout);
   if (!st.ok()) return st;
-  const Key key{device, m, n, k, static_cast<int>(out), static_cast<int>(layout)};
+  const Key key = KeyOf(device, m, n, k, out, layout);
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (cache_.count(key)) return Status::Ok();
@@ -406,7 +434,7 @@ Status HipblasltRuntime::Gemm(const GemmProblem& p, const GemmBuffers& b, abi::h
   if (p.batch == 0 || p.m == 0 || p.n == 0) return Status::Ok();  // nothing to write
   Status st = Gates(device, p.m, p.n, p.k, p.out_type, p.layout);
   if (!st.ok()) return st;
-  const Key key{device, p.m, p.n, p.k, static_cast<int>(p.out_type), static_cast<int>(p.layout)};
+  const Key key = KeyOf(device, p.m, p.n, p.k, p.out_type, p.layout);
   Status cleanup;
   st = [&]() -> Status {
     Call call(this, device, stream, &cleanup);
@@ -414,21 +442,25 @@ Status HipblasltRuntime::Gemm(const GemmProblem& p, const GemmBuffers& b, abi::h
     if (!s.ok()) return s;
     s = call.Prepare(p.m, p.n, p.k, p.out_type, p.layout);
     if (!s.ok()) return s;
+    // rocRoller generates a kernel per handle: an algorithm found on another handle (the
+    // stream-less one at trace time) would be compiled again inside this stream's first
+    // hipblasLtMatmul. So each (handle, problem) runs the heuristic once, on its own handle.
     CachedAlgo algo{};
-    bool hit = false;
+    bool warmed = false;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      auto it = cache_.find(key);
-      if (it != cache_.end()) {
+      auto it = handle_algos_.find({call.handle(), key});
+      if (it != handle_algos_.end()) {
         algo = it->second;
-        hit = true;
+        warmed = true;
       }
     }
-    if (!hit) {
+    if (!warmed) {
       s = call.Heuristic(Shape(p.m, p.n, p.k, p.out_type, p.layout), &algo);
       if (!s.ok()) return s;
       std::lock_guard<std::mutex> lock(mu_);
       cache_.emplace(key, algo);
+      handle_algos_.emplace(std::make_pair(call.handle(), key), algo);
     }
     void* ws = nullptr;
     if (algo.workspace_size > 0) {
@@ -439,13 +471,16 @@ Status HipblasltRuntime::Gemm(const GemmProblem& p, const GemmBuffers& b, abi::h
                           "-byte hipBLASLt workspace from the XLA scratch allocator"};
       }
     }
-    // beta = 0 does not keep hipBLASLt from reading C: rocRoller's generated kernels always form
-    // beta * C, and C aliases the output, which XLA hands over uninitialised; NaN/Inf bit
-    // patterns there would give 0 * NaN = NaN. So the output is zeroed on the same stream first
-    // (one memset, ordered before the matmuls by the stream).
-    const size_t out_bytes = static_cast<size_t>(p.batch) * p.out_stride_bytes();
-    if (hipError_t e = api_->hipMemsetAsync(b.out, 0, out_bytes, stream)) {
-      return HipError(api_, "hipMemsetAsync (zero C = D before beta = 0)", e);
+    // beta = 0 does not keep rocRoller from reading C: its generated kernels always form beta * C,
+    // and C aliases the output, which XLA hands over uninitialised; NaN/Inf bit patterns there
+    // would give 0 * NaN = NaN. So there the output is zeroed on the same stream first (one
+    // memset, ordered before the matmuls by the stream). TensileLite, which serves the TensileLite
+    // route and every swizzled FP4 x FP4 GEMM, picks a kernel without C for beta = 0.
+    if (KernelReadsC(p.layout, CurrentRoute())) {
+      const size_t out_bytes = static_cast<size_t>(p.batch) * p.out_stride_bytes();
+      if (hipError_t e = api_->hipMemsetAsync(b.out, 0, out_bytes, stream)) {
+        return HipError(api_, "hipMemsetAsync (zero C = D before beta = 0)", e);
+      }
     }
     for (int64_t i = 0; i < p.batch; ++i) {
       const uint8_t* ls = static_cast<const uint8_t*>(b.lhs_scales) + i * p.lhs_scale_stride();

@@ -1,6 +1,11 @@
 // dlopen loader for libamdhip64 + libhipblaslt (search order documented in hipblaslt_api.h).
 #include <dlfcn.h>
+#include <elf.h>
+#include <fcntl.h>
 #include <link.h>
+#include <unistd.h>
+
+#include <algorithm>
 
 #include <cstdlib>
 #include <cstring>
@@ -58,8 +63,11 @@ std::mutex wheel_mu;
 std::vector<std::string> wheel_dirs;  // guarded by wheel_mu
 bool loaded = false;                  // guarded by wheel_mu: LoadHipblaslt() has started
 
+// `hip_dir`: for libhipblaslt, the directory libamdhip64 was loaded from. Tried before the wheel
+// directories when HIP did not come from a wheel (one ROCm installation for both libraries),
+// otherwise the wheel directories already hold it.
 std::vector<std::pair<std::string, int>> Candidates(const char* versioned, const char* plain,
-                                                    const std::string& extra_dir) {
+                                                    const std::string& hip_dir) {
   std::vector<std::pair<std::string, int>> c;
   const char* env_dir = std::getenv("JAX_MXFP4_ROCM_LIB_DIR");
   if (env_dir != nullptr && *env_dir != '\0') {
@@ -74,13 +82,11 @@ std::vector<std::pair<std::string, int>> Candidates(const char* versioned, const
     std::lock_guard<std::mutex> lock(wheel_mu);
     wheels = wheel_dirs;
   }
+  const bool hip_from_wheel = std::find(wheels.begin(), wheels.end(), hip_dir) != wheels.end();
+  if (!hip_dir.empty() && !hip_from_wheel) wheels.insert(wheels.begin(), hip_dir);
   for (const auto& d : wheels) {
     c.push_back({d + "/" + versioned, 0});
     c.push_back({d + "/" + plain, 0});
-  }
-  if (!extra_dir.empty()) {
-    c.push_back({extra_dir + "/" + versioned, 0});
-    c.push_back({extra_dir + "/" + plain, 0});
   }
   c.push_back({versioned, 0});
   c.push_back({plain, 0});
@@ -96,18 +102,84 @@ std::vector<std::pair<std::string, int>> Candidates(const char* versioned, const
   return c;
 }
 
-// The first loaded object whose file name starts with "librocroller" (hipBLASLt links rocRoller,
-// the generator of its default MX kernels, as a shared library where it is built with it).
-int FindRocroller(struct dl_phdr_info* info, size_t, void* out) {
+bool ReadAt(int fd, void* buf, size_t bytes, uint64_t offset) {
+  return pread(fd, buf, bytes, static_cast<off_t>(offset)) == static_cast<ssize_t>(bytes);
+}
+
+// The DT_NEEDED names of an ELF64 shared object file (read from the file: the loaded image's
+// dynamic section may or may not be relocated); empty when the file cannot be read as one.
+std::vector<std::string> NeededOf(const std::string& path) {
+  std::vector<std::string> needed;
+  const int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return needed;
+  Elf64_Ehdr eh;
+  std::vector<Elf64_Phdr> ph;
+  if (ReadAt(fd, &eh, sizeof(eh), 0) && std::memcmp(eh.e_ident, ELFMAG, SELFMAG) == 0 &&
+      eh.e_ident[EI_CLASS] == ELFCLASS64 && eh.e_phentsize == sizeof(Elf64_Phdr)) {
+    ph.resize(eh.e_phnum);
+    if (!ReadAt(fd, ph.data(), ph.size() * sizeof(Elf64_Phdr), eh.e_phoff)) ph.clear();
+  }
+  auto file_offset = [&](uint64_t vaddr, uint64_t* off) {
+    for (const auto& p : ph) {
+      if (p.p_type == PT_LOAD && vaddr >= p.p_vaddr && vaddr < p.p_vaddr + p.p_filesz) {
+        *off = vaddr - p.p_vaddr + p.p_offset;
+        return true;
+      }
+    }
+    return false;
+  };
+  for (const auto& p : ph) {
+    if (p.p_type != PT_DYNAMIC) continue;
+    std::vector<Elf64_Dyn> dyn(p.p_filesz / sizeof(Elf64_Dyn));
+    if (!ReadAt(fd, dyn.data(), dyn.size() * sizeof(Elf64_Dyn), p.p_offset)) break;
+    uint64_t strtab = 0, strsz = 0;
+    std::vector<uint64_t> names;
+    for (const auto& d : dyn) {
+      if (d.d_tag == DT_NULL) break;
+      if (d.d_tag == DT_NEEDED) names.push_back(d.d_un.d_val);
+      if (d.d_tag == DT_STRTAB) strtab = d.d_un.d_ptr;
+      if (d.d_tag == DT_STRSZ) strsz = d.d_un.d_val;
+    }
+    uint64_t off = 0;
+    std::string table(strsz, '\0');
+    if (strsz == 0 || !file_offset(strtab, &off) || !ReadAt(fd, table.data(), strsz, off)) break;
+    for (uint64_t n : names) {
+      if (n < strsz) needed.emplace_back(table.c_str() + n);
+    }
+    break;
+  }
+  close(fd);
+  return needed;
+}
+
+struct FindLoaded {
+  std::string base;  // a file name ("librocroller.so.1")
+  std::string path;  // the loaded object of that name, if any
+};
+int FindLoadedByName(struct dl_phdr_info* info, size_t, void* out) {
+  auto* f = static_cast<FindLoaded*>(out);
   const char* name = info->dlpi_name;
   if (name == nullptr) return 0;
   const char* base = std::strrchr(name, '/');
-  base = base ? base + 1 : name;
-  if (std::strncmp(base, "librocroller", 12) == 0) {
-    *static_cast<std::string*>(out) = name;
+  if (f->base == (base ? base + 1 : name)) {
+    f->path = name;
     return 1;
   }
   return 0;
+}
+
+// librocroller as a dependency of this libhipblaslt itself (hipBLASLt links rocRoller, the
+// generator of its default MX kernels, as a shared library where it is built with it): its
+// loaded path, or the DT_NEEDED name if it is not found loaded; "" if libhipblaslt needs none.
+// Any other object of the process that loaded a librocroller says nothing about this build.
+std::string RocrollerOf(const std::string& hipblaslt_path) {
+  for (const std::string& n : NeededOf(hipblaslt_path)) {
+    if (n.rfind("librocroller", 0) != 0) continue;
+    FindLoaded f{n, ""};
+    dl_iterate_phdr(&FindLoadedByName, &f);
+    return f.path.empty() ? n : f.path;
+  }
+  return "";
 }
 
 LoadResult DoLoad() {
@@ -144,7 +216,7 @@ LoadResult DoLoad() {
   JAX_MXFP4_HIPBLASLT_FUNCTIONS(JAX_MXFP4_LOAD_BLAS)
 #undef JAX_MXFP4_LOAD_BLAS
   r.hipblaslt_path = PathOf(reinterpret_cast<void*>(api.hipblasLtCreate));
-  dl_iterate_phdr(&FindRocroller, &r.rocroller_path);
+  r.rocroller_path = RocrollerOf(r.hipblaslt_path);
   if (!missing.empty()) {
     std::string m;
     for (const auto& s : missing) m += (m.empty() ? "" : ", ") + s;

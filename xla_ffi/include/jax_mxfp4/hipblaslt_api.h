@@ -200,17 +200,18 @@ struct LoadResult {
   std::string hip_path;               // the files actually loaded (from dladdr)
   std::string hipblaslt_path;
   std::string searched;               // every candidate tried, in order
-  // A shared object named librocroller* loaded in the process once hipBLASLt is (hipBLASLt
-  // builds with rocRoller link it); empty if none was seen. Tells the internal MX route.
+  // librocroller* among libhipblaslt's own DT_NEEDED entries (hipBLASLt builds with rocRoller
+  // link it): its loaded path, else that name; empty if it needs none. Tells the internal MX route.
   std::string rocroller_path;
 };
 
 // Loads libamdhip64 and libhipblaslt with dlopen. Search order, for each library:
 //   1. $JAX_MXFP4_ROCM_LIB_DIR only, if set (no other location is tried);
 //   2. a copy already loaded in the process (e.g. by the JAX ROCm plugin), versioned soname;
-//   3. the pip-installed ROCm directories given to SetWheelLibraryDirs (TheRock wheels:
+//   3. for libhipblaslt, when libamdhip64 did not come from a step-4 directory: the directory
+//      libamdhip64 was loaded from (one ROCm installation for both);
+//   4. the pip-installed ROCm directories given to SetWheelLibraryDirs (TheRock wheels:
 //      _rocm_sdk_core/lib holds libamdhip64, _rocm_sdk_libraries*/lib holds libhipblaslt);
-//   4. for libhipblaslt: the directory libamdhip64 was loaded from;
 //   5. the dynamic linker's search (LD_LIBRARY_PATH, RUNPATH, ld.so.cache) by soname;
 //   6. $ROCM_PATH/lib, then /opt/rocm/lib.
 // In each location the versioned sonames (libamdhip64.so.7, libhipblaslt.so.1) are tried before

@@ -8,14 +8,14 @@
 // Compute type 32F, scale type 32F; scale mode VEC32_UE8M0 (plain) or BLK32_UE8M0_32_8_EXT
 // (swizzled). Scale pointers get a dummy before the heuristic and the real ones before
 // hipblasLtMatmul. A leading batch dim runs one hipblasLtMatmul per element (MX needs batch 1).
-// The output is zeroed on the stream first, because C = D and rocRoller's kernels may read C
-// even with beta = 0 (reference/hipblaslt-mxfp4.md §6.4).
+// Where rocRoller runs the GEMM (plain scales on its route) the output is zeroed on the stream
+// first, because C = D and its kernels read C even with beta = 0 (reference §6.4, §7.4).
 //
 // Envelopes (which GEMMs the handler accepts; reference/hipblaslt-mxfp4.md §2 and §6):
-//   validated (default): the envelope ROCm TransformerEngine gates its MXFP4 hipBLASLt GEMM to,
-//     run on gfx950 hardware: hipBLASLt >= 1.3, K % 256 == 0, M % 32 == N % 32 == 0, bf16 or
-//     f32 out, beta = 0. Inside it both scale layouts and both internal routes read the same
-//     bytes (no padding exists).
+//   validated (default): the project's policy, modelled on the MXFP4 gate reported for ROCm
+//     TransformerEngine (not found in its sources, reference §7.8): hipBLASLt >= 1.3,
+//     K % 256 == 0, M % 32 == N % 32 == 0, bf16 or f32 out, beta = 0, plus the route gates
+//     (plain scales only on the rocRoller route).
 //   documented (opt-in, JAX_MXFP4_HIPBLASLT_ENVELOPE=documented; UNVERIFIED on hardware): the
 //     hipBLASLt api-reference rules M % 16, N % 16, K % 128, f16 out too, hipBLASLt >= 1.0 for
 //     plain scales, plus the route gates of CheckHipblasltRoute.
@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -93,17 +94,30 @@ struct Route {
 // `rocroller_library`: a librocroller* object is loaded in the process (LoadResult).
 Route HipblasltRoute(bool rocroller_library);
 
-// Layout rules that depend on the route and the library version (reference §6.1, §6.2):
-//  - swizzled scales on hipBLASLt < 1.5.0: M % 32 == N % 32 == 0 and K % 256 == 0 (no padding);
-//  - plain scales on the TensileLite route: that route reads scales with the per-row stride
-//    K/32 rounded up to 8 and rows rounded up to 32, so dense buffers are read right only when
-//    K % 256 == 0 and M % 32 == N % 32 == 0; other shapes are refused (routed elsewhere).
+// Layout rules that depend on the route and the library version (reference §6.1, §6.2, §7.1):
+//  - plain scales on the TensileLite route: refused for every shape. TensileLite maps both scale
+//    modes to one call and is not told the layout; its gfx950 FP4 kernels expect pre-swizzled
+//    scales, so plain ones could be read permuted. Swizzled scales are that route's own path;
+//  - swizzled scales on hipBLASLt < 1.5.0: M % 32 == N % 32 == 0 and K % 256 == 0 (no padding).
 // Unimplemented naming the rule, or Ok.
 Status CheckHipblasltRoute(int64_t m, int64_t n, int64_t k, ScaleLayout layout, int hipblaslt_version,
                            const Route& route);
 
+// Whether the kernel reads C although beta = 0: rocRoller (route rocRoller, plain scales) always
+// forms beta * C; TensileLite (its route, and every swizzled FP4 x FP4 GEMM) selects by beta.
+bool KernelReadsC(ScaleLayout layout, const Route& route);
+
 // Per-process state over one API table: handle pools keyed by (device, stream), device info,
-// algorithm cache keyed by (device, M, N, K, out dtype, scale mode). Thread-safe.
+// algorithm cache keyed by (device, M, N, K, out dtype, scale mode, route). Thread-safe.
+//
+// Route: hipBLASLt reads HIPBLASLT_USE_ROCROLLER in each handle's constructor. The runtime reads
+// it next to its first hipblasLtCreate and keeps that snapshot for every gate; a later handle
+// whose route would differ (the variable changed) is refused with FailedPrecondition, so a gate
+// and the handle that runs the GEMM never disagree.
+//
+// Kernels per handle: rocRoller generates its kernels per handle, so each (handle, problem) runs
+// the heuristic once on its own handle before its first matmul (the JIT cost lands there, not
+// inside an enqueued hipblasLtMatmul); later calls on that handle reuse the answer.
 //
 // Handles: hipblaslt.h forbids using one handle from two streams while work may be in flight
 // (the 1.5.0 CHANGELOG fixes a Stream-K deadlock caused by that), so a handle returned after
@@ -126,20 +140,22 @@ class HipblasltRuntime {
                        ScaleLayout layout);
   Status GetDeviceInfo(int device, DeviceInfo* info);
   Status DeviceCount(int* count);
-  Route CurrentRoute() const { return HipblasltRoute(rocroller_library_); }
+  // The route snapshot (taken at the first handle), or the environment's answer before it.
+  Route CurrentRoute();
 
  private:
   struct CachedAlgo {
     abi::hipblasLtMatmulAlgo_t algo;
     size_t workspace_size;
   };
-  using Key = std::tuple<int, int64_t, int64_t, int64_t, int, int>;
+  using Key = std::tuple<int, int64_t, int64_t, int64_t, int, int, bool>;  // ..., tensilelite
   class Call;
 
   using PoolKey = std::pair<int, abi::hipStream_t>;
   Status BorrowHandle(const PoolKey& key, abi::hipblasLtHandle_t* handle);
   void ReturnHandle(const PoolKey& key, abi::hipblasLtHandle_t handle);
   Status Gates(int device, int64_t m, int64_t n, int64_t k, ElemType out, ScaleLayout layout);
+  Key KeyOf(int device, int64_t m, int64_t n, int64_t k, ElemType out, ScaleLayout layout);
 
   const HipblasltApi* api_;
   bool rocroller_library_;
@@ -147,6 +163,8 @@ class HipblasltRuntime {
   std::map<PoolKey, std::vector<abi::hipblasLtHandle_t>> pool_;
   std::map<int, DeviceInfo> info_;
   std::map<Key, CachedAlgo> cache_;
+  std::map<std::pair<abi::hipblasLtHandle_t, Key>, CachedAlgo> handle_algos_;
+  std::optional<Route> route_;  // guarded by mu_; set at the first hipblasLtCreate
 };
 
 // The process-wide runtime over the real libraries (created on first use, never destroyed:

@@ -99,6 +99,14 @@ fake::Config ConfigFrom(const nb::dict& c) {
     else if (k == "fail_nth") cfg.fail_nth = nb::cast<int>(value);
     else if (k == "fail_status") cfg.fail_status = nb::cast<int>(value);
     else if (k == "rocroller_library") cfg.rocroller_library = nb::cast<bool>(value);
+    else if (k == "model_heuristic") cfg.model_heuristic = nb::cast<bool>(value);
+    else if (k == "model_tensilelite_scales") cfg.model_tensilelite_scales = nb::cast<bool>(value);
+    else if (k == "model_rocroller_dense") cfg.model_rocroller_dense = nb::cast<bool>(value);
+    else if (k == "model_route_at_create") cfg.model_route_at_create = nb::cast<bool>(value);
+    else if (k == "model_mode_version") cfg.model_mode_version = nb::cast<bool>(value);
+    else if (k == "model_workspace_per_solution") cfg.model_workspace_per_solution = nb::cast<bool>(value);
+    else if (k == "model_c_read") cfg.model_c_read = nb::cast<bool>(value);
+    else if (k == "model_kernel_per_handle") cfg.model_kernel_per_handle = nb::cast<bool>(value);
     else if (k == "out_fill") continue;  // read by FakeGemm
     else throw nb::value_error(("unknown fake config key " + k).c_str());
   }
@@ -180,8 +188,8 @@ nb::dict FakeGemm(U8Array lhs, U8Array lhs_scales, U8Array rhs, U8Array rhs_scal
 nb::tuple FakeRawMatmul(U8Array a, U8Array b, U8Array a_scales, U8Array b_scales, int64_t k, int64_t m,
                         int64_t n, int64_t lda, int64_t ldb, int32_t trans_a, int32_t trans_b,
                         uint32_t mode, uint64_t workspace_given, uint64_t workspace_needed,
-                        bool register_scales) {
-  fake::Config cfg;
+                        bool register_scales, nb::dict config) {
+  fake::Config cfg = ConfigFrom(config);
   cfg.workspace_size = workspace_needed;
   const HipblasltApi* api = fake::Reset(cfg);
   std::vector<uint8_t> d(static_cast<size_t>(m * n * 4), 0);
@@ -222,11 +230,73 @@ nb::tuple FakeRawMatmul(U8Array a, U8Array b, U8Array a_scales, U8Array b_scales
   return nb::make_tuple(st, nb::bytes(reinterpret_cast<const char*>(d.data()), d.size()));
 }
 
+
+// A runtime kept across calls (FakeGemm makes a fresh one per call): the tests change
+// HIPBLASLT_USE_ROCROLLER between GEMMs, as a user's process may. Only one double exists per
+// process, so a LongRuntime is valid until the next LongRuntime, gemm or raw_matmul resets it.
+class LongRuntime {
+ public:
+  explicit LongRuntime(nb::dict config) : cfg_(ConfigFrom(config)), api_(fake::Reset(cfg_)) {
+    rt_ = std::make_unique<HipblasltRuntime>(api_, cfg_.rocroller_library);
+  }
+  // {array bytes, error, code}: out = lhs . rhs^T on `stream`, output starting as `out_fill` bytes.
+  nb::dict Gemm(U8Array lhs, U8Array lhs_scales, U8Array rhs, U8Array rhs_scales, const std::string& out_dtype,
+                const std::string& scale_layout, uint64_t stream, int device, uint8_t out_fill) {
+    if (!rt_) throw nb::value_error("the runtime is closed");
+    ScaleLayout layout;
+    Status st = ParseScaleLayout(scale_layout, &layout);
+    const ElemType out_type = OutType(out_dtype);
+    TensorView out_view;
+    out_view.type = out_type;
+    out_view.dims = {static_cast<int64_t>(lhs.shape(0)), static_cast<int64_t>(rhs.shape(0))};
+    auto out = std::make_shared<std::vector<uint8_t>>(
+        static_cast<size_t>(out_view.dims[0] * out_view.dims[1]) * ElemTypeBytes(out_type), out_fill);
+    out_view.data = out->data();
+    GemmProblem p;
+    if (st.ok()) {
+      st = ValidateGemm(ViewOf(lhs), ViewOf(lhs_scales, ElemType::kE8M0), ViewOf(rhs),
+                        ViewOf(rhs_scales, ElemType::kE8M0), out_view, layout,
+                        {ElemType::kF32, ElemType::kBF16, ElemType::kF16}, &p);
+    }
+    if (st.ok()) {
+      for (const U8Array* a : {&lhs, &lhs_scales, &rhs, &rhs_scales}) fake::RegisterMemory(a->data(), a->size());
+      fake::RegisterMemory(out->data(), out->size());
+      outputs_.push_back(out);  // registered memory stays valid while the runtime lives
+      GemmBuffers b{lhs.data(), lhs_scales.data(), rhs.data(), rhs_scales.data(), out->data()};
+      st = rt_->Gemm(p, b, reinterpret_cast<abi::hipStream_t>(static_cast<uintptr_t>(stream)), device, &ws_);
+    }
+    nb::dict r;
+    r["out"] = nb::bytes(reinterpret_cast<const char*>(out->data()), out->size());
+    r["error"] = st.ok() ? nb::none() : nb::object(nb::str(st.message.c_str()));
+    r["code"] = CodeName(st.code);
+    return r;
+  }
+  void Close() { rt_.reset(); }
+
+ private:
+  fake::Config cfg_;
+  const HipblasltApi* api_;
+  std::unique_ptr<HipblasltRuntime> rt_;
+  HostWorkspace ws_;
+  std::vector<std::shared_ptr<std::vector<uint8_t>>> outputs_;
+};
+
 }  // namespace
 
 NB_MODULE(_hipblaslt_double, m) {
   m.doc() = "TEST ONLY: the hipBLASLt call path against a recording double (never shipped)";
-  m.def("raw_matmul", &FakeRawMatmul, "The recording double driven directly.");
+  m.def("raw_matmul", &FakeRawMatmul, nb::arg("a"), nb::arg("b"), nb::arg("a_scales"), nb::arg("b_scales"),
+        nb::arg("k"), nb::arg("m"), nb::arg("n"), nb::arg("lda"), nb::arg("ldb"), nb::arg("trans_a"),
+        nb::arg("trans_b"), nb::arg("mode"), nb::arg("workspace_given"), nb::arg("workspace_needed"),
+        nb::arg("register_scales"), nb::arg("config") = nb::dict(), "The recording double driven directly.");
+  nb::class_<LongRuntime>(m, "LongRuntime", "One HipblasltRuntime over the double across several GEMMs; the "
+                                    "test changes the environment between them.")
+      .def(nb::init<nb::dict>(), nb::arg("config"))
+      .def("gemm", &LongRuntime::Gemm, nb::arg("lhs"), nb::arg("lhs_scales"), nb::arg("rhs"), nb::arg("rhs_scales"),
+           nb::arg("out_dtype"), nb::arg("scale_layout"), nb::arg("stream") = uint64_t{0x5EA0},
+           nb::arg("device") = 0, nb::arg("out_fill") = uint8_t{0xEE})
+      .def("log", [](LongRuntime&) { return LogToPython(); })
+      .def("close", &LongRuntime::Close);
   m.def("gemm", &FakeGemm, nb::arg("lhs"), nb::arg("lhs_scales"), nb::arg("rhs"), nb::arg("rhs_scales"),
         nb::arg("out_dtype"), nb::arg("scale_layout"), nb::arg("config"), nb::arg("calls") = 1,
         nb::arg("device") = 0, nb::arg("streams") = std::vector<uint64_t>{},
