@@ -7,7 +7,8 @@ k = 4, D = F = 2880):
            of the k logits; the T*k (token, expert) pairs sorted by expert (stable) give the row
            order and ``group_sizes`` [E] (M = T*k rows; at decode sizes most groups are empty)
   gate+up  H = ragged_dot(X[rows] [M, D], W1 [E, D, 2F])   (one grouped GEMM, N = 2F)
-  SwiGLU   A = silu(H[:, :F]) * H[:, F:]                     [M, F]
+  SwiGLU   A = silu(H[:, :F]) * H[:, F:]                     [M, F]  (gpt-oss clamps and
+           interleaves gate and up: the same elementwise work, left out here)
   down     Y = ragged_dot(A, W2 [E, F, D])                   [M, D]
   combine  out[t] = sum of gate * Y over token t's k rows    [T, D]
 
@@ -348,9 +349,9 @@ def main(argv=None):
     args = ap.parse_args(argv)
     check_args(ap, args)
     out = out_dir(args.out or default_out("moe-quick" if args.quick else "moe"))
-    import jaxlib
+    from importlib.metadata import version
 
-    args.info = {**device_info(), "jaxlib": jaxlib.version.__version__,
+    args.info = {**device_info(), "jaxlib": version("jaxlib"),
                  "command": shlex.join(["python", "benchmarks/moe.py", *argv])}
     result = run(args, report=lambda res: write_json(os.path.join(out, "moe.json"), res))
     write_json(os.path.join(out, "moe.json"), result)
