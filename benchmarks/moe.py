@@ -27,7 +27,7 @@ sum(out * dY) (dY a fixed random cotangent) with respect to X, W1 and W2 (float 
   train-mxfp4  :func:`jax_mxfp4.ragged_dot`, ``Recipe()``: MXFP4 fprop, dgrad and wgrad
                (dY stochastically rounded), all quantization inside the step.
 Each MXFP4 row records the route :func:`jax_mxfp4.ragged.explain_ragged_dot` gives for both
-grouped GEMMs (also printed) and its relative error against the bf16 layer on the same data
+grouped GEMMs' forward (also printed) and its relative error against the bf16 layer on the same data
 (Frobenius norm of the difference over that of the bf16 output; FP4 rounding, not a bug, at
 ~0.1 for a4w4). Weight memory: bytes of the bf16 experts against the MXFP4 data + E8M0 scales
 (ratio (1/2 + 1/32) / 2 = 0.2656).
@@ -221,7 +221,7 @@ def run(args, report=lambda result: None):
             n = n_sets_for(bytes_per_call(cfg, t, used, variant), cap)
             sets = make_sets(cfg, t, variant, routing, n)
             fn = variant_fn(variant, cfg)
-            if variant.startswith("mxfp4"):
+            if {**SERVING, **TRAIN}[variant] is not None:  # an MXFP4 row
                 row["routes"] = explain_routes(cfg, variant, sets)
                 for gemm_name, r in row["routes"].items():
                     print(f"    explain_ragged_dot {variant} {gemm_name}: {r['route']} ({r['reason']})", flush=True)
@@ -242,9 +242,9 @@ def run(args, report=lambda result: None):
             if args.profile:
                 kt = kernel_time(fn, sets, calls=min(r["calls"], 256))
                 row["gpu_span_s"] = kt.get("timeline", {}).get("span_s") or kt.get("error", "no timeline")
-            del sets
         except Exception as e:  # record, keep going
             row.update(status="error", reason=f"{type(e).__name__}: {str(e)[:300]}")
+        sets = None  # free this row's expert copies before the next row's
         result["rows"].append(row)
         print(f"[{time.time() - t0:6.1f}s] tokens {t:5d} {variant:12s} {row.get('ms', float('nan')):9.4f} ms "
               f"ratio {row.get('ratio_vs_bf16', float('nan')):.3f} {row['status']}", flush=True)
