@@ -15,7 +15,7 @@ import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from benchmarks import compile_time, gemm, quantize, train_step  # noqa: E402
+from benchmarks import compile_time, gemm, moe, quantize, train_step  # noqa: E402
 
 
 def _png(path):
@@ -45,6 +45,89 @@ def test_gemm_quick(tmp_path):
     assert res["geomeans"] and "time / bf16" in (tmp_path / "gemm.md").read_text()
     _png(tmp_path / "gemm_geomean_time_ratio.png")
     _png(tmp_path / "gemm_time_ratio_vs_k.png")
+
+
+def _check_moe_result(tmp_path, want_rows, command_tail):
+    """moe.json/md/png of a --quick run: the rows ``want_rows`` ((tokens, variant) pairs), timed,
+    ratios against the baseline at the same token count, the routes explained, the weight memory
+    from the shapes, the header."""
+    res = json.loads((tmp_path / "moe.json").read_text())
+    cfg = res["config"]
+    assert (cfg["experts"], cfg["top_k"]) == (moe.QUICK["experts"], moe.QUICK["top_k"])
+    assert {(r["tokens"], r["variant"]) for r in res["rows"]} == want_rows
+    ms = {(r["tokens"], r["variant"]): r["ms"] for r in res["rows"]}
+    for r in res["rows"]:
+        assert r["status"] == "ok" and _finite_positive(r["ms"], r["ratio_vs_bf16"]), r
+        assert r["ms"] == pytest.approx(r["median_s"] * 1e3) and r["rows_m"] == r["tokens"] * cfg["top_k"]
+        assert r["ratio_vs_bf16"] == pytest.approx(ms[(r["tokens"], r["variant"])] / ms[(r["tokens"], moe.BASELINE[r["variant"]])])
+        if r["variant"] != moe.BASELINE[r["variant"]]:  # on a CPU: the exact route, for both grouped GEMMs
+            assert {g: d["route"] for g, d in r["routes"].items()} == {"gate_up": "exact", "down": "exact"}
+            assert 0 < r["rel_err_vs_bf16"] < 0.5, r  # FP4 rounding (another layer: ~1.4)
+    e, d, f = cfg["experts"], cfg["d_model"], cfg["width"]
+    params = e * d * 2 * f + e * f * d
+    mem = res["memory"]
+    assert (mem["bf16_bytes"], mem["mxfp4_data_bytes"], mem["mxfp4_scale_bytes"]) == (2 * params, params // 2, params // 32)
+    assert mem["ratio"] == (0.5 + 1 / 32) / 2
+    info = res["info"]
+    assert info["jaxlib"] and info["date_utc"] and info["command"].endswith(command_tail)
+    md = (tmp_path / "moe.md").read_text()
+    assert "| 1 | 4 | 4 | bf16 |" in md and "0.2656x of bf16" in md and "explain_ragged_dot" in md
+    _png(tmp_path / "moe.png")
+
+
+def test_moe_quick_one_token(tmp_path):
+    """The pipeline at its smallest: 1 token (4 of 8 expert groups empty), bf16 and w4a16."""
+    argv = ["--quick", "--tokens", "1", "--variants", "mxfp4-w4a16", "--out", str(tmp_path)]
+    assert moe.main(argv) == 0
+    _check_moe_result(tmp_path, {(1, "bf16"), (1, "mxfp4-w4a16")}, " ".join(argv))
+
+
+@pytest.mark.slow  # a whole benchmark program (test_moe_quick_one_token keeps a small one in the default tier)
+def test_moe_quick(tmp_path):
+    """Every --quick row: both token counts, every serving variant, and the training step."""
+    assert moe.main(["--quick", "--train", "--out", str(tmp_path)]) == 0
+    serving = {(t, v) for t in moe.QUICK["tokens"] for v in moe.SERVING}
+    _check_moe_result(tmp_path, serving | {(max(moe.QUICK["tokens"]), v) for v in moe.TRAIN},
+                      "--quick --train --out " + str(tmp_path))
+
+
+def test_moe_routing_and_layer_match_a_per_token_reference(rng):
+    """The benchmark's routing (top-k of the router logits, rows sorted by expert, softmax gates)
+    and its expert layer, against a float64 loop over tokens and their k experts; 1 token of 8
+    experts leaves 4 groups empty."""
+    e, k, d, f = 8, 4, 32, 32
+    for t in (1, 5):
+        rows, gates, gs = moe.route(t, e, k, seed=3)
+        logits = np.random.default_rng(3).standard_normal((t, e)).astype(np.float32)
+        assert gs.sum() == t * k and (t > 1 or (gs == 0).sum() == e - k)
+        experts = np.repeat(np.arange(e), gs)  # the expert of each sorted row
+        assert sorted(zip(rows.tolist(), experts.tolist())) == sorted(
+            (i, j) for i in range(t) for j in np.argsort(-logits[i])[:k])
+        for g in range(e):  # tokens in order within each group
+            assert np.all(np.diff(rows[experts == g]) > 0)
+        top = np.sort(logits, axis=1)[:, -k:].astype(np.float64)
+        want_gates = np.exp(logits[rows, experts]) / np.exp(top[rows]).sum(axis=1)
+        np.testing.assert_allclose(gates, want_gates, rtol=1e-5)
+        x = rng.standard_normal((t, d)).astype(np.float32)
+        w1 = rng.standard_normal((e, d, 2 * f)).astype(np.float32)
+        w2 = rng.standard_normal((e, f, d)).astype(np.float32)
+        want = np.zeros((t, d))
+        for row, ex, g in zip(rows, experts, gates):
+            h = x[row].astype(np.float64) @ w1[ex]
+            a = h[:f] / (1 + np.exp(-h[:f])) * h[f:]
+            want[row] += g * (a @ w2[ex])
+        got = moe.expert_layer(moe.grouped_gemm(None), f)(x, w1, w2, rows, gates, gs)
+        np.testing.assert_allclose(np.asarray(got), want, rtol=2e-4, atol=2e-4 * np.abs(want).max())
+
+
+def test_moe_refuses_bad_tokens_and_variants(tmp_path, capsys):
+    for argv, msg in ((["--tokens", "1,x"], "--tokens takes a comma list of positive integers"),
+                      (["--tokens", "0"], "--tokens takes a comma list of positive integers"),
+                      (["--variants", "mxfp4-w4a8"], "--variants: unknown name(s) 'mxfp4-w4a8'")):
+        with pytest.raises(SystemExit) as e:
+            moe.main(["--quick", "--out", str(tmp_path)] + argv)
+        assert e.value.code == 2 and msg in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
 
 
 @pytest.mark.slow  # a whole benchmark program (test_gemm_quick keeps one in the default tier)
@@ -212,13 +295,13 @@ def test_no_benchmark_writes_into_the_source_tree_by_default(monkeypatch):
         raise SystemExit(0)
 
     monkeypatch.setattr("benchmarks.common.out_dir", fake_out_dir)  # compile_time imports it late
-    for mod in (gemm, quantize, train_step, sharded):
+    for mod in (gemm, quantize, train_step, sharded, moe):
         monkeypatch.setattr(mod, "out_dir", fake_out_dir)
-    for mod in (gemm, quantize, train_step, sharded, compile_time):
+    for mod in (gemm, quantize, train_step, sharded, compile_time, moe):
         for argv in (["--quick"], []):
             with pytest.raises(SystemExit):
                 mod.main(argv)
-    assert len(seen) == 10 and all(p.startswith("bench_out" + os.sep) for p in seen), seen
+    assert len(seen) == 12 and all(p.startswith("bench_out" + os.sep) for p in seen), seen
 
 
 def test_train_step_refuses_names_it_would_skip(tmp_path, capsys):
