@@ -115,6 +115,10 @@ def test_packed_nibble_order_and_scales_on_device():
     b = mx.MXFP4Array(jnp.asarray(ones), jnp.asarray(np.full((n, k // 32), 127, np.uint8).view(ml_dtypes.float8_e8m0fnu)),
                       1, (n, k), jnp.float32)
     for layout in ("plain", "swizzled"):
+        # plain scales are refused on hipBLASLt's TensileLite route (backends/hipblaslt.py)
+        if layout == "plain" and dispatch.get_backend("hipblaslt").rejects(
+                GemmProblem(1, m, n, k, np.dtype(np.float32), layout, "rocm")):
+            continue
         got = hip(a, b, "float32", layout)
         np.testing.assert_array_equal(got, np.repeat(want[:, None], n, axis=1))
 
