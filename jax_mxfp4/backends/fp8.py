@@ -289,7 +289,7 @@ def fused_operand(x, axis, scale_mode, interpret, rounding="nearest", key=None):
     ``quantize(x, axis, rounding="stochastic", key=key)``: generated in the kernel for threefry
     keys (:func:`jax_mxfp4.kernels.quantize_kernel.kernel_rng_supported`), else (rbg / unsafe_rbg keys)
     drawn by ``jax.random.uniform`` with the reference's shape and read by the kernel
-    (:func:`jax_mxfp4.kernels.quantize_kernel.sr_uniforms`); both layouts.
+    (:func:`jax_mxfp4.kernels.quantize_kernel.sr_uniforms`).
     """
     from ..kernels import fp8_quantize as fq
     from ..kernels.quantize_kernel import sr_uniforms
@@ -303,17 +303,16 @@ def fused_operand(x, axis, scale_mode, interpret, rounding="nearest", key=None):
     uniform = key_data = None
     if rounding == "stochastic":
         # quantize(x, axis)'s draw: uniform(key, rest + (kq / 32, 32)), the quantized axis last:
-        # element-aligned with the kernel's output rows in both layouts below (threefry keys:
-        # generated in the kernel from that flat index; rbg keys: the drawn array, read in)
+        # element-aligned with the kernel's rows (threefry keys: generated in the kernel from that
+        # flat index; rbg keys: the drawn array, read in)
         uniform, key_data = sr_uniforms(key, rest + (kq // BLOCK_SIZE, BLOCK_SIZE))
-    # A strided operand: XLA's transpose pass, then the kernel along rows: on the H200 the
-    # kernel's strided transposed reads took 1.1-1.6 ms for 8192x8192 bf16, a transpose takes
-    # ~0.07 ms and the rows kernel ~0.15 ms. Same bits for both roundings: the rows of x[0].T are
-    # the output rows, so each element keeps its uniform (its flat index in the reference's draw
-    # is unchanged).
+    # A strided operand: XLA's transpose pass, then the kernel along rows (strided reads in the
+    # kernel were slower than both passes together). Same bits for both roundings: the rows of
+    # x[0].T are the output rows, so each element keeps its uniform (its flat index in the
+    # reference's draw is unchanged).
     x2 = x.reshape(-1, kq) if last else x[0].T
     codes, scales, row_exp, row_flag = fq.quantize_fp8_2d(
-        x2, key_data, uniform, scale_mode=scale_mode, transposed=False, interpret=interpret)
+        x2, key_data, uniform, scale_mode=scale_mode, interpret=interpret)
     return FP8Prepared(codes.reshape(rest + (kq,)), scales.reshape(rest + (kq // BLOCK_SIZE,)),
                        row_exp.reshape(rest), row_flag.reshape(rest), axis, x.shape, x.dtype, scale_mode)
 
