@@ -426,7 +426,6 @@ def test_error_bound_constants_are_defined_for_the_gpu_check():
     for prec in ("default", "high"):
         for kind in ("random", "adversarial"):
             assert 0 < fp8_backend.ERROR_BOUNDS[(prec, kind)] <= 0.5
-    assert float(fp8_backend.error_bound("default", "random", 2.0)) == 2 * 2.0**-10
 
 
 @pytest.mark.sweep(keep=2)

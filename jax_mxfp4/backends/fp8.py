@@ -58,12 +58,10 @@ from .xla import CANONICAL_DIMS, _as_float32
 
 MIN_COMPUTE_CAPABILITY = (8, 9)  # FP8 tensor cores: Ada (8.9) and Hopper (9.0) and later
 
-# Shape rule for "auto" (PROVISIONAL, to be set from H200 measurements by benchmarks/gemm.py):
-# "auto" takes this path for a4w4 when both M and N are at least this large. Below it the Pallas
-# kernels (decode shapes, min(M, N) <= 128) or "scaled_dot" are expected to win: the conversion
-# pass (~1.5 B/element written and read again) and the M x N rescale are fixed costs that the
-# FP8 GEMM's 2x tensor rate pays back only for large M x N (gpu-speed.md §3.5: estimated 0.66x of
-# bf16 at 1024x8192x8192 with a prepared weight, ~0.6x at 8192^3).
+# Shape rule for "auto" (provisional; benchmarks/gemm.py measures it): "auto" takes this path for
+# a4w4 when both M and N are at least this large. Below it the Pallas kernels (decode shapes) or
+# "scaled_dot" win: the conversion pass (~1.5 B/element written and read again) and the M x N
+# rescale are fixed costs that the FP8 GEMM's 2x tensor rate pays back only for large M x N.
 AUTO_MIN_SIDE = 256
 
 FALLBACK_MIN_ROWS = 16
@@ -84,12 +82,6 @@ ERROR_BOUNDS = {  # (precision, data kind) -> max |out - exact| / sum_k |a_k b_k
     ("high", "random"): 2.0**-10,
     ("high", "adversarial"): 2.0**-7,
 }
-
-
-def error_bound(precision: str, kind: str, abs_dot):
-    """Elementwise bound on |FP8-path result - exact result| on a GPU (README 'FP8 path'):
-    ``ERROR_BOUNDS[(precision, kind)] * abs_dot`` with ``abs_dot`` = sum_k |a_k b_k|."""
-    return ERROR_BOUNDS[(precision, kind)] * abs_dot
 
 
 def fallback_capacity(rows: int) -> int:
@@ -156,9 +148,8 @@ def rescale_on(acc, e_lhs, e_rhs, nan_rows, nan_cols, out_dtype, platform: str):
 
     On "cuda" (unless ``JAX_MXFP4_KERNELS=0``, under a mesh or for an explicitly sharded
     ``acc``: a pallas_call is opaque to SPMD partitioning; :func:`pallas_here`) one Pallas kernel over 2-D tiles
-    (:func:`jax_mxfp4.kernels.rescale.rescale_kernel`): XLA's fusion of :func:`rescale` moved
-    its 256 MB (8192 x 8192 bf16 in and out) at ~2 TB/s on an H200 (0.13 ms per GEMM in the
-    training-step profile of 2026-12-01), about half of HBM speed. Elsewhere XLA's fusion.
+    (:func:`jax_mxfp4.kernels.rescale.rescale_kernel`; XLA's fusion of :func:`rescale` ran at
+    about half of HBM speed on an H200). Elsewhere XLA's fusion.
     """
     use_kernel = acc.size > 0 and pallas_here(platform, acc)
     if not use_kernel:
@@ -186,10 +177,9 @@ def _exact(a, b, out_dtype, operand_dtype=jnp.float32):
 
 def exact_operand_dtype(platform: str):
     """Operand dtype of the exact-row path on ``platform``: bfloat16 on CUDA (tensor cores), else
-    float32 (bit-identical to backend "xla" on CPU). Why: in the demo's LM head most rows of the
-    softmax gradient span more than 14 binades (60% of dgrad rows flagged after 40 steps of
-    ``--size small`` on a CPU), and an NVIDIA H200 profile of ``--size large`` (jax 0.11.2,
-    2026-12-01) held a float32 FFMA GEMM of 1.04 ms per step, attributed to this path."""
+    float32 (bit-identical to backend "xla" on CPU). Why: in an LM head most rows of the softmax
+    gradient span more than 14 binades, so this path is not rare, and a float32 GEMM there runs
+    on FFMA units (docs/performance.md)."""
     return jnp.bfloat16 if platform == "cuda" else jnp.float32
 
 
@@ -205,9 +195,8 @@ def _fix_flagged(out, lhs, rhs, flag_l, flag_r, platform: str = "cpu"):
     A ``lax.while_loop`` whose body runs only while flags remain: each trip recomputes up to
     ``fallback_capacity`` flagged rows and columns (or, with more flagged than that, every flagged
     entry at once from the full exact GEMM) and clears their flags. With no flagged row (the
-    common case) it runs zero trips and ``out`` passes through in place: no ``lax.cond`` whose
-    result buffer XLA copied (the H200 profile of 2026-11-30 showed a 256 MiB float32 copy per
-    GEMM of the training step). Prepared operands are decoded back to MXFP4 inside the body only.
+    common case) it runs zero trips and ``out`` passes through in place (a ``lax.cond`` made XLA
+    copy the result buffer). Prepared operands are decoded back to MXFP4 inside the body only.
     """
     bsz, m, n = out.shape
     cap_l, cap_r = fallback_capacity(m), fallback_capacity(n)
@@ -244,14 +233,12 @@ def _fix_flagged(out, lhs, rhs, flag_l, flag_r, platform: str = "cpu"):
     return lax.while_loop(flagged, body, (out, flag_l, flag_r))[0]
 
 
-@functools.partial(jax.jit, static_argnums=(2, 3, 4), static_argnames=("_fallback",))
-def fp8_gemm(lhs, rhs, out_dtype, precision: str = "default", platform: str = "cpu", *, _fallback: bool = True):
+@functools.partial(jax.jit, static_argnums=(2, 3, 4))
+def fp8_gemm(lhs, rhs, out_dtype, precision: str = "default", platform: str = "cpu"):
     """Canonical a4w4 GEMM [B, M, K] x [B, N, K] -> [B, M, N] on the FP8 path.
 
     ``lhs``/``rhs``: canonical MXFP4Arrays (axis 2) or canonical :class:`FP8Prepared`.
     ``precision``: "default" or "high" (module docstring). Raises ValueError for "highest".
-    ``_fallback=False`` drops step 4 (flagged rows are then WRONG): for benchmarks/gemm.py only,
-    to measure what the exact-row loop (its predicate read) costs on data without flagged rows.
     """
     if precision not in ("default", "high"):
         raise ValueError(f"the FP8 path takes precision 'default' or 'high', got {precision!r}")
@@ -267,8 +254,6 @@ def fp8_gemm(lhs, rhs, out_dtype, precision: str = "default", platform: str = "c
     )
     nan_l, nan_r = (a.row_flag & FLAG_NAN) != 0, (b.row_flag & FLAG_NAN) != 0
     out = rescale_on(acc, a.row_exp, b.row_exp, nan_l, nan_r, out_dtype, platform)
-    if not _fallback:
-        return out
     if pallas_here(platform, out):  # no host round trip
         from ..kernels.fp8_fix import fix_flagged
 
