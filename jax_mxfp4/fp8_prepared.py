@@ -46,7 +46,6 @@ from .platform import current_platform, kernels_enabled
 from .sharding import kernel_may_run
 from .mx_format import (
     BLOCK_SIZE,
-    E8M0_NAN,
     as_e8m0,
     as_scale_bytes,
     decode_e2m1,
@@ -56,20 +55,13 @@ from .mx_format import (
     unpack_nibbles,
 )
 
-from .fp8_format import (  # noqa: F401  (the format's rules, re-exported as this module's)
-    E4M3_D_MAX,
-    E4M3_D_MIN,
+from .fp8_format import (
     EMPTY_ROW_BMAX,
     FLAG_EXACT,
-    FLAG_NAN,
     ROW_EXP_OFFSET,
-    WINDOW_SPAN,
     _block_shift,
     check_packed_rows,
-    encode_block_stats,
     encode_blocks,
-    rescale_elements,
-    special_blocks,
 )
 
 

@@ -239,7 +239,7 @@ def test_e8m0_extremes_flush_overflow_and_wide_output_exponents(rng):
 
 
 def test_special_blocks_matches_the_reference_decoding_for_every_byte_and_code():
-    from jax_mxfp4.fp8_prepared import special_blocks
+    from jax_mxfp4.fp8_format import special_blocks
     from jax_mxfp4.mx_format import dequantize_blocks
 
     b = np.repeat(np.arange(256), 16)  # one block per (byte, code): the code, then zeros

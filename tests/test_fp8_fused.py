@@ -16,7 +16,8 @@ import jax_mxfp4 as mx
 from jax_mxfp4 import training
 from jax_mxfp4.backends import fp8 as fp8_backend
 from jax_mxfp4.platform import KERNELS_ENV
-from jax_mxfp4.fp8_prepared import FLAG_EXACT, FLAG_NAN, encode_rows, prepare_fp8
+from jax_mxfp4.fp8_format import FLAG_EXACT, FLAG_NAN
+from jax_mxfp4.fp8_prepared import encode_rows, prepare_fp8
 from jax_mxfp4.kernels import fp8_quantize as fq
 from jax_mxfp4.kernels import quantize_kernel as kquant
 from jax_mxfp4.quantize import _quantize_impl

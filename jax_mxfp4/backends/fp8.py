@@ -49,7 +49,8 @@ import numpy as np
 from jax import lax
 
 from ..array import MXFP4Array
-from ..fp8_prepared import FLAG_EXACT, FLAG_NAN, FP8Prepared, encode_rows_on, rescale_elements
+from ..fp8_format import FLAG_EXACT, FLAG_NAN, rescale_elements
+from ..fp8_prepared import FP8Prepared, encode_rows_on
 from ..mx_format import as_scale_bytes
 from ..platform import kernels_enabled
 from ..sharding import canonical_out_sharding, explicit_spec, kernel_may_run
@@ -128,7 +129,7 @@ def rescale(acc, e_lhs, e_rhs, nan_rows, nan_cols, out_dtype):
     The exponent sum E (in [-266, 242]) is applied as 2^E1 x 2^E2 with E1 = clip(E, -100, 100):
     |acc| >= 2^-18 when nonzero (a sum of E4M3 products), so acc x 2^E1 is an exact normal float
     unless the result overflows anyway; the second factor rounds once. NaN rows/cols -> NaN.
-    The elementwise rule is :func:`jax_mxfp4.fp8_prepared.rescale_elements` (shared with the CUDA kernel,
+    The elementwise rule is :func:`jax_mxfp4.fp8_format.rescale_elements` (shared with the CUDA kernel,
     :mod:`jax_mxfp4.kernels.rescale`; :func:`rescale_on` picks the implementation).
     """
     e = e_lhs[:, :, None] + e_rhs[:, None, :]

@@ -84,7 +84,7 @@ def e4m3_word(y, big_d, normal_only: bool = False):
 def _word_block_summary(w):
     """Per 32-element block, from its packed data as 4 uint32 words [..., 4]: (any nonzero code,
     any nonzero magnitude <= 3, any magnitude 1, any magnitude >= 4, any magnitude >= 6), as int32
-    0/1: what :func:`jax_mxfp4.fp8_prepared.special_blocks` reads from the largest / smallest nonzero
+    0/1: what :func:`jax_mxfp4.fp8_format.special_blocks` reads from the largest / smallest nonzero
     magnitude (each of its four conditions is one of these), with no per-nibble unpacking."""
     m = w & _U32(0x77777777)
     lsb = _U32(0x11111111)
@@ -94,7 +94,7 @@ def _word_block_summary(w):
 
 
 def _special_from_summary(sb, low, one, ge4, ge6):
-    """:func:`jax_mxfp4.fp8_prepared.special_blocks` from :func:`_word_block_summary`'s flags: the rule reads
+    """:func:`jax_mxfp4.fp8_format.special_blocks` from :func:`_word_block_summary`'s flags: the rule reads
     only whether the smallest nonzero magnitude is 1 or <= 3 and the largest >= 4 or >= 6, so
     stand-ins with those answers (1 / 3 / 8, and 7 / 4 / 0) give its result."""
     min_mag = jnp.where(one != 0, 1, jnp.where(low != 0, 3, 8))
@@ -111,8 +111,8 @@ def _row_rule_init(br):
 
 def _row_rule_step(carry, sb, any_nonzero, spec):
     """One chunk of pass A, from its scale bytes ``sb`` int32 [br, nbc], whether each block holds a
-    nonzero code and whether it is special (:func:`jax_mxfp4.fp8_prepared.special_blocks`): the rule of
-    :func:`jax_mxfp4.fp8_prepared.encode_blocks` (NaN blocks are not counted)."""
+    nonzero code and whether it is special (:func:`jax_mxfp4.fp8_format.special_blocks`): the rule of
+    :func:`jax_mxfp4.fp8_format.encode_blocks` (NaN blocks are not counted)."""
     bmax, bmin, special, nan = carry
     is_nan = sb == E8M0_NAN
     counted = any_nonzero & ~is_nan
@@ -187,7 +187,7 @@ def _store_chunk(codes_ref, r0, br, c, nbc, out, mask2):
 
 
 def _store_row_outputs(exp_ref, flag_ref, r0, br, n_rows, bmax, exact, nan):
-    """row_exp and row_flag of a program's rows (the rule of :func:`jax_mxfp4.fp8_prepared.encode_blocks`)."""
+    """row_exp and row_flag of a program's rows (the rule of :func:`jax_mxfp4.fp8_format.encode_blocks`)."""
     row_exp = bmax - rules.ROW_EXP_OFFSET
     row_flag = exact.astype(jnp.int32) * rules.FLAG_EXACT | jnp.where(nan != 0, rules.FLAG_NAN, 0)
     rmask = (r0 + lax.broadcasted_iota(jnp.int32, (br,), 0)) < n_rows if n_rows % br else None

@@ -24,7 +24,7 @@ Every rule is shared code: the block scale and the E2M1 rounding (nearest, or st
 the reference's uniforms, generated in the kernel for Threefry keys or read as an input array
 drawn by ``jax.random.uniform``, as the MXFP4 quantizer does) come from
 :mod:`jax_mxfp4.kernels.quantize_kernel` (:func:`block_scale_bits`, :func:`magnitude_code_bits`,
-:func:`threefry_uniform`, :func:`sr_uniforms`), the row encoding from :func:`jax_mxfp4.fp8_prepared.encode_blocks`, the E2M1
+:func:`threefry_uniform`, :func:`sr_uniforms`), the row encoding from :func:`jax_mxfp4.fp8_format.encode_blocks`, the E2M1
 decoding from :func:`jax_mxfp4.mx_format.decode_e2m1`. Bit-identical to the reference in the
 Pallas interpreter (tests/test_fp8_fused.py).
 """
@@ -123,7 +123,7 @@ PLAIN_MIN_BYTE, PLAIN_MAX_BYTE = 3, 252
 """Scale bytes of the blocks the plain path takes (besides all-zero blocks). From 3: a float32
 subnormal element (< 2^-126) over a scale of at least 2^-124 is below 0.25, which rounds to the
 zero that the reference's subnormal flush gives, so round-to-nearest needs no per-element flush;
-bytes 0/1 (flushed codes) and 253/254 (overflow) are :func:`jax_mxfp4.fp8_prepared.special_blocks`' and
+bytes 0/1 (flushed codes) and 253/254 (overflow) are :func:`jax_mxfp4.fp8_format.special_blocks`' and
 0xFF (a NaN/Inf in the block) is the general path's."""
 
 
@@ -211,7 +211,7 @@ def plain_max_code(amax_bits, inv):
     (rounding is monotone) [..., nb]. With stochastic rounding it is also nonzero exactly where
     the block is (a plain block's amax x 2^-s is > 2 for every scale rule of
     :func:`jax_mxfp4.mx_format.e8m0_from_amax`, which no rounding takes to 0), which is all
-    :func:`jax_mxfp4.fp8_prepared.encode_block_stats` reads of it for plain scale bytes."""
+    :func:`jax_mxfp4.fp8_format.encode_block_stats` reads of it for plain scale bytes."""
     return e2m1_magnitude_code(lax.bitcast_convert_type(amax_bits, jnp.float32) * inv[..., 0])
 
 
