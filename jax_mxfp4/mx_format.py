@@ -314,7 +314,7 @@ def e2m1_magnitude_code(a: jax.Array) -> jax.Array:
     """E2M1 magnitude code (int32, 0..7) of float32 ``a >= 0``: the rule of
     :func:`e2m1_code_nearest` (round half to even, saturating at 6) in ~8 operations, no table.
 
-    Per-binade magic add (gpu-speed.md §4, torchao ``_f32_to_floatx_unpacked``): with
+    Per-binade magic add (torchao ``_f32_to_floatx_unpacked``): with
     e' = clamp(floor(log2 a), 0, 2), adding M = 2^(22 + e') makes the float32 adder round ``a`` to
     the E2M1 spacing 2^(e' - 1) of its binade, half to even; the code is the number of those
     steps above M plus 2e' (the codes below the binade), capped at 7. Non-finite ``a`` gives an

@@ -23,7 +23,7 @@ Pipeline:
    reference.
 
 Products are exact (E4M3 x E4M3 in the tensor core); what is not exact is the hardware's
-accumulation. The ``precision`` contract (:func:`contract`):
+accumulation. The ``precision`` contract (:func:`numerics`):
 
 - ``None``/``DEFAULT``: the FP8 dot with ``Precision.DEFAULT``: cuBLASLt fast accumulation on
   Hopper (products aligned to the largest exponent inside an MMA, ~14 bits kept, partial sums
@@ -105,11 +105,6 @@ def numerics(precision: str, platform: str = "cuda") -> Contract:
     return Contract(f"fp8-{precision}", (
         f"FP8: exact E4M3 products, {mode}; not float32-faithful, error bound in README 'FP8 path'; "
         "rows outside the FP8 window exact (float32 accumulation of exact products)"), rel)
-
-
-def contract(precision: str, platform: str = "cuda") -> str:
-    """One line: the numerics this backend gives at ``precision`` ("default"|"high"|"highest")."""
-    return numerics(precision, platform).summary
 
 
 def _prepared(x, platform: str) -> FP8Prepared:

@@ -4,7 +4,7 @@ Reads each input element once and writes the packed E2M1 bytes and the E8M0 scal
 The kernel body applies the rules of :mod:`jax_mxfp4.mx_format` to the same values as the
 reference ``jax_mxfp4.quantize._quantize_impl``, so its output is bit-identical in every scale
 mode, rounding and input dtype (tests/test_fast_quantize.py in the Pallas interpreter;
-benchmarks/quantize.py compares on the GPU). Integer formulation (gpu-speed.md §4):
+benchmarks/quantize.py compares on the GPU). Integer formulation:
 
 - the input is viewed as [R, K/32, 32] (a free reshape) and a tile of whole 32-element blocks is
   loaded contiguously; the float32 bits of each element are split into even and odd elements in

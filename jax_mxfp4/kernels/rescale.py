@@ -2,10 +2,11 @@
 
 After the FP8 GEMM (backend "fp8") every output element is multiplied by 2^(e_row + e_col) and
 rounded once to the output dtype, NaN rows and columns poisoned. XLA fuses that into one loop
-fusion, which ran at about half of HBM speed on an H200. Here one program owns a [bm, bn] tile of one batch element: it reads the tile, the bm row and bn
-column exponents and NaN flags, and applies :func:`jax_mxfp4.fp8_format.rescale_elements`
-(imported, not copied: the same float32 operations in the same order), so the result is
-bit-identical to ``rescale`` (tests/test_rescale_kernel.py in the Pallas interpreter).
+fusion, which ran at about half of HBM speed on an H200. Here one program owns a [bm, bn] tile
+of one batch element: it reads the tile, the bm row and bn column exponents and NaN flags, and
+applies :func:`jax_mxfp4.fp8_format.rescale_elements` (imported, not copied: the same float32
+operations in the same order), so the result is bit-identical to ``rescale``
+(tests/test_rescale_kernel.py in the Pallas interpreter).
 """
 
 from __future__ import annotations
