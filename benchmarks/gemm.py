@@ -14,9 +14,7 @@ measured once. Variants: "a4w4" (both MXFP4), "w4a16" (bf16 activation x MXFP4 w
 the baseline "bf16" (``lax.dot_general`` on bf16 operands, bf16 out; cuBLAS accumulates in
 float32). Backend "fp8" (MXFP4 rows -> E4M3 x power of two, XLA's FP8 GEMM, exact rescale) is
 timed at precision DEFAULT ("fp8"), HIGH ("fp8-high": fast accumulation off), with the weight
-converted beforehand (":func:`jax_mxfp4.prepare_fp8`", "fp8-prepared") and without its
-exact-row ``lax.cond`` ("fp8-nofallback": measurement only, the random data has no flagged rows,
-to show what the conditional costs); its peer row "e4m3
+converted beforehand (":func:`jax_mxfp4.prepare_fp8`", "fp8-prepared"); its peer row "e4m3
 xla-fp8" is XLA's FP8 ``dot_general`` on float8_e4m3fn operands (DEFAULT precision, bf16 out,
 no scales), the ceiling of any FP8 route. Rows "pallas-KxN", "pallas-NxK" and "pallas-prepared"
 time the whole dispatch path (``jax_mxfp4.dot_general``, backend "pallas") with the weight stored
@@ -64,7 +62,7 @@ QUICK_LAYERS = [(64, 64, 64)]  # fprop, dgrad and wgrad share one canonical shap
 QUICK_SETS = 2  # operand sets per program with --quick (fewer unrolled calls to compile)
 
 BACKENDS = {  # variant -> backends tried (each skipped with its reason where unavailable)
-    "a4w4": ["xla", "scaled_dot", "pallas", "fp8", "fp8-prepared", "fp8-high", "fp8-nofallback",
+    "a4w4": ["xla", "scaled_dot", "pallas", "fp8", "fp8-prepared", "fp8-high",
              "hipblaslt", "hipblaslt-swizzled", "pallas-KxN", "pallas-NxK", "pallas-prepared", "pallas-prepared-q"],
     "w4a16": ["xla", "pallas", "pallas-KxN", "pallas-NxK", "pallas-prepared"],
     "e4m3": ["xla-fp8"],  # the peer: XLA's FP8 GEMM without any MXFP4 work
@@ -163,10 +161,6 @@ def backend_fn(name, m, n, k, variant):
         why = be.unavailable_reason() or be.rejects(problem)
         if why:
             return None, why
-        if name == "fp8-nofallback":  # measurement only: the cost of the exact-row lax.cond
-            from jax_mxfp4.backends.fp8 import fp8_gemm
-
-            return (lambda a, b: fp8_gemm(a, b, problem.out_dtype, "default", problem.platform, _fallback=False)), "plain"
         return (lambda a, b: be.gemm(a, b, problem)), "plain"
     base = name.split("-")[0]
     layout = "swizzled" if name.endswith("swizzled") else "plain"

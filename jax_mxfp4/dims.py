@@ -31,6 +31,15 @@ def check_recipe(recipe) -> Recipe:
     return recipe
 
 
+def takes_rounding_key(recipe) -> bool:
+    """Whether a GEMM under ``recipe`` (a :class:`jax_mxfp4.Recipe` or None) draws a key for
+    stochastic rounding: a gradient quantized to MXFP4 (dgrad or wgrad) with
+    ``grad_rounding="stochastic"``. The layers and the Qwix providers ask this before drawing
+    from their RNG stream."""
+    recipe = check_recipe(recipe)
+    return recipe.grad_rounding == "stochastic" and "mxfp4" in (recipe.dgrad, recipe.wgrad)
+
+
 def parse_dimension_numbers(dimension_numbers, lshape, rshape):
     """Normalized (non-negative) ``(lc, rc, lb, rb)`` and the output shape; dims must be ints.
 

@@ -11,7 +11,8 @@ import jax.numpy as jnp
 from .mx_format import BLOCK_SIZE, E8M0_NAN, pow2_from_exponent
 
 E4M3_D_MIN, E4M3_D_MAX = -8, 6
-"""Shifts d for which E2M1 x 2^d is exactly a float8_e4m3fn value (gpu-speed.md §3.1)."""
+"""Shifts d for which E2M1 x 2^d is exactly a float8_e4m3fn value (2^-9 is E4M3's smallest
+subnormal, 6 x 2^6 = 384 <= 448, its largest finite value)."""
 WINDOW_SPAN = E4M3_D_MAX - E4M3_D_MIN  # 14 binades between the largest and smallest block scale
 ROW_EXP_OFFSET = 127 + E4M3_D_MAX  # e = b_max - 133
 EMPTY_ROW_BMAX = ROW_EXP_OFFSET  # a row with no nonzero block: e = 0 (any value would do)

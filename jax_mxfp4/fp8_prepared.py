@@ -46,7 +46,6 @@ from .platform import current_platform, kernels_enabled
 from .sharding import kernel_may_run
 from .mx_format import (
     BLOCK_SIZE,
-    E8M0_NAN,
     as_e8m0,
     as_scale_bytes,
     decode_e2m1,
@@ -56,20 +55,13 @@ from .mx_format import (
     unpack_nibbles,
 )
 
-from .fp8_format import (  # noqa: F401  (the format's rules, re-exported as this module's)
-    E4M3_D_MAX,
-    E4M3_D_MIN,
+from .fp8_format import (
     EMPTY_ROW_BMAX,
     FLAG_EXACT,
-    FLAG_NAN,
     ROW_EXP_OFFSET,
-    WINDOW_SPAN,
     _block_shift,
     check_packed_rows,
-    encode_block_stats,
     encode_blocks,
-    rescale_elements,
-    special_blocks,
 )
 
 
@@ -101,8 +93,9 @@ def encode_rows_on(data, scale_bytes, platform: str):
     On "cuda" (unless custom kernels are off, ``JAX_MXFP4_KERNELS=0``, or where
     :func:`jax_mxfp4.sharding.kernel_may_run` says no: under a mesh, explicitly sharded or
     ``shard_map``-varying operands) one Pallas kernel
-    (:func:`jax_mxfp4.kernels.fp8_encode.encode_rows_kernel`; the jnp form cost ~0.3 ms (fp8 minus fp8-prepared, one H200 run) for an
-    8192 x 8192 weight on an H200); elsewhere the jnp form above. Leading dims are flattened.
+    (:func:`jax_mxfp4.kernels.fp8_encode.encode_rows_kernel`, its default tile; the jnp form is
+    several XLA fusions, ~10x slower on an H200); elsewhere the jnp form above. Leading dims are
+    flattened.
     """
     check_packed_rows(data, scale_bytes)
     if not isinstance(platform, str):
@@ -110,11 +103,11 @@ def encode_rows_on(data, scale_bytes, platform: str):
     use_kernel = platform == "cuda" and kernels_enabled() and kernel_may_run(data, scale_bytes)
     if not use_kernel or data.size == 0:
         return encode_rows(data, as_scale_bytes(scale_bytes))
-    from .kernels.fp8_encode import DISPATCH_TILE, encode_rows_kernel
+    from .kernels.fp8_encode import encode_rows_kernel
 
     lead, half = data.shape[:-1], data.shape[-1]
     sb = as_scale_bytes(scale_bytes)
-    codes, row_exp, row_flag = encode_rows_kernel(data.reshape(-1, half), sb.reshape(-1, sb.shape[-1]), **DISPATCH_TILE)
+    codes, row_exp, row_flag = encode_rows_kernel(data.reshape(-1, half), sb.reshape(-1, sb.shape[-1]))
     return codes.reshape(*lead, half * 2), row_exp.reshape(lead), row_flag.reshape(lead)
 
 

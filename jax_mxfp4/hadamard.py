@@ -16,7 +16,7 @@ h`` becomes ``(v[j] + v[j+h], v[j] - v[j+h])``, each a correctly rounded float32
 then one multiply by the float32 constant ``1/sqrt(n)`` (exact for n = 64, 256). Every step is an
 elementwise IEEE operation in a fixed order, so the bits do not depend on the backend, the array
 layout or which axis is transformed (no matrix product whose summation order a compiler may
-choose); :func:`reference_transform_np` is the NumPy float32 twin used by the tests.
+choose); tests/mx_reference.py holds a NumPy float32 twin.
 """
 
 from __future__ import annotations
@@ -32,21 +32,6 @@ from . import checks
 from .mx_format import BLOCK_SIZE
 
 HADAMARD_BLOCKS = (32, 64, 128, 256)
-
-
-@functools.lru_cache(maxsize=64)
-def hadamard_matrix(n: int = BLOCK_SIZE) -> np.ndarray:
-    """Orthonormal Sylvester-Hadamard matrix of order ``n`` (float64 NumPy, ``H @ H.T = I``).
-
-    Raises:
-      ValueError: ``n`` is not a positive power of two.
-    """
-    if not isinstance(n, (int, np.integer)) or n < 1 or n & (n - 1):
-        raise ValueError(f"n must be a positive power of two (Sylvester construction), got {n!r}")
-    h = np.ones((1, 1))
-    while h.shape[0] < n:
-        h = np.block([[h, h], [h, -h]])
-    return h / np.sqrt(n)
 
 
 @functools.lru_cache(maxsize=256)
@@ -161,15 +146,3 @@ def random_hadamard_transform(x, axis: int, seed: int, block: int = BLOCK_SIZE):
         h *= 2
     return y * np.float32(1.0 / np.sqrt(block))
 
-
-def reference_transform_np(x: np.ndarray, axis: int, seed: int, block: int = BLOCK_SIZE) -> np.ndarray:
-    """NumPy float32 twin of :func:`random_hadamard_transform` (same operations, same order)."""
-    y = np.moveaxis(np.asarray(x, np.float32), axis, -1).copy()
-    y *= np.tile(random_signs(seed, block), y.shape[-1] // block).astype(np.float32)
-    h = 1
-    while h < block:
-        z = y.reshape(y.shape[:-1] + (y.shape[-1] // (2 * h), 2, h))
-        a, b = z[..., 0, :], z[..., 1, :]
-        y = np.stack([a + b, a - b], axis=-2).reshape(y.shape)
-        h *= 2
-    return np.moveaxis(y * np.float32(1.0 / np.sqrt(block)), -1, axis)

@@ -44,10 +44,6 @@ FLOAT32_MIN_NORMAL = float(np.finfo(np.float32).tiny)  # 2^-126
 SCALE_MODES = ("floor", "ceil", "even", "rceil")
 ROUNDING_MODES = ("nearest", "stochastic")
 
-# E2M1 magnitude for codes 0..7; bit 3 is the sign (OCP MX v1.0 §5.3.3).
-E2M1_MAGNITUDES = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], np.float32)
-E2M1_VALUES = np.concatenate([E2M1_MAGNITUDES, -E2M1_MAGNITUDES]).astype(np.float32)
-
 # Round-to-nearest-even decision points on the E2M1 magnitude grid. A magnitude moves past the
 # midpoint when it is greater than it, or equal to it and the upper neighbour has an even code
 # (mantissa bit 0): 0.75 -> 1.0, 1.75 -> 2.0, 3.5 -> 4.0 round up; 0.25, 1.25, 2.5, 5.0 round down.
@@ -134,19 +130,6 @@ def _rceil_byte(amax, bits, exp_field, mant):
     return jnp.clip(byte, 0, E8M0_MAX_BYTE).astype(jnp.uint8)
 
 
-def decode_e8m0(byte: jax.Array) -> jax.Array:
-    """float32 value of E8M0 scale bytes (uint8 or ``float8_e8m0fnu``), OCP MX v1.0 §5.4.1.
-
-    0x00 -> 2^-127 (the float32 subnormal 0x00400000, not 0), 0x01..0xFE -> 2^(b-127) up to 2^127,
-    0xFF -> NaN. Built from bits, so it holds eagerly and under ``jit`` with constant folding.
-    Arithmetic on the 2^-127 result may still be flushed to zero by XLA on CPU.
-    """
-    b = as_scale_bytes(byte).astype(jnp.uint32)
-    bits = jnp.where(b == 0, jnp.uint32(0x00400000), b << 23)
-    bits = jnp.where(b == E8M0_NAN, jnp.uint32(0x7FC00000), bits)
-    return _bits_f32(bits)
-
-
 def as_scale_bytes(scales: jax.Array) -> jax.Array:
     """uint8 view of E8M0 scales given as ``float8_e8m0fnu`` or uint8 (bit-preserving)."""
     if scales.dtype == jnp.uint8:
@@ -220,7 +203,7 @@ def _sign_nibble(y: jax.Array) -> jax.Array:
 
 
 def decode_e2m1(codes: jax.Array) -> jax.Array:
-    """float32 values of 4-bit E2M1 codes (uint8 0..15), OCP MX v1.0 §5.3.3 (= E2M1_VALUES[code]).
+    """float32 values of 4-bit E2M1 codes (uint8 0..15), OCP MX v1.0 §5.3.3 (bit 3 the sign).
 
     Built elementwise from bits rather than with a table gather, so it fuses and shards like any
     elementwise op: exponent bits e = code[2:1], mantissa m = code[0]; e >= 1 gives
@@ -249,9 +232,8 @@ def unpack_nibbles(data: jax.Array) -> jax.Array:
     """Inverse of :func:`pack_nibbles`: uint8 [..., n] -> 4-bit codes uint8 [..., 2n].
 
     Element j is byte j // 2 shifted right by 4 (j % 2): a broadcast and an elementwise shift, which
-    XLA fuses with what follows (the former ``stack`` of the two nibble arrays became a separate
-    concatenate kernel on CPU and GPU: 1.55 us of the 16x8192 activation's dequantization per
-    a4w4 decode-size call in an NVIDIA H200 profile, jax 0.11.2, 2026-12-01)."""
+    XLA fuses with what follows (a ``stack`` of the two nibble arrays became a separate
+    concatenate kernel)."""
     n2 = data.shape[-1] * 2
     rep = jnp.broadcast_to(data[..., None], (*data.shape, 2)).reshape(*data.shape[:-1], n2)
     shift = (lax.broadcasted_iota(jnp.uint8, rep.shape, rep.ndim - 1) & 1) << 2
@@ -332,7 +314,7 @@ def e2m1_magnitude_code(a: jax.Array) -> jax.Array:
     """E2M1 magnitude code (int32, 0..7) of float32 ``a >= 0``: the rule of
     :func:`e2m1_code_nearest` (round half to even, saturating at 6) in ~8 operations, no table.
 
-    Per-binade magic add (gpu-speed.md §4, torchao ``_f32_to_floatx_unpacked``): with
+    Per-binade magic add (torchao ``_f32_to_floatx_unpacked``): with
     e' = clamp(floor(log2 a), 0, 2), adding M = 2^(22 + e') makes the float32 adder round ``a`` to
     the E2M1 spacing 2^(e' - 1) of its binade, half to even; the code is the number of those
     steps above M plus 2e' (the codes below the binade), capped at 7. Non-finite ``a`` gives an

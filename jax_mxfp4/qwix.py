@@ -61,6 +61,7 @@ from qwix._src.utils import flax_util as _flax_util
 
 from . import checks
 from .array import MXFP4Array
+from .dims import takes_rounding_key
 from .einsum import _einsum, align_operands, parse_subscripts
 from .mx_format import BLOCK_SIZE
 from .recipe import Recipe
@@ -102,8 +103,7 @@ def _mx_rule(provider, op_name):
 
 def _rounding_key(rule):
     """The key for the stochastic rounding of this call's dY (MxRule docstring), or None."""
-    recipe = rule.recipe
-    if recipe.grad_rounding != "stochastic" or "mxfp4" not in (recipe.dgrad, recipe.wgrad):
+    if not takes_rounding_key(rule.recipe):
         return None
     try:
         module = _flax_util.get_current_module()

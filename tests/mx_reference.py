@@ -227,3 +227,19 @@ def scale_pair_failures(got, exact, abs_dot, nan_byte, overflow, bound):
         within = np.abs(got - exact) <= bound
     ok = np.where(nan_byte, np.isnan(got), np.where(overflow, ~np.isfinite(got) | within, within))
     return ~ok
+
+
+def hadamard_transform_ref(x: np.ndarray, axis: int, seed: int, block: int = BLOCK) -> np.ndarray:
+    """NumPy float32 twin of :func:`jax_mxfp4.hadamard.random_hadamard_transform` (the definition
+    in its module docstring: signs, butterfly stages h = 1, 2, ..., block/2, one scaling)."""
+    from jax_mxfp4.hadamard import random_signs
+
+    y = np.moveaxis(np.asarray(x, np.float32), axis, -1).copy()
+    y *= np.tile(random_signs(seed, block), y.shape[-1] // block).astype(np.float32)
+    h = 1
+    while h < block:
+        z = y.reshape(y.shape[:-1] + (y.shape[-1] // (2 * h), 2, h))
+        a, b = z[..., 0, :], z[..., 1, :]
+        y = np.stack([a + b, a - b], axis=-2).reshape(y.shape)
+        h *= 2
+    return np.moveaxis(y * np.float32(1.0 / np.sqrt(block)), -1, axis)

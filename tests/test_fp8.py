@@ -239,7 +239,7 @@ def test_e8m0_extremes_flush_overflow_and_wide_output_exponents(rng):
 
 
 def test_special_blocks_matches_the_reference_decoding_for_every_byte_and_code():
-    from jax_mxfp4.fp8_prepared import special_blocks
+    from jax_mxfp4.fp8_format import special_blocks
     from jax_mxfp4.mx_format import dequantize_blocks
 
     b = np.repeat(np.arange(256), 16)  # one block per (byte, code): the code, then zeros
@@ -426,7 +426,6 @@ def test_error_bound_constants_are_defined_for_the_gpu_check():
     for prec in ("default", "high"):
         for kind in ("random", "adversarial"):
             assert 0 < fp8_backend.ERROR_BOUNDS[(prec, kind)] <= 0.5
-    assert float(fp8_backend.error_bound("default", "random", 2.0)) == 2 * 2.0**-10
 
 
 @pytest.mark.sweep(keep=2)

@@ -12,18 +12,9 @@ import jax.numpy as jnp
 import pytest
 
 from jax_mxfp4.fp8_prepared import encode_rows, encode_rows_on
-from jax_mxfp4.kernels.fp8_encode import e4m3_byte, encode_rows_kernel
+from jax_mxfp4.kernels.fp8_encode import encode_rows_kernel
 
 E2M1 = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6], np.float64)
-
-
-def test_e4m3_byte_every_code_and_shift():
-    code = np.repeat(np.arange(16), 15)
-    d = np.tile(np.arange(-8, 7), 16)
-    got = np.asarray(e4m3_byte(jnp.asarray(code), jnp.asarray(d)))
-    val = np.where(code & 8, -1.0, 1.0) * E2M1[code & 7] * 2.0 ** d
-    want = val.astype(ml_dtypes.float8_e4m3fn).view(np.uint8)
-    np.testing.assert_array_equal(got, want)
 
 
 @pytest.mark.parametrize("normal_only", [False, True])
@@ -52,10 +43,9 @@ def test_spread_nibbles_is_element_order(rng):
 
 
 @pytest.mark.sweep(keep=2)
-@pytest.mark.parametrize("fast_path", [False, True])
 @pytest.mark.parametrize("band", [(100, 150), (120, 135)])  # most rows flagged / most rows inside the window
 @pytest.mark.parametrize("rows,k,rpp,chunk", [(13, 1024, 8, 32), (7, 16384, 1, 256), (5, 96, 4, 32), (33, 1280, 8, 4)])
-def test_swar_kernel_matches_encode_rows(rows, k, rpp, chunk, band, fast_path, rng):
+def test_kernel_matches_encode_rows_across_the_window(rows, k, rpp, chunk, band, rng):
     """The word-parallel kernel equals the jnp rule bit for bit. The (120, 135) band keeps most rows
     inside the 15-binade window, so blocks 12-14 binades below their row maximum take the
     subnormal E4M3 cases (d = -8..-6); edge rows: a block outside the window, NaN, 0x00 over codes
@@ -75,20 +65,20 @@ def test_swar_kernel_matches_encode_rows(rows, k, rpp, chunk, band, fast_path, r
     if band == (120, 135) and rows > 7:  # the low shifts are really there in rows that are not flagged
         assert (np.asarray(want[2])[7:] & 1 == 0).any()
     got = encode_rows_kernel(jnp.asarray(data), jnp.asarray(sb), rows_per_program=rpp, chunk_blocks=chunk,
-                             swar=True, fast_path=fast_path, interpret=True)
+                             interpret=True)
     for w, g, name in zip(want, got, ("codes", "row_exp", "row_flag")):
         np.testing.assert_array_equal(_as_bytes(g), _as_bytes(w), err_msg=name)
     flags = np.asarray(want[2])
     assert all(flags[r] & 1 for r in (0, 2, 3, 4, 5) if r < rows) and (rows < 2 or flags[1] & 2)
 
 
-def test_swar_lowers_for_cuda():
-    for fast_path in (False, True):
-        f = jax.jit(lambda d, s: encode_rows_kernel(d, s, swar=True, fast_path=fast_path, rows_per_program=1,
-                                                    chunk_blocks=256, num_warps=8))
-        txt = f.trace(jax.ShapeDtypeStruct((64, 4096), jnp.uint8), jax.ShapeDtypeStruct((64, 256), jnp.uint8)).lower(
+def test_kernel_lowers_for_cuda():
+    """The default tile and a multi-row one with ragged rows lower through Triton on a CPU machine."""
+    for rows, kw in ((64, {}), (33, dict(rows_per_program=8, chunk_blocks=32, num_warps=4))):
+        f = jax.jit(lambda d, s, kw=kw: encode_rows_kernel(d, s, **kw))
+        txt = f.trace(jax.ShapeDtypeStruct((rows, 4096), jnp.uint8), jax.ShapeDtypeStruct((rows, 256), jnp.uint8)).lower(
             lowering_platforms=("cuda",)).as_text()
-        assert "mxfp4_encode_fp8_rows_swar" in txt
+        assert "mxfp4_encode_fp8_rows" in txt
 
 
 def test_kernel_names_bad_containers_and_takes_numpy_tiles(rng):
@@ -98,22 +88,16 @@ def test_kernel_names_bad_containers_and_takes_numpy_tiles(rng):
 
     s = jnp.zeros((1, 1), jnp.uint8)
     with pytest.raises(TypeError, match="data must be uint8"):
-        encode_rows_kernel([[1] * 16], s, swar=True, interpret=True)
+        encode_rows_kernel([[1] * 16], s, interpret=True)
     with pytest.raises(TypeError, match="scale_bytes: scales must be"):
-        encode_rows_kernel(jnp.zeros((1, 16), jnp.uint8), [[127]], swar=True, interpret=True)
+        encode_rows_kernel(jnp.zeros((1, 16), jnp.uint8), [[127]], interpret=True)
     with pytest.raises(TypeError, match="interpret must be a bool"):
         encode_rows_kernel(jnp.zeros((1, 16), jnp.uint8), s, interpret="yes")
     data = jnp.asarray(rng.integers(0, 256, (4, 16), dtype=np.uint8))
     sb = jnp.asarray(rng.integers(120, 130, (4, 1)).astype(np.uint8))
-    got = encode_rows_kernel(data, sb, rows_per_program=np.int64(2), num_warps=np.int32(4), swar=True,
-                             interpret=True)
+    got = encode_rows_kernel(data, sb, rows_per_program=np.int64(2), num_warps=np.int32(4), interpret=True)
     np.testing.assert_array_equal(_as_bytes(got[0]), _as_bytes(encode_rows(data, sb)[0]))
     assert int(spread_nibbles(jnp.uint16(0xABCD))) == 0x0A0B0C0D
-
-
-def test_fast_path_needs_swar():
-    with pytest.raises(ValueError, match="fast_path=True needs swar=True"):
-        encode_rows_kernel(jnp.zeros((4, 16), jnp.uint8), jnp.zeros((4, 1), jnp.uint8), fast_path=True, interpret=True)
 
 
 def _as_bytes(v):
@@ -122,10 +106,9 @@ def _as_bytes(v):
 
 
 @pytest.mark.sweep(keep=3)
-@pytest.mark.parametrize("pairs16", [False, True])  # the uint16 store of byte pairs: same bytes
-@pytest.mark.parametrize("chunk", [256, 32, 4])  # one step for K <= 8192, the default, many steps
+@pytest.mark.parametrize("chunk", [256, 32, 4])  # one step for K <= 8192, 32 blocks, many steps
 @pytest.mark.parametrize("rows,k,rpp", [(8, 64, 8), (13, 1024, 8), (33, 96, 4), (5, 1280, 8), (1, 32, 8)])
-def test_kernel_matches_encode_rows(rows, k, rpp, chunk, pairs16, rng):
+def test_kernel_matches_encode_rows(rows, k, rpp, chunk, rng):
     data = rng.integers(0, 256, (rows, k // 2), dtype=np.uint8)
     sb = rng.integers(100, 150, (rows, k // 32)).astype(np.uint8)
     edge = {  # row -> what it exercises
@@ -157,7 +140,7 @@ def test_kernel_matches_encode_rows(rows, k, rpp, chunk, pairs16, rng):
             sb[5, 0] = 10
     want = encode_rows(jnp.asarray(data), jnp.asarray(sb))
     got = encode_rows_kernel(jnp.asarray(data), jnp.asarray(sb), rows_per_program=rpp, chunk_blocks=chunk,
-                             pairs16=pairs16, interpret=True)
+                             interpret=True)
     for w, g, name in zip(want, got, ("codes", "row_exp", "row_flag")):
         np.testing.assert_array_equal(_as_bytes(g), _as_bytes(w), err_msg=name)
     if rows > 3 and nb > 1:
@@ -167,19 +150,17 @@ def test_kernel_matches_encode_rows(rows, k, rpp, chunk, pairs16, rng):
 
 @pytest.mark.sweep(keep=1)
 @pytest.mark.parametrize("rows,k", [(7, 16384), (3, 96), (6, 8192)])  # two whole-row steps, one short, one
-def test_dispatch_tile_matches_encode_rows(rows, k, rng):
-    """The tile encode_rows_on runs on CUDA (one row per program, 256-block steps, uint16 pair
-    store) equals the jnp rule bit for bit, edge rows included (a block outside the window, NaN,
-    0x00 and 0xFE scale bytes)."""
-    from jax_mxfp4.kernels.fp8_encode import DISPATCH_TILE
-
+def test_default_tile_matches_encode_rows(rows, k, rng):
+    """The default tile, which encode_rows_on runs on CUDA (one row per program, 256-block steps),
+    equals the jnp rule bit for bit, edge rows included (a block outside the window, NaN, 0x00 and
+    0xFE scale bytes)."""
     data = rng.integers(0, 256, (rows, k // 2), dtype=np.uint8)
     sb = rng.integers(100, 150, (rows, k // 32)).astype(np.uint8)
     sb[0, -1] = 60  # far below the row maximum: flagged
     sb[1, 0] = 255
     sb[2, 0], data[2, :16] = 0, 0x11
     want = encode_rows(jnp.asarray(data), jnp.asarray(sb))
-    got = encode_rows_kernel(jnp.asarray(data), jnp.asarray(sb), interpret=True, **DISPATCH_TILE)
+    got = encode_rows_kernel(jnp.asarray(data), jnp.asarray(sb), interpret=True)
     for w, g, name in zip(want, got, ("codes", "row_exp", "row_flag")):
         np.testing.assert_array_equal(_as_bytes(g), _as_bytes(w), err_msg=name)
     assert np.asarray(want[2])[0] & 1 and np.asarray(want[2])[1] & 2
@@ -208,19 +189,10 @@ def test_kernel_rejects_bad_tiling(kw):
         encode_rows_kernel(jnp.zeros((4, 16), jnp.uint8), jnp.zeros((4, 1), jnp.uint8), interpret=True, **kw)
 
 
-@pytest.mark.parametrize("name", ["pairs16", "swar", "fast_path"])
 @pytest.mark.parametrize("bad", [1, "yes", None])
-def test_kernel_rejects_non_bool_flags(bad, name):
-    with pytest.raises(TypeError, match=f"{name} must be a bool"):
-        encode_rows_kernel(jnp.zeros((4, 16), jnp.uint8), jnp.zeros((4, 1), jnp.uint8), interpret=True, **{name: bad})
-
-
-def test_pairs16_lowers_for_cuda():
-    """The uint16 variant lowers through Triton for CUDA on a CPU machine."""
-    f = jax.jit(lambda d, s: encode_rows_kernel(d, s, pairs16=True))
-    txt = f.trace(jax.ShapeDtypeStruct((64, 512), jnp.uint8), jax.ShapeDtypeStruct((64, 32), jnp.uint8)).lower(
-        lowering_platforms=("cuda",)).as_text()
-    assert "mxfp4_encode_fp8_rows" in txt
+def test_kernel_rejects_a_non_bool_interpret(bad):
+    with pytest.raises(TypeError, match="interpret must be a bool"):
+        encode_rows_kernel(jnp.zeros((4, 16), jnp.uint8), jnp.zeros((4, 1), jnp.uint8), interpret=bad)
 
 
 def test_scales_as_e8m0_are_read_as_bytes(rng):

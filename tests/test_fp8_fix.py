@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 from test_fp8 import exact64, mk, rand_operand
 
-from jax_mxfp4.fp8_prepared import FLAG_EXACT, FLAG_NAN, prepare_fp8
+from jax_mxfp4.fp8_format import FLAG_EXACT, FLAG_NAN
+from jax_mxfp4.fp8_prepared import prepare_fp8
 from jax_mxfp4.kernels import fp8_fix
 from jax_mxfp4.mx_format import as_scale_bytes
 from mx_reference import dequantize_ref

@@ -1,6 +1,6 @@
 """The fused quantize-to-FP8 kernel (jax_mxfp4/kernels/fp8_quantize.py) in the Pallas
 interpreter against the reference: encode_rows(quantize(x)) with jax_mxfp4.quantize's jnp
-path, both layouts, both roundings (stochastic: uniforms generated in the kernel for threefry
+path, both roundings (stochastic: uniforms generated in the kernel for threefry
 keys, or read as an input array for any key, rbg included), and the NumPy float64 model of
 tests/mx_reference.py; and the fused training passes against the unfused ones."""
 
@@ -16,7 +16,8 @@ import jax_mxfp4 as mx
 from jax_mxfp4 import training
 from jax_mxfp4.backends import fp8 as fp8_backend
 from jax_mxfp4.platform import KERNELS_ENV
-from jax_mxfp4.fp8_prepared import FLAG_EXACT, FLAG_NAN, encode_rows, prepare_fp8
+from jax_mxfp4.fp8_format import FLAG_EXACT, FLAG_NAN
+from jax_mxfp4.fp8_prepared import encode_rows, prepare_fp8
 from jax_mxfp4.kernels import fp8_quantize as fq
 from jax_mxfp4.kernels import quantize_kernel as kquant
 from jax_mxfp4.quantize import _quantize_impl
@@ -62,19 +63,16 @@ def _assert_same(got, want):
 
 
 @pytest.mark.sweep(keep=2)
-@pytest.mark.parametrize("transposed", [False, True])
 @pytest.mark.parametrize("rounding", ["nearest", "stochastic"])
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
-def test_kernel_bit_identical_to_reference(transposed, rounding, dtype, rng):
+def test_kernel_bit_identical_to_reference(rounding, dtype, rng):
     rows, kq = 10, 96  # rows not a multiple of the tile, 3 blocks (padded to 4) per row
-    xr = _hard_rows(rng, rows, kq, dtype)  # [rows, kq], quantized axis last
-    x = xr.T if transposed else xr
-    axis = 0 if transposed else 1
+    x = _hard_rows(rng, rows, kq, dtype)  # [rows, kq], quantized axis last
     key = jax.random.key(int(rng.integers(2**31))) if rounding == "stochastic" else None
-    want = _reference(x, axis, rounding, key)
+    want = _reference(x, 1, rounding, key)
     key_data = jax.random.key_data(key) if key is not None else None
     cfg = fq.Fp8QuantizeConfig(rows=4, num_warps=4)
-    got = fq.quantize_fp8_2d(x, key_data, scale_mode="even", transposed=transposed, cfg=cfg, interpret=True)
+    got = fq.quantize_fp8_2d(x, key_data, scale_mode="even", cfg=cfg, interpret=True)
     _assert_same(got, want)
     flags = np.asarray(got[3])
     assert flags[2] & FLAG_EXACT and flags[5] & FLAG_EXACT and flags[7] & FLAG_EXACT  # cases named above
@@ -101,24 +99,22 @@ def _key(impl, rng):
 
 
 @pytest.mark.sweep(keep=3)
-@pytest.mark.parametrize("transposed", [False, True])
 @pytest.mark.parametrize("impl", ["threefry2x32", "rbg", "unsafe_rbg"])
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
-def test_kernel_reads_the_reference_uniforms(transposed, impl, dtype, rng):
+def test_kernel_reads_the_reference_uniforms(impl, dtype, rng):
     """uniform= (the reference's draw, read by the kernel): bit-identical to quantize(x, axis,
     "stochastic", key) then encode_rows, for any key implementation; for threefry also equal to
     the in-kernel generation (key_data=)."""
     rows, kq = 10, 96
-    xr = _hard_rows(rng, rows, kq, dtype)
-    x, axis = (xr.T, 0) if transposed else (xr, 1)
+    x = _hard_rows(rng, rows, kq, dtype)
     key = _key(impl, rng)
     uniform, key_data = kquant.sr_uniforms(key, (rows, kq // 32, 32), "input")
     assert key_data is None and uniform.shape == (rows, kq // 32, 32)
     cfg = fq.Fp8QuantizeConfig(rows=4, num_warps=4)
-    got = fq.quantize_fp8_2d(x, uniform=uniform, transposed=transposed, cfg=cfg, interpret=True)
-    _assert_same(got, _reference(x, axis, "stochastic", key))
+    got = fq.quantize_fp8_2d(x, uniform=uniform, cfg=cfg, interpret=True)
+    _assert_same(got, _reference(x, 1, "stochastic", key))
     if impl == "threefry2x32":
-        in_kernel = fq.quantize_fp8_2d(x, jax.random.key_data(key), transposed=transposed, cfg=cfg, interpret=True)
+        in_kernel = fq.quantize_fp8_2d(x, jax.random.key_data(key), cfg=cfg, interpret=True)
         for a, b in zip(got, in_kernel):
             np.testing.assert_array_equal(np.asarray(a).view(np.uint8) if a.dtype.itemsize == 1 else a,
                                           np.asarray(b).view(np.uint8) if b.dtype.itemsize == 1 else b)
@@ -159,9 +155,8 @@ def _sr_model(x, u, scale_mode):
 
 
 @pytest.mark.sweep(keep=2)
-@pytest.mark.parametrize("transposed", [False, True])
 @pytest.mark.parametrize("scale_mode", SCALE_MODES)
-def test_kernel_given_uniforms_at_the_rounding_edges(transposed, scale_mode, rng):
+def test_kernel_given_uniforms_at_the_rounding_edges(scale_mode, rng):
     """Chosen uniforms: 0, 0.5, the largest float32 below 1, random, and u equal to each
     element's fraction (the rule is u < frac: rounds down) on rows with E2M1 grid values and
     ties. Against the MXFP4 quantizer fed the same uniforms then encode_rows (every row, bit for
@@ -184,9 +179,8 @@ def test_kernel_given_uniforms_at_the_rounding_edges(transposed, scale_mode, rng
                    rng.uniform(0, 1, frac.shape).astype(np.float32)], frac).astype(np.float32)
     u[:2] = frac[:2]  # the ties rows with u == frac exactly
     u = jnp.asarray(u)
-    x = x32.T if transposed else x32
-    got = fq.quantize_fp8_2d(x, uniform=u, scale_mode=scale_mode, transposed=transposed,
-                             cfg=fq.Fp8QuantizeConfig(rows=4, num_warps=4), interpret=True)
+    got = fq.quantize_fp8_2d(x32, uniform=u, scale_mode=scale_mode, cfg=fq.Fp8QuantizeConfig(rows=4, num_warps=4),
+                             interpret=True)
     data, sbytes = kquant.quantize_2d(x32, u, scale_mode=scale_mode, cfg=kquant.QuantizeConfig(4, 64), interpret=True)
     _assert_same(got, (*encode_rows(data, sbytes), sbytes))
     codes, scales, row_exp, row_flag = (np.asarray(v) for v in got)
@@ -213,8 +207,6 @@ def test_kernel_uniform_errors_name_the_argument():
         fq.quantize_fp8_2d(x, uniform=u.T, interpret=True)  # the input's layout, not the output rows'
     with pytest.raises(ValueError, match="uniform must have shape"):
         fq.quantize_fp8_2d(x, uniform=jnp.zeros((4, 2, 16, 2), jnp.float32), interpret=True)
-    with pytest.raises(ValueError, match="uniform must have shape"):
-        fq.quantize_fp8_2d(x.T, uniform=u.T, transposed=True, interpret=True)  # transposed: output rows [4, 64]
     # accepted: [R, Kq], [R, Kq/32, 32] and leading dims whose product is R
     for shape in ((4, 64), (4, 2, 32), (2, 2, 2, 32), (2, 2, 64)):
         fq.quantize_fp8_2d(x, uniform=jnp.zeros(shape, jnp.float32), interpret=True)
@@ -334,16 +326,12 @@ def test_training_other_backends_unfused(monkeypatch, rng):
     assert count == 0
 
 
-@pytest.mark.parametrize("transposed", [False, True])
 @pytest.mark.parametrize("uniforms", ["kernel", "input"])
-def test_kernel_lowers_for_cuda(transposed, uniforms):
+def test_kernel_lowers_for_cuda(uniforms):
     """Triton lowering (no GPU needed), ragged rows and a block count that is not a power of two
     (masked loads and stores), stochastic rounding (in-kernel Threefry, or uniforms read)."""
-    import functools
-
-    shape = (33, 96)  # rows x quantized length
-    x = jax.ShapeDtypeStruct(shape[::-1] if transposed else shape, jnp.bfloat16)
-    f = functools.partial(fq.quantize_fp8_2d, transposed=transposed)
+    x = jax.ShapeDtypeStruct((33, 96), jnp.bfloat16)  # rows x quantized length
+    f = fq.quantize_fp8_2d
     if uniforms == "kernel":
         traced = jax.jit(f).trace(x, jax.ShapeDtypeStruct((2,), jnp.uint32))
     else:
@@ -441,20 +429,20 @@ def test_kernel_plain_and_general_tiles(rng):
 
 def test_default_config_by_row_length():
     """Default tiles from the H200 sweeps: round to nearest 2 rows x 4 warps at 8192, one row on
-    16 warps beyond 8192 (4 warps spilled: 11x slower at 16384); stochastic rounding and the
-    transposed layout one row on 16 warps; short rows share a program."""
+    16 warps beyond 8192 (4 warps spilled: 11x slower at 16384); stochastic rounding one row on
+    16 warps; short rows share a program."""
     from jax_mxfp4.kernels import fp8_quantize as fq
 
     dc = fq.default_config
-    assert dc(8192, 2, False) == fq.Fp8QuantizeConfig(rows=2, num_warps=4)
+    assert dc(8192) == fq.Fp8QuantizeConfig(rows=2, num_warps=4)
     for kq in (8192 + 32, 12288, 16384):
-        assert dc(kq, 2, False) == fq.Fp8QuantizeConfig(rows=1, num_warps=16)
-        assert dc(kq, 4, True, True) == fq.Fp8QuantizeConfig(rows=1, num_warps=16)
-    assert dc(8192, 2, False, stochastic=True) == fq.Fp8QuantizeConfig(rows=1, num_warps=16)
-    assert dc(1024, 2, False).rows == 16 and dc(64, 2, False).rows == 16
+        assert dc(kq) == fq.Fp8QuantizeConfig(rows=1, num_warps=16)
+        assert dc(kq, True) == fq.Fp8QuantizeConfig(rows=1, num_warps=16)
+    assert dc(8192, stochastic=True) == fq.Fp8QuantizeConfig(rows=1, num_warps=16)
+    assert dc(1024).rows == 16 and dc(64).rows == 16
     for kq in (32, 1024, 4096, 8192, 16384):  # tiles stay within the register budget
         for nearest in (True, False):
-            c = dc(kq, 2, not nearest)
+            c = dc(kq, not nearest)
             per_thread = c.rows * fq._pow2_at_least(kq) / (32 * c.num_warps)
             assert per_thread <= (128 if nearest else 32), (kq, nearest, c)
 
@@ -468,10 +456,10 @@ def test_default_config_refuses_lengths_it_has_no_tile_for():
     from jax_mxfp4.kernels import fp8_quantize as fq
 
     for kq in (0, -32, 1, 31, 33, fq.MAX_ROW + 32, 10**9):
-        for tr, sr in ((False, False), (True, True)):
+        for sr in (False, True):
             with pytest.raises(ValueError, match=r"kq=.* must be a positive multiple of 32 at most MAX_ROW"):
-                fq.default_config(kq, 2, tr, sr)
+                fq.default_config(kq, sr)
     for kq in (32.0, True, "64", None):
         with pytest.raises(TypeError, match="kq must be an int"):
-            fq.default_config(kq, 2, False)
-    assert fq.default_config(np.int64(fq.MAX_ROW), 2, False) == fq.default_config(fq.MAX_ROW, 2, False)
+            fq.default_config(kq)
+    assert fq.default_config(np.int64(fq.MAX_ROW)) == fq.default_config(fq.MAX_ROW)

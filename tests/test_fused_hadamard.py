@@ -4,7 +4,7 @@ the training passes route through it on the GPU fast path without changing a bit
 
 Kernel runs in the Pallas interpreter on CPU. Oracles: the two-pass jnp route
 (``random_hadamard_transform`` then the reference ``_quantize_impl``, same bits required) and, for
-round-to-nearest, the NumPy float32 twin of the transform (``reference_transform_np``) followed by
+round-to-nearest, the NumPy float32 twin of the transform (``hadamard_transform_ref``) followed by
 the NumPy float64 + ml_dtypes quantizer model of tests/mx_reference.py. Plus: the kernel lowers
 to a Triton custom call for CUDA (lowering rules only: no GPU here).
 """
@@ -21,7 +21,8 @@ import pytest
 
 import mx_reference as ref
 from jax_mxfp4 import training
-from jax_mxfp4.hadamard import random_hadamard_transform, reference_transform_np
+from jax_mxfp4.hadamard import random_hadamard_transform
+from mx_reference import hadamard_transform_ref
 from jax_mxfp4.kernels import quantize_kernel as fused
 from jax_mxfp4.kernels.quantize_kernel import QuantizeConfig, quantize_2d, quantize_impl
 from jax_mxfp4.quantize import _quantize_impl, quantize, quantize_rotated
@@ -82,7 +83,7 @@ def test_fused_rotation_bit_identical_to_two_pass(block, rounding, rng):
         else:  # independent oracle: NumPy float32 transform + float64 quantizer model (not the tiny row)
             keep = np.arange(rows) != 6
             with np.errstate(invalid="ignore", over="ignore"):  # the NaN/Inf/3e38 rows
-                xn = reference_transform_np(np.asarray(x.astype(jnp.float32)), 1, seed, block)[keep]
+                xn = hadamard_transform_ref(np.asarray(x.astype(jnp.float32)), 1, seed, block)[keep]
             codes, byte = ref.quantize_ref(xn, 1, mode)
             np.testing.assert_array_equal(_bits(got[0])[keep], ref.pack_ref(codes, 1))
             np.testing.assert_array_equal(_bits(got[1])[keep], byte)

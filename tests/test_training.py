@@ -22,7 +22,7 @@ from jax import lax
 
 import jax_mxfp4 as mx
 from jax_mxfp4 import training
-from jax_mxfp4.hadamard import hadamard_matrix, random_hadamard_transform, random_signs
+from jax_mxfp4.hadamard import random_hadamard_transform, random_signs
 
 from mx_reference import bf16, pad, qdq
 
@@ -357,10 +357,7 @@ def test_dot_general_errors():
 
 # ----------------------------------------------------------------------------- hadamard
 def test_hadamard_transform_is_orthogonal_and_matches_numpy():
-    h = hadamard_matrix(32)
-    np.testing.assert_allclose(h @ h.T, np.eye(32), atol=1e-12)
     sylvester = np.array([[(-1) ** bin(i & j).count("1") for j in range(32)] for i in range(32)]) / np.sqrt(32)
-    np.testing.assert_allclose(h, sylvester, atol=1e-12)
     x = np.random.default_rng(0).normal(size=(64, 3))
     y = np.asarray(random_hadamard_transform(jnp.asarray(x, jnp.float32), 0, 5), np.float64)
     m = sylvester * random_signs(5)[None, :]
@@ -372,7 +369,7 @@ def test_hadamard_transform_is_orthogonal_and_matches_numpy():
     with pytest.raises(ValueError, match="not a multiple of the Hadamard block"):
         random_hadamard_transform(jnp.ones((40, 2)), 0, 1)
     with pytest.raises(ValueError, match="power of two"):
-        hadamard_matrix(24)
+        random_hadamard_transform(jnp.ones((48, 2)), 0, 1, 24)
 
 
 @pytest.mark.skipif(len(jax.devices()) < 8, reason="needs 8 (simulated) devices")

@@ -15,7 +15,7 @@ import pytest
 pytest.importorskip("safetensors")
 import flax.linen as nn  # noqa: E402
 from flax import nnx  # noqa: E402
-from mx_reference import qdq  # noqa: E402
+from mx_reference import hadamard_transform_ref, qdq  # noqa: E402
 from safetensors.numpy import load_file, save_file  # noqa: E402
 
 import jax_mxfp4 as mx  # noqa: E402
@@ -57,7 +57,7 @@ def test_rotated_kernel_survives_safetensors_and_serves_as_trained(tmp_path, rng
     # independent oracle: the stored values are the NumPy-rotated kernel quantized along K
     w = np.asarray(v["params"]["kernel"])
     np.testing.assert_array_equal(np.asarray(k.dequantize(jnp.float32), np.float64),
-                                  qdq(hd.reference_transform_np(w, 0, seed, 32), 0, "even"))
+                                  qdq(hadamard_transform_ref(w, 0, seed, 32), 0, "even"))
     same_bits(model.apply({"params": back}, x), model.apply(v, x))
 
 

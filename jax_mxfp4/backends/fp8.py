@@ -23,7 +23,7 @@ Pipeline:
    reference.
 
 Products are exact (E4M3 x E4M3 in the tensor core); what is not exact is the hardware's
-accumulation. The ``precision`` contract (:func:`contract`):
+accumulation. The ``precision`` contract (:func:`numerics`):
 
 - ``None``/``DEFAULT``: the FP8 dot with ``Precision.DEFAULT``: cuBLASLt fast accumulation on
   Hopper (products aligned to the largest exponent inside an MMA, ~14 bits kept, partial sums
@@ -49,7 +49,8 @@ import numpy as np
 from jax import lax
 
 from ..array import MXFP4Array
-from ..fp8_prepared import FLAG_EXACT, FLAG_NAN, FP8Prepared, encode_rows_on, rescale_elements
+from ..fp8_format import FLAG_EXACT, FLAG_NAN, rescale_elements
+from ..fp8_prepared import FP8Prepared, encode_rows_on
 from ..mx_format import as_scale_bytes
 from ..platform import kernels_enabled
 from ..sharding import canonical_out_sharding, explicit_spec, kernel_may_run
@@ -58,12 +59,10 @@ from .xla import CANONICAL_DIMS, _as_float32
 
 MIN_COMPUTE_CAPABILITY = (8, 9)  # FP8 tensor cores: Ada (8.9) and Hopper (9.0) and later
 
-# Shape rule for "auto" (PROVISIONAL, to be set from H200 measurements by benchmarks/gemm.py):
-# "auto" takes this path for a4w4 when both M and N are at least this large. Below it the Pallas
-# kernels (decode shapes, min(M, N) <= 128) or "scaled_dot" are expected to win: the conversion
-# pass (~1.5 B/element written and read again) and the M x N rescale are fixed costs that the
-# FP8 GEMM's 2x tensor rate pays back only for large M x N (gpu-speed.md §3.5: estimated 0.66x of
-# bf16 at 1024x8192x8192 with a prepared weight, ~0.6x at 8192^3).
+# Shape rule for "auto" (provisional; benchmarks/gemm.py measures it): "auto" takes this path for
+# a4w4 when both M and N are at least this large. Below it the Pallas kernels (decode shapes) or
+# "scaled_dot" win: the conversion pass (~1.5 B/element written and read again) and the M x N
+# rescale are fixed costs that the FP8 GEMM's 2x tensor rate pays back only for large M x N.
 AUTO_MIN_SIDE = 256
 
 FALLBACK_MIN_ROWS = 16
@@ -84,12 +83,6 @@ ERROR_BOUNDS = {  # (precision, data kind) -> max |out - exact| / sum_k |a_k b_k
     ("high", "random"): 2.0**-10,
     ("high", "adversarial"): 2.0**-7,
 }
-
-
-def error_bound(precision: str, kind: str, abs_dot):
-    """Elementwise bound on |FP8-path result - exact result| on a GPU (README 'FP8 path'):
-    ``ERROR_BOUNDS[(precision, kind)] * abs_dot`` with ``abs_dot`` = sum_k |a_k b_k|."""
-    return ERROR_BOUNDS[(precision, kind)] * abs_dot
 
 
 def fallback_capacity(rows: int) -> int:
@@ -114,11 +107,6 @@ def numerics(precision: str, platform: str = "cuda") -> Contract:
         "rows outside the FP8 window exact (float32 accumulation of exact products)"), rel)
 
 
-def contract(precision: str, platform: str = "cuda") -> str:
-    """One line: the numerics this backend gives at ``precision`` ("default"|"high"|"highest")."""
-    return numerics(precision, platform).summary
-
-
 def _prepared(x, platform: str) -> FP8Prepared:
     if isinstance(x, FP8Prepared):
         return x
@@ -136,7 +124,7 @@ def rescale(acc, e_lhs, e_rhs, nan_rows, nan_cols, out_dtype):
     The exponent sum E (in [-266, 242]) is applied as 2^E1 x 2^E2 with E1 = clip(E, -100, 100):
     |acc| >= 2^-18 when nonzero (a sum of E4M3 products), so acc x 2^E1 is an exact normal float
     unless the result overflows anyway; the second factor rounds once. NaN rows/cols -> NaN.
-    The elementwise rule is :func:`jax_mxfp4.fp8_prepared.rescale_elements` (shared with the CUDA kernel,
+    The elementwise rule is :func:`jax_mxfp4.fp8_format.rescale_elements` (shared with the CUDA kernel,
     :mod:`jax_mxfp4.kernels.rescale`; :func:`rescale_on` picks the implementation).
     """
     e = e_lhs[:, :, None] + e_rhs[:, None, :]
@@ -156,9 +144,8 @@ def rescale_on(acc, e_lhs, e_rhs, nan_rows, nan_cols, out_dtype, platform: str):
 
     On "cuda" (unless ``JAX_MXFP4_KERNELS=0``, under a mesh or for an explicitly sharded
     ``acc``: a pallas_call is opaque to SPMD partitioning; :func:`pallas_here`) one Pallas kernel over 2-D tiles
-    (:func:`jax_mxfp4.kernels.rescale.rescale_kernel`): XLA's fusion of :func:`rescale` moved
-    its 256 MB (8192 x 8192 bf16 in and out) at ~2 TB/s on an H200 (0.13 ms per GEMM in the
-    training-step profile of 2026-12-01), about half of HBM speed. Elsewhere XLA's fusion.
+    (:func:`jax_mxfp4.kernels.rescale.rescale_kernel`; XLA's fusion of :func:`rescale` ran at
+    about half of HBM speed on an H200). Elsewhere XLA's fusion.
     """
     use_kernel = acc.size > 0 and pallas_here(platform, acc)
     if not use_kernel:
@@ -186,10 +173,9 @@ def _exact(a, b, out_dtype, operand_dtype=jnp.float32):
 
 def exact_operand_dtype(platform: str):
     """Operand dtype of the exact-row path on ``platform``: bfloat16 on CUDA (tensor cores), else
-    float32 (bit-identical to backend "xla" on CPU). Why: in the demo's LM head most rows of the
-    softmax gradient span more than 14 binades (60% of dgrad rows flagged after 40 steps of
-    ``--size small`` on a CPU), and an NVIDIA H200 profile of ``--size large`` (jax 0.11.2,
-    2026-12-01) held a float32 FFMA GEMM of 1.04 ms per step, attributed to this path."""
+    float32 (bit-identical to backend "xla" on CPU). Why: in an LM head most rows of the softmax
+    gradient span more than 14 binades, so this path is not rare, and a float32 GEMM there runs
+    on FFMA units (docs/performance.md)."""
     return jnp.bfloat16 if platform == "cuda" else jnp.float32
 
 
@@ -205,9 +191,8 @@ def _fix_flagged(out, lhs, rhs, flag_l, flag_r, platform: str = "cpu"):
     A ``lax.while_loop`` whose body runs only while flags remain: each trip recomputes up to
     ``fallback_capacity`` flagged rows and columns (or, with more flagged than that, every flagged
     entry at once from the full exact GEMM) and clears their flags. With no flagged row (the
-    common case) it runs zero trips and ``out`` passes through in place: no ``lax.cond`` whose
-    result buffer XLA copied (the H200 profile of 2026-11-30 showed a 256 MiB float32 copy per
-    GEMM of the training step). Prepared operands are decoded back to MXFP4 inside the body only.
+    common case) it runs zero trips and ``out`` passes through in place (a ``lax.cond`` made XLA
+    copy the result buffer). Prepared operands are decoded back to MXFP4 inside the body only.
     """
     bsz, m, n = out.shape
     cap_l, cap_r = fallback_capacity(m), fallback_capacity(n)
@@ -244,14 +229,12 @@ def _fix_flagged(out, lhs, rhs, flag_l, flag_r, platform: str = "cpu"):
     return lax.while_loop(flagged, body, (out, flag_l, flag_r))[0]
 
 
-@functools.partial(jax.jit, static_argnums=(2, 3, 4), static_argnames=("_fallback",))
-def fp8_gemm(lhs, rhs, out_dtype, precision: str = "default", platform: str = "cpu", *, _fallback: bool = True):
+@functools.partial(jax.jit, static_argnums=(2, 3, 4))
+def fp8_gemm(lhs, rhs, out_dtype, precision: str = "default", platform: str = "cpu"):
     """Canonical a4w4 GEMM [B, M, K] x [B, N, K] -> [B, M, N] on the FP8 path.
 
     ``lhs``/``rhs``: canonical MXFP4Arrays (axis 2) or canonical :class:`FP8Prepared`.
     ``precision``: "default" or "high" (module docstring). Raises ValueError for "highest".
-    ``_fallback=False`` drops step 4 (flagged rows are then WRONG): for benchmarks/gemm.py only,
-    to measure what the exact-row loop (its predicate read) costs on data without flagged rows.
     """
     if precision not in ("default", "high"):
         raise ValueError(f"the FP8 path takes precision 'default' or 'high', got {precision!r}")
@@ -267,8 +250,6 @@ def fp8_gemm(lhs, rhs, out_dtype, precision: str = "default", platform: str = "c
     )
     nan_l, nan_r = (a.row_flag & FLAG_NAN) != 0, (b.row_flag & FLAG_NAN) != 0
     out = rescale_on(acc, a.row_exp, b.row_exp, nan_l, nan_r, out_dtype, platform)
-    if not _fallback:
-        return out
     if pallas_here(platform, out):  # no host round trip
         from ..kernels.fp8_fix import fix_flagged
 
@@ -289,7 +270,7 @@ def fused_operand(x, axis, scale_mode, interpret, rounding="nearest", key=None):
     ``quantize(x, axis, rounding="stochastic", key=key)``: generated in the kernel for threefry
     keys (:func:`jax_mxfp4.kernels.quantize_kernel.kernel_rng_supported`), else (rbg / unsafe_rbg keys)
     drawn by ``jax.random.uniform`` with the reference's shape and read by the kernel
-    (:func:`jax_mxfp4.kernels.quantize_kernel.sr_uniforms`); both layouts.
+    (:func:`jax_mxfp4.kernels.quantize_kernel.sr_uniforms`).
     """
     from ..kernels import fp8_quantize as fq
     from ..kernels.quantize_kernel import sr_uniforms
@@ -303,17 +284,16 @@ def fused_operand(x, axis, scale_mode, interpret, rounding="nearest", key=None):
     uniform = key_data = None
     if rounding == "stochastic":
         # quantize(x, axis)'s draw: uniform(key, rest + (kq / 32, 32)), the quantized axis last:
-        # element-aligned with the kernel's output rows in both layouts below (threefry keys:
-        # generated in the kernel from that flat index; rbg keys: the drawn array, read in)
+        # element-aligned with the kernel's rows (threefry keys: generated in the kernel from that
+        # flat index; rbg keys: the drawn array, read in)
         uniform, key_data = sr_uniforms(key, rest + (kq // BLOCK_SIZE, BLOCK_SIZE))
-    # A strided operand: XLA's transpose pass, then the kernel along rows: on the H200 the
-    # kernel's strided transposed reads took 1.1-1.6 ms for 8192x8192 bf16, a transpose takes
-    # ~0.07 ms and the rows kernel ~0.15 ms. Same bits for both roundings: the rows of x[0].T are
-    # the output rows, so each element keeps its uniform (its flat index in the reference's draw
-    # is unchanged).
+    # A strided operand: XLA's transpose pass, then the kernel along rows (strided reads in the
+    # kernel were slower than both passes together). Same bits for both roundings: the rows of
+    # x[0].T are the output rows, so each element keeps its uniform (its flat index in the
+    # reference's draw is unchanged).
     x2 = x.reshape(-1, kq) if last else x[0].T
     codes, scales, row_exp, row_flag = fq.quantize_fp8_2d(
-        x2, key_data, uniform, scale_mode=scale_mode, transposed=False, interpret=interpret)
+        x2, key_data, uniform, scale_mode=scale_mode, interpret=interpret)
     return FP8Prepared(codes.reshape(rest + (kq,)), scales.reshape(rest + (kq // BLOCK_SIZE,)),
                        row_exp.reshape(rest), row_flag.reshape(rest), axis, x.shape, x.dtype, scale_mode)
 

@@ -49,9 +49,7 @@ def _promote(args, dtype):
 
 def _rounding_key(module: nn.Module):
     """A key from the module's rounding RNG stream, or None (data-derived fallback)."""
-    recipe = dims.check_recipe(module.recipe)
-    needs = recipe.grad_rounding == "stochastic" and "mxfp4" in (recipe.dgrad, recipe.wgrad)
-    if needs and module.has_rng(module.rng_collection):
+    if dims.takes_rounding_key(module.recipe) and module.has_rng(module.rng_collection):
         return module.make_rng(module.rng_collection)
     return None
 

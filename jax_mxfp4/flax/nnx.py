@@ -68,8 +68,7 @@ class Linear(nnx.Linear):
         self.rounding_rngs = stream.fork() if stream is not None else nnx.data(None)
 
     def _rounding_key(self, rngs):
-        recipe = dims.check_recipe(self.recipe)
-        if recipe.grad_rounding != "stochastic" or "mxfp4" not in (recipe.dgrad, recipe.wgrad):
+        if not dims.takes_rounding_key(self.recipe):
             return None
         if rngs is not None and not isinstance(rngs, (nnx.Rngs, nnx.RngStream)):
             return rngs  # a PRNG key (validated by dot_general)

@@ -1,15 +1,16 @@
 """Fused MXFP4 -> FP8-operand pass on GPU: :func:`jax_mxfp4.fp8_prepared.encode_rows` as one Pallas kernel.
 
 ``encode_rows`` in jnp is several XLA fusions (nibble unpack, per-block reductions, the row
-maximum, the encode) and cost ~0.3 ms for an 8192 x 8192 weight on one NVIDIA H200 (jax 0.11.2,
-2026-11-30: fp8 minus fp8-prepared at 1024x8192x8192), against ~30 us for its bytes at HBM speed. Here one program owns ``br`` whole rows and reads them twice
-(the second read mostly from L2): pass A gathers per row the largest and smallest scale byte of
-the blocks holding a nonzero code, the NaN bytes and the special blocks (:func:`jax_mxfp4.fp8_prepared.
-special_blocks`); pass B writes the E4M3 bytes with the per-block shift of
-:func:`jax_mxfp4.fp8_prepared._block_shift`. Every rule is the one of :mod:`jax_mxfp4.fp8_format` (imported, not
-copied); only the E2M1 x 2^d -> E4M3 byte step is new, done with integer operations (below), and
-the result is bit-identical to ``encode_rows`` (tests/test_fp8_encode_kernel.py, Pallas
-interpreter; tests/gpu/test_gpu_fp8.py on the GPU).
+maximum, the encode), about ten times slower than its bytes at HBM speed on an H200
+(docs/performance.md). Here one program owns ``br`` whole rows and reads them twice (the second
+read mostly from L2): pass A gathers per row the largest and smallest scale byte of the blocks
+holding a nonzero code, the NaN bytes and the special blocks
+(:func:`jax_mxfp4.fp8_format.special_blocks`); pass B writes the E4M3 bytes with the per-block
+shift of :func:`jax_mxfp4.fp8_format._block_shift`. Both passes work on whole words (SWAR: 4-8
+codes per integer operation). Every rule is the one of :mod:`jax_mxfp4.fp8_format` (imported,
+not copied); only the E2M1 x 2^d -> E4M3 byte step is new, done with integer operations
+(:func:`e4m3_word`), and the result is bit-identical to ``encode_rows``
+(tests/test_fp8_encode_kernel.py, Pallas interpreter; tests/gpu/test_gpu_fp8.py on the GPU).
 """
 
 from __future__ import annotations
@@ -26,34 +27,8 @@ from jax.experimental.pallas import triton as plgpu
 from .. import fp8_format as rules
 from ..mx_format import BLOCK_SIZE, E8M0_NAN, as_scale_bytes
 
-MAX_CHUNK_BLOCKS = 32
-"""Blocks per loop step (1024 elements of a row) where a program owns several rows."""
 ROW_CHUNK_BLOCKS = 256
-"""Blocks per loop step where a program owns one row (few rows: :func:`default_rows_per_program`
-gives 1): whole-row steps for K <= 8192 (NVIDIA H200, jax 0.11.2, 2026-12-01: 21.6 against 23 us
-for a 1024 x 8192 operand). The per-element kernel is integer-bound (~0.8 TB/s at 8192^2); the
-word-parallel kernel takes the same tiles at ~1.8 TB/s."""
-STEP_ELEMENTS = 8192
-"""Elements per program and loop step at most (rows x chunk): 64 per thread at 4 warps."""
-
-
-def e4m3_byte(nibble, d):
-    """E4M3 byte of E2M1 code ``nibble`` (int32 0..15, sign in bit 3) times 2^d, d int32 in [-8, 6].
-
-    Exact for every code and d in the window (gpu-speed.md §3.1): with |E2M1| = (1 + f/2) 2^E
-    (code 1: E = -1, f = 0; codes 2..7: E = (m >> 1) - 1, f = m & 1) and t = E + d, a normal E4M3
-    (t >= -6) is ((t + 7) << 3) | (f << 2); below, the subnormal mantissa (units of 2^-9) is
-    (2 + f) 2^(t + 8) = ((2 + f) << (t + 9)) >> 1 (t >= -9 in the window, no bit lost). Zero codes
-    keep their sign (0x00 / 0x80), as ``astype(float8_e4m3fn)`` of -0.0 does.
-    """
-    m = nibble & 7
-    e = jnp.maximum(m >> 1, 1) - 1 - (m == 1).astype(jnp.int32)
-    f = m & 1 & (m > 1).astype(jnp.int32)
-    t = e + d
-    normal = ((t + 7) << 3) | (f << 2)
-    sub = ((2 + f) << jnp.maximum(t + 9, 0)) >> 1
-    mag = jnp.where(m == 0, 0, jnp.where(t >= -6, normal, sub))
-    return mag | ((nibble & 8) << 4)
+"""Blocks per loop step (default): whole-row steps for K <= 8192."""
 
 
 _U32 = np.uint32  # numpy scalars: literals inside a kernel (a jnp constant would be captured)
@@ -69,7 +44,8 @@ def spread_nibbles(x):
 
 
 def e4m3_word(y, big_d, normal_only: bool = False):
-    """:func:`e4m3_byte` for four codes at once (SWAR: one E2M1 code per byte of a uint32 ``y``).
+    """E4M3 bytes of E2M1 codes (sign in bit 3) times 2^d, d in [-8, 6], four codes at once
+    (SWAR: one E2M1 code per byte of a uint32 ``y``). Exact for every code and d in the window.
 
     ``big_d`` = d + 8 (int32, in [0, 14] for d in [-8, 6]), the same for the word's four codes (one
     32-element block). Byte-wise integer arithmetic; no byte carries into its neighbour (each
@@ -108,7 +84,7 @@ def e4m3_word(y, big_d, normal_only: bool = False):
 def _word_block_summary(w):
     """Per 32-element block, from its packed data as 4 uint32 words [..., 4]: (any nonzero code,
     any nonzero magnitude <= 3, any magnitude 1, any magnitude >= 4, any magnitude >= 6), as int32
-    0/1: what :func:`jax_mxfp4.fp8_prepared.special_blocks` reads from the largest / smallest nonzero
+    0/1: what :func:`jax_mxfp4.fp8_format.special_blocks` reads from the largest / smallest nonzero
     magnitude (each of its four conditions is one of these), with no per-nibble unpacking."""
     m = w & _U32(0x77777777)
     lsb = _U32(0x11111111)
@@ -118,7 +94,7 @@ def _word_block_summary(w):
 
 
 def _special_from_summary(sb, low, one, ge4, ge6):
-    """:func:`jax_mxfp4.fp8_prepared.special_blocks` from :func:`_word_block_summary`'s flags: the rule reads
+    """:func:`jax_mxfp4.fp8_format.special_blocks` from :func:`_word_block_summary`'s flags: the rule reads
     only whether the smallest nonzero magnitude is 1 or <= 3 and the largest >= 4 or >= 6, so
     stand-ins with those answers (1 / 3 / 8, and 7 / 4 / 0) give its result."""
     min_mag = jnp.where(one != 0, 1, jnp.where(low != 0, 3, 8))
@@ -135,8 +111,8 @@ def _row_rule_init(br):
 
 def _row_rule_step(carry, sb, any_nonzero, spec):
     """One chunk of pass A, from its scale bytes ``sb`` int32 [br, nbc], whether each block holds a
-    nonzero code and whether it is special (:func:`jax_mxfp4.fp8_prepared.special_blocks`): the rule of
-    :func:`jax_mxfp4.fp8_prepared.encode_blocks` (NaN blocks are not counted)."""
+    nonzero code and whether it is special (:func:`jax_mxfp4.fp8_format.special_blocks`): the rule of
+    :func:`jax_mxfp4.fp8_format.encode_blocks` (NaN blocks are not counted)."""
     bmax, bmin, special, nan = carry
     is_nan = sb == E8M0_NAN
     counted = any_nonzero & ~is_nan
@@ -155,13 +131,12 @@ def _row_rule_finish(bmax, bmin, special):
 
 
 def _encode_swar_kernel(w32_ref, h16_ref, scale_ref, codes_ref, exp_ref, flag_ref, *, n_rows, br, nbc,
-                        n_chunks, fast_path):
-    """The SWAR form of :func:`_encode_kernel` (same rules, same outputs): pass A reads the packed
-    data as uint32 words (8 codes each) and summarises each block with word operations; pass B
-    reads it as uint16 (4 codes), spreads the nibbles to bytes and writes one uint32 of four E4M3
-    bytes per uint16 (:func:`e4m3_word`): a 1:1 map, no interleave. ``fast_path``: a chunk with no
-    scale byte in {0, 1, 253, 254} skips the special-block summary, and one whose blocks all have
-    d >= -5 takes :func:`e4m3_word`'s normal-only form (``lax.cond`` on the chunk)."""
+                        n_chunks):
+    """Pass A reads the packed data as uint32 words (8 codes each) and summarises each block with
+    word operations; pass B reads it as uint16 (4 codes), spreads the nibbles to bytes and writes
+    one uint32 of four E4M3 bytes per uint16 (:func:`e4m3_word`): a 1:1 map, no interleave. A
+    chunk with no scale byte in {0, 1, 253, 254} skips the special-block summary, and one whose
+    blocks all have d >= -5 takes :func:`e4m3_word`'s normal-only form (``lax.cond`` per chunk)."""
     r0 = pl.program_id(0) * br
     ragged = n_rows % br != 0
     rows = r0 + lax.broadcasted_iota(jnp.int32, (br, nbc), 0)
@@ -177,15 +152,11 @@ def _encode_swar_kernel(w32_ref, h16_ref, scale_ref, codes_ref, exp_ref, flag_re
     def pass_a(c, carry):
         w = load(w32_ref, c, 4, 0)
         sb = load(scale_ref, c, 0, 0).astype(jnp.int32)
-        if fast_path:
-            any_nz = jnp.max(((w & _U32(0x77777777)) != 0).astype(jnp.int32), axis=-1)
-            extreme = jnp.max(((sb <= 1) | ((sb >= 253) & (sb <= 254))).astype(jnp.int32))
-            spec = lax.cond(extreme != 0,
-                            lambda: _special_from_summary(sb, *_word_block_summary(w)[1:]).astype(jnp.int32),
-                            lambda: jnp.zeros((br, nbc), jnp.int32))
-        else:
-            any_nz, *rest = _word_block_summary(w)
-            spec = _special_from_summary(sb, *rest)
+        any_nz = jnp.max(((w & _U32(0x77777777)) != 0).astype(jnp.int32), axis=-1)
+        extreme = jnp.max(((sb <= 1) | ((sb >= 253) & (sb <= 254))).astype(jnp.int32))
+        spec = lax.cond(extreme != 0,
+                        lambda: _special_from_summary(sb, *_word_block_summary(w)[1:]).astype(jnp.int32),
+                        lambda: jnp.zeros((br, nbc), jnp.int32))
         return _row_rule_step(carry, sb, any_nz != 0, spec)
 
     bmax, bmin, special, nan = lax.fori_loop(0, n_chunks, pass_a, _row_rule_init(br))
@@ -197,11 +168,8 @@ def _encode_swar_kernel(w32_ref, h16_ref, scale_ref, codes_ref, exp_ref, flag_re
         big_d = rules._block_shift(sb, bmax[:, None], exact[:, None]) - rules.E4M3_D_MIN  # [br, nbc], 0..14
         y = spread_nibbles(h)
         dd = big_d[..., None]
-        if fast_path:
-            low = jnp.min(big_d) <= 2
-            out = lax.cond(low, lambda: e4m3_word(y, dd), lambda: e4m3_word(y, dd, normal_only=True))
-        else:
-            out = e4m3_word(y, dd)
+        low = jnp.min(big_d) <= 2
+        out = lax.cond(low, lambda: e4m3_word(y, dd), lambda: e4m3_word(y, dd, normal_only=True))
         _store_chunk(codes_ref, r0, br, c, nbc, out, mask2)
         return carry
 
@@ -219,7 +187,7 @@ def _store_chunk(codes_ref, r0, br, c, nbc, out, mask2):
 
 
 def _store_row_outputs(exp_ref, flag_ref, r0, br, n_rows, bmax, exact, nan):
-    """row_exp and row_flag of a program's rows (the rule of :func:`jax_mxfp4.fp8_prepared.encode_blocks`)."""
+    """row_exp and row_flag of a program's rows (the rule of :func:`jax_mxfp4.fp8_format.encode_blocks`)."""
     row_exp = bmax - rules.ROW_EXP_OFFSET
     row_flag = exact.astype(jnp.int32) * rules.FLAG_EXACT | jnp.where(nan != 0, rules.FLAG_NAN, 0)
     rmask = (r0 + lax.broadcasted_iota(jnp.int32, (br,), 0)) < n_rows if n_rows % br else None
@@ -227,137 +195,49 @@ def _store_row_outputs(exp_ref, flag_ref, r0, br, n_rows, bmax, exact, nan):
     plgpu.store(flag_ref.at[pl.ds(r0, br)], row_flag.astype(jnp.uint8), mask=rmask)
 
 
-def _encode_kernel(data_ref, scale_ref, codes_ref, exp_ref, flag_ref, *, n_rows, br, nbc, n_chunks, pairs16):
-    r0 = pl.program_id(0) * br
-    ragged = n_rows % br != 0
-    rows = r0 + lax.broadcasted_iota(jnp.int32, (br, nbc), 0)
-    mask2 = rows < n_rows if ragged else None
-
-    def load(c):
-        dview = data_ref.at[pl.ds(r0, br), pl.ds(c * nbc, nbc), :]
-        sview = scale_ref.at[pl.ds(r0, br), pl.ds(c * nbc, nbc)]
-        if mask2 is None:
-            return plgpu.load(dview).astype(jnp.int32), plgpu.load(sview).astype(jnp.int32)
-        dm = jnp.broadcast_to(mask2[..., None], (br, nbc, BLOCK_SIZE // 2))
-        return (plgpu.load(dview, mask=dm, other=0).astype(jnp.int32),
-                plgpu.load(sview, mask=mask2, other=0).astype(jnp.int32))
-
-    def pass_a(c, carry):
-        d, sb = load(c)
-        lo, hi = d & 7, (d >> 4) & 7
-        mx = jnp.max(jnp.maximum(lo, hi), axis=-1)
-        nz_min = lambda v: jnp.where(v != 0, v, 8)  # noqa: E731
-        mn = jnp.min(jnp.minimum(nz_min(lo), nz_min(hi)), axis=-1)
-        return _row_rule_step(carry, sb, mx != 0, rules.special_blocks(sb, mx, mn))
-
-    bmax, bmin, special, nan = lax.fori_loop(0, n_chunks, pass_a, _row_rule_init(br))
-    bmax, exact = _row_rule_finish(bmax, bmin, special)
-
-    def pass_b(c, carry):
-        d, sb = load(c)
-        shift = rules._block_shift(sb, bmax[:, None], exact[:, None])[..., None]  # [br, nbc, 1]
-        lo = e4m3_byte(d & 15, shift)
-        hi = e4m3_byte(d >> 4, shift)
-        if pairs16:  # both E4M3 bytes of a packed byte in one uint16 (little-endian: low nibble's first)
-            out = (lo | (hi << 8)).astype(jnp.uint16)
-        else:
-            out = jnp.stack([lo, hi], axis=-1).reshape(br, nbc, BLOCK_SIZE).astype(jnp.uint8)
-        _store_chunk(codes_ref, r0, br, c, nbc, out, mask2)
-        return carry
-
-    lax.fori_loop(0, n_chunks, pass_b, 0)
-    _store_row_outputs(exp_ref, flag_ref, r0, br, n_rows, bmax, exact, nan)
-
-
-DISPATCH_TILE = dict(rows_per_program=1, chunk_blocks=ROW_CHUNK_BLOCKS, num_warps=8, swar=True, fast_path=True)
-"""The tile :func:`jax_mxfp4.fp8_prepared.encode_rows_on` runs: the word-parallel kernel with its per-chunk
-fast path, one row per program, whole-row steps up to 8192 elements, 8 warps: 2.4x faster than the
-per-element kernel's best tile at 8192 x 8192 (NVIDIA H200, jax 0.11.2, 2026-12-01; figures:
-docs/performance.md)."""
-
-
-def _chunk_blocks(n_blocks: int, cap: int = MAX_CHUNK_BLOCKS) -> int:
+def _chunk_blocks(n_blocks: int, cap: int) -> int:
     """Largest power of two <= cap dividing n_blocks (the loop needs equal chunks)."""
     return min(cap, n_blocks & -n_blocks)
 
 
-MIN_PROGRAMS = 1024
-"""Programs the default tile aims for (about 8 per H200 SM): with 8 rows per program a 1024-row
-operand ran as 128 programs, under one per SM, and took 27.7 us of a 176 us 1024x8192x8192 FP8
-GEMM call (NVIDIA H200 profile, 2026-12-01); more programs keep every SM's loads in flight."""
+def _power_of_two(v, name: str, what: str = "") -> int:
+    """``v`` (an int or a numpy integer; tile sizes may come from numpy) as an int, if a power of
+    two >= 1; ValueError naming ``name`` otherwise."""
+    v = int(v) if isinstance(v, np.integer) else v
+    if isinstance(v, bool) or not isinstance(v, int) or v < 1 or v & (v - 1):
+        raise ValueError(f"{name} must be a power of two >= 1{what}, got {v!r}")
+    return v
 
 
-def default_rows_per_program(n_rows: int, chunk_blocks: int = 32) -> int:
-    """Rows per program: 8 where that still gives :data:`MIN_PROGRAMS` programs and keeps a loop
-    step within :data:`STEP_ELEMENTS`, else fewer (a power of two, at least 1)."""
-    rows = 8
-    while rows > 1 and (n_rows // rows < MIN_PROGRAMS or rows * chunk_blocks * BLOCK_SIZE > STEP_ELEMENTS):
-        rows //= 2
-    return rows
-
-
-def _plain_int(v):
-    """A numpy integer as a Python int (tile sizes may come from numpy); anything else unchanged."""
-    return int(v) if isinstance(v, np.integer) else v
-
-
-@functools.partial(jax.jit, static_argnames=("rows_per_program", "num_warps", "chunk_blocks", "pairs16", "swar",
-                                             "fast_path", "interpret"))
-def encode_rows_kernel(data, scale_bytes, *, rows_per_program: int | None = None, num_warps: int = 4,
-                       chunk_blocks: int | None = None, pairs16: bool = False, swar: bool = False,
-                       fast_path: bool = False, interpret: bool = False):
+@functools.partial(jax.jit, static_argnames=("rows_per_program", "num_warps", "chunk_blocks", "interpret"))
+def encode_rows_kernel(data, scale_bytes, *, rows_per_program: int = 1, num_warps: int = 8,
+                       chunk_blocks: int = ROW_CHUNK_BLOCKS, interpret: bool = False):
     """:func:`jax_mxfp4.fp8_prepared.encode_rows` for 2-D operands in one Pallas kernel (bit-identical).
 
     Args:
       data: uint8 [R, K/2] packed E2M1 pairs (low nibble first), K a multiple of 32.
       scale_bytes: E8M0 scales [R, K/32], uint8 bytes or float8_e8m0fnu (read bit for bit), plain layout.
-      rows_per_program: rows owned by one program (a power of two); None:
-        :func:`default_rows_per_program`.
-      chunk_blocks: most 32-element blocks of a row per loop step (a power of two); None:
-        :data:`ROW_CHUNK_BLOCKS` where one row per program is the default, else
-        :data:`MAX_CHUNK_BLOCKS`.
-      pairs16: store the two E4M3 bytes of each packed byte as one uint16 (no interleave of the
-        low- and high-nibble results in registers; the uint16 array is bit-cast to bytes after the
-        kernel); same bytes. Ignored with ``swar``.
-      swar: the word-parallel form (:func:`_encode_swar_kernel`: 4-8 codes per integer operation
-        instead of one; the per-element form is integer-bound: ~33 operations per element);
-        same bytes.
-      fast_path (``swar`` only): per chunk, ``lax.cond`` skips the special-block summary and the
-        subnormal E4M3 cases where the chunk has none; same bytes.
+      rows_per_program: rows owned by one program (a power of two; default 1).
+      num_warps: Triton warps per program (a power of two; default 8).
+      chunk_blocks: most 32-element blocks of a row per loop step (a power of two; default
+        :data:`ROW_CHUNK_BLOCKS`).
       interpret: run the Pallas interpreter (CPU tests).
     Returns:
       (codes float8_e4m3fn [R, K], row_exp int32 [R], row_flag uint8 [R]).
     Raises:
-      TypeError: data not uint8, scales not uint8/float8_e8m0fnu (:func:`jax_mxfp4.fp8_format.check_packed_rows`).
-      ValueError: shapes that are not [R, K/2] and [R, K/32]; a bad ``rows_per_program``,
-        ``chunk_blocks`` or ``num_warps`` (each a power of two); ``fast_path`` without ``swar``.
-      TypeError: ``pairs16``, ``swar``, ``fast_path`` or ``interpret`` not a bool.
+      TypeError: data not uint8, scales not uint8/float8_e8m0fnu (:func:`jax_mxfp4.fp8_format.check_packed_rows`);
+        ``interpret`` not a bool.
+      ValueError: shapes that are not [R, K/2] and [R, K/32]; a ``rows_per_program``,
+        ``chunk_blocks`` or ``num_warps`` that is not a power of two.
     """
     rules.check_packed_rows(data, scale_bytes)  # types first: a list or None is named, not an AttributeError
     if data.ndim != 2:
         raise ValueError(f"encode_rows_kernel: data must be 2-D [R, K/2], got shape {data.shape}")
-    n_blk = max(1, data.shape[-1] * 2 // BLOCK_SIZE)
-    if chunk_blocks is None:
-        one_row = rows_per_program == 1 or (rows_per_program is None and default_rows_per_program(
-            data.shape[0], _chunk_blocks(n_blk)) == 1)
-        chunk_blocks = ROW_CHUNK_BLOCKS if one_row else MAX_CHUNK_BLOCKS
-    chunk_blocks = _plain_int(chunk_blocks)
-    if isinstance(chunk_blocks, bool) or not isinstance(chunk_blocks, int) or chunk_blocks < 1 or chunk_blocks & (chunk_blocks - 1):
-        raise ValueError(f"chunk_blocks must be a power of two >= 1, got {chunk_blocks!r}")
-    rows_per_program = _plain_int(rows_per_program)
-    if rows_per_program is None:
-        rows_per_program = default_rows_per_program(data.shape[0], _chunk_blocks(n_blk, chunk_blocks))
-    if (isinstance(rows_per_program, bool) or not isinstance(rows_per_program, int) or rows_per_program < 1
-            or rows_per_program & (rows_per_program - 1)):
-        raise ValueError(f"rows_per_program must be a power of two >= 1, got {rows_per_program!r}")
-    num_warps = _plain_int(num_warps)
-    if isinstance(num_warps, bool) or not isinstance(num_warps, int) or num_warps < 1 or num_warps & (num_warps - 1):
-        raise ValueError(f"num_warps must be a power of two >= 1 (Triton), got {num_warps!r}")
-    for name, flag in (("pairs16", pairs16), ("swar", swar), ("fast_path", fast_path), ("interpret", interpret)):
-        if not isinstance(flag, bool):
-            raise TypeError(f"{name} must be a bool, got {flag!r}")
-    if fast_path and not swar:
-        raise ValueError("fast_path=True needs swar=True (it is a branch of the word-parallel kernel)")
+    chunk_blocks = _power_of_two(chunk_blocks, "chunk_blocks")
+    rows_per_program = _power_of_two(rows_per_program, "rows_per_program")
+    num_warps = _power_of_two(num_warps, "num_warps", " (Triton)")
+    if not isinstance(interpret, bool):
+        raise TypeError(f"interpret must be a bool, got {interpret!r}")
     scale_bytes = as_scale_bytes(scale_bytes)  # bytes, not values (float8_e8m0fnu is bit-cast)
     n_rows, half = data.shape
     if n_rows == 0 or half == 0:  # nothing to launch: encode_rows' outputs for empty rows (e = 0, no flag)
@@ -366,38 +246,20 @@ def encode_rows_kernel(data, scale_bytes, *, rows_per_program: int | None = None
     n_blocks = half * 2 // BLOCK_SIZE
     br = min(rows_per_program, 1 << max(0, (n_rows - 1).bit_length()))
     nbc = _chunk_blocks(n_blocks, chunk_blocks)
-    if swar:  # the same bytes viewed as uint32 words (pass A) and uint16 halves (pass B): bit casts, no copy
-        words = lax.bitcast_convert_type(data.reshape(n_rows, n_blocks, 4, 4), jnp.uint32)
-        halves = lax.bitcast_convert_type(data.reshape(n_rows, n_blocks, 8, 2), jnp.uint16)
-        kernel = functools.partial(_encode_swar_kernel, n_rows=n_rows, br=br, nbc=nbc, n_chunks=n_blocks // nbc,
-                                   fast_path=fast_path)
-        codes, row_exp, row_flag = pl.pallas_call(
-            kernel,
-            out_shape=(jax.ShapeDtypeStruct((n_rows, n_blocks, 8), jnp.uint32),
-                       jax.ShapeDtypeStruct((n_rows,), jnp.int32),
-                       jax.ShapeDtypeStruct((n_rows,), jnp.uint8)),
-            grid=(pl.cdiv(n_rows, br),),
-            compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
-            interpret=interpret,
-            name="mxfp4_encode_fp8_rows_swar",
-        )(words, halves, scale_bytes)
-        codes = lax.bitcast_convert_type(codes, jnp.uint8)  # [R, nb, 8, 4], element order (little-endian)
-        codes = lax.bitcast_convert_type(codes.reshape(n_rows, n_blocks * BLOCK_SIZE), jnp.float8_e4m3fn)
-        return codes, row_exp, row_flag
-    kernel = functools.partial(_encode_kernel, n_rows=n_rows, br=br, nbc=nbc, n_chunks=n_blocks // nbc,
-                               pairs16=pairs16)
-    codes_shape = ((n_rows, n_blocks, BLOCK_SIZE // 2), jnp.uint16) if pairs16 else ((n_rows, n_blocks, BLOCK_SIZE), jnp.uint8)
+    # the same bytes viewed as uint32 words (pass A) and uint16 halves (pass B): bit casts, no copy
+    words = lax.bitcast_convert_type(data.reshape(n_rows, n_blocks, 4, 4), jnp.uint32)
+    halves = lax.bitcast_convert_type(data.reshape(n_rows, n_blocks, 8, 2), jnp.uint16)
+    kernel = functools.partial(_encode_swar_kernel, n_rows=n_rows, br=br, nbc=nbc, n_chunks=n_blocks // nbc)
     codes, row_exp, row_flag = pl.pallas_call(
         kernel,
-        out_shape=(jax.ShapeDtypeStruct(*codes_shape),
+        out_shape=(jax.ShapeDtypeStruct((n_rows, n_blocks, 8), jnp.uint32),
                    jax.ShapeDtypeStruct((n_rows,), jnp.int32),
                    jax.ShapeDtypeStruct((n_rows,), jnp.uint8)),
         grid=(pl.cdiv(n_rows, br),),
         compiler_params=plgpu.CompilerParams(num_warps=num_warps, num_stages=1),
         interpret=interpret,
-        name="mxfp4_encode_fp8_rows",
-    )(data.reshape(n_rows, n_blocks, BLOCK_SIZE // 2), scale_bytes)
-    if pairs16:  # [R, nb, 16] uint16 -> [R, nb, 16, 2] bytes, low byte first on little-endian devices
-        codes = lax.bitcast_convert_type(codes, jnp.uint8)
+        name="mxfp4_encode_fp8_rows_swar",
+    )(words, halves, scale_bytes)
+    codes = lax.bitcast_convert_type(codes, jnp.uint8)  # [R, nb, 8, 4], element order (little-endian)
     codes = lax.bitcast_convert_type(codes.reshape(n_rows, n_blocks * BLOCK_SIZE), jnp.float8_e4m3fn)
     return codes, row_exp, row_flag

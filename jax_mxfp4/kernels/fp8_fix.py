@@ -5,15 +5,13 @@ The FP8 path (:mod:`jax_mxfp4.backends.fp8`) computes every output from E4M3 cod
 lhs and columns (rhs rows) flagged by the encoding (``FLAG_EXACT``: blocks outside the 15-binade
 window, flushed or overflowing elements) must be recomputed exactly. The portable form of that
 step is a ``lax.while_loop`` whose trip count depends on the flags: on a GPU XLA copies its
-predicate to the host before every trip (a device-to-host sync per GEMM, which stalls the stream:
-~20 us of a 176 us 1024x8192x8192 call on an NVIDIA H200, jax 0.11.2, 2026-12-01), and its body
-holds three GEMMs that XLA's autotuner compiles for every call site (90 s to compile one FP8 GEMM
-with default flags). This kernel replaces it on CUDA:
+predicate to the host before every trip (a device-to-host sync per GEMM, which stalls the
+stream), and its body holds three GEMMs that XLA's autotuner compiles for every call site. This
+kernel replaces it on CUDA:
 
 - the flagged lhs rows and rhs rows (output columns) are first listed by a small kernel
-  (:func:`exact_rows_index`: their indices in order, then -1; in XLA that was a cumulative sum
-  and a scatter, ~13-17 us per GEMM);
-- grid (batch, at most :data:`MAX_PROGRAMS`); the programs share two strided lists of work units
+  (:func:`exact_rows_index`: their indices in order, then -1);
+- grid (batch, at most ``FixConfig.max_programs``); the programs share two strided lists of work units
   whose lengths follow the flag counts: (a group of ``cfg.group`` listed rows, a ``bn``-column
   tile) and (a group of listed columns, a ``bm``-row tile); with no flag each program reads the
   two counts and stops;
@@ -24,10 +22,8 @@ with default flags). This kernel replaces it on CUDA:
   order of float32 accumulation -- and scatters them over the result in place; a flagged column
   skips the flagged rows (the row units write those entries: one writer per entry).
 
-So the work follows the flagged rows, not the 128 x 128 tiles they touch: the earlier tile walk
-recomputed a whole tile for one flagged row in it, and at d_model 4096 (0.07% of one operand's rows
-flagged, 9% of its 128-row groups) the demo step spent 38 ms of 112 there (NVIDIA H200, jax
-0.11.2, 2026-12-01).
+So the work follows the flagged rows, not the 128 x 128 tiles they touch (a tile walk recomputed
+a whole tile for one flagged row in it).
 
 Exact values from the FP8 operand (:class:`jax_mxfp4.fp8_prepared.FP8Prepared` fields): a row without
 flags holds ``code x 2^row_exp`` exactly; a FLAG_EXACT row stores d = 0, so its codes are the E2M1
@@ -54,14 +50,15 @@ from ..mx_format import BLOCK_SIZE, pow2_from_exponent, scale_e2m1_values
 class FixConfig:
     """Tiles of the recompute: ``group`` listed (flagged) rows or columns per unit (>= 16: the
     tensor-core tile), ``bm`` rows of a column unit, ``bn`` columns of a row unit, K step ``bk``
-    (a multiple of 32); Triton ``num_warps``; the most programs per batch element."""
+    (a multiple of 32); Triton ``num_warps``; the most programs per batch element (each walks a
+    strided list of work units, so a result with no flag costs two count reads per program)."""
 
     bm: int = 128
     bn: int = 128
     bk: int = 64
     num_warps: int = 4
     max_programs: int = 512
-    group: int = 64  # 2-3x faster than 16 with 1-10% of the rows flagged (H200, jax 0.11.2, 2026-12-01)
+    group: int = 64  # 2-3x faster than 16 with 1-10% of the rows flagged (H200)
 
     def __post_init__(self):
         least = {"bm": 16, "bn": 16, "group": 16, "bk": BLOCK_SIZE, "num_warps": 1}  # tensor-core tiles; whole blocks
@@ -89,11 +86,6 @@ def exact_values(codes, scale_bytes, row_exp, row_flag):
     flag = row_flag.astype(jnp.int32)[:, None, None]
     v = jnp.where((flag & FLAG_EXACT) != 0, scale_e2m1_values(c, scale_bytes), plain)
     return jnp.where((flag & FLAG_NAN) != 0, jnp.float32(jnp.nan), v)
-
-
-MAX_PROGRAMS = FixConfig.max_programs
-"""Programs per batch element at most (about 4 per H200 SM): each walks a strided list of work
-units, so a result with no flag costs two count reads per program, not a launch per tile."""
 
 
 INDEX_CHUNK = 8192
@@ -143,9 +135,8 @@ def exact_rows_index(*row_flags, group: int = 1, interpret: bool = False):
     to a multiple of ``group`` slots, and their count.
 
     Why: in XLA the list is a cumulative sum (a reduce_window over the whole row: O(R^2) work),
-    a scatter, a sum and a pad, ~13-17 us per FP8-path GEMM on an H200 with no row flagged
-    (profile of 1024x8192x8192 ``fp8-prepared``, 2026-12-01: 2 reduce_window + a convert/reduce
-    + a copy, 13.4 us of a 122 us call); here one launch reads each flag array twice.
+    a scatter, a sum and a pad, several launches per FP8-path GEMM; here one launch reads each
+    flag array twice.
 
     Args:
       row_flags: one or more uint8 [B, R_i] (the encode's row flags), the same B.

@@ -3,10 +3,10 @@ in one Pallas (Triton lowering) kernel that reads the float input once.
 
 Output: exactly ``jax_mxfp4.fp8_prepared.encode_rows(quantize(x, axis, ...))`` (codes ``float8_e4m3fn``,
 E8M0 scale bytes, per-row exponent and flags; :mod:`jax_mxfp4.fp8_prepared`), i.e. the children of
-``prepare_fp8(quantize(x, axis, ...))``, without writing the packed MXFP4 array in between. Two
-layouts: the quantized axis last (rows of x are the output rows), or the quantized axis FIRST
-with the output written transposed (x [T, K] quantized along T -> codes [K, T]: the K-major
-operand of a wgrad GEMM, without a separate transpose pass).
+``prepare_fp8(quantize(x, axis, ...))``, without writing the packed MXFP4 array in between. The
+quantized axis is last: the rows of x are the output rows (a caller transposes an operand
+quantized along its first axis with XLA first: strided reads made this kernel several times
+slower, docs/performance.md).
 
 Design: one program owns ``rows`` whole output rows (the full quantized length, padded to a
 power of two with masked loads) and keeps them in registers: the per-row exponent needs the
@@ -17,19 +17,14 @@ and reading the scales). Whole rows in registers cost register pressure for long
 quantized length is capped (:data:`MAX_ROW`), and the caller falls back to the unfused path
 beyond it.
 
-Measured (NVIDIA H200, jax 0.11.2, 2026-11-30, 8192x8192 bf16, benchmarks as of commit 02fcf53:
-``train_step.py --kernel``): along rows 0.146-0.160 ms (the unfused quantize + encode: 0.215 ms),
-with Threefry stochastic rounding 0.398 ms (0.478); the transposed layout 1.1-1.6 ms (unfused
-0.289): its column reads are strided. So training transposes such operands with XLA first and
-uses the rows layout (:mod:`jax_mxfp4.training`). With the SWAR quantizer the unfused passes
-are faster for round to nearest (0.120 ms against 0.185 for this kernel's 1-row x 16-warp tile,
-2026-12-02), so training runs this kernel for the stochastically rounded operands only.
+With the SWAR quantizer the unfused passes are faster for round to nearest, so training runs
+this kernel for the stochastically rounded operands only (H200 timings: docs/performance.md).
 
 Every rule is shared code: the block scale and the E2M1 rounding (nearest, or stochastic with
 the reference's uniforms, generated in the kernel for Threefry keys or read as an input array
 drawn by ``jax.random.uniform``, as the MXFP4 quantizer does) come from
 :mod:`jax_mxfp4.kernels.quantize_kernel` (:func:`block_scale_bits`, :func:`magnitude_code_bits`,
-:func:`threefry_uniform`, :func:`sr_uniforms`), the row encoding from :func:`jax_mxfp4.fp8_prepared.encode_blocks`, the E2M1
+:func:`threefry_uniform`, :func:`sr_uniforms`), the row encoding from :func:`jax_mxfp4.fp8_format.encode_blocks`, the E2M1
 decoding from :func:`jax_mxfp4.mx_format.decode_e2m1`. Bit-identical to the reference in the
 Pallas interpreter (tests/test_fp8_fused.py).
 """
@@ -79,37 +74,32 @@ class Fp8QuantizeConfig:
 
 
 TILE_ELEMENTS = 8192
-"""Default tile with stochastic rounding and in the transposed layout: rows x (quantized length
-rounded up to a power of two) <= this many elements."""
+"""Default tile with stochastic rounding: rows x (quantized length rounded up to a power of two)
+<= this many elements."""
 ELEMENTS_PER_THREAD = 16
-"""Default warps with stochastic rounding and in the transposed layout: the tile spread at about
-this many elements per thread (up to 16 warps), so that the row's values and the Threefry state
-stay in registers (NVIDIA H200, jax 0.11.2, 2026-12-01, 8192x8192 bf16: 16 warps ~10% faster than 4)."""
+"""Default warps with stochastic rounding: the tile spread at about this many elements per thread
+(up to 16 warps), so that the row's values and the Threefry state stay in registers."""
 TILE_ELEMENTS_NEAREST, ELEMENTS_PER_THREAD_NEAREST = 16384, 128
-"""The same for round to nearest along rows: fewer, fuller threads won in the same measurement (rows=2,
-4 warps: 0.127 ms against 0.141-0.190 for one row on 4-16 warps)."""
+"""The same for round to nearest: fewer, fuller threads (H200 sweep: docs/performance.md)."""
 
 
-def default_config(kq: int, itemsize: int, transposed: bool, stochastic: bool = False) -> Fp8QuantizeConfig:
-    """Tile for a quantized length ``kq`` (from the H200 sweep, 8192x8192 bf16, of ``train_step.py
-    --kernel`` in the benchmarks as of commit 02fcf53; other shapes follow the same elements-per-thread
-    rule).
+def default_config(kq: int, stochastic: bool = False) -> Fp8QuantizeConfig:
+    """Tile for a quantized length ``kq`` (from an H200 sweep at 8192x8192 bf16; other shapes
+    follow the same elements-per-thread rule).
 
     Args: ``kq`` the quantized axis length, an int: a positive multiple of 32, at most
-    :data:`MAX_ROW` (what :func:`quantize_fp8_2d` takes); ``itemsize`` unused; ``transposed``
-    and ``stochastic`` the layout and rounding of the call.
+    :data:`MAX_ROW` (what :func:`quantize_fp8_2d` takes); ``stochastic`` the rounding of the call.
     Raises:
       TypeError: ``kq`` not an int (bool included).
       ValueError: ``kq`` not a positive multiple of 32, or above :data:`MAX_ROW` (lengths the
         kernel does not take)."""
-    del itemsize
     if isinstance(kq, (bool, np.bool_)) or not isinstance(kq, (int, np.integer)):
         raise TypeError(f"default_config: kq must be an int (the quantized axis length), got {kq!r}")
     kq = int(kq)  # numpy integers: no bit_length
     if kq < BLOCK_SIZE or kq % BLOCK_SIZE or kq > MAX_ROW:
         raise ValueError(f"default_config: kq={kq} must be a positive multiple of {BLOCK_SIZE} "
                          f"at most MAX_ROW = {MAX_ROW}")
-    nearest = not (stochastic or transposed)
+    nearest = not stochastic
     tile, per_thread = ((TILE_ELEMENTS_NEAREST, ELEMENTS_PER_THREAD_NEAREST) if nearest
                         else (TILE_ELEMENTS, ELEMENTS_PER_THREAD))
     kp = _pow2_at_least(kq)
@@ -121,11 +111,8 @@ def default_config(kq: int, itemsize: int, transposed: bool, stochastic: bool = 
 
 
 LONG_ROW_NEAREST = 8192
-"""Round to nearest along rows longer than this: one row per program on 16 warps. The
-elements-per-thread rule gave 4 warps at 16384 (128 elements per thread, as 2 rows x 4 warps at
-8192): 3.29 ms at 8192x16384 bf16 against 0.295 ms with 16 warps (NVIDIA H200, jax 0.11.2,
-2026-12-01); it cost the demo at d_model 4096
-(hidden 16384) ~3.4 ms per MLP down-projection."""
+"""Round to nearest along rows longer than this: one row per program on 16 warps (the
+elements-per-thread rule's 4 warps spilled registers at 16384: 11x slower on an H200)."""
 
 
 def _pow2_at_least(n):
@@ -136,7 +123,7 @@ PLAIN_MIN_BYTE, PLAIN_MAX_BYTE = 3, 252
 """Scale bytes of the blocks the plain path takes (besides all-zero blocks). From 3: a float32
 subnormal element (< 2^-126) over a scale of at least 2^-124 is below 0.25, which rounds to the
 zero that the reference's subnormal flush gives, so round-to-nearest needs no per-element flush;
-bytes 0/1 (flushed codes) and 253/254 (overflow) are :func:`jax_mxfp4.fp8_prepared.special_blocks`' and
+bytes 0/1 (flushed codes) and 253/254 (overflow) are :func:`jax_mxfp4.fp8_format.special_blocks`' and
 0xFF (a NaN/Inf in the block) is the general path's."""
 
 
@@ -224,7 +211,7 @@ def plain_max_code(amax_bits, inv):
     (rounding is monotone) [..., nb]. With stochastic rounding it is also nonzero exactly where
     the block is (a plain block's amax x 2^-s is > 2 for every scale rule of
     :func:`jax_mxfp4.mx_format.e8m0_from_amax`, which no rounding takes to 0), which is all
-    :func:`jax_mxfp4.fp8_prepared.encode_block_stats` reads of it for plain scale bytes."""
+    :func:`jax_mxfp4.fp8_format.encode_block_stats` reads of it for plain scale bytes."""
     return e2m1_magnitude_code(lax.bitcast_convert_type(amax_bits, jnp.float32) * inv[..., 0])
 
 
@@ -238,7 +225,7 @@ def plain_values(q, bits, d):
 def from0(n):
     """``pl.ds(0, n)`` started at an int32 0: a Python 0 (or a bare ``:``) becomes int64 under
     ``jax_enable_x64`` beside the int32 program ids, which the Pallas interpreter refuses (a
-    dynamic_slice TypeError). Used by every view of both quantize-to-FP8 kernels."""
+    dynamic_slice TypeError)."""
     return pl.ds(jnp.int32(0), n)
 
 
@@ -249,7 +236,7 @@ def _load_rows(ref, r0, br, nbp, mask):
     return plgpu.load(view) if mask is None else plgpu.load(view, mask=mask, other=0)
 
 
-def _kernel(*refs, n_rows, n_blocks, nbp, br, scale_mode, kernel_rng, uniform_input, transposed):
+def _kernel(*refs, n_rows, n_blocks, nbp, br, scale_mode, kernel_rng, uniform_input):
     if kernel_rng:
         x_ref, key_ref, codes_ref, scale_ref, exp_ref, flag_ref = refs
     elif uniform_input:
@@ -259,22 +246,12 @@ def _kernel(*refs, n_rows, n_blocks, nbp, br, scale_mode, kernel_rng, uniform_in
     r0 = pl.program_id(0) * br
     rows_over = n_rows % br != 0
     blocks_over = nbp != n_blocks
-    oshape = (br, nbp, BLOCK_SIZE)  # the output rows' layout (quantized axis last)
+    oshape = (br, nbp, BLOCK_SIZE)
     omask = None  # masks only where the tile overhangs the array (static): unmasked accesses vectorize
     if rows_over or blocks_over:
         omask = ((r0 + lax.broadcasted_iota(jnp.int32, oshape, 0) < n_rows)
                  & (lax.broadcasted_iota(jnp.int32, oshape, 1) < n_blocks))
-    if transposed:  # x viewed as [n_blocks, 32, n_rows]: output rows are columns of x
-        shape = (nbp, BLOCK_SIZE, br)
-        view = x_ref.at[from0(nbp), from0(BLOCK_SIZE), pl.ds(r0, br)]
-        mask = None
-        if rows_over or blocks_over:
-            mask = ((lax.broadcasted_iota(jnp.int32, shape, 0) < n_blocks)
-                    & (r0 + lax.broadcasted_iota(jnp.int32, shape, 2) < n_rows))
-        x = plgpu.load(view) if mask is None else plgpu.load(view, mask=mask, other=0)
-        x = jnp.transpose(x, (2, 0, 1))
-    else:
-        x = _load_rows(x_ref, r0, br, nbp, omask)
+    x = _load_rows(x_ref, r0, br, nbp, omask)
     bits = lax.bitcast_convert_type(x.astype(jnp.float32), jnp.int32)  # exact widening
     u = None
     if kernel_rng:  # the reference's uniforms: element (row, col) of jax.random.uniform(key, [R, Kq])
@@ -304,23 +281,21 @@ def _kernel(*refs, n_rows, n_blocks, nbp, br, scale_mode, kernel_rng, uniform_in
     plgpu.store(fview, row_flag, mask=rmask)
 
 
-@functools.partial(jax.jit, static_argnames=("scale_mode", "transposed", "cfg", "interpret"))
-def quantize_fp8_2d(x, key_data=None, uniform=None, *, scale_mode="even", transposed=False,
+@functools.partial(jax.jit, static_argnames=("scale_mode", "cfg", "interpret"))
+def quantize_fp8_2d(x, key_data=None, uniform=None, *, scale_mode="even",
                     cfg: Fp8QuantizeConfig | None = None, interpret=False):
     """Quantize a 2-D float array to MXFP4 and encode it as FP8 rows, in one pass.
 
     Args:
-      x: float32/bfloat16/float16 [R, Kq] quantized along its last axis (``transposed=False``),
-        or [Kq, R] quantized along its FIRST axis (``transposed=True``; the output is written
-        transposed). Kq a multiple of 32 and at most :data:`MAX_ROW`.
+      x: float32/bfloat16/float16 [R, Kq] quantized along its last axis, Kq a multiple of 32
+        and at most :data:`MAX_ROW`.
       key_data: None (round to nearest even) or uint32[2], the data of a threefry2x32 key:
         stochastic rounding with the uniforms of the reference, ``jax.random.uniform(key,
         [R, Kq / 32, 32])`` (the quantized axis moved last), generated in the kernel.
       uniform: None, or float32 uniforms in [0, 1) for stochastic rounding read by the kernel
-        (``jax_mxfp4.kernels.quantize_kernel.quantize_2d``'s convention): element-aligned with the
-        OUTPUT rows, i.e. of shape [*lead, Kq] or [*lead, Kq / 32, 32] with prod(lead) = R in
-        the row-major order of [R, Kq] (the quantized axis last in both layouts): the
-        reference's draw ``jax.random.uniform(key, (*lead, Kq / 32, 32))``
+        (``jax_mxfp4.kernels.quantize_kernel.quantize_2d``'s convention): element-aligned with
+        the rows, i.e. of shape [*lead, Kq] or [*lead, Kq / 32, 32] with prod(lead) = R in
+        the row-major order of [R, Kq]: the reference's draw ``jax.random.uniform(key, (*lead, Kq / 32, 32))``
         (:func:`jax_mxfp4.kernels.quantize_kernel.sr_uniforms`), for keys whose uniforms the kernel
         cannot generate (rbg). Exclusive with ``key_data``.
       scale_mode: the scale rule (as :func:`jax_mxfp4.quantize`).
@@ -328,8 +303,8 @@ def quantize_fp8_2d(x, key_data=None, uniform=None, *, scale_mode="even", transp
       interpret: run the Pallas interpreter (CPU tests).
     Returns:
       (codes float8_e4m3fn [R, Kq], scales float8_e8m0fnu [R, Kq/32], row_exp int32 [R],
-      row_flag uint8 [R]) = ``encode_rows`` of ``quantize(x, axis)`` with the quantized axis
-      last (:mod:`jax_mxfp4.fp8_prepared`), bit for bit.
+      row_flag uint8 [R]) = ``encode_rows`` of ``quantize(x, 1)``
+      (:mod:`jax_mxfp4.fp8_prepared`), bit for bit.
     Raises:
       TypeError: x not a float array; key_data not uint32[2]; uniform not float32; cfg of
         another type.
@@ -339,15 +314,13 @@ def quantize_fp8_2d(x, key_data=None, uniform=None, *, scale_mode="even", transp
     """
     if cfg is not None and not isinstance(cfg, Fp8QuantizeConfig):
         raise TypeError(f"cfg must be an Fp8QuantizeConfig or None, got {cfg!r}")
-    kq, n_rows = check_call(x, key_data, uniform, transposed, "quantize_fp8_2d")
+    kq, n_rows = check_call(x, key_data, uniform, "quantize_fp8_2d")
     if cfg is None:
-        cfg = default_config(kq, jnp.dtype(x.dtype).itemsize, transposed,
-                             stochastic=key_data is not None or uniform is not None)
+        cfg = default_config(kq, stochastic=key_data is not None or uniform is not None)
     n_blocks = kq // BLOCK_SIZE
     nbp = _pow2_at_least(n_blocks)
     br = min(cfg.rows, _pow2_at_least(n_rows))
-    x3 = x.reshape(n_blocks, BLOCK_SIZE, n_rows) if transposed else x.reshape(n_rows, n_blocks, BLOCK_SIZE)
-    args = [x3]
+    args = [x.reshape(n_rows, n_blocks, BLOCK_SIZE)]
     kernel_rng = key_data is not None
     if kernel_rng:
         args.append(jnp.asarray(key_data, jnp.uint32).reshape(2))
@@ -355,7 +328,7 @@ def quantize_fp8_2d(x, key_data=None, uniform=None, *, scale_mode="even", transp
         args.append(uniform.reshape(n_rows, n_blocks, BLOCK_SIZE))
     kernel = functools.partial(_kernel, n_rows=n_rows, n_blocks=n_blocks, nbp=nbp, br=br,
                                scale_mode=scale_mode, kernel_rng=kernel_rng,
-                               uniform_input=uniform is not None, transposed=transposed)
+                               uniform_input=uniform is not None)
     codes, byte, row_exp, row_flag = pl.pallas_call(
         kernel,
         out_shape=(
@@ -367,12 +340,12 @@ def quantize_fp8_2d(x, key_data=None, uniform=None, *, scale_mode="even", transp
         grid=(pl.cdiv(n_rows, br),),
         compiler_params=plgpu.CompilerParams(num_warps=cfg.num_warps, num_stages=1),
         interpret=interpret,
-        name="mxfp4_quantize_fp8" + ("_t" if transposed else ""),
+        name="mxfp4_quantize_fp8",
     )(*args)
     return codes.reshape(n_rows, kq), as_e8m0(byte), row_exp, row_flag
 
 
-def check_call(x, key_data, uniform, transposed, fn):
+def check_call(x, key_data, uniform, fn):
     """The argument rules of :func:`quantize_fp8_2d`: returns (Kq, R); raises the TypeError /
     ValueError its docstring lists, named after ``fn``."""
     from .. import checks
@@ -387,7 +360,7 @@ def check_call(x, key_data, uniform, transposed, fn):
         if kd.dtype != jnp.uint32 or kd.size != 2:
             raise TypeError("key_data must be uint32[2], the data of a threefry2x32 key "
                             f"(jax.random.key_data(key)), got {kd.dtype}{list(kd.shape)}")
-    kq, n_rows = (x.shape[0], x.shape[1]) if transposed else (x.shape[1], x.shape[0])
+    n_rows, kq = x.shape
     if kq % BLOCK_SIZE:
         raise ValueError(f"quantized axis length {kq} is not a multiple of {BLOCK_SIZE}")
     if uniform is not None:
@@ -413,5 +386,5 @@ def _check_uniform(uniform, n_rows, kq):
           or (len(shape) >= 2 and shape[-2:] == (nb, BLOCK_SIZE) and math.prod(shape[:-2]) == n_rows))
     if not ok:
         raise ValueError(f"uniform must have shape [*lead, {kq}] or [*lead, {nb}, {BLOCK_SIZE}] with "
-                         f"prod(lead) = {n_rows}: one uniform per element of the [{n_rows}, {kq}] output rows "
-                         f"(the quantized axis last), got {list(shape)}")
+                         f"prod(lead) = {n_rows}: one uniform per element of the [{n_rows}, {kq}] rows, "
+                         f"got {list(shape)}")

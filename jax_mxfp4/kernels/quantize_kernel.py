@@ -4,7 +4,7 @@ Reads each input element once and writes the packed E2M1 bytes and the E8M0 scal
 The kernel body applies the rules of :mod:`jax_mxfp4.mx_format` to the same values as the
 reference ``jax_mxfp4.quantize._quantize_impl``, so its output is bit-identical in every scale
 mode, rounding and input dtype (tests/test_fast_quantize.py in the Pallas interpreter;
-benchmarks/quantize.py compares on the GPU). Integer formulation (gpu-speed.md §4):
+benchmarks/quantize.py compares on the GPU). Integer formulation:
 
 - the input is viewed as [R, K/32, 32] (a free reshape) and a tile of whole 32-element blocks is
   loaded contiguously; the float32 bits of each element are split into even and odd elements in
@@ -71,9 +71,7 @@ class QuantizeConfig:
     (``_SWAR_PTX``: about 10 instructions per element instead of ~17; ``min.u16x2`` /
     ``max.u16x2`` need sm_90, NVIDIA only), bit-identical to the portable form. Other dtypes and
     stochastic rounding ignore it. The Pallas interpreter runs a NumPy-exact emulation of the same
-    instructions. Formulations measured and removed (the benchmarks as of commit 02fcf53 timed
-    them): a column-major grid, a per-element subnormal flush, stride-2 float32 loads, bfloat16
-    split in registers, and data-movement probes.
+    instructions.
     """
 
     rows: int = 8
@@ -586,10 +584,9 @@ def default_config(dtype) -> QuantizeConfig:
 def swar_supported() -> bool:
     """Whether the default device runs the SWAR word program (``QuantizeConfig.swar``): an NVIDIA
     GPU of compute capability >= 9.0 (its ``max.u16x2``/``min.u16x2`` need sm_90; inline PTX is
-    NVIDIA only, so ROCm, CPU and the interpreter keep the portable formulation). NVIDIA H200, jax
-    0.11.2, 2026-12-02, bf16 16384x8192 round to nearest: 0.84x of a copy's speed against 0.64x
-    without it, bit-exact against the reference on the device (both modes; ceil and rceil run the same word program on other
-    scale exponents, checked over every exponent in the CPU emulation, tests/test_fast_quantize.py)."""
+    NVIDIA only, so ROCm, CPU and the interpreter keep the portable formulation). Bit-exact against
+    the reference on an H200 and, over every scale exponent, in the CPU emulation
+    (tests/test_fast_quantize.py); its speed: docs/performance.md."""
     from .. import platform  # not backends.fp8: kernels sit below the backends (no import cycle)
 
     cc = platform.compute_capability()
@@ -601,10 +598,8 @@ DEFAULT_CONFIGS = {
     "float16": QuantizeConfig(rows=32, cols=128, num_warps=4),
     "float32": QuantizeConfig(rows=2, cols=2048, num_warps=8),
 }
-"""Per input dtype, from ``benchmarks/quantize.py --sweep`` on one NVIDIA H200 (2026-11-30, 16384x8192,
-even/nearest): bfloat16 32x128 w4 0.573x of copy (21 tiles spanned 0.35-0.57x, most 0.50-0.57x:
-the tile is not the limiter), float32 2x2048 w8 0.761x. float16 follows bfloat16 (not swept).
-:func:`default_config` adds ``swar`` for bfloat16 on Hopper (2026-12-02: 0.84-0.85x)."""
+"""Per input dtype, from ``benchmarks/quantize.py --sweep`` on an H200 (docs/performance.md);
+float16 follows bfloat16 (not swept). :func:`default_config` adds ``swar`` for bfloat16 on Hopper."""
 
 
 MAX_KERNEL_ELEMENTS = 2**31
@@ -614,9 +609,8 @@ offsets are int32)."""
 SR_UNIFORMS = "kernel"
 """Default source of stochastic rounding's uniforms in :func:`quantize_impl`: "input" (drawn by
 ``jax.random.uniform`` in XLA and read by the kernel, 4 bytes per element) or "kernel" (the same
-values generated in the kernel by :func:`threefry_uniform` where :func:`kernel_rng_supported`).
-"kernel" on the H200 (2026-11-29, bf16 16384x8192): 0.633 ms against 1.185 ms
-for "input", both bit-identical to the reference on the device."""
+values generated in the kernel by :func:`threefry_uniform` where :func:`kernel_rng_supported`;
+about twice as fast on an H200), both bit-identical to the reference."""
 
 
 def sr_uniforms(key, blocks_shape, uniforms: str | None = None):

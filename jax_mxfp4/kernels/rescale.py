@@ -2,12 +2,11 @@
 
 After the FP8 GEMM (backend "fp8") every output element is multiplied by 2^(e_row + e_col) and
 rounded once to the output dtype, NaN rows and columns poisoned. XLA fuses that into one loop
-fusion; on an H200 it moved an 8192 x 8192 bf16 accumulator in and out (256 MB) in ~0.13 ms per
-GEMM, ~2 TB/s, about half of HBM speed (training-step profile of 2026-12-01, three per step).
-Here one program owns a [bm, bn] tile of one batch element: it reads the tile, the bm row and bn
-column exponents and NaN flags, and applies :func:`jax_mxfp4.fp8_prepared.rescale_elements`
-(imported, not copied: the same float32 operations in the same order), so the result is
-bit-identical to ``rescale`` (tests/test_rescale_kernel.py in the Pallas interpreter).
+fusion, which ran at about half of HBM speed on an H200. Here one program owns a [bm, bn] tile
+of one batch element: it reads the tile, the bm row and bn column exponents and NaN flags, and
+applies :func:`jax_mxfp4.fp8_format.rescale_elements` (imported, not copied: the same float32
+operations in the same order), so the result is bit-identical to ``rescale``
+(tests/test_rescale_kernel.py in the Pallas interpreter).
 """
 
 from __future__ import annotations
