@@ -155,7 +155,7 @@ class PallasBackend(Backend):
         if plan.kind == "mosaic":
             scales = ("weight from prepare_decode read as stored, no per-call conversion"
                       + (f" (its \"{plan.mgpu_cfg.decode}\" byte order: x read as it is)"
-                         if plan.mgpu_cfg.decode in ("pairs", "lanes") else "")
+                         if plan.mgpu_cfg.decode == "lanes" else "")
                       if plan.w_prepared else
                       "E8M0 scales transposed to K-major per call, and the packed data too unless the weight is stored "
                       "K-last (prepare_decode does both once)")
