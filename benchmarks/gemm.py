@@ -26,7 +26,7 @@ MXFP4 inside every call (``Recipe(quantize_activations=True)``), the per-call-qu
 sets past the L2). Output: JSON, a markdown table and PNG figures in --out (default
 bench_out/gemm, bench_out/gemm-quick with --quick).
 
-Usage: python benchmarks/gemm.py [--quick] [--tune] [--profile] [--only NAME,...] [--out DIR]
+Usage: python benchmarks/gemm.py [--quick] [--profile] [--only NAME,...] [--out DIR]
 (--quick: tiny shapes, a few backends (bf16, a4w4 xla/pallas/fp8, w4a16 pallas, e4m3 xla-fp8;
 --only picks others), two operand sets per program: checks the pipeline on a CPU in seconds.)
 (--profile: each timed row is run once more under the profiler; its kernels and their device
@@ -377,48 +377,6 @@ def figures(result, out):
     return paths
 
 
-def tune(out):
-    """Time candidate Pallas tile configs at the issue's goal shapes (a4w4 and w4a16)."""
-    from jax_mxfp4.kernels.tiled_gemm import TileConfig, default_config, mxfp4_gemm
-    from jax_mxfp4.mx_format import as_scale_bytes
-
-    def tc(bm, bn, bk, split, warps, stages, decode="f16", swap=False):
-        return TileConfig(bm, bn, bk, split, 8, warps, stages, decode, swap)
-
-    small = [tc(16, 64, 128, 8, 4, 4), tc(16, 64, 128, 8, 4, 4, "e4m3"), tc(16, 32, 256, 4, 4, 4),
-             tc(16, 32, 256, 4, 4, 4, "e4m3"), tc(16, 32, 128, 8, 4, 4, "e4m3"),
-             # swapped: the weight on the M side (bm), the 16 activation rows on N
-             tc(64, 16, 128, 4, 4, 4, swap=True), tc(64, 16, 256, 4, 4, 4, "e4m3", swap=True),
-             tc(128, 16, 128, 4, 4, 4, "e4m3", swap=True), tc(64, 16, 128, 8, 4, 4, "e4m3", swap=True)]
-    large = [tc(256, 128, 64, 1, 8, 3), tc(256, 128, 64, 1, 8, 3, "e4m3"), tc(128, 128, 64, 1, 8, 3, "e4m3"),
-             tc(256, 128, 32, 1, 8, 4), tc(256, 64, 64, 1, 8, 3), tc(128, 256, 64, 1, 8, 3, "e4m3")]
-    cases = [(16, 8192, 8192, "a4w4", small), (16, 8192, 8192, "w4a16", small),
-             (1024, 8192, 8192, "a4w4", large), (8192, 8192, 8192, "a4w4", large),
-             (1024, 8192, 8192, "w4a16", large[:3])]
-    res = []
-    t0 = time.time()
-    for m, n, k, variant, cfgs in cases:
-        base = time_fn(bf16_fn, make_sets(m, n, k, "bf16", seed=1))["median_s"]
-        sets = make_sets(m, n, k, variant, seed=2)
-        sets = [((a if variant == "w4a16" else (a.data, as_scale_bytes(a.scales))), (b.data, as_scale_bytes(b.scales)))
-                for a, b in sets]
-        if variant == "w4a16":
-            sets = [(a.astype(jnp.bfloat16), b) for a, b in sets]
-        dflt = default_config(m, n, k, 1, a4w4=variant == "a4w4")
-        for cfg in [dflt] + [c for c in cfgs if c != dflt]:
-            try:
-                r = time_fn(lambda a, b, cfg=cfg: mxfp4_gemm(a, b, m=m, n=n, k=k, out_dtype=jnp.bfloat16, cfg=cfg), sets, reps=5)
-                t = r["median_s"]
-            except Exception as e:
-                t = float("nan")
-                print("  error", cfg, type(e).__name__, str(e)[:200])
-            res.append({"m": m, "n": n, "k": k, "variant": variant, "cfg": cfg.__dict__, "default": cfg == dflt,
-                        "median_s": t, "bf16_s": base, "time_ratio_vs_bf16": t / base})
-            print(f"[{time.time() - t0:6.1f}s] tune {m}x{n}x{k} {variant} {cfg} {t * 1e3:.4f} ms ratio {t / base:.3f}", flush=True)
-            write_json(os.path.join(out, "gemm_tune.json"), {"info": device_info(), "rows": res})
-    return res
-
-
 def check_args(ap, args):
     """Parse the comma lists, refusing what run() would skip silently (argparse error, exit 2):
     malformed numbers, decode M / layer shapes / backends not in this benchmark's lists, and
@@ -449,7 +407,6 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--quick", action="store_true",
                     help="tiny shapes, a few backends, few iterations: checks the pipeline and files on a CPU")
-    ap.add_argument("--tune", action="store_true", help="only sweep Pallas tile configs at the goal shapes")
     ap.add_argument("--decode-m", default="", help="comma list of decode M values (default: all; 'none': no decode shapes)")
     ap.add_argument("--layers", default="", help="comma list of TxKxN layer shapes (default: all; 'none': no layer shapes)")
     ap.add_argument("--fprop-only", action="store_true", help="only the decode and fprop GEMMs of each shape")
@@ -460,9 +417,6 @@ def main(argv=None):
     args = ap.parse_args(argv)
     check_args(ap, args)
     out = out_dir(args.out or default_out("gemm-quick" if args.quick else "gemm"))
-    if args.tune:
-        tune(out)
-        return 0
     args.out_path = out
     result = run(args)
     write_json(os.path.join(out, "gemm.json"), result)

@@ -8,12 +8,12 @@ transpose of its scales; one stored [N, K] along axis 1 still needs the scale tr
 decode sizes (a few activation rows) those copies cost as much as the GEMM. :func:`prepare_decode`
 does them once:
 
-  data:   uint8 [*rest, K/2]: the packed bytes with the quantized axis moved last (each byte's
-          two E2M1 codes unchanged: element 2i in bits 0-3, 2i+1 in bits 4-7) in the "pairs"
-          byte order (:func:`pair_order_bytes`: a 4x4 transpose of the bytes inside each
-          32-element block, so the kernel's register decode meets the activation in natural
-          order), by default then with each 32-bit word's nibbles regrouped by bfloat16 lane
-          ("lanes", :func:`lanes_order_bytes`); ``byte_order="natural"`` keeps the bytes in place;
+  data:   uint8 [*rest, K/2]: the packed bytes with the quantized axis moved last, by default
+          in the "lanes" order: a 4x4 transpose of the bytes inside each 32-element block
+          (:func:`pair_order_bytes`, so the kernel's register decode meets the activation in
+          natural order), then each 32-bit word's nibbles regrouped by bfloat16 lane
+          (:func:`lanes_order_bytes`); ``byte_order="natural"`` keeps the bytes in place (each
+          byte's two E2M1 codes: element 2i in bits 0-3, 2i+1 in bits 4-7);
   scales: float8_e8m0fnu [*rest[:-1], K/32, rest[-1]]: the E8M0 bytes, K-major ("kmajor": the
           block index before the last non-quantized dim); [K/32] for a 1-D array.
 
@@ -33,7 +33,6 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -44,7 +43,18 @@ from .prepared import PreparedWeight
 from .mx_format import BLOCK_SIZE
 
 
-BYTE_ORDERS = ("natural", "pairs", "lanes")
+BYTE_ORDERS = ("natural", "lanes")
+# "pairs" (the lanes order's bytes before the nibble regrouping) was a stored order until the
+# "lanes" decode measured faster (kernel 18.3 vs 20.2 us at 16x8192x8192, NVIDIA H200, 2026-12-01)
+_REMOVED_ORDERS = {"pairs": '"lanes" replaces it (the same bytes with each word\'s nibbles regrouped)'}
+
+
+def _check_byte_order(fn: str, byte_order) -> None:
+    """ValueError naming ``fn``, the allowed orders and, for a removed one, what replaces it."""
+    if not isinstance(byte_order, str) or byte_order not in BYTE_ORDERS:  # str first: `in` on an array is ambiguous
+        why = _REMOVED_ORDERS.get(byte_order) if isinstance(byte_order, str) else None
+        raise ValueError(f"{fn} byte_order must be one of {BYTE_ORDERS}, got {byte_order!r}"
+                         + (f" (removed: {why})" if why else ""))
 
 
 def _check_bytes_array(fn: str, data, need_uint8: bool = False) -> None:
@@ -65,8 +75,8 @@ def pair_order_bytes(data, axis: int = -1):
     byte g + 4t. Why: thread g of a Hopper warpgroup's 8-bit WGMMA register layout loads stored
     bytes 4g..4g+3 of each block, and its bfloat16 A-operand slots t = 0..3 hold K columns
     8t + 2g, 8t + 2g + 1; with the bytes in this order, decoding byte t into slot t gives the
-    weight in natural K order (jax_mxfp4/kernels/wgemm_mgpu.py, decode "pairs"). Nibbles stay in
-    their bytes. jnp or NumPy arrays; ``axis`` of a length that is a multiple of 16."""
+    weight in natural K order (the first step of the "lanes" order; the large-tile kernel's
+    "natural" decode makes it in registers). Nibbles stay in their bytes. jnp or NumPy arrays; ``axis`` of a length that is a multiple of 16."""
     _check_bytes_array("pair_order_bytes", data)  # any dtype: a permutation (x's element pairs too)
     axis = axis % data.ndim
     n = data.shape[axis]
@@ -78,11 +88,11 @@ def pair_order_bytes(data, axis: int = -1):
 
 
 def lanes_order_bytes(data, inverse: bool = False):
-    """The "lanes" order of packed E2M1 bytes along the last axis, from the "pairs" order
-    (``inverse``: back to it): in every 32-bit little-endian word (4 bytes, 8 nibbles), the low
-    nibble of pairs byte t moves to bits 4t..4t+3 and its high nibble to bits 16 + 4t..16 + 4t + 3.
+    """The "lanes" order of packed E2M1 bytes along the last axis, from the :func:`pair_order_bytes`
+    order (``inverse``: back to it): in every 32-bit little-endian word (4 bytes, 8 nibbles), the
+    low nibble of byte t moves to bits 4t..4t+3 and its high nibble to bits 16 + 4t..16 + 4t + 3.
     Why: the Mosaic GPU kernel's "lanes" decode (``e2m1_asm._DECODE_LANES_PTX``) then builds each
-    bfloat16x2 register of two elements (the pairs decode's output t) with a mask and a multiply
+    bfloat16x2 register of two elements (the pairs PTX's output t) with a mask and a multiply
     instead of a byte permute and two shifts. An exact permutation of the nibbles within each
     word; jnp or NumPy uint8 arrays whose last axis is a multiple of 4."""
     _check_bytes_array("lanes_order_bytes", data, need_uint8=True)
@@ -141,8 +151,8 @@ class DecodePrepared(PreparedWeight, ArraysWithRecord):
     MXFP4Array it came from (``hadamard``: the ``(block, seed)`` rotation its values carry, as in
     MXFP4Array; :func:`jax_mxfp4.dot_general` rotates a float operand facing it the same way);
     ``byte_order``: "lanes" (default, what :func:`prepare_decode` makes: :func:`lanes_order_bytes`
-    of the "pairs" bytes), "pairs" (:func:`pair_order_bytes` applied along the last axis) or
-    "natural" (byte j of a row = elements 2j, 2j+1).
+    of :func:`pair_order_bytes` along the last axis) or "natural" (byte j of a row = elements 2j,
+    2j+1).
 
     Memory: the same 17/32 bytes per element as an MXFP4Array in the plain layout.
     A pytree: ``jit``, ``device_put``/sharding and orbax handle it like a pair of arrays;
@@ -152,7 +162,7 @@ class DecodePrepared(PreparedWeight, ArraysWithRecord):
     ``dot_general``'s batch dims instead.
 
     Raises (construction): TypeError for a logical dtype other than float32/bfloat16/float16;
-    ValueError for an unknown ``scale_mode``, an ``axis`` out of range, a quantized length that
+    ValueError for an unknown ``scale_mode`` or ``byte_order``, an ``axis`` out of range, a quantized length that
     is not a multiple of 32, or children of the wrong shape or dtype (naming the field).
     """
 
@@ -182,8 +192,7 @@ class DecodePrepared(PreparedWeight, ArraysWithRecord):
         object.__setattr__(self, "shape", tuple(int(d) for d in self.shape))
         object.__setattr__(self, "dtype", jnp.dtype(self.dtype))
         checks.check_scale_mode(self.scale_mode, "DecodePrepared scale_mode")
-        if not isinstance(self.byte_order, str) or self.byte_order not in BYTE_ORDERS:
-            raise ValueError(f"DecodePrepared byte_order must be one of {BYTE_ORDERS}, got {self.byte_order!r}")
+        _check_byte_order("DecodePrepared", self.byte_order)
         shape, axis = self.shape, self.axis
         if isinstance(axis, bool) or not isinstance(axis, (int, np.integer)) or not 0 <= axis < len(shape):
             raise ValueError(f"DecodePrepared axis must be an int in [0, {len(shape)}), got {axis!r}")
@@ -251,9 +260,7 @@ class DecodePrepared(PreparedWeight, ArraysWithRecord):
         plain = plain_from_kmajor(self.scales)
         data = self.data
         if self.byte_order == "lanes":
-            data = lanes_order_bytes(data, inverse=True)
-        if self.byte_order in ("pairs", "lanes"):
-            data = pair_order_bytes(data)
+            data = pair_order_bytes(lanes_order_bytes(data, inverse=True))
         return MXFP4Array(jnp.moveaxis(data, -1, self.axis), jnp.moveaxis(plain, -1, self.axis),
                           self.axis, self.shape, self.dtype, self.scale_mode, "plain", self.hadamard)
 
@@ -265,13 +272,12 @@ def prepare_decode(w: MXFP4Array, byte_order: str = "lanes") -> DecodePrepared:
       w: an :class:`jax_mxfp4.MXFP4Array` of any rank, quantized along any axis, either scale
         layout (e.g. a Flax kernel [K, N] quantized along axis 0, as
         :func:`jax_mxfp4.flax.quantize_params` makes it).
-      byte_order: "lanes" (default since 2026-12-01: the "pairs" bytes with the
-        nibbles of each 32-bit word regrouped by :func:`lanes_order_bytes`, for the kernel's
-        "lanes" decode, a mask and a multiply per register: kernel 18.3 vs 20.2 us at
-        16x8192x8192 on the H200), "pairs" (the packed bytes of each 32-element block in the
-        order the Mosaic GPU kernel's "pairs" decode reads with the activation unpermuted,
-        :func:`pair_order_bytes`) or "natural" (the bytes as in ``w``; that kernel then permutes
-        the activation per call).
+      byte_order: "lanes" (default: the bytes of each 32-element block in the order the Mosaic
+        GPU kernels' register decode reads with the activation unpermuted, :func:`pair_order_bytes`,
+        then the nibbles of each 32-bit word regrouped by :func:`lanes_order_bytes`: a mask and
+        a multiply per register) or "natural" (the bytes as in ``w``). The former "pairs" order
+        (without the regrouping) is refused: "lanes" measured faster (kernel 18.3 vs 20.2 us at
+        16x8192x8192 on the H200, 2026-12-01).
     Returns:
       :class:`DecodePrepared`: data uint8 [*rest, K/2] (quantized axis moved last) and scales
       float8_e8m0fnu [*rest[:-1], K/32, rest[-1]] (K-major; [K/32, N] for a 2-D weight), the
@@ -282,18 +288,16 @@ def prepare_decode(w: MXFP4Array, byte_order: str = "lanes") -> DecodePrepared:
     Raises:
       TypeError: ``w`` is not an MXFP4Array (a :class:`jax_mxfp4.FP8Prepared` or
         DecodePrepared: call ``to_mxfp4()`` first; a float array: quantize it first).
-      ValueError: an unknown ``byte_order``.
+      ValueError: a ``byte_order`` other than "lanes" or "natural" (for "pairs", the message says
+        "lanes" replaces it).
     """
     if not isinstance(w, MXFP4Array):
         hint = " (call .to_mxfp4() first)" if hasattr(w, "to_mxfp4") else " (quantize it with jax_mxfp4.quantize first)"
         raise TypeError(f"prepare_decode takes an MXFP4Array, got {type(w).__name__}{hint}")
-    if not isinstance(byte_order, str) or byte_order not in BYTE_ORDERS:  # str first: `in` on an array is ambiguous
-        raise ValueError(f"prepare_decode: byte_order must be one of {BYTE_ORDERS}, got {byte_order!r}")
+    _check_byte_order("prepare_decode:", byte_order)
     data = jnp.moveaxis(w.data, w.axis, -1)
-    if byte_order in ("pairs", "lanes"):
-        data = pair_order_bytes(data)
     if byte_order == "lanes":
-        data = lanes_order_bytes(data)
+        data = lanes_order_bytes(pair_order_bytes(data))
     scales = kmajor_from_plain(jnp.moveaxis(w.plain_scales(), w.axis, -1))
     return DecodePrepared(data, scales, w.axis, w.shape, w.dtype, w.scale_mode, w.hadamard, byte_order)
 

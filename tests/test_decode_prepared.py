@@ -49,7 +49,7 @@ def u8(a):
 @pytest.mark.parametrize("shape,axis", [((96, 40), 0), ((40, 96), 1), ((64, 5, 7), 0), ((3, 64, 7), 1),
                                         ((3, 5, 64), 2), ((256,), 0)])
 @pytest.mark.parametrize("layout", ["plain", "swizzled"])
-@pytest.mark.parametrize("byte_order", ["pairs", "natural", "lanes"])
+@pytest.mark.parametrize("byte_order", ["natural", "lanes"])
 def test_layout_and_round_trip_bit_exact_every_e8m0_byte(shape, axis, layout, byte_order, rng):
     q, codes, sb = mk(rng, shape, axis, every_byte=True)
     q = q.with_scale_layout(layout)
@@ -58,10 +58,8 @@ def test_layout_and_round_trip_bit_exact_every_e8m0_byte(shape, axis, layout, by
     assert p.byte_order == byte_order
     # layout (module docstring), from NumPy moves of the bytes
     want_data = np.moveaxis(pack_ref(codes, axis), axis, -1)
-    if byte_order in ("pairs", "lanes"):  # stored byte 16b + 4g + t = natural byte 16b + g + 4t
-        want_data = want_data[..., pairs_source_index(want_data.shape[-1])]
-    if byte_order == "lanes":
-        want_data = lanes_ref(want_data)
+    if byte_order == "lanes":  # stored byte 16b + 4g + t = natural byte 16b + g + 4t, nibbles regrouped
+        want_data = lanes_ref(want_data[..., pairs_source_index(want_data.shape[-1])])
     want_scales = np.moveaxis(sb, axis, -1)
     if want_scales.ndim >= 2:
         want_scales = np.swapaxes(want_scales, -1, -2)
@@ -251,16 +249,29 @@ def test_pytree_jit_sharding_and_orbax(tmp_path, rng):
 # ------------------------------------------------------------------ bad input
 @pytest.mark.parametrize("bad", ["Pairs", "", None, 1, b"pairs", ["pairs"], np.array(["pairs", "natural"])])
 def test_unknown_byte_order_is_a_value_error(bad):
-    """prepare_decode and DecodePrepared name a byte order outside ("natural", "pairs"); a NumPy
+    """prepare_decode and DecodePrepared name a byte order outside ("natural", "lanes"); a NumPy
     array of names raised NumPy's "truth value of an array ... is ambiguous" instead."""
     rng = np.random.default_rng(0)
     q, _, _ = mk(rng, (64, 64), 0)
     p = prepare_decode(q, "natural")
-    with pytest.raises(ValueError, match=r"prepare_decode: byte_order must be one of \('natural', 'pairs', 'lanes'\)"):
+    with pytest.raises(ValueError, match=r"prepare_decode: byte_order must be one of \('natural', 'lanes'\)"):
         prepare_decode(q, byte_order=bad)
-    with pytest.raises(ValueError, match=r"DecodePrepared byte_order must be one of \('natural', 'pairs', 'lanes'\)"):
+    with pytest.raises(ValueError, match=r"DecodePrepared byte_order must be one of \('natural', 'lanes'\)"):
         DecodePrepared(p.data, p.scales, 0, (64, 64), jnp.float32, byte_order=bad)
     assert DecodePrepared(p.data, p.scales, 0, (64, 64), jnp.float32, byte_order="natural").byte_order == "natural"
+
+
+def test_removed_pairs_byte_order_names_lanes_as_its_replacement(rng):
+    """The former "pairs" order (measured slower than "lanes") is refused by prepare_decode and by
+    DecodePrepared (e.g. one restored from a record written with it), the message naming the
+    allowed orders and "lanes" as the replacement."""
+    q, _, _ = mk(rng, (64, 64), 0)
+    p = prepare_decode(q)
+    msg = r"byte_order must be one of \('natural', 'lanes'\), got 'pairs' \(removed: \"lanes\" replaces it"
+    with pytest.raises(ValueError, match="prepare_decode: " + msg):
+        prepare_decode(q, byte_order="pairs")
+    with pytest.raises(ValueError, match="DecodePrepared " + msg):
+        DecodePrepared(p.data, p.scales, 0, (64, 64), jnp.float32, byte_order="pairs")
 
 
 def test_bad_input_is_named(tmp_path, rng):

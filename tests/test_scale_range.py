@@ -83,10 +83,10 @@ def test_flush_below_normal_keeps_sign_nan_inf_and_normals():
 
 @pytest.mark.parametrize("decode", ["f16", "e4m3"])
 def test_kernel_decode_every_byte_and_code_equals_dequantize(decode):
-    """The Pallas kernels' portable decode (kernels.tiled_gemm._dequant_halves: tiled kernel, ROCm and
-    interpreter weight-stationary kernel) gives dequantize's bfloat16 values for every scale byte
+    """The Pallas kernels' portable decode (kernels.wgemm._dequant_halves: the weight-stationary
+    kernel and its decode pass on ROCm and in the interpreter) gives dequantize's bfloat16 values for every scale byte
     and code, flushed elements (bytes 0x00/0x01) as signed zeros."""
-    from jax_mxfp4.kernels.tiled_gemm import _dequant_halves
+    from jax_mxfp4.kernels.wgemm import _dequant_halves
 
     codes = np.tile(np.arange(16, dtype=np.uint8), (256, 2))
     sb = np.arange(256, dtype=np.uint8)[:, None]

@@ -373,13 +373,12 @@ def test_two_pass_route_gemm_writes_the_output_dtype(out_dtype, gemm_out, monkey
     interpreter) asks XLA's GEMM for bfloat16 / float32 itself (no separate cast pass: 0.094 ms at
     8192^3 on the H200) and for float16 through float32; the product equals the
     float64 reference of x . dequantize(W)^T within float32 accumulation plus one rounding."""
-    import functools
-
     from jax_mxfp4.backends import pallas as pb
     from jax_mxfp4.backends.base import GemmProblem
     from jax_mxfp4.kernels import wgemm
 
-    monkeypatch.setattr(wgemm, "decode_to_bf16", functools.partial(wgemm.decode_to_bf16, interpret=True))
+    decode = wgemm.decode_to_bf16  # in the interpreter, whatever the route asks
+    monkeypatch.setattr(wgemm, "decode_to_bf16", lambda *a, **kw: decode(*a, **{**kw, "interpret": True}))
     monkeypatch.setattr(pb, "decode_for", lambda platform: "f16")  # the portable decode (no PTX on a CPU)
     m, n, k = 256, 128, 512
     x = jnp.asarray(rng.standard_normal((1, m, k)), jnp.bfloat16)

@@ -42,15 +42,15 @@ def _mgpu_available():
     (128, 8192, 8192, wm.MgpuConfig(bk=128, split_k=4)),
     (16, 256, 256, wm.MgpuConfig(bk=64, split_k=2)),
     (40, 1024, 4096, wm.MgpuConfig(bk=512, split_k=1)),
-    (16, 8192, 8192, wm.MgpuConfig(split_k=4, decode="pairs")),
-    (1, 1024, 2048, wm.MgpuConfig(bk=512, split_k=2, stages=3, decode="pairs")),
-    (40, 1024, 4096, wm.MgpuConfig(bk=64, split_k=1, decode="pairs")),
-    (16, 8192, 8192, wm.MgpuConfig(split_k=2, decode="pairs")),
+    (16, 8192, 8192, wm.MgpuConfig(split_k=4, decode="lanes")),
+    (1, 1024, 2048, wm.MgpuConfig(bk=512, split_k=2, stages=3, decode="lanes")),
+    (40, 1024, 4096, wm.MgpuConfig(bk=64, split_k=1, decode="lanes")),
+    (16, 8192, 8192, wm.MgpuConfig(split_k=2, decode="lanes")),
 ])
 def test_lowers_for_cuda(m, n, k, cfg):
-    """The split-K tiling (k_split_wgs 1) lowers with both scale forms and, for the "pairs"
-    decode, both byte orders."""
-    orders = ("natural", "pairs") if cfg.decode == "pairs" else ("natural",)
+    """The split-K tiling (k_split_wgs 1) lowers with both scale forms, with each decode's byte
+    order."""
+    orders = ("lanes",) if cfg.decode == "lanes" else ("natural",)
     for form, order in ((f, o) for f in wm.SCALE_FORMS for o in orders):
         f = jax.jit(lambda x, d, s: wm.mgpu_w4a16(x, d, s, jnp.bfloat16, cfg, scales_form=form, w_order=order))
         sshape = (n, k // 32) if form == "rows" else (k // 32, n)
@@ -91,7 +91,7 @@ def test_byte_order_refused_where_the_decode_cannot_read_it():
     args = (jnp.zeros((16, 256), jnp.bfloat16), jnp.zeros((64, 128), jnp.uint8), jnp.zeros((64, 8), jnp.uint8))
     with pytest.raises(ValueError, match="w_order must be one of"):
         wm.mgpu_w4a16(*args, w_order="interleaved")
-    with pytest.raises(ValueError, match='w_order="pairs" bytes need'):
+    with pytest.raises(ValueError, match="w_order must be one of"):  # the removed "pairs" order
         wm.mgpu_w4a16(*args, cfg=wm.MgpuConfig(bk=64), w_order="pairs")
 
 
@@ -127,8 +127,8 @@ def test_defaults_are_the_natural_bytes_dispatch_tiling():
 
 def test_one_kernel_config_needs_two_stages():
     with pytest.raises(ValueError, match="k_split_wgs > 1 needs stages >= 2"):
-        wm.MgpuConfig(bk=512, split_k=1, decode="pairs", k_split_wgs=2, stages=1)
-    assert wm.MgpuConfig(bk=512, split_k=1, decode="pairs", k_split_wgs=2, stages=2).stages == 2
+        wm.MgpuConfig(bk=512, split_k=1, decode="lanes", k_split_wgs=2, stages=1)
+    assert wm.MgpuConfig(bk=512, split_k=1, decode="lanes", k_split_wgs=2, stages=2).stages == 2
 
 
 def _pairs_fragment(stored, e2m1_values):
@@ -146,23 +146,22 @@ def _pairs_fragment(stored, e2m1_values):
     return frag
 
 
-@pytest.mark.parametrize("byte_order", ["pairs", "natural"])
-def test_pairs_decode_meets_x_in_the_right_order(byte_order, rng):
-    """"pairs" bytes (pair_order_bytes) against x as it is, natural bytes against
-    permute_x_pairs(x): both give the natural product exactly (small integers, float64)."""
+def test_pairs_fragment_meets_x_in_the_right_order(rng):
+    """pair_order_bytes bytes through the one-fragment decode's data flow (what the "lanes" decode
+    and the "natural" decode's quad transpose leave in registers) against x as it is: the natural
+    product exactly (small integers, float64)."""
     from jax_mxfp4.decode_prepared import pair_order_bytes
 
     n, k = 5, 96
     codes = rng.integers(0, 16, (n, k)).astype(np.uint8)
     natural = codes[:, 0::2] | (codes[:, 1::2] << 4)
     x = rng.integers(-8, 9, (3, k)).astype(np.float32)
-    stored = pair_order_bytes(natural) if byte_order == "pairs" else natural
-    xk = x if byte_order == "pairs" else np.asarray(wm.permute_x_pairs(jnp.asarray(x, jnp.bfloat16)), np.float64)
-    got = xk @ _pairs_fragment(stored, E2M1_VALUES).T
+    stored = pair_order_bytes(natural)
+    got = x.astype(np.float64) @ _pairs_fragment(stored, E2M1_VALUES).T
     np.testing.assert_array_equal(got, x.astype(np.float64) @ E2M1_VALUES[codes].T)
-    if byte_order == "pairs":  # a 4x4 transpose per block: an involution, and only a permutation
-        np.testing.assert_array_equal(pair_order_bytes(stored), natural)
-        np.testing.assert_array_equal(np.sort(stored, axis=1), np.sort(natural, axis=1))
+    # a 4x4 transpose per block: an involution, and only a permutation
+    np.testing.assert_array_equal(pair_order_bytes(stored), natural)
+    np.testing.assert_array_equal(np.sort(stored, axis=1), np.sort(natural, axis=1))
 
 
 def test_pairs_order_refuses_a_partial_block():
@@ -233,10 +232,10 @@ def test_dispatch_switch_routes_hopper_w4a16_to_the_kernel(monkeypatch):
 @pytest.mark.skipif(not _mgpu_available(), reason="Mosaic GPU lowering unavailable in this jaxlib")
 @pytest.mark.parametrize("m,n,k", [(1, 8192, 8192), (16, 4096, 14336), (40, 1024, 4096), (64, 320, 640),
                                    (16, 192, 96 * 64), (64, 1024, 2048), (64, 8192, 8192), (33, 128, 1024)])
-@pytest.mark.parametrize("order", ["natural", "pairs"])
+@pytest.mark.parametrize("order", ["natural", "lanes"])
 def test_default_config_lowers(m, n, k, order):
     """Every dispatch default lowers, float32 output included (the largest output tile): e.g.
-    "pairs" at 64 rows x K 2048 must not pick a bk whose two pipeline stages do not fit in shared
+    "lanes" at 64 rows x K 2048 must not pick a bk whose two pipeline stages do not fit in shared
     memory (a trace-time error inside dot_general)."""
     assert wm.unsupported_reason(m, n, k) is None
     cfg = wm.default_mgpu_config(m, n, k, order)
@@ -283,10 +282,10 @@ def test_argument_errors_are_named_before_the_kernel():
 # ---- k_split_wgs: one kernel per call, the final [M, N] output written by the kernel
 
 KS_CFGS = {
-    "ks2 pairs bk512": wm.MgpuConfig(bk=512, split_k=1, stages=5, decode="pairs", k_split_wgs=2),
-    "ks4 pairs bk512": wm.MgpuConfig(bk=512, split_k=1, stages=5, decode="pairs", k_split_wgs=4),
+    "ks2 lanes bk512": wm.MgpuConfig(bk=512, split_k=1, stages=5, decode="lanes", k_split_wgs=2),
+    "ks4 lanes bk512": wm.MgpuConfig(bk=512, split_k=1, stages=5, decode="lanes", k_split_wgs=4),
     "ks2 ptx bk256": wm.MgpuConfig(bk=256, split_k=1, stages=6, decode="ptx", k_split_wgs=2),
-    "ks4 pairs bk256": wm.MgpuConfig(bk=256, split_k=1, stages=6, decode="pairs",
+    "ks4 lanes bk256": wm.MgpuConfig(bk=256, split_k=1, stages=6, decode="lanes",
                                      k_split_wgs=4),  # 64-element slices: 32-byte swizzle on the bytes
 }
 
@@ -312,19 +311,19 @@ def _hlo_ops(txt):
 @pytest.mark.sweep(keep=3)
 @pytest.mark.skipif(not _mgpu_available(), reason="Mosaic GPU lowering unavailable in this jaxlib")
 @pytest.mark.parametrize("m,n,k", [(16, 8192, 8192), (1, 8192, 8192), (40, 1024, 4096)])
-@pytest.mark.parametrize("name", ["ks2 pairs bk512", "ks4 pairs bk512", "ks2 ptx bk256"])
+@pytest.mark.parametrize("name", ["ks2 lanes bk512", "ks4 lanes bk512", "ks2 ptx bk256"])
 def test_k_split_wgs_lowers_for_cuda(m, n, k, name):
-    """Every output dtype and byte order the decode takes; with "pairs" bytes, "kmajor" scales and
+    """Every output dtype and byte order the decode takes; with "lanes" bytes, "kmajor" scales and
     M below 8 or a multiple of 8 the call is ONE kernel (no pad, split-K sum, transpose, cast or
     slice around it); other M: padded x rows in, the first m rows out."""
     cfg = KS_CFGS[name]
-    orders = ("natural", "pairs") if cfg.decode == "pairs" else ("natural",)
+    orders = ("lanes",) if cfg.decode == "lanes" else ("natural",)
     for odt in (jnp.bfloat16, jnp.float32):
         for order in orders:
             ops = _hlo_ops(_lowered_text(m, n, k, cfg, odt, order))
             assert ops.count("stablehlo.custom_call") == 1, ops
             as_is = m < 8 or m % 8 == 0
-            if order == "pairs" and as_is:
+            if order == "lanes" and as_is:
                 assert ops == ["stablehlo.custom_call"], (odt, ops)
             if not as_is:
                 assert "stablehlo.pad" in ops and "stablehlo.slice" in ops, ops
@@ -332,14 +331,14 @@ def test_k_split_wgs_lowers_for_cuda(m, n, k, name):
 
 @pytest.mark.skipif(not _mgpu_available(), reason="Mosaic GPU lowering unavailable in this jaxlib")
 @pytest.mark.parametrize("m,n,k,name,odt,form", [
-    (16, 8192, 8192, "ks4 pairs bk256", jnp.bfloat16, "kmajor"),
-    (1, 8192, 8192, "ks4 pairs bk256", jnp.float32, "kmajor"),
-    (16, 1024, 2048, "ks2 pairs bk512", jnp.float16, "rows"),
+    (16, 8192, 8192, "ks4 lanes bk256", jnp.bfloat16, "kmajor"),
+    (1, 8192, 8192, "ks4 lanes bk256", jnp.float32, "kmajor"),
+    (16, 1024, 2048, "ks2 lanes bk512", jnp.float16, "rows"),
     (128, 1024, 2048, "ks2 ptx bk256", jnp.bfloat16, "kmajor"),
 ])
 def test_k_split_wgs_other_tilings_lower(m, n, k, name, odt, form):
     cfg = KS_CFGS[name]
-    assert "mosaic_gpu" in _lowered_text(m, n, k, cfg, odt, "pairs" if cfg.decode == "pairs" else "natural", form)
+    assert "mosaic_gpu" in _lowered_text(m, n, k, cfg, odt, "lanes" if cfg.decode == "lanes" else "natural", form)
 
 
 @pytest.mark.skipif(not _mgpu_available(), reason="Mosaic GPU lowering unavailable in this jaxlib")
@@ -348,7 +347,7 @@ def test_one_kernel_tiling_pads_few_rows_to_8(m):
     """Token-generation sizes (M <= 8) run 8 x rows (WGMMA N = 8) with the one-kernel tiling, half
     the x tiles of the 16-row padding; the split-K tiling and larger M keep multiples of 16. Lowers
     as one kernel with a pad and a slice around it where M is not the padded size."""
-    ks, split = KS_CFGS["ks4 pairs bk512"], wm.MgpuConfig(bk=256, split_k=4, decode="pairs")
+    ks, split = KS_CFGS["ks4 lanes bk512"], wm.MgpuConfig(bk=256, split_k=4, decode="lanes")
     assert wm.padded_rows(m, ks) == (8 if m <= 8 else -(-m // 16) * 16)
     assert wm.padded_rows(m, split) == -(-m // 16) * 16 == wm.padded_rows(m)
     for bad, err in ((0, ValueError), (-1, ValueError), (2.5, TypeError), (True, TypeError)):
@@ -356,7 +355,7 @@ def test_one_kernel_tiling_pads_few_rows_to_8(m):
             wm.padded_rows(bad, ks)
     with pytest.raises(TypeError, match="cfg must be an MgpuConfig"):
         wm.padded_rows(m, "ks4")
-    ops = _hlo_ops(_lowered_text(m, 8192, 8192, ks, jnp.bfloat16, "pairs"))
+    ops = _hlo_ops(_lowered_text(m, 8192, 8192, ks, jnp.bfloat16, "lanes"))
     assert ops.count("stablehlo.custom_call") == 1
     # rows fewer than 8 or a multiple of 8 go in and out as they are (TMA zero-fills the box past
     # M and stores no row past it): no pad, no slice; others are padded and sliced
@@ -366,7 +365,7 @@ def test_one_kernel_tiling_pads_few_rows_to_8(m):
 
 
 def test_k_split_wgs_config_refused_with_the_rule():
-    base = dict(bk=512, split_k=1, decode="pairs")
+    base = dict(bk=512, split_k=1, decode="lanes")
     for kw, msg in ((3, r"k_split_wgs must be one of \(1, 2, 4\), got 3"), (0, "k_split_wgs must be one of")):
         with pytest.raises(ValueError, match=msg):
             wm.MgpuConfig(**base, k_split_wgs=kw)
@@ -385,9 +384,10 @@ def test_k_split_wgs_config_refused_with_the_rule():
 
 @pytest.mark.skipif(not _mgpu_available(), reason="Mosaic GPU lowering unavailable in this jaxlib")
 def test_k_split_wgs_refuses_what_does_not_fit():
-    cfg = KS_CFGS["ks2 pairs bk512"]
+    cfg = KS_CFGS["ks2 lanes bk512"]
     f = lambda m, k: wm.mgpu_w4a16(jnp.zeros((m, k), jnp.bfloat16), jnp.zeros((64, k // 2), jnp.uint8),
-                                   jnp.zeros((k // 32, 64), jnp.uint8), jnp.bfloat16, cfg, scales_form="kmajor")
+                                   jnp.zeros((k // 32, 64), jnp.uint8), jnp.bfloat16, cfg, scales_form="kmajor",
+                                   w_order="lanes")
     with pytest.raises(ValueError, match=r"k_split_wgs=2 with bk=512, K=512 .* needs two pipeline stages \(1 K steps"):
         f(16, 512)  # one K step
     with pytest.raises(ValueError, match=r"k_split_wgs=2 with bk=512, K=4096 and 256 padded rows needs two"):
@@ -411,12 +411,12 @@ def _ptx_fragments_np(stored_bytes, scales, e2m1_values):
     return e2m1_values[byt & 15] * sc, e2m1_values[byt >> 4] * sc
 
 
-@pytest.mark.parametrize("decode,kw,bk", [("pairs", 2, 512), ("pairs", 4, 512), ("pairs", 4, 256),
+@pytest.mark.parametrize("decode,kw,bk", [("lanes", 2, 512), ("lanes", 4, 512), ("lanes", 4, 256),
                                           ("ptx", 2, 256), ("ptx", 4, 512), ("ptx", 2, 128)])
 def test_k_split_index_model_gives_the_product(decode, kw, bk, rng):
     """NumPy model of the k_split_wgs kernel's data flow, with the kernel's own slice arithmetic
     (_wg_k_slice) and the fragment orders modelled above: per 64-row tile, per K step, warpgroup
-    w decodes ITS bytes with ITS scale blocks and multiplies ITS x columns (natural x for "pairs"
+    w decodes ITS bytes with ITS scale blocks and multiplies ITS x columns (natural x for "lanes"
     bytes, the split_x halves for "ptx" on natural bytes); the partial sums are added in
     warpgroup order and the tile is stored transposed into out[:, 64 tile : 64 tile + 64].
     Exact in float64 (small integers, power-of-two scales) against x @ W^T."""
@@ -430,7 +430,7 @@ def test_k_split_index_model_gives_the_product(decode, kw, bk, rng):
     scales = 2.0 ** sexp
     x = np.zeros((mp, k))
     x[:m] = rng.integers(-8, 9, (m, k))
-    if decode == "pairs":
+    if decode == "lanes":  # its registers: the pairs PTX's outputs on pair_order_bytes (test_wgemm.py)
         stored, xs = pair_order_bytes(natural), (x,)
     else:
         stored = natural
@@ -448,7 +448,7 @@ def test_k_split_index_model_gives_the_product(decode, kw, bk, rng):
                 byt = stored[rows, t * hb + b0: t * hb + b0 + bn]
                 sc = scales[rows, t * nb + s0: t * nb + s0 + sn]
                 xw = [xo[:, t * xcols + x0: t * xcols + x0 + xn] for xo in xs]
-                if decode == "pairs":
+                if decode == "lanes":
                     partial[w] += _pairs_fragment_np(byt, sc, E2M1_VALUES) @ xw[0].T
                 else:
                     lo, hi = _ptx_fragments_np(byt, sc, E2M1_VALUES)
@@ -505,20 +505,20 @@ def test_k_split_config_lowers_where_the_default_does(m, n, k):
     """The one-kernel candidate tiling lowers at every shape the dispatch default is tested at
     (64 padded rows included), with both byte orders, 2 and 4 warpgroups."""
     for kw in (2, 4):
-        for order in ("pairs", "natural"):
+        for order in ("lanes", "natural"):
             cfg = wm.k_split_config(m, n, k, order, kw)
             if kw == 4 and not any(k % bk == 0 and k // bk >= 2 for bk in (512, 256)):
                 assert cfg is None  # K=640: no bk of four 64-element slices divides it twice
                 continue
             assert cfg is not None and cfg.k_split_wgs == kw and k // cfg.bk >= 2
-            assert cfg.decode == ("pairs" if order == "pairs" else "ptx")
+            assert cfg.decode == ("lanes" if order == "lanes" else "ptx")
             assert "mosaic_gpu" in _lowered_text(m, n, k, cfg, jnp.bfloat16, order), (kw, order)
-    assert wm.k_split_config(16, 8192, 8192, "pairs").bk == 512
-    assert wm.k_split_config(16, 1024, 128, "pairs") is None  # one K step at most
-    assert wm.k_split_config(16, 1024, 192, "pairs") is None  # no bk of whole 64-element slices divides K
-    assert wm.k_split_config(16, 1024, 256, "pairs", 4) is None  # 4 slices of 64: bk 256, one step
+    assert wm.k_split_config(16, 8192, 8192, "lanes").bk == 512
+    assert wm.k_split_config(16, 1024, 128, "lanes") is None  # one K step at most
+    assert wm.k_split_config(16, 1024, 192, "lanes") is None  # no bk of whole 64-element slices divides K
+    assert wm.k_split_config(16, 1024, 256, "lanes", 4) is None  # 4 slices of 64: bk 256, one step
     with pytest.raises(ValueError, match="k_split_wgs must be one of"):
-        wm.k_split_config(16, 1024, 1024, "pairs", 1)
+        wm.k_split_config(16, 1024, 1024, "lanes", 1)
 
 
 def test_default_config_refuses_what_it_cannot_tile():
@@ -535,40 +535,40 @@ def test_tiling_choosers_refuse_bad_arguments(fn):
     (a typo such as "pair" silently picked the "ptx" decode) and both took m = 0, negative or
     bool m / n and non-int shapes, returning a tiling."""
     f = getattr(wm, fn)
-    for order in ("pair", "Pairs", "", None):
+    for order in ("pairs", "pair", "Lanes", "", None):
         with pytest.raises(ValueError, match="w_order must be one of"):
             f(16, 1024, 1024, order)
     for m, n in ((0, 1024), (-5, 1024), (16, 0), (16, -64)):
         with pytest.raises(ValueError, match="M and N must be >= 1"):
-            f(m, n, 1024, "pairs")
+            f(m, n, 1024, "lanes")
     for args in ((True, 1024, 1024), (16.0, 1024, 1024), ("16", 1024, 1024), (16, None, 1024),
                  (16, 1024, 1024.0), (16, 1024, True)):
         with pytest.raises(TypeError, match=r"\b[mnk] must be an int"):
-            f(*args, "pairs")
+            f(*args, "lanes")
     for k in (0, -1024, 100, 96):
         with pytest.raises(ValueError, match="multiple of 64"):
-            f(16, 1024, k, "pairs")
-    assert f(np.int64(16), np.int64(1024), np.int64(8192), "pairs") == f(16, 1024, 8192, "pairs")
+            f(16, 1024, k, "lanes")
+    assert f(np.int64(16), np.int64(1024), np.int64(8192), "lanes") == f(16, 1024, 8192, "lanes")
 
 
 def test_k_split_config_refuses_non_int_warpgroups():
     for kw in (2.0, True, "2", None, 3):
         with pytest.raises(ValueError, match="k_split_wgs must be one of"):
-            wm.k_split_config(16, 1024, 1024, "pairs", kw)
+            wm.k_split_config(16, 1024, 1024, "lanes", kw)
 
 
 @pytest.mark.parametrize("m,n,k", [(1, 8192, 8192), (16, 4096, 14336), (40, 1024, 4096), (64, 320, 640),
                                    (16, 192, 96 * 64), (16, 1024, 256)])
 def test_default_config_by_byte_order(m, n, k):
-    """"pairs" bytes take the one-kernel tiling with 4 compute warpgroups where k_split_config
+    """"lanes" bytes take the one-kernel tiling with 4 compute warpgroups where k_split_config
     gives one (timed faster on the H200), else the split-K kernel; natural bytes always the
     split-K kernel with the "ptx" decode."""
-    pairs, natural = wm.default_mgpu_config(m, n, k, "pairs"), wm.default_mgpu_config(m, n, k, "natural")
-    one = wm.k_split_config(m, n, k, "pairs", 4)
+    lanes, natural = wm.default_mgpu_config(m, n, k, "lanes"), wm.default_mgpu_config(m, n, k, "natural")
+    one = wm.k_split_config(m, n, k, "lanes", 4)
     if one is not None:
-        assert pairs == one and pairs.k_split_wgs == 4 and pairs.split_k == 1
+        assert lanes == one and lanes.k_split_wgs == 4 and lanes.split_k == 1
     else:
-        assert pairs.k_split_wgs == 1 and pairs.decode == "pairs" and k % (pairs.bk * pairs.split_k) == 0
+        assert lanes.k_split_wgs == 1 and lanes.decode == "lanes" and k % (lanes.bk * lanes.split_k) == 0
     assert natural.k_split_wgs == 1 and natural.decode == "ptx" and k % (natural.bk * natural.split_k) == 0
     assert (one is None) == (k in (640, 256))
 
@@ -638,10 +638,10 @@ def test_register_requests_fit_the_cta_pool():
     flags jax's own ``emit_pipeline_warp_specialized`` with 4 compute warpgroups (the 2026-12-01
     "ks4" hang: 112 per compute thread, 62464 > 61440), with the numbers ``_ws_register_demand``
     models; with 2 compute warpgroups it asks exactly the pool (40 + 2 x 232 = 3 x 168)."""
-    own = {kw: wm.MgpuConfig(bk=512, split_k=1, stages=5, decode="pairs", k_split_wgs=kw) for kw in (2, 4)}
+    own = {kw: wm.MgpuConfig(bk=512, split_k=1, stages=5, decode="lanes", k_split_wgs=kw) for kw in (2, 4)}
     for kw, cfg in own.items():
         threads, inc, dec = _register_requests(_mosaic_module(_lowered_text(16, 256, 3072, cfg, jnp.float32,
-                                                                            "pairs")))
+                                                                            "lanes")))
         assert (threads, inc, dec) == (128 * (kw + 1), [], []), kw
     assert wm._ws_register_demand(2, 40) == (64512, 64512)
 
@@ -710,16 +710,16 @@ def test_interpreter_run_catches_a_deadlocking_barrier_count():
 
 
 # ---- the one-kernel tiling's decode in parts (chunks) and folded scale multiply (fold_scale)
-KS4 = dict(bk=512, split_k=1, stages=5, decode="pairs", k_split_wgs=4)
+KS4 = dict(bk=512, split_k=1, stages=5, decode="lanes", k_split_wgs=4)
 
 
 def test_chunks_config_rules():
-    """chunks: the one-kernel tiling with the pairs decode, and parts of whole 64-element slices."""
+    """chunks: the one-kernel tiling with the "lanes" decode, and parts of whole 64-element slices."""
     assert wm.MgpuConfig(**KS4, chunks=2).chunks == 2
     with pytest.raises(ValueError, match="chunks=4 must divide"):
         wm.MgpuConfig(**KS4, chunks=4)  # 128 K columns per warpgroup: 2 parts at most
     with pytest.raises(ValueError, match="chunks > 1 needs the one-kernel tiling"):
-        wm.MgpuConfig(bk=256, split_k=4, decode="pairs", chunks=2)
+        wm.MgpuConfig(bk=256, split_k=4, decode="lanes", chunks=2)
     with pytest.raises(ValueError, match="chunks=3 must divide"):
         wm.MgpuConfig(**{**KS4, "k_split_wgs": 2}, chunks=3)
     with pytest.raises(TypeError, match="MgpuConfig.chunks must be an int"):
@@ -731,7 +731,7 @@ def test_chunks_config_rules():
 @pytest.mark.parametrize("kw,chunks", [(4, 2), (2, 2), (2, 4)])
 def test_chunks_lower_for_cuda(m, kw, chunks):
     cfg = wm.MgpuConfig(**{**KS4, "k_split_wgs": kw}, chunks=chunks)
-    ops = _hlo_ops(_lowered_text(m, 8192, 8192, cfg, jnp.bfloat16, "pairs"))
+    ops = _hlo_ops(_lowered_text(m, 8192, 8192, cfg, jnp.bfloat16, "lanes"))
     assert ops == ["stablehlo.custom_call"], ops
 
 
@@ -748,16 +748,16 @@ def test_lanes_decode_lowers_and_pairs_with_lanes_bytes_only(m):
     if m in (1, 16):
         assert ops == ["stablehlo.custom_call"], ops
     with pytest.raises(ValueError, match='"lanes" decode reads w_order="lanes" bytes only'):
-        _lowered_text(m, 8192, 8192, cfg, jnp.bfloat16, "pairs")
+        _lowered_text(m, 8192, 8192, cfg, jnp.bfloat16, "natural")
     with pytest.raises(ValueError, match='"lanes" decode reads w_order="lanes" bytes only'):
-        _lowered_text(m, 8192, 8192, wm.default_mgpu_config(m, 8192, 8192, "pairs"), jnp.bfloat16, "lanes")
+        _lowered_text(m, 8192, 8192, wm.default_mgpu_config(m, 8192, 8192, "natural"), jnp.bfloat16, "lanes")
 
 
 def test_fold_config_rules():
     lanes = dict(KS4, decode="lanes", chunks=2)
     assert wm.MgpuConfig(**lanes, fold_scale=True).fold_scale
     with pytest.raises(ValueError, match='fold_scale needs decode="lanes"'):
-        wm.MgpuConfig(**KS4, fold_scale=True)  # pairs
+        wm.MgpuConfig(**{**KS4, "decode": "ptx"}, fold_scale=True)
     with pytest.raises(ValueError, match='fold_scale needs decode="lanes"'):
         wm.MgpuConfig(bk=256, split_k=4, decode="lanes", fold_scale=True)
 

@@ -46,7 +46,8 @@ def _lowered(m, n, k, cfg, out_dtype=jnp.bfloat16, w_order="lanes"):
     (dict(bk=64, chunks=2), r"chunks=2 must split bk=64 into parts of a multiple of 64"),
     (dict(chunks=0), r"chunks=0 must split"),
     (dict(wn=3), r"wn must be one of \(1, 2\)"),
-    (dict(decode="ptx"), r"decode must be one of \('lanes', 'pairs', 'natural'\), got 'ptx'"),
+    (dict(decode="ptx"), r"decode must be one of \('lanes', 'natural'\), got 'ptx'"),
+    (dict(decode="pairs"), r"decode must be one of \('lanes', 'natural'\), got 'pairs'"),
     (dict(mt=256, wn=2), r"TilesConfig\(mt=256, wn=2\): float32 accumulators of 256 registers per thread; at most 128"),
 ])
 def test_config_refused_with_the_rule(kw, msg):
@@ -66,7 +67,7 @@ def test_config_takes_numpy_ints_as_python_ints():
     then failed inside jax: an AssertionError on the grid, a memref.subview error; a uint8 field
     wrapped to 0 in the shared-memory model): the fields are stored as ints."""
     cfg = wt.TilesConfig(mt=np.int64(128), bk=np.uint8(128), stages=np.int16(3), chunks=np.int64(2),
-                         wn=np.int32(2), registers=np.bool_(True), fold_scale=np.bool_(False), decode="pairs")
+                         wn=np.int32(2), registers=np.bool_(True), fold_scale=np.bool_(False), decode="natural")
     assert all(type(getattr(cfg, f)) is int for f in ("mt", "bk", "stages", "chunks", "wn"))
     assert type(cfg.registers) is bool and cfg.cta_rows == 256
     assert wt.smem_bytes(cfg, 2) == (128 * 128 * 2 + 256 * 64 + 4 * 256, 2 * 2 * 128 * 64 * 2)
@@ -103,10 +104,10 @@ def test_default_config_by_shape_dtype_and_order():
     assert wt.default_tiles_config(1024, 8192, 8192, jnp.float32).mt == 128
     # K that is not a multiple of 128: bk 64
     assert wt.default_tiles_config(256, 1024, 192).bk == 64
-    for order in ("pairs", "natural"):  # bk 128 in two chunks, bk 64 where K needs it
-        c = wt.default_tiles_config(1024, 8192, 8192, w_order=order)
-        assert (c.decode, c.fold_scale, c.mt, c.bk, c.stages, c.chunks) == (order, True, 256, 128, 2, 2)
-        assert wt.default_tiles_config(1024, 8192, 192, w_order=order).bk == 64
+    # "natural": bk 128 in two chunks, bk 64 where K needs it
+    c = wt.default_tiles_config(1024, 8192, 8192, w_order="natural")
+    assert (c.decode, c.fold_scale, c.mt, c.bk, c.stages, c.chunks) == ("natural", True, 256, 128, 2, 2)
+    assert wt.default_tiles_config(1024, 8192, 192, w_order="natural").bk == 64
     for m, n, k in ((1020, 1024, 1024), (1024, 1000, 1024), (1024, 1024, 64), (1024, 1024, 96)):
         assert wt.default_tiles_config(m, n, k) is None, (m, n, k)
     with pytest.raises(ValueError, match="w_order must be one of"):
@@ -151,10 +152,8 @@ TILINGS = {
     "wn2 regs": wt.TilesConfig(wn=2, registers=True, stages=3),
     "numpy ints": wt.TilesConfig(mt=np.int64(128), bk=np.int64(128), stages=np.int64(3), wn=np.int64(2)),
     "mt64 nofold": wt.TilesConfig(mt=64, fold_scale=False),
-    "pairs": wt.TilesConfig(decode="pairs", fold_scale=False),
     "natural": wt.TilesConfig(decode="natural"),
     "natural nofold": wt.TilesConfig(decode="natural", fold_scale=False),
-    "pairs fold": wt.TilesConfig(decode="pairs"),
     "natural mt256 bk64 regs": wt.TilesConfig(mt=256, bk=64, chunks=1, registers=True, decode="natural",
                                               fold_scale=False),
 }
@@ -235,7 +234,7 @@ def test_bad_arguments_named(change, exc, msg):
 def test_order_decode_mismatch_and_unknown_order_named():
     with pytest.raises(ValueError, match=r"w_order='natural' bytes need TilesConfig\(decode='natural'\), got decode='lanes'"):
         jax.eval_shape(lambda *a: wt.mgpu_w4a16_tiles(*a, cfg=wt.TilesConfig(), w_order="natural"), *_args())
-    with pytest.raises(ValueError, match=r"w_order must be one of \('lanes', 'pairs', 'natural'\), got 'raw'"):
+    with pytest.raises(ValueError, match=r"w_order must be one of \('lanes', 'natural'\), got 'raw'"):
         jax.eval_shape(lambda *a: wt.mgpu_w4a16_tiles(*a, w_order="raw"), *_args())
     with pytest.raises(TypeError, match="cfg must be a TilesConfig or None"):
         jax.eval_shape(lambda *a: wt.mgpu_w4a16_tiles(*a, cfg=wm.MgpuConfig()), *_args())
@@ -277,9 +276,8 @@ def test_dispatch_routes_prepared_many_row_w4a16_to_the_kernel(monkeypatch):
     monkeypatch.setattr(fp8, "_compute_capability", lambda: (9, 0))
     monkeypatch.setattr(pallas, "W4A16_MOSAIC_GPU", True)
     be = pallas.PallasBackend()
-    for order, decode in (("lanes", "decode='lanes'"), ("pairs", "decode='pairs'")):
-        r = be.route(_problem(rhs_decode_prepared=order))
-        assert "large-tile kernel" in r and decode in r, r
+    r = be.route(_problem(rhs_decode_prepared="lanes"))
+    assert "large-tile kernel" in r and "decode='lanes'" in r, r
     r = be.route(_problem(m=4096))  # at W4A16_TILES_MAX_ROWS: two-pass
     assert r.startswith("two-pass") and "large-tile" not in r
     # a plain weight (natural bytes) only below W4A16_TILES_PLAIN_MAX_ROWS; a prepared one up to 4096

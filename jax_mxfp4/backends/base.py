@@ -89,7 +89,7 @@ class GemmProblem:
     rhs_dtype: np.dtype = np.dtype(np.float32)
     precision: str = "default"  # "default" | "high" | "highest" (jax_mxfp4.checks.canonical_precision)
     # The operand is a jax_mxfp4.DecodePrepared (canonical: data [B, F, K/2], K-major scales
-    # [B, K/32, F]): its byte_order ("natural" | "pairs" | "lanes"), or False for any other operand; a
+    # [B, K/32, F]): its byte_order ("natural" | "lanes"), or False for any other operand; a
     # backend receives it as such only where takes_decode_prepared says so.
     lhs_decode_prepared: bool | str = False
     rhs_decode_prepared: bool | str = False

@@ -12,8 +12,9 @@ Routes (``PallasBackend.route`` says which one a problem takes; ``explain()`` pr
     (:mod:`jax_mxfp4.kernels.wgemm_tiles_mgpu`: the decode inside the GEMM's K loop; a weight
     from ``prepare_decode`` read as stored, a plain MXFP4Array's bytes as they are with its
     scales transposed per call);
-  * a4w4 with both sides large: the tiled kernel of :mod:`jax_mxfp4.kernels.tiled_gemm` (both operands
-    decoded in the K loop; "auto" prefers other backends there).
+  * a4w4 with both sides large: both operands decoded exactly to bfloat16 (the two-pass form:
+    one memory-bound Pallas pass each, or the jnp dequantization where the pass does not tile
+    them) and XLA's bfloat16 GEMM; "auto" prefers other backends there.
 All are exact up to the order of float32 accumulation: decoded values are exact in bfloat16 and
 bfloat16 products exact in float32; results equal backend "xla" up to that order.
 
@@ -39,8 +40,10 @@ FLOAT_OPERAND_DTYPES = (np.dtype(jnp.bfloat16),)
 
 # Shape rule for "auto", from timings on an NVIDIA H200 (2026-11-29/30, docs/performance.md):
 # decode-size a4w4 runs the weight-stationary kernel (16x8192x8192: pallas 0.064 ms, scaled_dot
-# 0.158, fp8 0.414, bf16 0.047); with both M and N large the tiled kernel loses to "fp8"/"scaled_dot" (8192^3:
-# 8.1 vs 1.8 ms). For w4a16 neither "fp8" nor "scaled_dot" can run and pallas beats "xla" (the
+# 0.158, fp8 0.414, bf16 0.047); with both M and N large a kernel decoding both operands in its K
+# loop lost to "fp8"/"scaled_dot" (8192^3: 8.1 vs 1.8 ms) and was removed: that route is now the
+# two-pass form, a bfloat16 GEMM after the decode passes, which cannot beat the FP8 GEMM (8192^3:
+# bf16 1.607 ms, "fp8" with a prepared weight 0.928 ms, NVIDIA H200, 2026-12-01). For w4a16 neither "fp8" nor "scaled_dot" can run and pallas beats "xla" (the
 # float32 reference path) at every measured shape, so no rule applies.
 A4W4_MAX_SMALL_SIDE = 128
 # w4a16 with at least this many activation rows: decode the weight to bfloat16 once (one
@@ -91,13 +94,6 @@ def _plain(x):
     return x.to_mxfp4() if isinstance(x, DecodePrepared) else x
 
 
-def _operand(x, kind):
-    x = _plain(x)
-    if isinstance(x, MXFP4Array):
-        return (x.data, as_scale_bytes(x.plain_scales()))
-    return x.astype(jnp.bfloat16)
-
-
 class PallasBackend(Backend):
     """Fused Pallas/Triton MXFP4 GEMM (a4w4 and w4a16) for GPUs; interpreter on CPU."""
 
@@ -133,14 +129,13 @@ class PallasBackend(Backend):
         if not problem.has_float_operand and min(problem.m, problem.n) > A4W4_MAX_SMALL_SIDE:
             return (
                 f"a4w4 with M={problem.m} and N={problem.n} both > {A4W4_MAX_SMALL_SIDE}: "
-                "decode-bound here, 'scaled_dot' measured faster on the H200 (docs/performance.md)"
+                "a bfloat16 GEMM after decoding both operands here, 'fp8' and 'scaled_dot' measured faster "
+                "on the H200 (docs/performance.md)"
             )
         return None
 
     def route(self, problem: GemmProblem) -> str:
         plan = _plan(problem)
-        if plan.kind == "tiled":
-            return "a4w4 tiled kernel (both operands decoded in the K loop)" + _converted_note(problem)
         decode = decode_for(problem.platform)
         if plan.kind == "tiles":
             how = (f"the weight from prepare_decode read as stored (\"{plan.mgpu_cfg.decode}\" decode)" if plan.w_prepared
@@ -150,6 +145,9 @@ class PallasBackend(Backend):
             return (f"Mosaic GPU large-tile kernel, w4a16 with {W4A16_TWO_PASS_MIN_ROWS} <= {plan.rows} < "
                     f"{top} activation rows: the E2M1 decode inside the GEMM's K loop (WGMMA with "
                     f"the decoded tile in registers), {how}, {plan.mgpu_cfg}")
+        if plan.kind == "two-pass" and not problem.has_float_operand:
+            return (f"two-pass a4w4 (M={problem.m} and N={problem.n} both > {A4W4_MAX_SMALL_SIDE}): both operands "
+                    f"decoded to bfloat16 once ({decode} decode), then XLA's bfloat16 GEMM" + _converted_note(problem))
         if plan.kind == "two-pass":
             return (f"two-pass w4a16: {plan.rows} activation rows >= {W4A16_TWO_PASS_MIN_ROWS}, weight decoded "
                     f"to bfloat16 once ({decode} decode), then XLA's bfloat16 GEMM" + _converted_note(problem))
@@ -157,7 +155,7 @@ class PallasBackend(Backend):
         if plan.kind == "mosaic":
             scales = ("weight from prepare_decode read as stored, no per-call conversion"
                       + (f" (its \"{plan.mgpu_cfg.decode}\" byte order: x read as it is)"
-                         if plan.mgpu_cfg.decode in ("pairs", "lanes") else "")
+                         if plan.mgpu_cfg.decode == "lanes" else "")
                       if plan.w_prepared else
                       "E8M0 scales transposed to K-major per call, and the packed data too unless the weight is stored "
                       "K-last (prepare_decode does both once)")
@@ -175,22 +173,7 @@ class PallasBackend(Backend):
         return (plan.swap and problem.lhs_decode_prepared, not plan.swap and problem.rhs_decode_prepared)
 
     def gemm(self, lhs, rhs, problem: GemmProblem) -> jax.Array:
-        plan = _plan(problem)
-        if plan.kind != "tiled":
-            return _weight_stationary(lhs, rhs, problem, plan)
-        from ..kernels.tiled_gemm import default_config, mxfp4_gemm
-
-        cfg = default_config(problem.m, problem.n, problem.k, problem.batch, a4w4=True)
-        return mxfp4_gemm(
-            _operand(lhs, problem.lhs_kind),
-            _operand(rhs, problem.rhs_kind),
-            m=problem.m,
-            n=problem.n,
-            k=problem.k,
-            out_dtype=problem.out_dtype,
-            cfg=cfg,
-            interpret=problem.platform == "cpu",
-        )
+        return _weight_stationary(lhs, rhs, problem, _plan(problem))
 
 
 def _converted_note(problem: GemmProblem) -> str:
@@ -210,7 +193,7 @@ def decode_for(platform: str) -> str:
 
 def _decoded_bf16(w: MXFP4Array, platform: str) -> jax.Array:
     """The MXFP4 operand [B, R, K] as bfloat16, exactly: one fused decode pass where the tile
-    divides it, else the jnp dequantization (which XLA fuses)."""
+    divides it (in the Pallas interpreter on CPU), else the jnp dequantization (which XLA fuses)."""
     from ..kernels.wgemm import decode_to_bf16
     from ..quantize import dequantize
 
@@ -219,16 +202,15 @@ def _decoded_bf16(w: MXFP4Array, platform: str) -> jax.Array:
     if bk is None or (b * r) % 64:
         return dequantize(w, jnp.bfloat16)
     flat = decode_to_bf16(w.data.reshape(b * r, k // 2), as_scale_bytes(w.plain_scales()).reshape(b * r, -1),
-                          decode=decode_for(platform), bk=bk)
+                          decode=decode_for(platform), bk=bk, interpret=platform == "cpu")
     return flat.reshape(b, r, k)
 
 
 @dataclasses.dataclass(frozen=True)
 class _Plan:
     """Which path of this backend a problem takes (the one place that decides it): ``kind``
-    "tiled" (a4w4, both sides large), "tiles" (large-M w4a16 on Hopper: the large-tile Mosaic GPU
-    kernel), "two-pass" (other large-M w4a16 on a
-    GPU), "mosaic" (the decode-size Mosaic GPU kernel) or "triton" (the weight-stationary kernel);
+    "tiles" (large-M w4a16 on Hopper: the large-tile Mosaic GPU kernel), "two-pass" (other
+    large-M w4a16 on a GPU, and a4w4 with both sides large on every platform), "mosaic" (the decode-size Mosaic GPU kernel) or "triton" (the weight-stationary kernel);
     ``swap``: the lhs is the weight (the side decoded in the K loop); ``rows``/``wrows``:
     activation / weight rows; ``mgpu_cfg``: the MgpuConfig of "mosaic", the TilesConfig of
     "tiles"; ``w_prepared``: the weight is a DecodePrepared (read as stored on "mosaic" and
@@ -244,7 +226,7 @@ class _Plan:
 
 def _plan(problem: GemmProblem) -> _Plan:
     if not (problem.has_float_operand or min(problem.m, problem.n) <= A4W4_MAX_SMALL_SIDE):
-        return _Plan("tiled")
+        return _Plan("two-pass", False, problem.m, problem.n)
     # w4a16: the float operand plays x; a4w4: the smaller side does (dequantized to bfloat16)
     swap = problem.lhs_kind != "float" if problem.has_float_operand else problem.m > problem.n
     rows, wrows = (problem.n, problem.m) if swap else (problem.m, problem.n)
@@ -302,15 +284,16 @@ def _weight_stationary(lhs, rhs, problem: GemmProblem, plan: _Plan | None = None
     """w4a16, and a4w4 with one small side: the MXFP4 operand with more rows is the weight
     (decoded inside the kernel's K loop); the other side is bfloat16 (a4w4: its exact dequantized
     values, a small array by construction). Large-M w4a16 decodes the weight once instead and
-    runs XLA's bfloat16 GEMM (``W4A16_TWO_PASS_MIN_ROWS``). ``plan``: :func:`_plan` of the problem (computed if None)."""
+    runs XLA's bfloat16 GEMM (``W4A16_TWO_PASS_MIN_ROWS``), as does a4w4 with both sides large
+    after decoding both operands. ``plan``: :func:`_plan` of the problem (computed if None)."""
     from ..kernels.wgemm import default_wconfig, weight_stationary_gemm
     from ..quantize import dequantize
 
     plan = plan or _plan(problem)
     x, w = (rhs, lhs) if plan.swap else (lhs, rhs)
     x = _plain(x)
-    if isinstance(x, MXFP4Array):
-        x = dequantize(x, jnp.bfloat16)
+    if isinstance(x, MXFP4Array):  # a4w4 two-pass: both sides large, each decoded by one pass
+        x = _decoded_bf16(x, problem.platform) if plan.kind == "two-pass" else dequantize(x, jnp.bfloat16)
     x = x.astype(jnp.bfloat16)
     if plan.kind not in ("mosaic", "tiles"):
         w = _plain(w)  # only the Mosaic GPU routes read a DecodePrepared as stored

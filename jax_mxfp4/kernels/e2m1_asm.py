@@ -17,7 +17,7 @@ scale 2^(s-127), are exact (powers of two times 2-bit significands; the scale co
 E8M0 byte, 0x00 and 0xFF included, gives what the float32 reference gives, up to its flush of
 values below 2^-126). 22 integer and 8 bfloat16x2 instructions per 8 values (PTX, before
 ptxas merges and/or pairs into LOP3), against ~20
-instructions per value for the float16-bits decode of :mod:`jax_mxfp4.kernels.tiled_gemm`. Every
+instructions per value for the portable float16-bits decode. Every
 output element depends on its own byte and scale only (Triton may pack any 4 of a thread's
 elements into one asm instance).
 
@@ -26,7 +26,7 @@ together instead: byte k of the register -> one bfloat16x2 register (low nibble 
 one ``prmt`` per byte against the register shifted right by 4, then the same lane formula.
 
 The inline assembly is PTX: NVIDIA only. ROCm and the Pallas interpreter take the portable
-decode (``jax_mxfp4.kernels.tiled_gemm._dequant_halves``), which gives the same values.
+decode (``jax_mxfp4.kernels.wgemm._dequant_halves``), which gives the same values.
 
 Workaround kept here: ``jax.experimental.pallas.triton.elementwise_inline_asm`` cannot lower an
 asm with more than one result in jax 0.10/0.11 (its lowering wraps the op's result list in a

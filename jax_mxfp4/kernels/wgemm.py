@@ -27,9 +27,15 @@ from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
 from ..platform import sm_count
-from ..mx_format import BLOCK_SIZE, e8m0_to_bf16_bits
+from ..mx_format import (
+    BLOCK_SIZE,
+    e2m1_times_2pow_minus14,
+    e4m3_bits_from_packed,
+    e8m0_to_bf16_bits,
+    flush_below_normal,
+    scale_factors_for_f16_codes,
+)
 from . import e2m1_asm
-from .tiled_gemm import _dequant_halves
 
 DECODES = ("asm", "f16", "e4m3")
 
@@ -63,6 +69,29 @@ class WTileConfig:
                 raise ValueError(f"WTileConfig.{name} must be a power of two >= {lo}, got {v}")
         if self.split_k < 1:
             raise ValueError(f"WTileConfig.split_k must be >= 1, got {self.split_k}")
+
+
+def _dequant_halves(data, scale_bytes, decode="f16"):
+    """The portable decode (ROCm's Triton, the interpreter): uint8 data [r, bk/2] and scale bytes
+    [r, bk/32] -> bf16 (low, high) nibble values [r, bk/2].
+
+    low[:, j] is element 2j, high[:, j] element 2j+1; both use scale block j // 16.
+    """
+    r, half = data.shape
+    nb = half // (BLOCK_SIZE // 2)
+    f1, f2 = scale_factors_for_f16_codes(scale_bytes, 14 if decode == "f16" else 6)
+    f1 = f1.reshape(r, nb, 1)
+    f2 = f2.reshape(r, nb, 1)
+    d = data.reshape(r, nb, BLOCK_SIZE // 2)
+
+    def scaled(v):
+        return flush_below_normal((v.astype(jnp.float32) * f1) * f2).astype(jnp.bfloat16).reshape(r, half)
+
+    if decode == "e4m3":
+        lo, hi = e4m3_bits_from_packed(d)
+        as_f8 = lambda b: lax.bitcast_convert_type(b, jnp.float8_e4m3fn)  # noqa: E731
+        return scaled(as_f8(lo)), scaled(as_f8(hi))
+    return scaled(e2m1_times_2pow_minus14(d & 0xF)), scaled(e2m1_times_2pow_minus14(d >> 4))
 
 
 def _decoded_weight_tile(data, sbytes, bn, bk, cfg):

@@ -15,19 +15,17 @@ of a row's 32-element block), block scale applied last:
   (low nibbles, high nibbles) meets its own half of x (:func:`split_x`, done once per call on
   the small activation): two WGMMAs per step; each 32-bit register becomes the four bfloat16x2
   registers of the thread's A fragment slots; x's columns follow :func:`_ptx_fragment_order`;
-- ``decode="pairs"`` (since 2026-12-01): each byte becomes one bfloat16x2 register holding its
-  two elements in order (``e2m1_asm._DECODE_PAIRS_PTX``), so the decoded tile is ONE [64, bk]
-  fragment whose K columns are x's natural columns when the weight bytes are stored in the
-  "pairs" order (:func:`pair_order_bytes`: a 4x4 byte transpose inside every 16-byte block, done
-  once by :func:`jax_mxfp4.prepare_decode`); one x tile and one WGMMA per step, no per-call work
-  on x. Natural-order bytes work too, with x permuted per call (:func:`permute_x_pairs`);
-- ``decode="lanes"`` (since 2026-12-01, the default for prepared weights): the "pairs"
-  decode's outputs from weight bytes whose 32-bit words have their nibbles regrouped by bfloat16
-  lane (:func:`jax_mxfp4.decode_prepared.lanes_order_bytes`, what :func:`jax_mxfp4.prepare_decode`
-  stores by default): a mask and one multiply per output register (``e2m1_asm._DECODE_LANES_PTX``)
-  instead of a byte permute and two shifts. The kernel is compute-bound (NVIDIA H200, jax 0.11.2,
-  2026-12-01, 16x8192x8192: 11.8 us of data movement vs 20.3 us whole with "pairs"); "lanes"
-  18.3 us, decoded in two parts (:attr:`MgpuConfig.chunks`) 17.8;
+- ``decode="lanes"`` (since 2026-12-01, for prepared weights): each output register is one
+  bfloat16x2 of two consecutive elements, so the decoded tile is ONE [64, bk] fragment whose K
+  columns are x's natural columns when the weight bytes are stored by
+  :func:`jax_mxfp4.prepare_decode` (a 4x4 byte transpose inside every 16-byte block,
+  :func:`jax_mxfp4.decode_prepared.pair_order_bytes`, then each 32-bit word's nibbles regrouped by bfloat16 lane,
+  :func:`jax_mxfp4.decode_prepared.lanes_order_bytes`): one x tile and one WGMMA per step, no
+  per-call work on x, a mask and one multiply per output register (``e2m1_asm._DECODE_LANES_PTX``).
+  The kernel is compute-bound (NVIDIA H200, jax 0.11.2, 2026-12-01, 16x8192x8192: 11.8 us of
+  data movement vs 20.3 us whole with the former "pairs" decode, a byte permute and two shifts
+  per register, removed since); "lanes" 18.3 us, decoded in two parts
+  (:attr:`MgpuConfig.chunks`) 17.8;
 - the block scale 2^(b-127) is the bfloat16 of :func:`jax_mxfp4.mx_format.e8m0_to_bf16_bits`
   (byte 0 the subnormal 2^-127, 0xFF NaN), applied last: E2M1 x scale is exact in bfloat16, its
   products with x exact in float32, WGMMA accumulates in float32; results equal backend "xla" up
@@ -36,7 +34,7 @@ of a row's 32-element block), block scale applied last:
 Two tilings (:class:`MgpuConfig`). Split-K (``k_split_wgs`` 1): ``plgpu.kernel`` +
 ``emit_pipeline``, one warpgroup per CTA, one CTA per (64-row tile, K split); the float32
 partial sums are added afterwards in a fixed order. One kernel per call (``k_split_wgs`` 2 or 4,
-checked and timed on the H200, 2026-12-01, and the dispatch default for "pairs"/"lanes" bytes
+checked and timed on the H200, 2026-12-01, and the dispatch default for "lanes" bytes
 with 4 warpgroups: :func:`default_mgpu_config`), instead of the kernel plus XLA's split-K
 sum/transpose/cast (each extra kernel costs ~4-5 us of launch gap at decode sizes): the
 warp-specialized CTA's compute warpgroups share one 64-row tile and split each K step between
@@ -71,13 +69,12 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from ..checks import check_output_dtype
-from ..decode_prepared import pair_order_bytes
 from ..mx_format import BLOCK_SIZE, as_scale_bytes
 from . import e2m1_asm
 
-DECODES = ("ptx", "pairs", "lanes")  # all load bytes in WGMMA_LAYOUT_8BIT and run inline PTX
-_PAIR_DECODES = ("pairs", "lanes")  # one bfloat16x2 register per two elements in order: x read as it is
-W_ORDERS = ("natural", "pairs", "lanes")  # byte order of the packed weight (pair_order_bytes, lanes_order_bytes)
+DECODES = ("ptx", "lanes")  # both load bytes in WGMMA_LAYOUT_8BIT and run inline PTX
+_PAIR_DECODES = ("lanes",)  # one bfloat16x2 register per two elements in order: x read as it is
+W_ORDERS = ("natural", "lanes")  # byte order of the packed weight (lanes_order_bytes of pair_order_bytes)
 _WG_ROWS = 64  # rows of one warpgroup's WGMMA tile (M side)
 _SMEM_BUDGET = 200 * 1024  # bytes of shared memory the pipeline may take (sm_90: 227 KiB)
 K_SPLIT_WGS = (1, 2, 4)  # MgpuConfig.k_split_wgs: compute warpgroups sharing one 64-row tile's K steps
@@ -126,7 +123,7 @@ class MgpuConfig:
 
     bk: K elements per pipeline step (multiple of 32, divides K / split_k); split_k: K ranges
     summed afterwards; stages: pipeline depth (``max_concurrent_steps``; lowered where shared
-    memory would not fit); decode: ``"ptx"``, ``"pairs"`` or ``"lanes"`` (module doc).
+    memory would not fit); decode: ``"ptx"`` or ``"lanes"`` (module doc).
     k_split_wgs (2 or 4; 1 = the split-K tiling): ONE kernel per call, writing the final ``[M, N]``
     output of ``out_dtype`` itself (no split-K sum, transpose or cast after it): each CTA owns 64
     weight rows and the whole K range (grid N/64, ``split_k`` must be 1); its ``k_split_wgs``
@@ -135,7 +132,7 @@ class MgpuConfig:
     whole swizzle tiles of the weight bytes and of x), and their float32 partial sums are added in
     warpgroup order by warpgroup 0, which stores the transposed ``[mp, 64]`` tile by TMA
     (:func:`_k_split_call`); needs ``stages`` >= 2.
-    chunks (one-kernel tiling, "pairs"/"lanes" decodes): each warpgroup decodes its slice of a
+    chunks (one-kernel tiling, "lanes" decode): each warpgroup decodes its slice of a
     step in this many parts, issuing each part's WGMMAs before decoding the next (parts of whole
     64-element x swizzle tiles); :func:`k_split_config` takes 2 where allowed.
     fold_scale ("lanes" decode, one-kernel tiling): x 2^126 and x scale as one bfloat16x2 multiply
@@ -176,7 +173,7 @@ class MgpuConfig:
                                  f"warpgroups), got stages={self.stages}")
         if self.chunks != 1:
             if self.k_split_wgs == 1 or self.decode not in _PAIR_DECODES:
-                raise ValueError(f'MgpuConfig.chunks > 1 needs the one-kernel tiling (k_split_wgs > 1) and decode="pairs" or "lanes", '
+                raise ValueError(f'MgpuConfig.chunks > 1 needs the one-kernel tiling (k_split_wgs > 1) and decode="lanes", '
                                  f"got chunks={self.chunks}, k_split_wgs={self.k_split_wgs}, decode={self.decode!r}")
             slice_k = self.bk // self.k_split_wgs  # one warpgroup's K per step
             if self.chunks < 1 or slice_k % (self.chunks * _K_SLICE_MIN):
@@ -266,14 +263,6 @@ def split_x(x):
     return xb[..., 0].reshape(m, k // 2), xb[..., 1].reshape(m, k // 2)
 
 
-def permute_x_pairs(x):
-    """bfloat16 x [M, K] -> the contraction order that meets natural-order weight bytes under the
-    ``"pairs"`` decode: within each 32-element block, x'[8t + 2g + e] = x[8g + 2t + e] (the
-    element-pair form of :func:`pair_order_bytes`; a permutation applied to both operands)."""
-    m, k = x.shape
-    return pair_order_bytes(x.reshape(m, k // 2, 2), axis=1).reshape(m, k)  # element pairs as "bytes"
-
-
 def _e8m0_pair(sb):
     """E8M0 byte (i32 MLIR value) -> the bfloat16x2 bits of 2^(b-127) in both lanes, the rule of
     mx_format.e8m0_to_bf16_bits (0x00 -> 2^-127, a bfloat16 subnormal; 0xFF -> NaN): one
@@ -301,7 +290,7 @@ def _scale_byte(sref, row, b: int):
 
 
 def _pair_registers(q, s2, asm: str) -> list:
-    """The four bfloat16x2 registers that the "pairs"/"lanes" PTX ``asm`` of
+    """The four bfloat16x2 registers that the pairs/"lanes" PTX ``asm`` of
     :mod:`jax_mxfp4.kernels.e2m1_asm` makes from a 32-bit weight word ``q`` and its bfloat16x2
     scale operand ``s2`` (i32 MLIR values; inside an ``inline_mgpu`` body)."""
     import jax.experimental.mosaic.gpu as mgpu
@@ -315,7 +304,7 @@ def _pair_registers(q, s2, asm: str) -> list:
 
 
 def _decode_folded(fa, sref, b0: int, b1: int, out, pairs_asm: bool = False, quad=None):
-    """The "lanes" decode (``pairs_asm``: the "pairs" decode) of a thread's registers for blocks
+    """The "lanes" decode (``pairs_asm``: the pairs PTX, for the "natural" decode) of a thread's registers for blocks
     b0 <= b < b1 with the two bfloat16 multiplies folded into one where they can be
     (:attr:`MgpuConfig.fold_scale`): when every E8M0
     byte the thread reads here is <= ``e2m1_asm.FOLD_MAX_BYTE`` (scales <= 2, what trained weights
@@ -381,10 +370,10 @@ def _decode_ptx(byt, s_ref, hb: int, pairs: bool = False, blocks: tuple[int, int
     ``pairs``: one bfloat16 [64, 2 hb] fragment instead, each byte -> one bfloat16x2 register
     (its two elements in order; ``e2m1_asm._DECODE_PAIRS_PTX``): byte t of a thread's register for
     block b fills fragment column group 4b + t (columns 32b + 8t + 2g, +1).
-    ``blocks`` ("pairs" only): decode only the 32-element blocks b0 <= b < b1 of the tile, as a
+    ``blocks`` (``pairs`` only): decode only the 32-element blocks b0 <= b < b1 of the tile, as a
     [64, 32 (b1 - b0)] fragment (:attr:`MgpuConfig.chunks`: a tile decoded in parts, each part's
     WGMMAs issued before the next part is decoded).
-    ``quad`` ("pairs" only): the bytes are in natural order; each 32-bit word is first moved to
+    ``quad`` (``pairs`` only): the bytes are in natural order; each 32-bit word is first moved to
     the "pairs" order across its quad of threads (``e2m1_asm.QUAD_TRANSPOSE_PTX``: two
     ``shfl.sync.bfly`` and two ``prmt``), so a plain MXFP4Array's bytes meet x as it is."""
     plgpu = _plgpu()
@@ -455,13 +444,13 @@ def _decode_ptx(byt, s_ref, hb: int, pairs: bool = False, blocks: tuple[int, int
 
 def _wgmma_step(x_refs, byt, s_ref, acc_ref, hb: int, decode: str, chunks: int = 1, fold: bool = False):
     """Decode one [64, hb] byte tile in registers and issue its WGMMAs ("ptx": ``lo @ x_lo^T +
-    hi @ x_hi^T`` over the two halves of x; "pairs": ``w @ x^T`` over x's [mp, 2 hb] tile).
-    ``chunks`` ("pairs"): the tile's blocks in that many parts, each part's WGMMAs issued (async)
+    hi @ x_hi^T`` over the two halves of x; "lanes" and "natural": ``w @ x^T`` over x's [mp, 2 hb]
+    tile). ``chunks`` (those two): the tile's blocks in that many parts, each part's WGMMAs issued (async)
     before the next part is decoded, so the tensor cores work while the next part decodes.
     ``fold`` (a one-fragment decode, E8M0 byte scales): :func:`_decode_folded`. Returns the number of
     WGMMA groups committed (for ``wgmma_wait``)."""
     plgpu = _plgpu()
-    if decode in _PAIR_DECODES or decode == "natural":  # "natural": the "pairs" decode after a quad transpose
+    if decode in _PAIR_DECODES or decode == "natural":  # "natural": the pairs PTX after a quad transpose
         (x_ref,) = x_refs
         nb = hb // (BLOCK_SIZE // 2)
         per = nb // chunks
@@ -481,7 +470,7 @@ def _wgmma_step(x_refs, byt, s_ref, acc_ref, hb: int, decode: str, chunks: int =
 
 def _step(x_refs, w_ref, s_ref, acc_ref, cfg: MgpuConfig):
     """One K step of one warpgroup: decode the [64, bk/2] byte tile with its scales and
-    accumulate into the WGMMA accumulator (waited for). ``x_refs``: (x,) for "pairs"/"lanes",
+    accumulate into the WGMMA accumulator (waited for). ``x_refs``: (x,) for "lanes",
     else the two halves (x_lo, x_hi) of :func:`split_x`."""
     plgpu = _plgpu()
     _wgmma_step(x_refs, _load(w_ref, plgpu.Layout.WGMMA_8BIT), s_ref, acc_ref, cfg.bk // 2, cfg.decode)
@@ -522,7 +511,7 @@ def _check_eager_device(x, fn: str = "mgpu_w4a16"):
 def _kernel_call(xs, w_data, scales, *, cfg: MgpuConfig, n: int, mp: int, stages: int, specs):
     """``plgpu.kernel`` launcher: one warpgroup per CTA, one CTA per (64-row tile, K split), the K
     steps through ``plgpu.emit_pipeline`` (TMA issued by the same warpgroup). ``xs``: the x
-    operands of :func:`_step` (one for "pairs", two halves otherwise)."""
+    operands of :func:`_step` (one for "lanes", two halves otherwise)."""
     plgpu = _plgpu()
     nt = n // _WG_ROWS
     nx = len(xs)
@@ -566,7 +555,7 @@ def _kernel_call(xs, w_data, scales, *, cfg: MgpuConfig, n: int, mp: int, stages
 def _wg_k_slice(wg, bk: int, kw: int, nx: int):
     """Compute warpgroup ``wg``'s share of one pipeline step under ``k_split_wgs = kw``: the
     (start, size) of its weight bytes per row, of its scale blocks and of its columns of each x
-    operand (``nx`` = 1: x's natural K columns, the "pairs" decode; 2: the columns of each half
+    operand (``nx`` = 1: x's natural K columns, the "lanes" decode; 2: the columns of each half
     of :func:`split_x`, the "ptx" decode), as offsets inside the step's tiles. Whole 32-element
     blocks, so the bytes, their scales and the x columns they meet are the same blocks in every
     byte order and x split (both permute only inside a block). ``wg`` may be traced."""
@@ -775,27 +764,23 @@ def mgpu_w4a16(x, w_data, w_scales, out_dtype=jnp.bfloat16, cfg: MgpuConfig | No
         ``float8_e8m0fnu`` (e.g. ``DecodePrepared.scales``; a bitcast).
       out_dtype: float32, bfloat16 or float16. cfg: :class:`MgpuConfig` (default MgpuConfig();
         dispatch passes :func:`default_mgpu_config` of the shape and byte order).
-      w_order: byte order of ``w_data``: "natural" (byte j = elements 2j, 2j+1), "pairs"
-        (:func:`pair_order_bytes`): the "pairs" decode then reads x as it is (with "natural"
-        bytes it reads x permuted per call, :func:`permute_x_pairs`, one small XLA pass), or
-        "lanes" (:func:`jax_mxfp4.decode_prepared.lanes_order_bytes` of "pairs" bytes, what
-        :func:`jax_mxfp4.prepare_decode` stores by default): read by the "lanes" decode only,
-        and only it reads them. The other decodes take "natural" only.
+      w_order: byte order of ``w_data``: "natural" (byte j = elements 2j, 2j+1; the "ptx"
+        decode) or "lanes" (:func:`jax_mxfp4.decode_prepared.lanes_order_bytes` of
+        :func:`jax_mxfp4.decode_prepared.pair_order_bytes`, what :func:`jax_mxfp4.prepare_decode` stores by default): read
+        by the "lanes" decode only, and only it reads them.
     Runs only on an NVIDIA Hopper GPU (sm_90a) through Mosaic GPU.
     Raises:
       TypeError: ``cfg`` not an MgpuConfig; ``x``, ``w_data`` or ``w_scales`` not arrays.
       RuntimeError: called eagerly with ``x`` on a device other than a GPU (traced calls are
         checked when lowered: Pallas refuses other platforms).
       ValueError: ranks, shapes, dtypes (``out_dtype`` included), K = 0, a K that is not a
-        multiple of ``cfg.bk * cfg.split_k``, an unknown ``w_order``, "pairs" bytes with a
-        decode other than "pairs", "lanes" bytes and the "lanes" decode not paired with each
-        other; ``cfg.k_split_wgs`` > 1 with fewer than two K steps or without shared memory for
+        multiple of ``cfg.bk * cfg.split_k``, an unknown ``w_order``, "lanes" bytes and the
+        "lanes" decode not paired with each other; ``cfg.k_split_wgs`` > 1 with fewer than two K steps or without shared memory for
         two pipeline stages.
     With ``cfg.k_split_wgs`` > 1 the kernel writes the result itself (``[M, N]`` of
     ``out_dtype``; sliced to M rows afterwards when M is not the padded row count, :func:`padded_rows`): one kernel per
-    call for "kmajor" scales, x rows already padded (:func:`padded_rows`), "pairs" bytes and decode (other forms add
-    their per-call XLA work on x or the scales: the "ptx" x split, the "pairs" x permutation for
-    natural bytes, the "rows" scale transpose).
+    call for "kmajor" scales, x rows already padded (:func:`padded_rows`), "lanes" bytes and decode (other forms add
+    their per-call XLA work on x or the scales: the "ptx" x split, the "rows" scale transpose).
     """
     cfg = MgpuConfig() if cfg is None else cfg
     if not isinstance(cfg, MgpuConfig):
@@ -817,8 +802,6 @@ def mgpu_w4a16(x, w_data, w_scales, out_dtype=jnp.bfloat16, cfg: MgpuConfig | No
     if (w_order == "lanes") != (cfg.decode == "lanes"):
         raise ValueError(f'mgpu_w4a16: the "lanes" decode reads w_order="lanes" bytes only (and they need it), got '
                          f"w_order={w_order!r} with decode={cfg.decode!r}")
-    if w_order == "pairs" and cfg.decode != "pairs":
-        raise ValueError(f'mgpu_w4a16: w_order="pairs" bytes need MgpuConfig(decode="pairs"), got {cfg.decode!r}')
     if scales_form not in SCALE_FORMS:
         raise ValueError(f"mgpu_w4a16: scales_form must be one of {SCALE_FORMS}, got {scales_form!r}")
     if w_scales.dtype == jnp.float8_e8m0fnu:
@@ -840,8 +823,8 @@ def mgpu_w4a16(x, w_data, w_scales, out_dtype=jnp.bfloat16, cfg: MgpuConfig | No
     # (fewer than its 8-row tile, or whole tiles): TMA reads rows past M as zeros and stores none
     as_is = cfg.k_split_wgs > 1 and (m < 8 or m % 8 == 0)
     xp = x if as_is or mp == m else jnp.pad(x, ((0, mp - m), (0, 0)))
-    if cfg.decode in _PAIR_DECODES:  # one x operand, natural order for "pairs"/"lanes" bytes
-        xs = (xp if w_order in _PAIR_DECODES else permute_x_pairs(xp),)
+    if cfg.decode in _PAIR_DECODES:  # one x operand, natural order for "lanes" bytes
+        xs = (xp,)
     else:
         xs = split_x(xp)
     if cfg.k_split_wgs > 1:  # one kernel, its output final: no sum, transpose or cast after it
@@ -885,12 +868,12 @@ def default_mgpu_config(m: int, n: int, k: int, w_order: str = "natural") -> Mgp
     """Tiling by shape and the weight's byte order, from H200 timing runs of each tiling
     (jax 0.11.2, fair timing, 16x8192x8192): one-warpgroup ``plgpu.kernel``, bk 256, split-K 4
     (2026-11-30: within 5% of the best of 11 tilings; warp-specialized and ``raw_scales`` slower).
-    Decode by byte order (2026-12-01, same run): "pairs" bytes (prepare_decode) take the "pairs"
-    decode, x read as it is: 34.0 us = 0.73x of bf16 against 36.6 us = 0.78x for "ptx" (kernel
-    sums 23.7 vs 23.2 us: the gain is the x split's kernel and its launch); natural bytes keep the
-    "ptx" decode: its x split (one XLA fusion, ~1.9 us through dispatch) is cheaper than the
-    "pairs" x permutation (~3.4 us). "pairs" bytes take the one-kernel tiling with 4 compute
-    warpgroups where it applies (:func:`k_split_config`; NVIDIA H200, jax 0.11.2, 2026-12-01,
+    Decode by byte order (2026-12-01, same run): prepared bytes take their own one-fragment
+    decode, x read as it is (the former "pairs" form: 34.0 us = 0.73x of bf16 against 36.6 us =
+    0.78x for "ptx"; kernel sums 23.7 vs 23.2 us: the gain is the x split's kernel and its
+    launch); natural bytes keep the "ptx" decode: its x split (one XLA fusion, ~1.9 us through
+    dispatch) is cheaper than permuting x per call for a one-fragment decode (~3.4 us). "lanes"
+    bytes take the one-kernel tiling with 4 compute warpgroups where it applies (:func:`k_split_config`; NVIDIA H200, jax 0.11.2, 2026-12-01,
     same timing runs: 16x8192x8192 33.0 us = 0.70x of bf16 against 36.1 us = 0.77x for
     the split-K kernel, 1x8192x8192 0.89x against 0.95x; checked there at 1, 16 and 40 rows and on
     every E8M0 byte); natural bytes keep the split-K kernel (the "ptx" one-kernel variant is untimed).
@@ -922,7 +905,7 @@ def k_split_config(m: int, n: int, k: int, w_order: str = "natural", k_split_wgs
     64 elements, and two pipeline stages fit in shared memory for ``m`` rows (padded to 16; 64 rows
     and K 2048 at bk 512 did not on the H200); stages 5 (lowered where shared memory is
     short). Decode by byte order as
-    :func:`default_mgpu_config`, which takes it with ``k_split_wgs=4`` for "pairs" bytes (measured
+    :func:`default_mgpu_config`, which takes it with ``k_split_wgs=4`` for "lanes" bytes (measured
     faster there; the "ptx" decode's one-kernel variant is untimed).
 
     Raises:

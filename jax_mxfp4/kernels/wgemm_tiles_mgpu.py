@@ -3,9 +3,9 @@ decode inside a large-tile GEMM's K loop.
 
 Computes ``out = x · Wᵀ`` for a bfloat16 activation x [M, K] (M >= a few hundred rows) and an
 MXFP4 weight as packed E2M1 bytes [N, K/2] with E8M0 scale bytes K-major [K/32, N] (what
-:func:`jax_mxfp4.prepare_decode` stores: bytes in the "lanes" order; the "pairs" order, and the
-natural order of a plain MXFP4Array, moved to the "pairs" order in registers by warp shuffles,
-take the "pairs" decode) as ``outᵀ = W · xᵀ`` tile by tile. The
+:func:`jax_mxfp4.prepare_decode` stores: bytes in the "lanes" order; the natural order of a plain
+MXFP4Array is moved to the :func:`jax_mxfp4.decode_prepared.pair_order_bytes` order in registers
+by warp shuffles, then decoded by the pairs PTX) as ``outᵀ = W · xᵀ`` tile by tile. The
 decode-size kernel (:mod:`jax_mxfp4.kernels.wgemm_mgpu`) reads every weight byte once and meets
 few activation rows; here each decoded weight tile meets ``mt`` (64, 128 or 256) activation rows, so
 the decode's cost is spread over ``mt`` multiply-adds per element and the tensor cores set the
@@ -40,7 +40,6 @@ docs/performance.md.
 from __future__ import annotations
 
 import dataclasses
-import functools
 
 import jax
 import jax.numpy as jnp
@@ -54,8 +53,8 @@ from .wgemm_mgpu import (_WG_ROWS, _check_eager_device, _k_split_own_pipeline, _
                          _wgmma_step, check_2d_arrays)
 
 WNS = (1, 2)  # TilesConfig.wn: 64-row weight tiles per compute warpgroup (two compute warpgroups per CTA)
-DECODES = ("lanes", "pairs", "natural")  # TilesConfig.decode: one per byte order (wgemm_mgpu's one-fragment decodes)
-W_ORDERS = ("lanes", "pairs", "natural")  # byte orders of the weight mgpu_w4a16_tiles reads
+DECODES = ("lanes", "natural")  # TilesConfig.decode: one per byte order (wgemm_mgpu's one-fragment decodes)
+W_ORDERS = ("lanes", "natural")  # byte orders of the weight mgpu_w4a16_tiles reads
 REGISTERS = (40, 232)  # TilesConfig.registers: setmaxnreg of the TMA / each compute warpgroup (as jax's pipeline)
 MAX_ACC_REGISTERS = 128  # float32 accumulator registers per compute thread a tiling may take (wn x mt / 2)
 MTS = (64, 128, 256)  # TilesConfig.mt: activation rows per CTA (the WGMMA N side, <= 256)
@@ -82,8 +81,9 @@ class TilesConfig:
     same), for accumulators of 128 registers per thread (mt 256, or wn 2 with mt 128), which
     spill at 168 (on the H200 mt 256 used 166 registers and spilled); decode:
     the weight's byte order (:func:`mgpu_w4a16_tiles`'s ``w_order``): "lanes" (prepare_decode's
-    default), "pairs", or "natural" (a plain MXFP4Array's bytes: each 32-bit word moved to the
-    "pairs" order across its quad of threads by two warp shuffles, then the "pairs" decode);
+    default) or "natural" (a plain MXFP4Array's bytes: each 32-bit word moved to the
+    :func:`jax_mxfp4.decode_prepared.pair_order_bytes` order across its quad of threads by two
+    warp shuffles, then the pairs PTX);
     every decode has the folded form.
     Raises TypeError / ValueError naming the field and the rule."""
 
@@ -167,10 +167,10 @@ def mgpu_w4a16_tiles(x, w_data, w_scales, out_dtype=jnp.bfloat16, cfg: TilesConf
       out_dtype: bfloat16, float16 or float32 (None: float32).
       cfg: :class:`TilesConfig` (None: :func:`default_tiles_config` for the shape and order).
       w_order: "lanes" (:func:`jax_mxfp4.decode_prepared.lanes_order_bytes`, what
-        :func:`jax_mxfp4.prepare_decode` stores by default; the "lanes" decode), "pairs"
-        (:func:`jax_mxfp4.decode_prepared.pair_order_bytes`; the "pairs" decode) or "natural"
-        (the bytes as quantized, a plain MXFP4Array's; the "natural" decode: the "pairs" order
-        made in registers by warp shuffles, then the "pairs" decode). x is read as it is.
+        :func:`jax_mxfp4.prepare_decode` stores by default; the "lanes" decode) or "natural"
+        (the bytes as quantized, a plain MXFP4Array's; the "natural" decode: the
+        :func:`jax_mxfp4.decode_prepared.pair_order_bytes` order made in registers by warp
+        shuffles, then the pairs PTX). x is read as it is.
     Returns ``out_dtype`` [M, N]. Runs only on an NVIDIA Hopper GPU (sm_90a) through Mosaic GPU.
     Raises:
       TypeError: arrays or ``cfg`` of the wrong kind.
@@ -321,8 +321,7 @@ def default_tiles_config(m: int, n: int, k: int, out_dtype=jnp.bfloat16, w_order
     has 132 SMs: few activation rows, few weight rows) or the output is 4 bytes wide (a float32
     [256, 64] tile per warpgroup leaves room for two pipeline stages only): at 256x8192x8192
     1.11x with 128-row tiles against 1.66x with 256-row ones; float32 output unmeasured.
-    ``w_order``: the decode of that name, with ``fold_scale``. The "natural" decode (and "pairs",
-    its decode without the quad transpose; not timed on its own) takes bk 128 in two stages with
+    ``w_order``: the decode of that name, with ``fold_scale``. The "natural" decode takes bk 128 in two stages with
     each step decoded in two chunks at 256-row tiles, where K allows: 2-4% faster than bk 64 in
     4 stages at 512-2048 rows (H200, 2026-12-02; the heavier decode is hidden better behind the
     first chunk's WGMMAs). Raises TypeError for non-int sizes, ValueError for another ``w_order``

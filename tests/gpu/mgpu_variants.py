@@ -5,10 +5,9 @@ the CPU at the shapes checked here.
 
 Names: "k" = the split-K tiling (``plgpu.kernel`` + ``emit_pipeline``, one warpgroup), "ks2" /
 "ks4" = one kernel per call with 2 / 4 compute warpgroups sharing each 64-row tile's K steps
-(the output written by the kernel); decodes "pairs", "ptx", "lanes"; "ch2"/"ch4" = each
+(the output written by the kernel); decodes "ptx", "lanes"; "ch2"/"ch4" = each
 warpgroup's tile decoded in 2/4 parts, "fold" = the 2^126 and scale multiplies folded into one.
-Suffix: the weight's byte order, " P" pairs (what prepare_decode stored before the lanes order),
-" L" lanes, none natural (x permuted per call)."""
+Suffix: the weight's byte order, " L" lanes (what prepare_decode stores), none natural."""
 
 from __future__ import annotations
 
@@ -20,44 +19,34 @@ from jax_mxfp4.decode_prepared import lanes_order_bytes, pair_order_bytes
 from jax_mxfp4.kernels.wgemm_mgpu import MgpuConfig
 
 
-def _one_kernel(decode="pairs", k_split_wgs=4, **more):
+def _one_kernel(decode, k_split_wgs=4, **more):
     """A one-kernel tiling (bk 512, 5 stages) with ``more`` of MgpuConfig's fields."""
     return MgpuConfig(bk=512, split_k=1, stages=5, decode=decode, k_split_wgs=k_split_wgs, **more)
 
 
 VARIANTS = {  # name -> MgpuConfig
-    "k pairs bk256 s4 st4 P": MgpuConfig(bk=256, split_k=4, stages=4, decode="pairs"),
-    "k pairs bk256 s4 st4 N": MgpuConfig(bk=256, split_k=4, stages=4, decode="pairs"),
     "k ptx bk256 s4 st4": MgpuConfig(bk=256, split_k=4, stages=4, decode="ptx"),
-    "k pairs bk256 s2 st4 P": MgpuConfig(bk=256, split_k=2, stages=4, decode="pairs"),
-    "k pairs bk512 s4 st3 P": MgpuConfig(bk=512, split_k=4, stages=3, decode="pairs"),
-    "k pairs bk128 s4 st8 P": MgpuConfig(bk=128, split_k=4, stages=8, decode="pairs"),
-    "k pairs bk256 s4 st2 P": MgpuConfig(bk=256, split_k=4, stages=2, decode="pairs"),
-    "k pairs bk256 s8 st4 P": MgpuConfig(bk=256, split_k=8, stages=4, decode="pairs"),
+    "k lanes bk256 s4 st4 L": MgpuConfig(bk=256, split_k=4, stages=4, decode="lanes"),
+    "k lanes bk128 s4 st8 L": MgpuConfig(bk=128, split_k=4, stages=8, decode="lanes"),
+    "k lanes bk256 s8 st4 L": MgpuConfig(bk=256, split_k=8, stages=4, decode="lanes"),
     # one kernel per call; stages are capped by shared memory (5 at bk 512, 16 rows)
-    "ks2 pairs bk512 st5 P": _one_kernel(k_split_wgs=2),
-    "ks4 pairs bk512 st5 P": _one_kernel(),
-    "ks4 ch2 pairs bk512 st5 P": _one_kernel(chunks=2),
-    "ks2 ch2 pairs bk512 st5 P": _one_kernel(k_split_wgs=2, chunks=2),
-    "ks2 ch4 pairs bk512 st5 P": _one_kernel(k_split_wgs=2, chunks=4),
+    "ks2 lanes bk512 st5 L": _one_kernel("lanes", k_split_wgs=2),
     "ks4 lanes bk512 st5 L": _one_kernel("lanes"),
     "ks4 ch2 lanes bk512 st5 L": _one_kernel("lanes", chunks=2),
     "ks2 ch2 lanes bk512 st5 L": _one_kernel("lanes", k_split_wgs=2, chunks=2),
+    "ks2 ch4 lanes bk512 st5 L": _one_kernel("lanes", k_split_wgs=2, chunks=4),
     "ks4 ch2 lanes fold L": _one_kernel("lanes", chunks=2, fold_scale=True),
     "ks2 ch2 lanes fold L": _one_kernel("lanes", k_split_wgs=2, chunks=2, fold_scale=True),
-    "ks4 pairs bk256 st8 P": MgpuConfig(bk=256, split_k=1, stages=8, decode="pairs", k_split_wgs=4),
-    "ks4 pairs bk512 st3 P": MgpuConfig(bk=512, split_k=1, stages=3, decode="pairs", k_split_wgs=4),
-    "ks2 pairs bk256 st8 P": MgpuConfig(bk=256, split_k=1, stages=8, decode="pairs", k_split_wgs=2),
+    "ks4 lanes bk256 st8 L": MgpuConfig(bk=256, split_k=1, stages=8, decode="lanes", k_split_wgs=4),
+    "ks4 lanes bk512 st3 L": MgpuConfig(bk=512, split_k=1, stages=3, decode="lanes", k_split_wgs=4),
     "ks2 ptx bk512 st5": _one_kernel("ptx", k_split_wgs=2),
 }
 
 # one variant per structure (tiling x decode x byte order x flags): each gets the small-shape
 # and every-byte checks; the others share a structure with one
-SMOKE = ["k pairs bk256 s4 st4 P", "k pairs bk256 s4 st4 N", "k ptx bk256 s4 st4",
-         "ks2 pairs bk512 st5 P", "ks4 pairs bk512 st5 P", "ks2 ptx bk512 st5",
-         "ks4 ch2 pairs bk512 st5 P", "ks2 ch2 pairs bk512 st5 P",
-         "ks2 ch4 pairs bk512 st5 P", "ks4 lanes bk512 st5 L", "ks4 ch2 lanes bk512 st5 L",
-         "ks2 ch2 lanes bk512 st5 L", "ks4 ch2 lanes fold L", "ks2 ch2 lanes fold L"]
+SMOKE = ["k ptx bk256 s4 st4", "k lanes bk256 s4 st4 L", "ks2 lanes bk512 st5 L", "ks4 lanes bk512 st5 L",
+         "ks2 ptx bk512 st5", "ks4 ch2 lanes bk512 st5 L", "ks2 ch2 lanes bk512 st5 L", "ks2 ch4 lanes bk512 st5 L",
+         "ks4 ch2 lanes fold L", "ks2 ch2 lanes fold L"]
 
 
 def struct(c):
@@ -96,16 +85,12 @@ def edge_config(cfg):
 
 def w_order(name):
     """The byte order a variant's weight is stored in (``mgpu_w4a16(w_order=...)``)."""
-    if name.endswith(" L"):
-        return "lanes"
-    return "pairs" if name.endswith(" P") else "natural"
+    return "lanes" if name.endswith(" L") else "natural"
 
 
 def stored(data, name):
     """The packed weight bytes as the variant ``name`` reads them."""
-    if w_order(name) == "lanes":
-        return lanes_order_bytes(pair_order_bytes(data))
-    return pair_order_bytes(data) if w_order(name) == "pairs" else data
+    return lanes_order_bytes(pair_order_bytes(data)) if w_order(name) == "lanes" else data
 
 
 def call_args(name, cfg, data, scale_rows):

@@ -5,7 +5,8 @@ on the CPU. The bottom of the range is where GPUs and CPUs differ: the scale 2^-
 is a float32/bfloat16 subnormal, which a GPU keeps and XLA on CPU treats as zero, while the
 documented decoding keeps 6 x 2^-127 (normal) and flushes elements below 2^-126.
 
-Routes: backend "pallas" a4w4 with both sides large (tiled kernel), decode-size a4w4 and w4a16
+Routes: backend "pallas" a4w4 with both sides large (two-pass: both operands decoded, K = 32 by the
+jnp dequantization), decode-size a4w4 and w4a16
 (16-row batches: the Mosaic GPU kernel on Hopper, the Triton weight-stationary kernel with Mosaic
 off), w4a16 with 256 rows (the large-tile Mosaic GPU kernel on Hopper, two-pass with Mosaic off);
 the FP8 path at DEFAULT and HIGH, with a plain and a prepare_fp8 weight; "scaled_dot"; "xla"."""
@@ -63,7 +64,7 @@ def test_gpu_scale_pairs_fp8(pattern, precision, form):
 
 @pytest.mark.cuda
 @pytest.mark.parametrize("pattern", PATTERNS)
-def test_gpu_scale_pairs_pallas_tiled(pattern):
+def test_gpu_scale_pairs_pallas_a4w4_two_pass(pattern):
     check_scale_pairs("pallas", pattern)
 
 
