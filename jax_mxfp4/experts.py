@@ -4,15 +4,12 @@
 the conveniences of the dense layers: any K (a float kernel and the tokens are zero-padded along
 K to a multiple of 32, exact: zeros change no block's scale and add nothing), a quantized kernel
 (:class:`jax_mxfp4.MXFP4Array` [E, Kp, N] quantized along K, e.g. by
-:func:`jax_mxfp4.flax.quantize_params`, which pads K the same way) used as is, and operands on
-an Explicit mesh (the ragged dot itself runs with the mesh axes Auto: ``lax.ragged_dot_general``
-cannot infer an output sharding, so the output's is named here: tokens as ``x``'s, N as the
-kernel's). :func:`expert_bias` adds a per-expert bias [E, N] to each group's rows.
+:func:`jax_mxfp4.flax.quantize_params`, which pads K the same way) used as is. :func:`expert_bias`
+adds a per-expert bias [E, N] to each group's rows.
 """
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 
 from . import checks, sharding
@@ -57,10 +54,6 @@ def _operands(x, kernel):
     return _pad_axis(x, 1), _pad_axis(kernel, 1)
 
 
-def _entry(spec, i):
-    return spec[i] if spec is not None else None
-
-
 def expert_dot(x, kernel, group_sizes, recipe, key=None, out_dtype=None):
     """[M, N]: rows ``start_e .. start_e + group_sizes[e] - 1`` of ``x`` times expert ``e``'s [K, N].
 
@@ -70,15 +63,7 @@ def expert_dot(x, kernel, group_sizes, recipe, key=None, out_dtype=None):
     :func:`jax_mxfp4.ragged_dot`, and ValueError for ranks and K (naming the argument).
     """
     x, kernel = _operands(x, kernel)
-    # an MXFP4Array's packed data [E, K/2, N] is sharded as its logical [E, K, N]
-    mesh, specs = sharding.explicit_specs(x, kernel.data if isinstance(kernel, MXFP4Array) else kernel, group_sizes)
-    call = lambda a, b, gs: ragged_dot(a, b, gs, preferred_element_type=out_dtype, recipe=recipe, key=key)
-    if mesh is None:
-        return call(x, kernel, group_sizes)
-    # jax.lax.ragged_dot_general infers no output sharding on an Explicit mesh: run the dot with
-    # the mesh's axes Auto and name the output's (tokens as x's, N as the kernel's)
-    out_spec = jax.sharding.PartitionSpec(_entry(specs[0], 0), _entry(specs[1], 2))
-    return jax.sharding.auto_axes(call, axes=mesh.axis_names, out_sharding=out_spec)(x, kernel, group_sizes)
+    return ragged_dot(x, kernel, group_sizes, preferred_element_type=out_dtype, recipe=recipe, key=key)
 
 
 def expert_bias(y, bias, group_sizes):
