@@ -35,6 +35,16 @@ the custom VJP, never captured. A name bound before quantization (``from jax.num
 matmul``) is not intercepted. Einsum letters follow :func:`jax_mxfp4.einsum.align_operands`
 (a size-1 batch letter broadcasts, as in ``jnp.einsum``; e.g. one key/value head).
 
+**Expert layers.** ``jax.lax.ragged_dot(x [M, K], experts [E, K, N], group_sizes)`` calls (the
+grouped GEMM of mixture-of-experts layers; Qwix's QtProvider intercepts the same name) matched by
+an :class:`MxRule` (``op_names`` ``"ragged_dot"``) run through :func:`jax_mxfp4.ragged_dot` by the
+path of :class:`jax_mxfp4.flax.linen.RaggedDense` (:mod:`jax_mxfp4.experts`: any K, zero-padded
+to 32), so an unmodified Flax MoE module computes what the same model written with that layer
+computes (values and gradients, bit for bit, the same stochastic-rounding keys). Serving: the
+experts are stored as an MXFP4Array [E, K, N] quantized along K (K a multiple of 32).
+``jax.lax.ragged_dot_general`` is not intercepted (neither does Qwix): a model calling it directly
+(e.g. [E, N, K] experts) keeps ``lax``'s, or calls :func:`jax_mxfp4.ragged_dot_general` itself.
+
 **Activation x activation products** (attention's ``q.k`` scores and ``probs.v``) matched by a
 rule (e.g. a catch-all ``module_path=".*"``) run through jax_mxfp4 like any other call: the
 first operand takes the activation's role (dgrad settings; kept float by
@@ -63,6 +73,7 @@ from . import checks
 from .array import MXFP4Array
 from .dims import takes_rounding_key
 from .einsum import _einsum, align_operands, parse_subscripts
+from .experts import expert_dot
 from .mx_format import BLOCK_SIZE
 from .recipe import Recipe
 from .training import _dot_general
@@ -159,6 +170,7 @@ class _MxCalls:
                 mapping[path] = functools.partial(self._jnp_contraction, op)
         for path, reflected in _OPERATOR_PATHS.items():
             mapping[path] = functools.partial(self._matmul_operator, reflected)
+        mapping["jax.lax.ragged_dot"] = self.ragged_dot  # Qwix's QtProvider's key; not its PtqProvider's
         return mapping
 
     def _matmul_operator(self, reflected, x, other):
@@ -196,6 +208,17 @@ class _MxCalls:
         return _reshard(self._mx_dot_general(lhs, rhs, dimension_numbers, preferred_element_type, rule),
                         out_sharding)
 
+    def ragged_dot(self, lhs, rhs, group_sizes, precision=None, preferred_element_type=None, group_offset=None):
+        rule = _mx_rule(self, "ragged_dot")
+        if rule is None:  # Qwix's own (QtProvider), else the unquantized op (PtqProvider has none)
+            fallback = getattr(super(), "ragged_dot", jax.lax.ragged_dot)
+            return fallback(lhs, rhs, group_sizes, precision=precision,
+                            preferred_element_type=preferred_element_type, group_offset=group_offset)
+        if group_offset is not None:
+            raise ValueError("jax_mxfp4.qwix: ragged_dot with group_offset is not supported (jax.lax.ragged_dot "
+                             "has no implementation of it either); pass group_offset=None")
+        return self._mx_ragged_dot(lhs, rhs, group_sizes, preferred_element_type, rule)
+
     def einsum(self, einsum_str, *operands, precision=None, preferred_element_type=None,
                _dot_general=jax.lax.dot_general, out_sharding=None):  # noqa: N803 (Qwix's signature)
         rule = _mx_rule(self, "einsum")
@@ -224,6 +247,9 @@ class MxQtProvider(_MxCalls, qwix.QtProvider):
     def _mx_einsum(self, einsum_str, lhs, rhs, preferred_element_type, rule):
         return _einsum(einsum_str, lhs, rhs, preferred_element_type, rule.recipe, pad_k=True,
                        key=_rounding_key(rule))
+
+    def _mx_ragged_dot(self, lhs, rhs, group_sizes, preferred_element_type, rule):
+        return expert_dot(lhs, rhs, group_sizes, rule.recipe, _rounding_key(rule), preferred_element_type)
 
 
 # ----------------------------------------------------------------------------- serving (PTQ)
@@ -307,6 +333,11 @@ class MxPtqProvider(_MxCalls, qwix.PtqProvider):
         (_, rc), (_, rb) = parse_subscripts(einsum_str, len(lhs.shape), len(rhs.shape))[0]
         rhs = _serving_weight(rhs, rc, rule, "rhs", rb)
         return _einsum(einsum_str, lhs, rhs, preferred_element_type, rule.recipe, pad_k=True)
+
+    def _mx_ragged_dot(self, lhs, rhs, group_sizes, preferred_element_type, rule):
+        if len(getattr(rhs, "shape", ())) == 3:  # else expert_dot names the rank rule
+            rhs = _serving_weight(rhs, (1,), rule, "rhs", (0,))  # experts [E, K, N], quantized along K
+        return expert_dot(lhs, rhs, group_sizes, rule.recipe, None, preferred_element_type)
 
 
 def quantize_params(params: Any, abstract_quantized_params: Any, **kwargs) -> Any:

@@ -55,6 +55,11 @@ of ``group_sizes`` (sizes >= 0, sum <= M) are checked eagerly when they are conc
 ``jit`` they are not known, and an invalid ``group_sizes`` makes the output (and the gradients)
 all NaN instead of a silently wrong result.
 
+**Meshes.** Under ``jit`` on an Auto mesh XLA partitions the ragged dot (e.g. experts sharded
+on G, tokens on M). On an Explicit mesh the call runs with the mesh axes Auto inside
+(``jax.sharding.auto_axes``: ``lax.ragged_dot_general`` infers no output sharding there) and
+returns [M, N] sharded as lhs's M and rhs's N.
+
 Not supported (ValueError): ``group_offset``; Hadamard rotations (``Recipe.hadamard`` naming an
 MXFP4 pass, or an MXFP4Array recording one); batch dims and ragged-batch forms; MXFP4Array
 operands in the ragged-contracting form (their blocks would have to follow the groups).
@@ -73,6 +78,7 @@ import numpy as np
 from jax import lax
 
 from . import checks, dims, group_blocks
+from . import sharding as shd
 from .array import MXFP4Array
 from .differentiation import straight_through
 from .dispatch import current_platform
@@ -494,11 +500,30 @@ def ragged_dot_general(lhs, rhs, group_sizes, ragged_dot_dimension_numbers, prec
     site = site_seed("ragged_dot", tuple(lhs.shape), tuple(rhs.shape), str(jnp.dtype(lhs.dtype)),
                      str(jnp.dtype(rhs.dtype)), form.kind, form.rhs_k_axis)
     static = _Static(recipe, jnp.dtype(out_dtype), form, site, m, not concrete, jnp.dtype(lhs.dtype), jnp.dtype(rhs.dtype))
-    if form.kind == CONTRACTING:
-        out = _contracting(lhs, rhs, gs, static)
-    else:
-        out = _ragged_rows(static, lhs, rhs, gs, key)
-    return _poison(out, gs, static)
+    def run(lhs, rhs, gs):
+        out = _contracting(lhs, rhs, gs, static) if form.kind == CONTRACTING else _ragged_rows(static, lhs, rhs, gs, key)
+        return _poison(out, gs, static)
+
+    return _explicit_mesh_call(run, lhs, rhs, gs, form)
+
+
+def _explicit_mesh_call(run, lhs, rhs, group_sizes, form: _Form):
+    """``run(lhs, rhs, group_sizes)``; with operands on an Explicit mesh, run with the mesh axes
+    Auto (``lax.ragged_dot_general`` infers no output sharding there) and the output sharded as
+    its operands' dims: ragged rows [M, N] as lhs's M and rhs's N; ragged contracting [G, K, N]
+    as lhs's K and rhs's N (a mesh axis named twice is kept on the first dim only)."""
+    mesh, specs = shd.explicit_specs(*(x.data if isinstance(x, MXFP4Array) else x for x in (lhs, rhs, group_sizes)))
+    if mesh is None:
+        return run(lhs, rhs, group_sizes)
+    (ls, rs, _) = specs
+    entries = (ls[0], rs[3 - form.rhs_k_axis]) if form.kind == ROWS else (None, ls[1], rs[1])
+    out, used = [], set()
+    for e in entries:
+        axes = set(shd._axes(e))
+        out.append(None if axes & used else e)
+        used |= axes
+    return jax.sharding.auto_axes(run, axes=mesh.axis_names, out_sharding=jax.sharding.PartitionSpec(*out))(
+        lhs, rhs, group_sizes)
 
 
 def ragged_dot(lhs, rhs, group_sizes, precision=None, preferred_element_type=None, group_offset=None, *,

@@ -5,6 +5,9 @@
   Flax's own layers (checkpoints are interchangeable) plus a ``recipe`` field
   (:class:`jax_mxfp4.Recipe`); every forward, dgrad and wgrad GEMM goes through
   :func:`jax_mxfp4.dot_general`. Any input width works (K is zero-padded to 32 inside).
+* :class:`jax_mxfp4.flax.linen.RaggedDense` and :class:`jax_mxfp4.flax.nnx.RaggedDense`: MXFP4
+  expert layers (mixture of experts), ``layer(x [M, K], group_sizes [E]) -> [M, N]`` with a
+  ``kernel`` [E, K, N] (optional ``bias`` [E, N]); GEMMs through :func:`jax_mxfp4.ragged_dot`.
 * :func:`quantize_params`: trained float kernels -> :class:`jax_mxfp4.MXFP4Array` (inference).
   The layers accept such kernels in place of the float ones; orbax saves and restores them
   bit-exactly (``orbax.checkpoint.StandardCheckpointer``; see :func:`abstract_params`).

@@ -36,11 +36,14 @@ from flax.linen.dtypes import promote_dtype
 
 from .. import dims, sharding
 from ..einsum import _einsum
+from ..experts import expert_bias, expert_dot
 from ..recipe import Recipe
 from ..training import _dense, _dot_general
 from .params import QUANTIZED_KERNELS, einsum_kernel_dims, einsum_trained, kernel_kind, layer_operands, quantized_kernel
 
 default_kernel_init = initializers.lecun_normal()
+#: Per expert: fan-in K (a Flax ``lecun_normal`` of [E, K, N] would count E * K).
+default_expert_kernel_init = initializers.lecun_normal(batch_axis=(0,))
 
 
 def _promote(args, dtype):
@@ -273,3 +276,65 @@ class Einsum(nn.Einsum):
         :func:`jax_mxfp4.flax.consumed_kernels`."""
         es = kwargs.get("einsum_str", args[1] if len(args) > 1 else None) or self.einsum_str
         return einsum_kernel_dims(es, jnp.ndim(args[0]), kernel_ndim)
+
+
+class RaggedDense(nn.Module):
+    """MXFP4 expert layer (mixture of experts): ``y[rows of e] = x[rows of e] · kernel[e] (+ bias[e])``.
+
+    Router-agnostic, as ``jax.lax.ragged_dot``: the caller sorts its tokens by expert and passes
+    ``group_sizes``; rows ``start_e .. start_e + group_sizes[e] - 1`` of ``inputs`` go to expert
+    ``e``, rows past ``sum(group_sizes)`` give zeros. The GEMMs (fprop, dgrad, wgrad) run through
+    :func:`jax_mxfp4.ragged_dot` with ``recipe`` (rules in :mod:`jax_mxfp4.ragged`). Any input
+    width K works (zero-padded to a multiple of 32 inside, as :class:`Dense`). A kernel replaced by
+    an :class:`jax_mxfp4.MXFP4Array` [E, Kp, N] quantized along axis 1
+    (:func:`jax_mxfp4.flax.quantize_params` with ``model=``) is used as is: the same outputs, bit
+    for bit. Stochastic rounding keys: the ``rng_collection`` stream, as :class:`Dense`.
+
+    Attributes:
+      num_experts: E.
+      features: output width N.
+      use_bias: add a per-expert bias [E, N] (default False, as MoE layers usually have none).
+      dtype: computation dtype (default: promoted from inputs and params).
+      param_dtype: parameter dtype (default float32).
+      precision: accepted for compatibility; ignored (float32 accumulation).
+      kernel_init: default ``lecun_normal(batch_axis=(0,))`` (fan-in K per expert); bias_init zeros.
+      recipe: :class:`jax_mxfp4.Recipe` for the three GEMMs (default ``Recipe()``; no Hadamard).
+      rng_collection: RNG stream for stochastic rounding of the gradients.
+
+    Call: ``layer(inputs [M, K], group_sizes int32 [E]) -> [M, N]``. Params: ``kernel`` [E, K, N],
+    ``bias`` [E, N].
+
+    Raises:
+      ValueError: inputs not 2-D; a kernel whose K does not match; ``group_sizes`` not [E] (or, when
+        concrete, negative or summing past M: :func:`jax_mxfp4.ragged_dot`); a quantized kernel not
+        quantized along axis 1 or recorded with another scale rule than ``recipe``'s.
+    """
+
+    num_experts: int
+    features: int
+    use_bias: bool = False
+    dtype: Any = None
+    param_dtype: Any = jnp.float32
+    precision: Any = None
+    kernel_init: Any = default_expert_kernel_init
+    bias_init: Any = initializers.zeros_init()
+    recipe: Recipe | None = None
+    rng_collection: str = "stochastic_rounding"
+
+    @nn.compact
+    def __call__(self, inputs, group_sizes):
+        shape = (self.num_experts, jnp.shape(inputs)[-1], self.features)
+        kernel = _quantized_kernel(self)
+        if kernel is None:
+            kernel = self.param("kernel", self.kernel_init, shape, self.param_dtype)
+        bias = (self.param("bias", self.bias_init, (self.num_experts, self.features), self.param_dtype)
+                if self.use_bias else None)
+        inputs, kernel, bias, out_dtype = layer_operands(inputs, kernel, bias, self.dtype, self.recipe, _promote,
+                                                         (shape, (1,), (0,)))
+        y = expert_dot(inputs, kernel, group_sizes, self.recipe, _rounding_key(self), out_dtype)
+        return y if bias is None else expert_bias(y, bias, group_sizes)
+
+    def _mx_kernel_dims(self, args, kwargs, kernel_ndim):
+        """(contracted kernel axis, kernel batch dims) of a call: read by
+        :func:`jax_mxfp4.flax.consumed_kernels`. The expert dim 0 is the kernel's batch dim."""
+        return 1, (0,)

@@ -5,9 +5,11 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from flax.nnx.nn.dtypes import promote_dtype
 
 from .. import dims, sharding
 from ..einsum import _einsum
+from ..experts import expert_bias, expert_dot
 from ..recipe import Recipe
 from ..training import _dense
 from .params import einsum_kernel_dims, einsum_trained, layer_operands
@@ -20,6 +22,22 @@ def _stream(rngs, collection):
     if isinstance(rngs, nnx.Rngs):
         return rngs[collection]
     raise TypeError(f"rngs must be an nnx.Rngs, an nnx.RngStream, a PRNG key or None, got {type(rngs).__name__}")
+
+
+def _rounding_key(layer, rngs):
+    """The stochastic-rounding key of one call of ``layer`` (its ``recipe``, ``rng_collection``,
+    ``rounding_rngs``), first found of: the call's ``rngs``, the layer's stream, None (fallback)."""
+    if not dims.takes_rounding_key(layer.recipe):
+        return None
+    if rngs is not None and not isinstance(rngs, (nnx.Rngs, nnx.RngStream)):
+        return rngs  # a PRNG key (validated by dot_general)
+    stream = _stream(rngs, layer.rng_collection) or layer.rounding_rngs
+    return stream() if stream is not None else None
+
+
+def _check_recipe(recipe):
+    if recipe is not None and not isinstance(recipe, Recipe):
+        raise TypeError(f"recipe must be a jax_mxfp4.Recipe or None, got {type(recipe).__name__}")
 
 
 class Linear(nnx.Linear):
@@ -52,8 +70,7 @@ class Linear(nnx.Linear):
 
     def __init__(self, in_features: int, out_features: int, *, recipe: Recipe | None = None,
                  rng_collection: str = "stochastic_rounding", rounding_rngs=None, **kwargs):
-        if recipe is not None and not isinstance(recipe, Recipe):
-            raise TypeError(f"recipe must be a jax_mxfp4.Recipe or None, got {type(recipe).__name__}")
+        _check_recipe(recipe)
         for name in ("dot_general", "dot_general_cls"):
             if kwargs.get(name) is not None:
                 raise TypeError(
@@ -68,12 +85,7 @@ class Linear(nnx.Linear):
         self.rounding_rngs = stream.fork() if stream is not None else nnx.data(None)
 
     def _rounding_key(self, rngs):
-        if not dims.takes_rounding_key(self.recipe):
-            return None
-        if rngs is not None and not isinstance(rngs, (nnx.Rngs, nnx.RngStream)):
-            return rngs  # a PRNG key (validated by dot_general)
-        stream = _stream(rngs, self.rng_collection) or self.rounding_rngs
-        return stream() if stream is not None else None
+        return _rounding_key(self, rngs)
 
     def __call__(self, inputs, out_sharding=None, *, rngs=None):
         """inputs [..., in_features] -> [..., out_features] in the computation dtype (``dtype``, or
@@ -110,8 +122,7 @@ class Einsum(nnx.Einsum):
     """
 
     def __init__(self, einsum_str, kernel_shape, bias_shape=None, *, recipe: Recipe | None = None, **kwargs):
-        if recipe is not None and not isinstance(recipe, Recipe):
-            raise TypeError(f"recipe must be a jax_mxfp4.Recipe or None, got {type(recipe).__name__}")
+        _check_recipe(recipe)
         if kwargs.get("einsum_op") is not None:
             raise TypeError(
                 "jax_mxfp4.flax.nnx.Einsum does not take einsum_op: its contraction always runs through "
@@ -157,3 +168,65 @@ class Einsum(nnx.Einsum):
             return per_call, (None, ())
         lhs_term = self.einsum_str.split("->")[0].split(",")[0].replace("...", "")
         return per_call, einsum_kernel_dims(self.einsum_str, len(lhs_term), per_call)
+
+
+class RaggedDense(nnx.Module):
+    """MXFP4 expert layer (mixture of experts), the nnx twin of
+    :class:`jax_mxfp4.flax.linen.RaggedDense`: ``y[rows of e] = x[rows of e] · kernel[e] (+ bias[e])``.
+
+    Router-agnostic, as ``jax.lax.ragged_dot``: the caller sorts its tokens by expert and passes
+    ``group_sizes``; rows past ``sum(group_sizes)`` give zeros. GEMMs through
+    :func:`jax_mxfp4.ragged_dot` with ``recipe``; any ``in_features`` (K zero-padded to 32 inside).
+    Params ``kernel`` [E, K, N] (``nnx.Param``) and, with ``use_bias``, ``bias`` [E, N]. A kernel
+    replaced by an :class:`jax_mxfp4.MXFP4Array` quantized along axis 1
+    (:func:`jax_mxfp4.flax.quantize_params` on ``nnx.state(model, nnx.Param)`` with ``model=``,
+    then ``nnx.update``) is used as is: the same outputs, bit for bit. Stochastic-rounding keys:
+    the call's ``rngs``, else the stream forked from ``rounding_rngs``, else the data-derived
+    fallback, exactly as :class:`Linear`.
+
+    Args:
+      num_experts: E. in_features: K. out_features: N.
+      use_bias: per-expert bias [E, N] (default False).
+      dtype: computation dtype (default: promoted from inputs and params); param_dtype (float32).
+      kernel_init: default ``lecun_normal(batch_axis=(0,))`` (fan-in K per expert); bias_init zeros.
+      recipe: :class:`jax_mxfp4.Recipe` (default ``Recipe()``; no Hadamard).
+      rng_collection, rounding_rngs: as :class:`Linear`. rngs: ``nnx.Rngs`` for the initializers.
+
+    Raises:
+      TypeError: ``recipe`` not a Recipe. Calls: as :class:`jax_mxfp4.flax.linen.RaggedDense`.
+    """
+
+    def __init__(self, num_experts: int, in_features: int, out_features: int, *, use_bias: bool = False,
+                 dtype=None, param_dtype=jnp.float32, kernel_init=None, bias_init=None,
+                 recipe: Recipe | None = None, rng_collection: str = "stochastic_rounding", rounding_rngs=None,
+                 rngs: nnx.Rngs):
+        from .linen import default_expert_kernel_init
+
+        _check_recipe(recipe)
+        self.num_experts, self.in_features, self.out_features = num_experts, in_features, out_features
+        self.dtype, self.param_dtype = dtype, param_dtype
+        kernel_init = default_expert_kernel_init if kernel_init is None else kernel_init
+        bias_init = nnx.initializers.zeros_init() if bias_init is None else bias_init
+        self.kernel = nnx.Param(kernel_init(rngs.params(), (num_experts, in_features, out_features), param_dtype))
+        self.bias = (nnx.Param(bias_init(rngs.params(), (num_experts, out_features), param_dtype)) if use_bias
+                     else nnx.data(None))
+        self.recipe = recipe
+        self.rng_collection = rng_collection
+        stream = _stream(rounding_rngs, rng_collection)
+        self.rounding_rngs = stream.fork() if stream is not None else nnx.data(None)
+
+    def __call__(self, inputs, group_sizes, *, rngs=None):
+        """inputs [M, in_features], group_sizes int32 [E] -> [M, out_features] in the computation
+        dtype. ``rngs``: the rounding key source (as :meth:`Linear.__call__`)."""
+        kernel = self.kernel.get_value()
+        bias = self.bias.get_value() if self.bias is not None else None
+        shape = (self.num_experts, self.in_features, self.out_features)
+        inputs, kernel, bias, out_dtype = layer_operands(inputs, kernel, bias, self.dtype, self.recipe,
+                                                         promote_dtype, (shape, (1,), (0,)))
+        y = expert_dot(inputs, kernel, group_sizes, self.recipe, _rounding_key(self, rngs), out_dtype)
+        return y if bias is None else expert_bias(y, bias, group_sizes)
+
+    def _mx_kernel_dims(self):
+        """(kernel dims per call; (contracted kernel axis, kernel batch dims)): read by
+        :func:`jax_mxfp4.flax.consumed_kernels`. The expert dim 0 is the kernel's batch dim."""
+        return 3, (1, (0,))

@@ -185,8 +185,8 @@ def quantize_params(
 
     Which leaves: with ``model`` (the linen ``Module`` plus example ``inputs``, or the nnx
     ``Module``), exactly the kernels of jax_mxfp4 layers (``Dense``, ``DenseGeneral`` with one
-    input axis, ``Einsum`` with one contracting kernel dim, nnx ``Linear`` and ``Einsum``), each
-    along the axis its GEMM contracts; layers stacked by ``nn.scan``/``nnx.vmap`` are quantized
+    input axis, ``Einsum`` with one contracting kernel dim, nnx ``Linear`` and ``Einsum``, linen
+    and nnx ``RaggedDense``: experts [E, K, N] along K, axis 1), each along the axis its GEMM contracts; layers stacked by ``nn.scan``/``nnx.vmap`` are quantized
     per layer along that axis (:func:`consumed_kernels`). Everything else stays float: Flax's own
     layers (even with ``dot_general=jax_mxfp4.dot_general``: Flax's parameter checks refuse a
     non-array kernel), convolutions, attention, embeddings, norms, biases. Without ``model``,
