@@ -252,8 +252,24 @@ def _product_on(route: str, a, b, group_sizes, dn):
     if route == EXACT:
         return lax.ragged_dot_general(_decode(a, _F32), _decode(b, _F32), group_sizes, dn,
                                       precision=lax.Precision.HIGHEST, preferred_element_type=jnp.float32)
+    b, group_sizes = _experts_with_rows(b, group_sizes, dn, a.shape[0])
     return lax.ragged_dot_general(_decode(a, _BF16), _decode(b, _BF16), group_sizes, dn,
                                   preferred_element_type=jnp.float32)
+
+
+def _experts_with_rows(b, group_sizes, dn, m: int):
+    """With fewer rows than experts (decode sizes), only the experts that have rows: at most ``m``
+    of the G groups are non-empty, so their packed weights are gathered (in group order, padded
+    with empty groups) before the decode, which then writes m experts' bfloat16 values instead of
+    all G. The product is unchanged: the same rows meet the same experts in the same order."""
+    if not (isinstance(b, MXFP4Array) and tuple(dn.rhs_group_dimensions) == (0,) and m < b.shape[0]):
+        return b, group_sizes
+    idx = jnp.nonzero(group_sizes > 0, size=m, fill_value=0)[0]
+    sizes = jnp.where(jnp.arange(m) < jnp.sum(group_sizes > 0), group_sizes[idx], 0).astype(group_sizes.dtype)
+    scales = b.plain_scales()
+    used = MXFP4Array(jnp.take(b.data, idx, axis=0), jnp.take(scales, idx, axis=0), b.axis, (m,) + tuple(b.shape[1:]),
+                      b.dtype, b.scale_mode, "plain", b.hadamard)
+    return used, sizes
 
 
 def _fprop_kinds(lhs, rhs, recipe: Recipe) -> tuple[str, str]:

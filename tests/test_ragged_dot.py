@@ -177,6 +177,26 @@ def test_bf16_decode_route_equals_exact_route(rng):
     np.testing.assert_array_equal(np.asarray(fast), np.asarray(exact))
 
 
+@pytest.mark.parametrize("sizes", [[0, 3, 0, 0, 0, 1, 0, 0], [0, 0, 0, 0, 0, 0, 0, 0], [1, 1, 1, 1, 0, 0, 0, 0],
+                                   [0, 0, 0, 0, 0, 0, 2, 1]], ids=["two_used", "none_used", "first_four", "tail"])
+def test_bf16_decode_route_gathers_only_experts_with_rows(rng, sizes):
+    """Fewer rows than experts (decode sizes): the GPU route gathers the experts that have rows
+    before decoding them; same values, bit for bit, as decoding all G, under jit too (group
+    sizes traced), with rows past the sum left zero. Both expert storages."""
+    m, g = 4, len(sizes)
+    x = jnp.asarray(rng.standard_normal((m, 64)), jnp.float32)
+    gs = jnp.asarray(sizes, jnp.int32)
+    for k_axis, w in ((1, rng.standard_normal((g, 64, 32))), (2, rng.standard_normal((g, 32, 64)))):
+        xq, wq = mx.quantize(x, 1), mx.quantize(jnp.asarray(w, jnp.float32), k_axis)
+        dn = ragged._rows_dn(k_axis)
+        used, used_sizes = ragged._experts_with_rows(wq, gs, dn, m)
+        assert used.shape[0] == m and int(used_sizes.sum()) == sum(sizes)
+        every = lax.ragged_dot_general(xq.dequantize(jnp.bfloat16), wq.dequantize(jnp.bfloat16), gs, dn,
+                                       preferred_element_type=jnp.float32)
+        fast = jax.jit(lambda a, b, s: ragged._product_on(ragged.BF16, a, b, s, dn))(xq, wq, gs)
+        np.testing.assert_array_equal(np.asarray(fast), np.asarray(every))
+
+
 def test_explain_routes(rng):
     x, w = operands(rng)
     gs = jnp.asarray(GS_EMPTY_AND_TAIL)
