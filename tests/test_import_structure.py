@@ -64,6 +64,42 @@ def test_no_import_cycle_through_the_core_modules():
     assert {m: c for m, c in cycles.items() if c} == {}
 
 
+def test_no_import_cycle_anywhere_in_the_package():
+    edges = _graph()
+    cycles = {m: _cycles_through(edges, m) for m in edges}
+    assert {m: c for m, c in cycles.items() if c} == {}
+
+
+# The layers of docs/design.md, lowest first: a module imports only from its own layer or below.
+LAYERS = [
+    ("format", ("platform", "errors", "mx_format", "fp8_format", "layout", "checks", "pytree", "array", "hadamard")),
+    ("kernels", ("kernels",)),
+    ("quantize", ("quantize", "differentiation", "recipe", "dims", "sharding")),
+    ("serving forms", ("prepared", "decode_prepared", "fp8_prepared", "weight_record", "serialization")),
+    ("backends", ("ffi", "backends", "dispatch", "partitioning")),
+    ("gemm", ("gemm",)),
+    ("differentiable", ("training", "einsum", "group_blocks", "ragged", "experts")),
+    ("integrations", ("flax", "qwix", "checkpoint", "selftest")),
+]
+
+
+def _layer(module: str) -> int:
+    short = module.removeprefix("jax_mxfp4.")
+    for i, (_, names) in enumerate(LAYERS):
+        if any(short == n or short.startswith(n + ".") for n in names):
+            return i
+    raise AssertionError(f"{module} is in no layer of LAYERS")
+
+
+def test_imports_run_down_the_layers():
+    """Kernels import only the format rules beneath them; the backends never the differentiable
+    layer; nothing below the integrations imports them."""
+    edges = _graph()
+    upward = sorted(f"{m} -> {t}" for m, ts in edges.items() if m != "jax_mxfp4"
+                    for t in ts if _layer(t) > _layer(m))
+    assert upward == []
+
+
 def test_platform_detection_is_one_module_importing_nothing_of_the_package():
     edges = _graph()
     assert edges["jax_mxfp4.platform"] == set()
