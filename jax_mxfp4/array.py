@@ -99,10 +99,6 @@ class MXFP4Array(ArraysWithRecord):
         """Bytes held by data and scales (4.25 bits per element in the plain layout)."""
         return int(np.prod(self.data.shape)) + int(np.prod(self.scales.shape))
 
-    @property
-    def block_size(self) -> int:
-        return BLOCK_SIZE
-
     def __repr__(self) -> str:
         return (
             f"MXFP4Array(shape={self.shape}, dtype={self.dtype.name}, axis={self.axis}, "
