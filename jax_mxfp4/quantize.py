@@ -72,16 +72,8 @@ def quantize(
         integers: JAX would return an exact zero; :func:`jax_mxfp4.dot_general` passes gradients
         straight through its quantizers instead).
     """
-    checks.check_float_input(x, "x")
-    axis = checks.normalize_axis(axis, jnp.ndim(x), "axis")
-    checks.check_block_multiple(x.shape[axis], axis, "x")
-    sharding.check_dim_blocks(x, axis, "x", f"the quantized axis {axis}")
-    checks.check_scale_mode(scale_mode)
-    checks.check_rounding(rounding, key)
+    x, axis, key = _checked_input(x, axis, scale_mode, rounding, key, "jax_mxfp4.quantize")
     checks.check_scale_layout(scale_layout)
-    x = not_differentiable(x, "jax_mxfp4.quantize")
-    if rounding == "nearest":
-        key = None
     # GPU fast path (both roundings): one fused Pallas pass, bit-identical to _quantize_impl.
     from .kernels import quantize_kernel as fused
 
@@ -89,6 +81,18 @@ def quantize(
     data, scales = impl(x, key, axis=axis, scale_mode=scale_mode, rounding=rounding)
     q = MXFP4Array(data, scales, axis, x.shape, x.dtype, scale_mode, "plain")
     return q.with_scale_layout(scale_layout)
+
+
+def _checked_input(x, axis, scale_mode, rounding, key, fn: str):
+    """The argument rules of :func:`quantize` (its Raises) for ``x`` quantized along ``axis``:
+    returns (``x`` made non-differentiable, ``axis`` non-negative, ``key`` or None for "nearest")."""
+    checks.check_float_input(x, "x")
+    axis = checks.normalize_axis(axis, jnp.ndim(x), "axis")
+    checks.check_block_multiple(x.shape[axis], axis, "x")
+    sharding.check_dim_blocks(x, axis, "x", f"the quantized axis {axis}")
+    checks.check_scale_mode(scale_mode)
+    checks.check_rounding(rounding, key)
+    return not_differentiable(x, fn), axis, (key if rounding == "stochastic" else None)
 
 
 def fused_path(x) -> bool:
@@ -158,12 +162,7 @@ def quantize_rotated(
     if not fused_rotation_path(x):
         return quantize(hd.random_hadamard_transform(x, axis, seed, block), axis, scale_mode=scale_mode,
                         rounding=rounding, key=key)
-    checks.check_block_multiple(x.shape[axis], axis, "x")
-    checks.check_scale_mode(scale_mode)
-    checks.check_rounding(rounding, key)
-    x = not_differentiable(x, "jax_mxfp4.quantize_rotated")
-    if rounding == "nearest":
-        key = None
+    x, axis, key = _checked_input(x, axis, scale_mode, rounding, key, "jax_mxfp4.quantize_rotated")
     data, scales = fused.quantize_impl(x, key, axis=axis, scale_mode=scale_mode, rounding=rounding,
                                        hadamard=(block, seed))
     return MXFP4Array(data, scales, axis, x.shape, jnp.dtype(jnp.float32), scale_mode, "plain")
