@@ -161,16 +161,8 @@ def _swar_ptx() -> str:
                 return f"0x{v:08X}" if v > 0xFF else str(v)
             return where.get(v, f"{v}{k}")
 
-        for op, dst, *src in _SWAR_WORD:
-            if op in ("max16", "min16", "fma_bf16x2"):  # packed types take registers only
-                src_regs = []
-                for v in src:
-                    if isinstance(v, int):
-                        raise ValueError("packed SWAR operations take registers")
-                    src_regs.append(opnd(v))
-                lines.append(f"{_PTX_OPS[op]} {dst}{k}, {', '.join(src_regs)};")
-            else:
-                lines.append(f"{_PTX_OPS[op]} {dst}{k}, {', '.join(opnd(v) for v in src)};")
+        for op, dst, *src in _SWAR_WORD:  # (the packed max16/min16/fma_bf16x2 take registers only)
+            lines.append(f"{_PTX_OPS[op]} {dst}{k}, {', '.join(opnd(v) for v in src)};")
     lines += ["prmt.b32 u01, r0, r1, 0x0040;", "prmt.b32 u23, r2, r3, 0x0040;", "prmt.b32 $0, u01, u23, 0x5410;", "}"]
     return "\n".join(lines)
 
