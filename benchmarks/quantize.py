@@ -10,8 +10,9 @@ several programs. Stochastic rounding draws its uniforms in every call, as in re
 
 Bytes counted per quantization: input read once + packed data + scale bytes written once
 ("useful bytes"; stochastic rounding's float32 uniforms are extra traffic, not counted, except
-in the "kernel only" row that takes them as an input and counts them; "uniforms in kernel"
-generates the same uniforms inside the kernel, no extra traffic). Copy: XLA elementwise
+in the "kernel only" row that takes them as an input and counts them; threefry keys have the
+same uniforms generated inside the kernel, no extra traffic, and "rbg key" rows have them drawn
+by XLA and read by the kernel). Copy: XLA elementwise
 ``x * 1.0001`` on the same input (bytes read + written).
 
 Output: quantize.json, quantize.md (the table, also printed) and quantize_bandwidth.png in --out
@@ -116,23 +117,24 @@ def check_exact(dtype, k, rows, interpret, modes=SCALE_MODES):
                          jax.random.normal(jax.random.key(2), (rows, k), jnp.float32).astype(dtype)])
     if interpret:
         x = x[:24]  # the Pallas interpreter is slow
-    cases = [(m, rd, "input") for rd in ROUNDINGS for m in modes] + [(m, "stochastic", "kernel") for m in modes]
+    # threefry keys: uniforms generated in the kernel; rbg keys: the drawn uniforms read by it
+    cases = [(m, rd, "threefry") for rd in ROUNDINGS for m in modes] + [(m, "stochastic", "rbg") for m in modes]
 
     @jax.jit
-    def mismatches(x, key):
+    def mismatches(x, keys):
         counts = []
-        for mode, rounding, uniforms in cases:
-            got = quantize_impl(x, key, axis=1, scale_mode=mode, rounding=rounding, interpret=interpret,
-                                uniforms=uniforms)
+        for mode, rounding, impl in cases:
+            key = keys[impl]
+            got = quantize_impl(x, key, axis=1, scale_mode=mode, rounding=rounding, interpret=interpret)
             want = _quantize_impl(x, key, axis=1, scale_mode=mode, rounding=rounding)
             counts.append(sum(jnp.sum(lax.bitcast_convert_type(g, jnp.uint8) != lax.bitcast_convert_type(w, jnp.uint8))
                               for g, w in zip(got, want)))
         return jnp.stack(counts)
 
-    counts = np.asarray(mismatches(x, jax.random.key(11)))
+    counts = np.asarray(mismatches(x, {"threefry": jax.random.key(11), "rbg": jax.random.key(11, impl="rbg")}))
     out = []
-    for (mode, rounding, uniforms), bad in zip(cases, counts.tolist()):
-        what = f"{mode}/{rounding}" + (" (uniforms in kernel)" if uniforms == "kernel" else "")
+    for (mode, rounding, impl), bad in zip(cases, counts.tolist()):
+        what = f"{mode}/{rounding}" + (" (rbg key: uniforms read)" if impl == "rbg" else "")
         out.append((f"{jnp.dtype(dtype).name} {what}", bad == 0, bad))
         print(f"  exact {jnp.dtype(dtype).name:8s} {what:40s}: {'PASS' if bad == 0 else 'FAIL'}"
               f" ({bad} mismatched bytes of {x.size // 2 + x.size // 32})", flush=True)
@@ -207,12 +209,12 @@ def run(quick, sweep=False, check=True, dtypes=("bfloat16", "float32"), modes=SC
                 fused = lambda x, kd, m=mode, rd=rounding: quantize_impl(  # noqa: E731
                     x, jax.random.wrap_key_data(kd), axis=1, scale_mode=m, rounding=rd, interpret=interpret)
                 add(f"fused {mode}/{rounding}", fair_time(fused, make_xk, **timing), q_bytes, copy_gbs)
-            if rounding == "stochastic":  # uniforms generated in the kernel (no uniform traffic)
+            if rounding == "stochastic":  # an rbg key: uniforms drawn by XLA, read by the kernel
                 for mode in modes[:1] if quick else ("even",):
                     fused = lambda x, kd, m=mode: quantize_impl(  # noqa: E731
-                        x, jax.random.wrap_key_data(kd), axis=1, scale_mode=m, rounding="stochastic",
-                        interpret=interpret, uniforms="kernel")
-                    add(f"fused {mode}/stochastic (uniforms in kernel)",
+                        x, jax.random.key(kd[0], impl="rbg"), axis=1, scale_mode=m, rounding="stochastic",
+                        interpret=interpret)
+                    add(f"fused {mode}/stochastic (rbg key: uniforms read)",
                         fair_time(fused, make_xk, **timing), q_bytes, copy_gbs)
             if quick:
                 continue

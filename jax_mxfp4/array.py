@@ -49,6 +49,9 @@ class MXFP4Array(ArraysWithRecord):
     """
 
     _IS_MXFP4_ARRAY = True  # how jax_mxfp4.checks recognises it without importing this module
+    holds = "an MXFP4Array is packed E2M1 codes plus E8M0 scales"
+    decode_hint = ("decode it with jax_mxfp4.dequantize(q, dtype) (or q.dequantize(dtype)), or read its parts "
+                   "q.data (uint8) and q.scales (float8_e8m0fnu)")
 
     data: Any
     scales: Any
@@ -92,21 +95,9 @@ class MXFP4Array(ArraysWithRecord):
 
     # ---------------------------------------------------------------- conveniences
     @property
-    def ndim(self) -> int:
-        return len(self.shape)
-
-    @property
-    def size(self) -> int:
-        return int(np.prod(self.shape))
-
-    @property
     def nbytes(self) -> int:
         """Bytes held by data and scales (4.25 bits per element in the plain layout)."""
         return int(np.prod(self.data.shape)) + int(np.prod(self.scales.shape))
-
-    @property
-    def block_size(self) -> int:
-        return BLOCK_SIZE
 
     def __repr__(self) -> str:
         return (
@@ -114,12 +105,6 @@ class MXFP4Array(ArraysWithRecord):
             f"scale_mode={self.scale_mode!r}, scale_layout={self.scale_layout!r}"
             + (f", hadamard={self.hadamard}" if self.hadamard is not None else "") + ")"
         )
-
-    def __array__(self, dtype=None, copy=None):
-        raise TypeError(_NOT_DENSE.format(self=self, how="np.asarray/np.array"))
-
-    def __jax_array__(self):
-        raise TypeError(_NOT_DENSE.format(self=self, how="jnp.asarray/jnp.array"))
 
     def dequantize(self, dtype=jnp.float32) -> jax.Array:
         """Same as :func:`jax_mxfp4.dequantize` (which calls this)."""
@@ -151,13 +136,6 @@ class MXFP4Array(ArraysWithRecord):
         else:
             scales = layout.swizzle(jnp.moveaxis(plain, self.axis, -1).reshape(layout.scale_view_2d(self.shape, self.axis)))
         return dataclasses.replace(self, scales=scales, scale_layout=scale_layout)
-
-
-_NOT_DENSE = (
-    "{how} on {self}: an MXFP4Array is packed E2M1 codes plus E8M0 scales, not a dense array; "
-    "decode it with jax_mxfp4.dequantize(q, dtype) (or q.dequantize(dtype)), or read its parts "
-    "q.data (uint8) and q.scales (float8_e8m0fnu)"
-)
 
 
 def _packed_shapes(shape, axis):

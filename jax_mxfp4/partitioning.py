@@ -44,7 +44,7 @@ from .array import MXFP4Array
 from .decode_prepared import DecodePrepared
 from .backends.base import GemmProblem
 from .mx_format import BLOCK_SIZE
-from .sharding import canonical_out_sharding, vary_alike, varying_axes
+from .sharding import canonical_out_sharding, entry_axes, merge_entries, vary_alike, varying_axes
 
 partitioned_gemm_p = Primitive("jax_mxfp4_partitioned_gemm")
 
@@ -144,16 +144,6 @@ def _spec_entries(info, ndim):
     return spec + (None,) * (ndim - len(spec))
 
 
-def _axes(entry):
-    if entry is None:
-        return ()
-    return tuple(entry) if isinstance(entry, tuple) else (entry,)
-
-
-def _entry(axes):
-    return None if not axes else (axes[0] if len(axes) == 1 else tuple(axes))
-
-
 def _partitioned_impl(backend_name: str, problem: GemmProblem):
     """custom_partitioning of the local backend call: one per configuration (backend, operand
     kinds, dtypes, layout, platform, precision), shared by every shape (each call reads its shapes
@@ -173,15 +163,15 @@ def _partitioned_rule(backend_name: str, problem: GemmProblem):
     def partition(mesh, arg_infos, result_infos):
         lspec = _spec_entries(arg_infos[0], 3)
         rspec = _spec_entries(arg_infos[n_lhs], 3)
-        b_axes = _axes(lspec[0])
-        m_axes = tuple(a for a in _axes(lspec[1]) if a not in b_axes)
-        k_axes = tuple(a for a in _axes(lspec[2]) if a not in b_axes + m_axes)
-        n_axes = tuple(a for a in _axes(rspec[1]) if a not in b_axes + m_axes + k_axes)
+        b_axes = entry_axes(lspec[0])
+        m_axes = tuple(a for a in entry_axes(lspec[1]) if a not in b_axes)
+        k_axes = tuple(a for a in entry_axes(lspec[2]) if a not in b_axes + m_axes)
+        n_axes = tuple(a for a in entry_axes(rspec[1]) if a not in b_axes + m_axes + k_axes)
         k_shards = int(np.prod([mesh.shape[a] for a in k_axes])) if k_axes else 1
         k_len = arg_infos[0].shape[2] * (1 if problem.lhs_kind == "float" else 2)
         if (k_len // BLOCK_SIZE) % k_shards:  # a shard may not split a 32-element block
             k_axes, k_shards = (), 1
-        b, m, n, k = _entry(b_axes), _entry(m_axes), _entry(n_axes), _entry(k_axes)
+        b, m, n, k = merge_entries(b_axes), merge_entries(m_axes), merge_entries(n_axes), merge_entries(k_axes)
         lhs_s = NamedSharding(mesh, PartitionSpec(b, m, k))
         rhs_s = NamedSharding(mesh, PartitionSpec(b, n, k))
         out_s = NamedSharding(mesh, PartitionSpec(b, m, n))

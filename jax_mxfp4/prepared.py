@@ -1,28 +1,20 @@
 """What the weight forms arranged once from an MXFP4Array share (:class:`jax_mxfp4.FP8Prepared`,
-:class:`jax_mxfp4.DecodePrepared`): the logical ``shape``/``ndim``/``size``, ``dequantize`` through
-the exact round trip ``to_mxfp4()``, the refusal to pass for a dense array, and the check of the
-``hadamard`` record they carry over from the MXFP4Array."""
+:class:`jax_mxfp4.DecodePrepared`): ``dequantize`` through the exact round trip ``to_mxfp4()``,
+the decoding hint of a refused dense conversion, and the check of the ``hadamard`` record they
+carry over from the MXFP4Array."""
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 
 class PreparedWeight:
-    """Mixin: a subclass has static ``shape``, a method ``to_mxfp4()`` (bit-exact) and a class
-    attribute ``holds`` (what its children are, for the error text)."""
+    """Mixin of an :class:`jax_mxfp4.pytree.ArraysWithRecord` with static ``shape``, a method
+    ``to_mxfp4()`` (bit-exact) and a class attribute ``holds`` (what its children are, for the
+    error text)."""
 
-    holds = "a prepared MXFP4 weight"
-
-    @property
-    def ndim(self) -> int:
-        return len(self.shape)
-
-    @property
-    def size(self) -> int:
-        return int(np.prod(self.shape))
+    decode_hint = "decode it with q.dequantize(dtype), or get the exact MXFP4Array back with q.to_mxfp4()"
 
     def dequantize(self, dtype=jnp.float32) -> jax.Array:
         """Same values as ``jax_mxfp4.dequantize(self.to_mxfp4(), dtype)`` (logical shape)."""
@@ -50,14 +42,3 @@ class PreparedWeight:
                 got = (tuple(v.shape), jnp.dtype(v.dtype).name) if hasattr(v, "shape") else type(v).__name__
                 raise ValueError(f"{type(self).__name__}.{name} must be {jnp.dtype(wdtype).name} of shape "
                                  f"{tuple(wshape)} ({where}), got {got}")
-
-    def _not_dense(self, how: str) -> TypeError:
-        return TypeError(
-            f"{how} on {self!r}: {self.holds}, not a dense array; decode it with q.dequantize(dtype), or "
-            "get the exact MXFP4Array back with q.to_mxfp4()")
-
-    def __array__(self, dtype=None, copy=None):
-        raise self._not_dense("np.asarray/np.array")
-
-    def __jax_array__(self):
-        raise self._not_dense("jnp.asarray/jnp.array")

@@ -72,26 +72,30 @@ def quantize(
         integers: JAX would return an exact zero; :func:`jax_mxfp4.dot_general` passes gradients
         straight through its quantizers instead).
     """
+    x, axis, key = _checked_input(x, axis, scale_mode, rounding, key, "jax_mxfp4.quantize")
+    checks.check_scale_layout(scale_layout)
+    # GPU fast path (both roundings): one fused Pallas pass, bit-identical to _quantize_impl.
+    from .kernels import quantize_kernel as fused
+
+    impl = fused.quantize_impl if fused_path(x) else _quantize_impl
+    data, scales = impl(x, key, axis=axis, scale_mode=scale_mode, rounding=rounding)
+    q = MXFP4Array(data, scales, axis, x.shape, x.dtype, scale_mode, "plain")
+    return q.with_scale_layout(scale_layout)
+
+
+def _checked_input(x, axis, scale_mode, rounding, key, fn: str):
+    """The argument rules of :func:`quantize` (its Raises) for ``x`` quantized along ``axis``:
+    returns (``x`` made non-differentiable, ``axis`` non-negative, ``key`` or None for "nearest")."""
     checks.check_float_input(x, "x")
     axis = checks.normalize_axis(axis, jnp.ndim(x), "axis")
     checks.check_block_multiple(x.shape[axis], axis, "x")
     sharding.check_dim_blocks(x, axis, "x", f"the quantized axis {axis}")
     checks.check_scale_mode(scale_mode)
     checks.check_rounding(rounding, key)
-    checks.check_scale_layout(scale_layout)
-    x = not_differentiable(x, "jax_mxfp4.quantize")
-    if rounding == "nearest":
-        key = None
-    # GPU fast path (both roundings): one fused Pallas pass, bit-identical to _quantize_impl.
-    from .kernels import quantize_kernel as fused
-
-    impl = fused.quantize_impl if fused_path(x, rounding) else _quantize_impl
-    data, scales = impl(x, key, axis=axis, scale_mode=scale_mode, rounding=rounding)
-    q = MXFP4Array(data, scales, axis, x.shape, x.dtype, scale_mode, "plain")
-    return q.with_scale_layout(scale_layout)
+    return not_differentiable(x, fn), axis, (key if rounding == "stochastic" else None)
 
 
-def fused_path(x, rounding: str = "nearest") -> bool:
+def fused_path(x) -> bool:
     """Whether :func:`quantize` of ``x`` runs the fused Pallas quantizer (GPU fast path,
     :func:`jax_mxfp4.kernels.quantize_kernel.fast_path_enabled`) rather than the reference jnp path.
 
@@ -106,13 +110,13 @@ def fused_path(x, rounding: str = "nearest") -> bool:
     if any(checks.is_symbolic(d) for d in x.shape):
         return False  # shape polymorphism: the kernel's grid needs static shapes; jnp takes symbolic dims
     # an empty array has no kernel grid: the reference path returns its empty result
-    return x.size > 0 and fused.fast_path_enabled(current_platform(), rounding, x.size) and sharding.kernel_may_run(x)
+    return x.size > 0 and fused.fast_path_enabled(current_platform(), x.size) and sharding.kernel_may_run(x)
 
 
-def fused_rotation_path(x, rounding: str = "nearest") -> bool:
+def fused_rotation_path(x) -> bool:
     """Whether :func:`quantize_rotated` of ``x`` runs the rotation inside the fused quantizer:
     wherever :func:`fused_path` takes the fused quantizer (both forms give the same bits)."""
-    return fused_path(x, rounding)
+    return fused_path(x)
 
 
 def quantize_rotated(
@@ -155,15 +159,10 @@ def quantize_rotated(
     checks.check_float_input(x, "x")
     axis = checks.normalize_axis(axis, jnp.ndim(x), "axis")
     hd.check_length(x.shape[axis], block, "x")
-    if not fused_rotation_path(x, rounding):
+    if not fused_rotation_path(x):
         return quantize(hd.random_hadamard_transform(x, axis, seed, block), axis, scale_mode=scale_mode,
                         rounding=rounding, key=key)
-    checks.check_block_multiple(x.shape[axis], axis, "x")
-    checks.check_scale_mode(scale_mode)
-    checks.check_rounding(rounding, key)
-    x = not_differentiable(x, "jax_mxfp4.quantize_rotated")
-    if rounding == "nearest":
-        key = None
+    x, axis, key = _checked_input(x, axis, scale_mode, rounding, key, "jax_mxfp4.quantize_rotated")
     data, scales = fused.quantize_impl(x, key, axis=axis, scale_mode=scale_mode, rounding=rounding,
                                        hadamard=(block, seed))
     return MXFP4Array(data, scales, axis, x.shape, jnp.dtype(jnp.float32), scale_mode, "plain")

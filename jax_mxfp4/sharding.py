@@ -47,7 +47,8 @@ def explicit_specs(*xs):
     return mesh, [explicit_spec(x) or (None,) * jax.typeof(x).ndim for x in xs]
 
 
-def _axes(entry) -> tuple[str, ...]:
+def entry_axes(entry) -> tuple[str, ...]:
+    """The mesh axis names of one PartitionSpec entry (None, a name or a tuple of names)."""
     if entry is None:
         return ()
     return tuple(entry) if isinstance(entry, tuple) else (entry,)
@@ -55,14 +56,14 @@ def _axes(entry) -> tuple[str, ...]:
 
 def merge_entries(entries) -> str | tuple | None:
     """Spec entry of a dim formed by merging dims with ``entries`` (row-major)."""
-    axes = tuple(a for e in entries for a in _axes(e))
+    axes = tuple(a for e in entries for a in entry_axes(e))
     if not axes:
         return None
     return axes[0] if len(axes) == 1 else axes
 
 
 def axis_size(mesh, entry) -> int:
-    return math.prod(mesh.shape[a] for a in _axes(entry))
+    return math.prod(mesh.shape[a] for a in entry_axes(entry))
 
 
 def canonical_operand_spec(spec, perm, n_batch, n_free) -> tuple:
@@ -88,7 +89,7 @@ def check_block_shards(mesh, entry, length: int, name: str, what: str = "the con
     if not whole_blocks(mesh, entry, length):
         shards = axis_size(mesh, entry)
         raise ValueError(
-            f"{name}: {what} of length {length} is sharded over mesh axes {_axes(entry)} ({shards} "
+            f"{name}: {what} of length {length} is sharded over mesh axes {entry_axes(entry)} ({shards} "
             f"shards), so a shard would split a 32-element MXFP4 block ({length} is not a multiple of "
             f"32 x {shards} = {BLOCK_SIZE * shards}); reshard that dim so each shard holds a multiple "
             "of 32 elements, or leave it unsharded"
@@ -118,12 +119,12 @@ def gather_partial_blocks(x, axis: int, padded_length: int | None = None):
     if spec is None:
         return x
     mesh, length = mesh_of(x), x.shape[axis]
-    axes = _axes(spec[axis])
+    axes = entry_axes(spec[axis])
     if padded_length is not None and padded_length != length:
         axes = ()
     while axes and not whole_blocks(mesh, axes, length):
         axes = axes[:-1]
-    if axes == _axes(spec[axis]):
+    if axes == entry_axes(spec[axis]):
         return x
     new = list(spec)
     new[axis] = merge_entries([axes])
@@ -189,10 +190,10 @@ def named(mesh, *entries) -> NamedSharding:
 def logical_out_entries(lhs_entries, rhs_free_entries) -> list:
     """Spec entries of dot_general's output dims (lhs batch + free dims, then rhs free dims),
     dropping from the rhs dims mesh axes that the lhs dims already use (as canonical_out_spec)."""
-    used = {a for e in lhs_entries for a in _axes(e)}
+    used = {a for e in lhs_entries for a in entry_axes(e)}
     out = list(lhs_entries)
     for e in rhs_free_entries:
-        keep = tuple(a for a in _axes(e) if a not in used)
+        keep = tuple(a for a in entry_axes(e) if a not in used)
         used |= set(keep)
         out.append(merge_entries(keep))
     return out
@@ -202,8 +203,8 @@ def canonical_out_spec(lhs_spec, rhs_spec) -> tuple:
     """(B, M, N) spec of the canonical GEMM output; N drops mesh axes already used by B or M."""
     b, m, _ = lhs_spec
     n = rhs_spec[1]
-    used = set(_axes(b)) | set(_axes(m))
-    n_axes = tuple(a for a in _axes(n) if a not in used)
+    used = set(entry_axes(b)) | set(entry_axes(m))
+    n_axes = tuple(a for a in entry_axes(n) if a not in used)
     return b, m, merge_entries(n_axes)
 
 

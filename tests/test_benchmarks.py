@@ -135,7 +135,7 @@ def test_quantize_quick(tmp_path):
     assert quantize.main(["--quick", "--out", str(tmp_path)]) == 0
     res = json.loads((tmp_path / "quantize.json").read_text())
     assert [r["what"] for r in res["rows"]] == ["copy (x*1.0001)", "fused even/nearest", "fused even/stochastic",
-                                                "fused even/stochastic (uniforms in kernel)"]
+                                                "fused even/stochastic (rbg key: uniforms read)"]
     assert all(_finite_positive(r["median_s"], r["gb_s"], r["ratio_vs_copy"]) for r in res["rows"])
     assert res["checks"] and all(c["ok"] for c in res["checks"])  # fused == reference, bit for bit
     assert "x copy" in (tmp_path / "quantize.md").read_text()

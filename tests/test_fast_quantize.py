@@ -232,8 +232,7 @@ def test_threefry_uniform_equals_jax_random_uniform(key):
 def test_stochastic_uniforms_in_kernel_bit_identical(scale_mode, dtype):
     x = _input(20 + MODES.index(scale_mode), dtype, scale_mode)
     for key in (jax.random.key(31), jax.random.PRNGKey(32)):
-        got = quantize_impl(x, key, axis=1, scale_mode=scale_mode, rounding="stochastic", interpret=True, cfg=CFG,
-                            uniforms="kernel")
+        got = quantize_impl(x, key, axis=1, scale_mode=scale_mode, rounding="stochastic", interpret=True, cfg=CFG)
         _same(got, _quantize_impl(x, key, axis=1, scale_mode=scale_mode, rounding="stochastic"))
 
 
@@ -271,11 +270,11 @@ def test_stochastic_with_given_uniforms_matches_float64_model():
 def test_ragged_shapes_axes_and_tiles(shape, axis, cfg, rounding):
     rng = np.random.default_rng(sum(shape))
     x = jnp.asarray(rng.standard_normal(shape) * np.exp2(rng.integers(-20, 20, shape)), jnp.bfloat16)
-    key = jax.random.key(5) if rounding == "stochastic" else None
-    want = _quantize_impl(x, key, axis=axis % x.ndim, scale_mode="even", rounding=rounding)
-    for uniforms in ("input", "kernel") if rounding == "stochastic" else ("input",):
-        got = quantize_impl(x, key, axis=axis % x.ndim, scale_mode="even", rounding=rounding, interpret=True, cfg=cfg,
-                            uniforms=uniforms)
+    # stochastic: a threefry key (uniforms generated in the kernel) and an rbg key (uniforms read)
+    keys = (jax.random.key(5), jax.random.key(5, impl="rbg")) if rounding == "stochastic" else (None,)
+    for key in keys:
+        want = _quantize_impl(x, key, axis=axis % x.ndim, scale_mode="even", rounding=rounding)
+        got = quantize_impl(x, key, axis=axis % x.ndim, scale_mode="even", rounding=rounding, interpret=True, cfg=cfg)
         _same(got, want)
 
 
@@ -286,9 +285,6 @@ def test_quantize_2d_and_impl_refuse_bad_arguments():
         quantize_2d(jnp.zeros((4, 2, 32)), interpret=True)
     with pytest.raises(ValueError, match="not both"):
         quantize_2d(jnp.zeros((4, 32)), jnp.zeros((4, 32)), key_data=jnp.zeros(2, jnp.uint32), interpret=True)
-    with pytest.raises(ValueError, match="uniforms"):
-        quantize_impl(jnp.zeros((4, 32)), jax.random.key(0), axis=1, scale_mode="even", rounding="stochastic",
-                      interpret=True, uniforms="device")
 
 
 def test_inputs_too_large_for_int32_offsets_take_the_reference(monkeypatch):
@@ -297,8 +293,8 @@ def test_inputs_too_large_for_int32_offsets_take_the_reference(monkeypatch):
     import jax_mxfp4.kernels.quantize_kernel as fused
 
     monkeypatch.setattr(fused, "MAX_KERNEL_ELEMENTS", 64 * 96)
-    assert fused.fast_path_enabled("cuda", "nearest", 64 * 96 - 1)
-    assert not fused.fast_path_enabled("cuda", "nearest", 64 * 96)
+    assert fused.fast_path_enabled("cuda", 64 * 96 - 1)
+    assert not fused.fast_path_enabled("cuda", 64 * 96)
     x = jnp.asarray(np.random.default_rng(4).standard_normal((64, 96)), jnp.float32)
     with pytest.raises(ValueError, match="int32"):
         fused.quantize_impl(x, None, axis=1, scale_mode="ceil", rounding="nearest", interpret=True)
@@ -307,9 +303,8 @@ def test_inputs_too_large_for_int32_offsets_take_the_reference(monkeypatch):
 def test_fast_path_on_gpus_for_both_roundings(monkeypatch):
     assert not fast_path_enabled("cpu")
     assert fast_path_enabled("cuda") and fast_path_enabled("rocm")
-    assert fast_path_enabled("cuda", "stochastic") and fast_path_enabled("rocm", "stochastic")
     monkeypatch.setenv("JAX_MXFP4_KERNELS", "0")
-    assert not fast_path_enabled("cuda") and not fast_path_enabled("cuda", "stochastic")
+    assert not fast_path_enabled("cuda")
 
 
 def test_config_validation():

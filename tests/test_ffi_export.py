@@ -9,7 +9,6 @@ from __future__ import annotations
 import pathlib
 import re
 import textwrap
-import warnings
 
 import jax
 import jax.numpy as jnp
@@ -19,7 +18,7 @@ import pytest
 import jax_mxfp4 as mx
 import jax_mxfp4.ffi
 from jax_mxfp4 import Recipe
-from jax_mxfp4.ffi import export_safety_checks, target_platforms
+from jax_mxfp4.ffi import export_safety_checks
 
 M, N, K = 64, 32, 256
 DN = (((1,), (1,)), ((), ()))
@@ -127,16 +126,6 @@ def test_explicit_hipblaslt_keeps_its_shape_rules_on_cpu():
         gemm("hipblaslt")(*[jnp.ones(a.shape) for a in args(64, 32, 384)])
 
 
-def test_target_platforms_is_a_deprecated_no_op():
-    with pytest.warns(DeprecationWarning, match="no effect"):
-        with target_platforms("rocm"):
-            exp = export(gemm("hipblaslt"), "rocm")(*args())
-    assert custom_calls(exp.mlir_module())
-    with pytest.raises(ValueError, match="platform must be one of"):
-        with target_platforms("ROCM"):
-            pass
-
-
 # ---- Every export example in the documentation runs as written.
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -168,9 +157,7 @@ def test_the_documentation_has_export_examples():
 def test_export_examples_run_as_written(source):
     blocks = _readme_examples() if source == "readme" else _docstring_examples()
     for code in blocks:
-        with warnings.catch_warnings():
-            warnings.filterwarnings("error", message=".*target_platforms.*")  # no deprecated API
-            exec(compile(code, f"<{source} export example>", "exec"), {})
+        exec(compile(code, f"<{source} export example>", "exec"), {})
 
 
 def test_rocm_export_through_xla_scaled_dot_forward_and_vjp():

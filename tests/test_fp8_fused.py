@@ -108,8 +108,7 @@ def test_kernel_reads_the_reference_uniforms(impl, dtype, rng):
     rows, kq = 10, 96
     x = _hard_rows(rng, rows, kq, dtype)
     key = _key(impl, rng)
-    uniform, key_data = kquant.sr_uniforms(key, (rows, kq // 32, 32), "input")
-    assert key_data is None and uniform.shape == (rows, kq // 32, 32)
+    uniform = jax.random.uniform(key, (rows, kq // 32, 32), jnp.float32)
     cfg = fq.Fp8QuantizeConfig(rows=4, num_warps=4)
     got = fq.quantize_fp8_2d(x, uniform=uniform, cfg=cfg, interpret=True)
     _assert_same(got, _reference(x, 1, "stochastic", key))
@@ -122,7 +121,7 @@ def test_kernel_reads_the_reference_uniforms(impl, dtype, rng):
 
 def test_sr_uniforms_chooses_the_source_and_draws_the_reference_values():
     """kernels.quantize_kernel.sr_uniforms: key data for threefry keys (typed or legacy raw), the
-    reference's draw jax.random.uniform(key, shape) for rbg keys or uniforms="input"."""
+    reference's draw jax.random.uniform(key, shape) for rbg keys."""
     shape = (3, 2, 32)
     key = jax.random.key(7)
     u, kd = kquant.sr_uniforms(key, shape)
@@ -130,12 +129,10 @@ def test_sr_uniforms_chooses_the_source_and_draws_the_reference_values():
     raw = jax.random.PRNGKey(7)  # legacy uint32[2] under the default threefry implementation
     u, kd = kquant.sr_uniforms(raw, shape)
     assert u is None and kd is raw
-    for k in (jax.random.key(7, impl="rbg"), jax.random.key(7, impl="unsafe_rbg"), key):
-        u, kd = kquant.sr_uniforms(k, shape, "input" if k is key else None)
+    for k in (jax.random.key(7, impl="rbg"), jax.random.key(7, impl="unsafe_rbg")):
+        u, kd = kquant.sr_uniforms(k, shape)
         assert kd is None and u.dtype == jnp.float32 and u.shape == shape
         np.testing.assert_array_equal(np.asarray(u), np.asarray(jax.random.uniform(k, shape, jnp.float32)))
-    with pytest.raises(ValueError, match="uniforms must be 'input' or 'kernel'"):
-        kquant.sr_uniforms(key, shape, "xla")
 
 
 def _sr_model(x, u, scale_mode):
@@ -214,16 +211,13 @@ def test_kernel_uniform_errors_name_the_argument():
 
 @pytest.mark.sweep(keep=2)
 @pytest.mark.parametrize("layout", ["rows", "transposed"])
-@pytest.mark.parametrize("impl", ["threefry2x32", "threefry2x32-input", "rbg", "unsafe_rbg"])
+@pytest.mark.parametrize("impl", ["threefry2x32", "rbg", "unsafe_rbg"])
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
-def test_fused_sr_operand_equals_unfused(monkeypatch, layout, impl, dtype, rng):
+def test_fused_sr_operand_equals_unfused(layout, impl, dtype, rng):
     """backends.fp8.fused_operand with stochastic rounding, the operand of dgrad (dY along N: rows) and
     of wgrad (dY along the token axis M: transposed by XLA, then rows):
-    codes, scales, row_exp and row_flag equal prepare_fp8(quantize(x, axis, "stochastic", key)).
-    "-input": a threefry key with the uniforms read (kernels.quantize_kernel.SR_UNIFORMS = "input")."""
-    if impl.endswith("-input"):
-        monkeypatch.setattr(kquant, "SR_UNIFORMS", "input")
-        impl = impl[:-len("-input")]
+    codes, scales, row_exp and row_flag equal prepare_fp8(quantize(x, axis, "stochastic", key)):
+    threefry keys (uniforms generated in the kernel), rbg keys (the drawn uniforms read)."""
     scale_mode = SCALE_MODES[rng.integers(4)]  # one per case, drawn (the kernel tests cover each)
     hard = _hard_rows(rng, 10, 96, dtype)  # rows x quantized length
     x3, axis = (hard[None], 2) if layout == "rows" else (hard.T[None], 1)
@@ -295,7 +289,7 @@ def test_fused_route_on_cuda(monkeypatch, kernels, want):
         monkeypatch.setenv(KERNELS_ENV, kernels)
     monkeypatch.setattr(training.dispatch, "current_platform", lambda: "cuda")
     monkeypatch.setattr(qmod, "current_platform", lambda: "cuda")
-    monkeypatch.setattr(kq, "fast_path_enabled", lambda platform, rounding, size: platform == "cuda")
+    monkeypatch.setattr(kq, "fast_path_enabled", lambda platform, size: platform == "cuda")
     x = jax.ShapeDtypeStruct((1, 1024, 512), jnp.bfloat16)
     w = jax.ShapeDtypeStruct((1, 768, 512), jnp.bfloat16)
     canon = (((2,), (2,)), ((0,), (0,)))

@@ -77,9 +77,10 @@ def test_fused_rotation_bit_identical_to_two_pass(block, rounding, rng):
         got = quantize_impl(x, key, interpret=True, cfg=CFG, hadamard=(block, seed), **kw)
         xr = random_hadamard_transform(x, 1, seed, block)
         _same(got, _quantize_impl(xr, key, **kw))
-        if rounding == "stochastic":  # the given-uniforms kernel variant as well
-            _same(quantize_impl(x, key, interpret=True, cfg=CFG, hadamard=(block, seed), uniforms="input", **kw),
-                  _quantize_impl(xr, key, **kw))
+        if rounding == "stochastic":  # an rbg key: the kernel reads the drawn uniforms
+            rbg = jax.random.key(int(rng.integers(1 << 30)), impl="rbg")
+            _same(quantize_impl(x, rbg, interpret=True, cfg=CFG, hadamard=(block, seed), **kw),
+                  _quantize_impl(xr, rbg, **kw))
         else:  # independent oracle: NumPy float32 transform + float64 quantizer model (not the tiny row)
             keep = np.arange(rows) != 6
             with np.errstate(invalid="ignore", over="ignore"):  # the NaN/Inf/3e38 rows
@@ -129,7 +130,7 @@ def test_fused_rotation_lowers_to_triton_for_cuda(dtype):
 @pytest.fixture
 def fused_on_cpu(monkeypatch):
     """Route quantize/quantize_rotated to the fused kernel (Pallas interpreter) as on a GPU."""
-    monkeypatch.setattr(quantize_mod, "fused_path", lambda x, rounding="nearest": True)
+    monkeypatch.setattr(quantize_mod, "fused_path", lambda x: True)
     monkeypatch.setattr(fused, "quantize_impl", functools.partial(quantize_impl, interpret=True))
 
 
@@ -181,8 +182,8 @@ def test_training_passes_fused_rotation_bit_identical(fused_on_cpu, monkeypatch,
     assert sum(h == (64, h[1]) for h in calls if h) == 6, calls  # fprop, dgrad, wgrad: 2 operands each
     calls.clear()
     # the two-pass form (the jnp rotation, then the fused quantizer)
-    monkeypatch.setattr(quantize_mod, "fused_rotation_path", lambda x, rounding="nearest": False)
-    monkeypatch.setattr(training, "fused_rotation_path", lambda x, rounding="nearest": False)
+    monkeypatch.setattr(quantize_mod, "fused_rotation_path", lambda x: False)
+    monkeypatch.setattr(training, "fused_rotation_path", lambda x: False)
     want = jax.jit(jax.value_and_grad(loss, argnums=(0, 1)))(x, w)
     assert calls and not any(calls)  # the quantizer kernel without the rotation
     for g, v in zip(jax.tree.leaves(got), jax.tree.leaves(want)):

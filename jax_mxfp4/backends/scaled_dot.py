@@ -5,7 +5,7 @@ elsewhere it decomposes to a bf16 convert-multiply-dot (exact: E2M1 x E8M0 value
 values, their products are exact in float32, and it accumulates in float32). ``lax.scaled_dot``
 is not differentiable in JAX 0.10, but backends only ever run forward GEMMs (the custom VJP of
 :func:`jax_mxfp4.dot_general` calls them for fprop, dgrad and wgrad), so "auto" may pick it on
-CUDA GPUs, where it measured fastest for large a4w4 GEMMs (NVIDIA H200, 2026-11-29).
+CUDA GPUs for what "fp8" and "pallas" (ahead in :data:`jax_mxfp4.dispatch.AUTO_ORDER`) decline.
 
 On ROCm it is XLA's own route to hipBLASLt: upstream XLA serves the ``xla.scaled_dot`` composite
 with its autotuned hipBLASLt block-scaled call ``__cublas$lt$matmul$mx`` (read in sources,

@@ -33,15 +33,9 @@ they fail.
 
 from __future__ import annotations
 
-import contextlib
-import warnings
-
 import jax
 
 from .registration import CPU_TARGET, HIPBLASLT_TARGET, NATIVE_IMPORT_ERROR, hipblaslt_status
-
-_KNOWN_PLATFORMS = ("cpu", "rocm", "cuda", "tpu")
-
 
 PALLAS_TRITON_TARGET = "__gpu$xla.gpu.triton"
 """The custom call of Pallas Triton kernels (backend "pallas" on CUDA/ROCm)."""
@@ -56,30 +50,10 @@ def export_safety_checks() -> list:
     return [jax.export.DisabledSafetyCheck.custom_call(t) for t in targets]
 
 
-@contextlib.contextmanager
-def target_platforms(*platforms: str):
-    """Deprecated, no effect: GEMMs are staged per platform without it (module docstring).
-
-    Kept so that code written for the earlier API runs; warns ``DeprecationWarning``. Raises
-    ValueError for a platform name outside ("cpu", "rocm", "cuda", "tpu").
-    """
-    for p in platforms:
-        if p not in _KNOWN_PLATFORMS:
-            raise ValueError(f"target_platforms: platform must be one of {_KNOWN_PLATFORMS}, got {p!r}")
-    warnings.warn(
-        "jax_mxfp4.ffi.target_platforms is deprecated and has no effect: jax.export(..., "
-        "platforms=[...]) lowers each platform's own GEMM path without it",
-        DeprecationWarning,
-        stacklevel=3,
-    )
-    yield
-
-
 __all__ = [
     "CPU_TARGET",
     "HIPBLASLT_TARGET",
     "NATIVE_IMPORT_ERROR",
     "export_safety_checks",
     "hipblaslt_status",
-    "target_platforms",
 ]

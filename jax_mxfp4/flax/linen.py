@@ -215,10 +215,8 @@ class DenseGeneral(nn.Module):
     def _mx_kernel_dims(self, args, kwargs, kernel_ndim):
         """(contracted kernel axis or None if several, kernel batch dims) of a call: read by
         :func:`jax_mxfp4.flax.consumed_kernels`."""
-        axis = self.axis if isinstance(self.axis, (tuple, list)) else (self.axis,)
-        batch = self.batch_dims if isinstance(self.batch_dims, (tuple, list)) else (self.batch_dims,)
-        n_batch = len(tuple(batch))
-        return (n_batch if len(tuple(axis)) == 1 else None), tuple(range(n_batch))
+        n_batch = len(_canonicalize_tuple(self.batch_dims))
+        return (n_batch if len(_canonicalize_tuple(self.axis)) == 1 else None), tuple(range(n_batch))
 
 
 class Einsum(nn.Einsum):

@@ -24,6 +24,15 @@ def _stream(rngs, collection):
     raise TypeError(f"rngs must be an nnx.Rngs, an nnx.RngStream, a PRNG key or None, got {type(rngs).__name__}")
 
 
+def _set_rounding(layer, recipe, rng_collection, rounding_rngs):
+    """The layer's ``recipe``, ``rng_collection`` and ``rounding_rngs`` (the stream forked at
+    construction, or None), read by :func:`_rounding_key`."""
+    layer.recipe = recipe
+    layer.rng_collection = rng_collection
+    stream = _stream(rounding_rngs, rng_collection)
+    layer.rounding_rngs = stream.fork() if stream is not None else nnx.data(None)
+
+
 def _rounding_key(layer, rngs):
     """The stochastic-rounding key of one call of ``layer`` (its ``recipe``, ``rng_collection``,
     ``rounding_rngs``), first found of: the call's ``rngs``, the layer's stream, None (fallback)."""
@@ -79,14 +88,7 @@ class Linear(nnx.Linear):
                     f"flax.nnx.Linear({name}=...) for another dot_general"
                 )
         super().__init__(in_features, out_features, **kwargs)
-        self.recipe = recipe
-        self.rng_collection = rng_collection
-        stream = _stream(rounding_rngs, rng_collection)
-        self.rounding_rngs = stream.fork() if stream is not None else nnx.data(None)
-
-    def _rounding_key(self, rngs):
-        return _rounding_key(self, rngs)
-
+        _set_rounding(self, recipe, rng_collection, rounding_rngs)
     def __call__(self, inputs, out_sharding=None, *, rngs=None):
         """inputs [..., in_features] -> [..., out_features] in the computation dtype (``dtype``, or
         promoted from inputs, kernel and bias). ``rngs``: the rounding key source (class docstring)."""
@@ -96,7 +98,7 @@ class Linear(nnx.Linear):
             inputs, kernel, bias, self.dtype, self.recipe, self.promote_dtype,
             ((self.in_features, self.out_features), (0,), ()),
         )
-        y = _dense(inputs, kernel, bias, self.recipe, self._rounding_key(rngs), out_dtype)
+        y = _dense(inputs, kernel, bias, self.recipe, _rounding_key(self, rngs), out_dtype)
         if out_sharding is not None:  # explicit-mesh types are changed by reshard, Auto ones constrained
             explicit = sharding.explicit_spec(y) is not None
             y = (jax.sharding.reshard if explicit else jax.lax.with_sharding_constraint)(y, out_sharding)
@@ -210,10 +212,7 @@ class RaggedDense(nnx.Module):
         self.kernel = nnx.Param(kernel_init(rngs.params(), (num_experts, in_features, out_features), param_dtype))
         self.bias = (nnx.Param(bias_init(rngs.params(), (num_experts, out_features), param_dtype)) if use_bias
                      else nnx.data(None))
-        self.recipe = recipe
-        self.rng_collection = rng_collection
-        stream = _stream(rounding_rngs, rng_collection)
-        self.rounding_rngs = stream.fork() if stream is not None else nnx.data(None)
+        _set_rounding(self, recipe, rng_collection, rounding_rngs)
 
     def __call__(self, inputs, group_sizes, *, rngs=None):
         """inputs [M, in_features], group_sizes int32 [E] -> [M, out_features] in the computation

@@ -24,12 +24,10 @@ same float32 operations in the same order (:func:`_rotate_tile`): bit-identical 
 output of ``random_hadamard_transform`` (tests/test_fused_hadamard.py), one pass instead of two.
 
 Stochastic rounding consumes the uniforms the reference draws
-(``jax.random.uniform(key, [..., K/32, 32])``, float32, element-aligned with the input), either
-passed in as a second input (``uniforms="input"``, 4 more bytes read per element) or generated in
-the kernel from the key and each element's flat index (``uniforms="kernel"``, Threefry-2x32 as in
-``jax.random``, ~80 integer operations per element, no extra traffic). Either way the bits equal
-the reference's; 32 random bits per element from Threefry are what keep stochastic rounding far
-from copy bandwidth.
+(``jax.random.uniform(key, [..., K/32, 32])``, float32, element-aligned with the input): generated
+in the kernel from the key and each element's flat index (Threefry-2x32 as in ``jax.random``, no
+extra traffic) where :func:`kernel_rng_supported`, else passed in as a second input (4 more
+bytes read per element). Either way the bits equal the reference's.
 """
 
 from __future__ import annotations
@@ -163,16 +161,8 @@ def _swar_ptx() -> str:
                 return f"0x{v:08X}" if v > 0xFF else str(v)
             return where.get(v, f"{v}{k}")
 
-        for op, dst, *src in _SWAR_WORD:
-            if op in ("max16", "min16", "fma_bf16x2"):  # packed types take registers only
-                src_regs = []
-                for v in src:
-                    if isinstance(v, int):
-                        raise ValueError("packed SWAR operations take registers")
-                    src_regs.append(opnd(v))
-                lines.append(f"{_PTX_OPS[op]} {dst}{k}, {', '.join(src_regs)};")
-            else:
-                lines.append(f"{_PTX_OPS[op]} {dst}{k}, {', '.join(opnd(v) for v in src)};")
+        for op, dst, *src in _SWAR_WORD:  # (the packed max16/min16/fma_bf16x2 take registers only)
+            lines.append(f"{_PTX_OPS[op]} {dst}{k}, {', '.join(opnd(v) for v in src)};")
     lines += ["prmt.b32 u01, r0, r1, 0x0040;", "prmt.b32 u23, r2, r3, 0x0040;", "prmt.b32 $0, u01, u23, 0x5410;", "}"]
     return "\n".join(lines)
 
@@ -553,17 +543,11 @@ def quantize_2d(x, uniform=None, *, key_data=None, scale_mode="even", cfg: Quant
     return data.reshape(n_rows, k // 2), byte
 
 
-def fast_path_enabled(platform: str, rounding: str = "nearest", size: int = 0) -> bool:
-    """Whether :func:`jax_mxfp4.quantize` uses this kernel: on CUDA/ROCm, for both roundings,
-    for inputs of fewer than :data:`MAX_KERNEL_ELEMENTS` elements (``size``; the kernel's element
-    offsets are int32), unless custom kernels are off
-(``JAX_MXFP4_KERNELS=0``, :func:`jax_mxfp4.platform.kernels_enabled`).
-
-    ``rounding`` is accepted for callers that ask per rounding; both are bit-identical to the
-    reference (stochastic rounding builds its sign nibble with integer operations, so the -0.0
-    that Triton's ``0 - x`` negation lost before is kept).
-    """
-    del rounding
+def fast_path_enabled(platform: str, size: int = 0) -> bool:
+    """Whether :func:`jax_mxfp4.quantize` uses this kernel (both roundings): on CUDA/ROCm, for
+    inputs of fewer than :data:`MAX_KERNEL_ELEMENTS` elements (``size``; the kernel's element
+    offsets are int32), unless custom kernels are off (``JAX_MXFP4_KERNELS=0``,
+    :func:`jax_mxfp4.platform.kernels_enabled`)."""
     return platform in ("cuda", "rocm") and size < MAX_KERNEL_ELEMENTS and kernels_enabled()
 
 
@@ -606,51 +590,37 @@ MAX_KERNEL_ELEMENTS = 2**31
 """Inputs with this many elements or more go to the reference path (the kernel's element
 offsets are int32)."""
 
-SR_UNIFORMS = "kernel"
-"""Default source of stochastic rounding's uniforms in :func:`quantize_impl`: "input" (drawn by
-``jax.random.uniform`` in XLA and read by the kernel, 4 bytes per element) or "kernel" (the same
-values generated in the kernel by :func:`threefry_uniform` where :func:`kernel_rng_supported`;
-about twice as fast on an H200), both bit-identical to the reference."""
-
-
-def sr_uniforms(key, blocks_shape, uniforms: str | None = None):
+def sr_uniforms(key, blocks_shape):
     """Stochastic rounding's uniforms for a fused kernel, equal to the reference's draw.
 
     The reference (``jax_mxfp4.quantize._quantize_impl``) rounds the element at position i of
     ``blocks_shape`` = ``(*lead, K / 32, 32)`` (x with the quantized axis moved last, split into
-    blocks) with ``jax.random.uniform(key, blocks_shape, float32)`` at i. A kernel consumes the
-    same values either generated in the kernel from the key data and each element's flat index
-    (:func:`threefry_uniform`; where :func:`kernel_rng_supported`) or read from that draw.
+    blocks) with ``jax.random.uniform(key, blocks_shape, float32)`` at i. A kernel generates the
+    same values from the key data and each element's flat index (:func:`threefry_uniform`) where
+    :func:`kernel_rng_supported`, and reads that draw elsewhere (rbg / unsafe_rbg keys,
+    non-partitionable threefry, 2^32 elements or more).
 
     Args:
       key: the PRNG key of the reference call (typed, or a legacy raw key).
       blocks_shape: the reference's draw shape ``(*lead, K / 32, 32)``.
-      uniforms: "kernel" or "input"; None: :data:`SR_UNIFORMS`. "kernel" falls back to "input"
-        where :func:`kernel_rng_supported` is false (rbg / unsafe_rbg keys, non-partitionable
-        threefry, 2^32 elements or more).
     Returns:
       ``(uniform, key_data)``, exactly one not None: ``uniform`` float32 of ``blocks_shape``
       (``jax.random.uniform(key, blocks_shape)``), or ``key_data`` uint32[2].
-    Raises:
-      ValueError: ``uniforms`` not "kernel", "input" or None.
     """
-    if uniforms not in (None, "input", "kernel"):
-        raise ValueError(f"uniforms must be 'input' or 'kernel', got {uniforms!r}")
-    if (uniforms or SR_UNIFORMS) == "kernel" and kernel_rng_supported(key, math.prod(blocks_shape)):
+    if kernel_rng_supported(key, math.prod(blocks_shape)):
         typed = jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key)
         return None, (jax.random.key_data(key) if typed else key)
     return jax.random.uniform(key, blocks_shape, jnp.float32), None
 
 
 @functools.partial(
-    jax.jit, static_argnames=("axis", "scale_mode", "rounding", "interpret", "cfg", "uniforms", "hadamard")
+    jax.jit, static_argnames=("axis", "scale_mode", "rounding", "interpret", "cfg", "hadamard")
 )
 def quantize_impl(x, key, *, axis, scale_mode, rounding, interpret=False,
-                  cfg: QuantizeConfig | None = None, uniforms: str | None = None, hadamard=None):
+                  cfg: QuantizeConfig | None = None, hadamard=None):
     """Drop-in for the reference ``_quantize_impl``: returns (data uint8, E8M0 scales) for
-    ``axis``, bit-identical to it (stochastic rounding uses the same uniforms from ``key``:
-    ``uniforms`` "input" or "kernel", default :data:`SR_UNIFORMS`; "kernel" falls back to
-    "input" where :func:`kernel_rng_supported` is false).
+    ``axis``, bit-identical to it (stochastic rounding uses the same uniforms from ``key``,
+    :func:`sr_uniforms`).
 
     ``hadamard=(block, seed)`` fuses the random Hadamard rotation along ``axis`` into the pass:
     bit-identical to ``_quantize_impl(random_hadamard_transform(x, axis, seed, block), ...)``
@@ -679,7 +649,7 @@ def quantize_impl(x, key, *, axis, scale_mode, rounding, interpret=False,
         cfg = default_config(x.dtype)
     uniform = key_data = None
     if rounding == "stochastic":  # the reference's draw: same key, same [..., K/32, 32] shape
-        uniform, key_data = sr_uniforms(key, (*lead, xm.shape[-1] // BLOCK_SIZE, BLOCK_SIZE), uniforms)
+        uniform, key_data = sr_uniforms(key, (*lead, xm.shape[-1] // BLOCK_SIZE, BLOCK_SIZE))
     if hadamard is not None:
         hadamard = (int(hadamard[0]), int(hadamard[1]))
     data, byte = quantize_2d(x2, uniform, key_data=key_data, scale_mode=scale_mode, cfg=cfg, interpret=interpret,
