@@ -535,7 +535,7 @@ def _explicit_mesh_call(run, lhs, rhs, group_sizes, form: _Form):
     entries = (ls[0], rs[3 - form.rhs_k_axis]) if form.kind == ROWS else (None, ls[1], rs[1])
     out, used = [], set()
     for e in entries:
-        axes = set(shd._axes(e))
+        axes = set(shd.entry_axes(e))
         out.append(None if axes & used else e)
         used |= axes
     return jax.sharding.auto_axes(run, axes=mesh.axis_names, out_sharding=jax.sharding.PartitionSpec(*out))(
