@@ -191,10 +191,10 @@ def weight_stationary_gemm(x, w_data, w_scales, *, out_dtype, cfg: WTileConfig,
 
 def default_wconfig(m: int, n: int, k: int, batch: int = 1, decode: str = "asm",
                     num_sms: int | None = None) -> WTileConfig:
-    """Tiling by shape (NVIDIA H200 sweep, 2026-11-30): bm covers the
-    activation rows (16..128), bn = 128 weight rows, bk = 256, the 3-D decode layout at decode
-    sizes, split-K until the grid has ~2 (bm <= 64) or ~4 (bm = 128) tiles per SM; ``num_sms``
-    (None: the device's own count, :func:`jax_mxfp4.platform.sm_count`)."""
+    """Tiling by shape (an NVIDIA H200 sweep, docs/performance.md): bm covers the activation
+    rows (16..128), bn = 128 weight rows, bk = 256, the 3-D decode layout at decode sizes, split-K
+    until the grid has ~2 (bm <= 64) or ~4 (bm = 128) tiles per SM; ``num_sms`` (None: the
+    device's own count, :func:`jax_mxfp4.platform.sm_count`)."""
     num_sms = num_sms or sm_count() or 1  # the interpreter (CPU) has no processors to fill: one
     bk = 256
     while k % bk and bk > 32:
