@@ -360,13 +360,14 @@ def _decode_ptx(byt, s_ref, hb: int, pairs: bool = False, blocks: tuple[int, int
     ``blocks`` (``pairs`` only): decode only the 32-element blocks b0 <= b < b1 of the tile, as a
     [64, 32 (b1 - b0)] fragment (:attr:`MgpuConfig.chunks`: a tile decoded in parts, each part's
     WGMMAs issued before the next part is decoded).
-    ``quad`` (``pairs`` only): the bytes are in natural order; each 32-bit word is first moved to
-    the "pairs" order across its quad of threads (``e2m1_asm.QUAD_TRANSPOSE_PTX``: two
-    ``shfl.sync.bfly`` and two ``prmt``), so a plain MXFP4Array's bytes meet x as it is."""
+    ``quad`` (``pairs`` with ``fold``: the large-tile kernel's "natural" decode): the bytes are in
+    natural order; each 32-bit word is first moved to the "pairs" order across its quad of threads
+    (``e2m1_asm.QUAD_TRANSPOSE_PTX``: two ``shfl.sync.bfly`` and two ``prmt``), so a plain
+    MXFP4Array's bytes meet x as it is. Unfolded, ``pairs`` is the "lanes" decode only."""
     plgpu = _plgpu()
     nb = hb // (BLOCK_SIZE // 2)
-    if quad and (not pairs or lanes):
-        raise ValueError("_decode_ptx: quad needs the pairs decode (natural bytes to the pairs order)")
+    if pairs and not (lanes or (quad and fold)):
+        raise ValueError("_decode_ptx: the pairs PTX runs only folded after the quad transpose (\"natural\" decode)")
     b0, b1 = (0, nb) if blocks is None else blocks
     if not pairs and (b0, b1) != (0, nb):
         raise ValueError("_decode_ptx: a block range needs the pairs decode")
@@ -410,11 +411,8 @@ def _decode_ptx(byt, s_ref, hb: int, pairs: bool = False, blocks: tuple[int, int
                 continue
             s2 = _e8m0_pair(_scale_byte(sref, row, b))
             q = mgpu.utils.bitcast(regs[ridx], i32)
-            if quad:
-                q = quad_fn(q)
-            if pairs:  # "lanes": the same outputs from bytes in lanes_order_bytes' nibble order
-                asm = e2m1_asm._DECODE_LANES_PTX if lanes else e2m1_asm._DECODE_PAIRS_PTX
-                for t, reg in enumerate(_pair_registers(q, s2, asm)):
+            if pairs:  # "lanes": the pairs PTX's outputs from bytes in lanes_order_bytes' nibble order
+                for t, reg in enumerate(_pair_registers(q, s2, e2m1_asm._DECODE_LANES_PTX)):
                     lo[0, 4 * (b - b0) + t, 0, 0, rh, 0, 0, 0, 0] = reg
                 continue
             res = llvm.inline_asm(struct, [q, s2, s2], e2m1_asm._DECODE_PTX, "=r,=r,=r,=r,r,r,r")
