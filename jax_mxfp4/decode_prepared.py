@@ -45,7 +45,7 @@ from .mx_format import BLOCK_SIZE
 
 BYTE_ORDERS = ("natural", "lanes")
 # "pairs" (the lanes order's bytes before the nibble regrouping) was a stored order until the
-# "lanes" decode measured faster (kernel 18.3 vs 20.2 us at 16x8192x8192, NVIDIA H200, 2026-12-01)
+# "lanes" decode measured faster on the H200 (docs/performance.md)
 _REMOVED_ORDERS = {"pairs": '"lanes" replaces it (the same bytes with each word\'s nibbles regrouped)'}
 
 
@@ -276,8 +276,7 @@ def prepare_decode(w: MXFP4Array, byte_order: str = "lanes") -> DecodePrepared:
         GPU kernels' register decode reads with the activation unpermuted, :func:`pair_order_bytes`,
         then the nibbles of each 32-bit word regrouped by :func:`lanes_order_bytes`: a mask and
         a multiply per register) or "natural" (the bytes as in ``w``). The former "pairs" order
-        (without the regrouping) is refused: "lanes" measured faster (kernel 18.3 vs 20.2 us at
-        16x8192x8192 on the H200, 2026-12-01).
+        (without the regrouping) is refused: "lanes" measured faster.
     Returns:
       :class:`DecodePrepared`: data uint8 [*rest, K/2] (quantized axis moved last) and scales
       float8_e8m0fnu [*rest[:-1], K/32, rest[-1]] (K-major; [K/32, N] for a 2-D weight), the

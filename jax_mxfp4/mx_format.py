@@ -340,20 +340,6 @@ def e2m1_nearest_magnitude(a: jax.Array) -> jax.Array:
     return jnp.minimum((a + m) - m, jnp.float32(E2M1_MAX))
 
 
-def e4m3_bits_from_packed(data: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """FP8 E4M3 bytes of E2M1 x 2^-6 for the low and the high nibble of packed bytes (uint8).
-
-    Magnitude bits (e1 e0 m) go to E4M3 bits 4..2 (exponent field e, leading mantissa bit m:
-    2^(e-7)(1 + m/2) for e >= 1, the subnormal m x 2^-7 for e = 0, i.e. E2M1 x 2^-6 in both
-    cases; E2M1 values are exact in E4M3), the sign to bit 7. Bitcast the result to
-    ``float8_e4m3fn`` and convert: the conversion is exact. Low nibble = element 2i.
-    """
-    d = data.astype(jnp.uint8)
-    lo = ((d << 2) & 0x1C) | ((d << 4) & 0x80)
-    hi = ((d >> 2) & 0x1C) | (d & 0x80)
-    return lo, hi
-
-
 def flush_below_normal(v: jax.Array) -> jax.Array:
     """float32 ``v`` with values below 2^-126 in magnitude replaced by a zero of the same sign
     (NaN and Inf kept): the flush of :func:`dequantize_blocks`, for decodes that compute
@@ -366,9 +352,8 @@ def flush_below_normal(v: jax.Array) -> jax.Array:
 def scale_factors_for_f16_codes(scale_bytes: jax.Array, code_exponent: int = 14) -> tuple[jax.Array, jax.Array]:
     """Two float32 factors (f1, f2) per E8M0 byte with E2M1 x 2^-c x f1 x f2 = E2M1 x 2^(b-127).
 
-    ``c = code_exponent``: 14 for :func:`e2m1_times_2pow_minus14` (float16 codes), 6 for
-    :func:`e4m3_bits_from_packed` (FP8 E4M3 codes). Both factors are normal float32 powers of
-    two (f1 = 2^c, f2 = 2^(b-127); for byte 0, f1 = 2^(c-1) and f2 = 2^-126), so each product is exact
+    ``c = code_exponent``: 14 for :func:`e2m1_times_2pow_minus14` (float16 codes). Both factors
+    are normal float32 powers of two (f1 = 2^c, f2 = 2^(b-127); for byte 0, f1 = 2^(c-1) and f2 = 2^-126), so each product is exact
     whenever the result is a normal float32. Byte 0xFF gives f2 = NaN (the whole block NaN).
     Results under 2^-126 (bytes 0x00/0x01 only) are subnormal, which a GPU keeps and the
     reference flushes: callers apply :func:`flush_below_normal` (the difference, below 2^-126 per

@@ -108,13 +108,13 @@ def test_config_validation():
 
 @pytest.mark.parametrize("field,value", [
     ("bk", 256.0), ("bk", "256"), ("bk", None), ("split_k", 1.5), ("stages", None), ("k_split_wgs", True),
-    ("k_split_wgs", 2.0), ("chunks", 2.0), ("fold_scale", "no"), ("fold_scale", 1),
+    ("k_split_wgs", 4.0), ("chunks", 2.0),
 ])
 def test_config_field_types_refused(field, value):
-    """A float, string, None or bool where an int belongs (or a non-bool switch) is a TypeError
+    """A float, string, None or bool where an int belongs is a TypeError
     naming the field: bk=256.0 or k_split_wgs=True passed the value checks before and failed only
     deep inside the kernel's BlockSpecs."""
-    with pytest.raises(TypeError, match=f"MgpuConfig.{field} must be an? (int|bool), got"):
+    with pytest.raises(TypeError, match=f"MgpuConfig.{field} must be an int, got"):
         wm.MgpuConfig(**{field: value})
     assert wm.MgpuConfig(bk=np.int64(256)).bk == 256  # NumPy ints stay fine
 
@@ -127,8 +127,8 @@ def test_defaults_are_the_natural_bytes_dispatch_tiling():
 
 def test_one_kernel_config_needs_two_stages():
     with pytest.raises(ValueError, match="k_split_wgs > 1 needs stages >= 2"):
-        wm.MgpuConfig(bk=512, split_k=1, decode="lanes", k_split_wgs=2, stages=1)
-    assert wm.MgpuConfig(bk=512, split_k=1, decode="lanes", k_split_wgs=2, stages=2).stages == 2
+        wm.MgpuConfig(bk=512, split_k=1, decode="lanes", k_split_wgs=4, stages=1)
+    assert wm.MgpuConfig(bk=512, split_k=1, decode="lanes", k_split_wgs=4, stages=2).stages == 2
 
 
 def _pairs_fragment(stored, e2m1_values):
@@ -282,9 +282,7 @@ def test_argument_errors_are_named_before_the_kernel():
 # ---- k_split_wgs: one kernel per call, the final [M, N] output written by the kernel
 
 KS_CFGS = {
-    "ks2 lanes bk512": wm.MgpuConfig(bk=512, split_k=1, stages=5, decode="lanes", k_split_wgs=2),
     "ks4 lanes bk512": wm.MgpuConfig(bk=512, split_k=1, stages=5, decode="lanes", k_split_wgs=4),
-    "ks2 ptx bk256": wm.MgpuConfig(bk=256, split_k=1, stages=6, decode="ptx", k_split_wgs=2),
     "ks4 lanes bk256": wm.MgpuConfig(bk=256, split_k=1, stages=6, decode="lanes",
                                      k_split_wgs=4),  # 64-element slices: 32-byte swizzle on the bytes
 }
@@ -311,34 +309,30 @@ def _hlo_ops(txt):
 @pytest.mark.sweep(keep=3)
 @pytest.mark.skipif(not _mgpu_available(), reason="Mosaic GPU lowering unavailable in this jaxlib")
 @pytest.mark.parametrize("m,n,k", [(16, 8192, 8192), (1, 8192, 8192), (40, 1024, 4096)])
-@pytest.mark.parametrize("name", ["ks2 lanes bk512", "ks4 lanes bk512", "ks2 ptx bk256"])
-def test_k_split_wgs_lowers_for_cuda(m, n, k, name):
-    """Every output dtype and byte order the decode takes; with "lanes" bytes, "kmajor" scales and
-    M below 8 or a multiple of 8 the call is ONE kernel (no pad, split-K sum, transpose, cast or
-    slice around it); other M: padded x rows in, the first m rows out."""
-    cfg = KS_CFGS[name]
-    orders = ("lanes",) if cfg.decode == "lanes" else ("natural",)
+def test_k_split_wgs_lowers_for_cuda(m, n, k):
+    """Every output dtype; with "kmajor" scales and M below 8 or a multiple of 8 the call is ONE
+    kernel (no pad, split-K sum, transpose, cast or slice around it); other M: padded x rows in,
+    the first m rows out."""
+    cfg = KS_CFGS["ks4 lanes bk512"]
     for odt in (jnp.bfloat16, jnp.float32):
-        for order in orders:
-            ops = _hlo_ops(_lowered_text(m, n, k, cfg, odt, order))
-            assert ops.count("stablehlo.custom_call") == 1, ops
-            as_is = m < 8 or m % 8 == 0
-            if order == "lanes" and as_is:
-                assert ops == ["stablehlo.custom_call"], (odt, ops)
-            if not as_is:
-                assert "stablehlo.pad" in ops and "stablehlo.slice" in ops, ops
+        ops = _hlo_ops(_lowered_text(m, n, k, cfg, odt, "lanes"))
+        assert ops.count("stablehlo.custom_call") == 1, ops
+        as_is = m < 8 or m % 8 == 0
+        if as_is:
+            assert ops == ["stablehlo.custom_call"], (odt, ops)
+        else:
+            assert "stablehlo.pad" in ops and "stablehlo.slice" in ops, ops
 
 
 @pytest.mark.skipif(not _mgpu_available(), reason="Mosaic GPU lowering unavailable in this jaxlib")
 @pytest.mark.parametrize("m,n,k,name,odt,form", [
     (16, 8192, 8192, "ks4 lanes bk256", jnp.bfloat16, "kmajor"),
     (1, 8192, 8192, "ks4 lanes bk256", jnp.float32, "kmajor"),
-    (16, 1024, 2048, "ks2 lanes bk512", jnp.float16, "rows"),
-    (128, 1024, 2048, "ks2 ptx bk256", jnp.bfloat16, "kmajor"),
+    (16, 1024, 2048, "ks4 lanes bk512", jnp.float16, "rows"),
+    (64, 1024, 2048, "ks4 lanes bk256", jnp.bfloat16, "kmajor"),
 ])
 def test_k_split_wgs_other_tilings_lower(m, n, k, name, odt, form):
-    cfg = KS_CFGS[name]
-    assert "mosaic_gpu" in _lowered_text(m, n, k, cfg, odt, "lanes" if cfg.decode == "lanes" else "natural", form)
+    assert "mosaic_gpu" in _lowered_text(m, n, k, KS_CFGS[name], odt, "lanes", form)
 
 
 @pytest.mark.skipif(not _mgpu_available(), reason="Mosaic GPU lowering unavailable in this jaxlib")
@@ -366,31 +360,30 @@ def test_one_kernel_tiling_pads_few_rows_to_8(m):
 
 def test_k_split_wgs_config_refused_with_the_rule():
     base = dict(bk=512, split_k=1, decode="lanes")
-    for kw, msg in ((3, r"k_split_wgs must be one of \(1, 2, 4\), got 3"), (0, "k_split_wgs must be one of")):
-        with pytest.raises(ValueError, match=msg):
+    for kw in (3, 0, 2):
+        with pytest.raises(ValueError, match=rf"k_split_wgs must be one of \(1, 4\), got {kw}"):
             wm.MgpuConfig(**base, k_split_wgs=kw)
     for over, msg in (
         (dict(split_k=2), r"k_split_wgs > 1 needs split_k=1 .*got split_k=2"),
-        (dict(bk=192), r"k_split_wgs=2 needs bk to be a multiple of 128 .*got bk=192"),
-        (dict(bk=64), r"k_split_wgs=2 needs bk to be a multiple of 128"),
+        (dict(bk=192), r"k_split_wgs=4 needs bk to be a multiple of 256 .*got bk=192"),
+        (dict(bk=128), r"k_split_wgs=4 needs bk to be a multiple of 256 .*got bk=128"),
+        (dict(decode="ptx"), r'k_split_wgs > 1 \(the one-kernel tiling\) needs decode="lanes", got decode=.ptx.'),
     ):
         with pytest.raises(ValueError, match=msg):
-            wm.MgpuConfig(**{**base, **over}, k_split_wgs=2)
-    with pytest.raises(ValueError, match=r"k_split_wgs=4 needs bk to be a multiple of 256 .*got bk=128"):
-        wm.MgpuConfig(**{**base, "bk": 128}, k_split_wgs=4)
+            wm.MgpuConfig(**{**base, **over}, k_split_wgs=4)
     assert wm.MgpuConfig(**base, k_split_wgs=4).k_split_wgs == 4
     assert wm.MgpuConfig().k_split_wgs == 1  # default unchanged: off
 
 
 @pytest.mark.skipif(not _mgpu_available(), reason="Mosaic GPU lowering unavailable in this jaxlib")
 def test_k_split_wgs_refuses_what_does_not_fit():
-    cfg = KS_CFGS["ks2 lanes bk512"]
+    cfg = KS_CFGS["ks4 lanes bk512"]
     f = lambda m, k: wm.mgpu_w4a16(jnp.zeros((m, k), jnp.bfloat16), jnp.zeros((64, k // 2), jnp.uint8),
                                    jnp.zeros((k // 32, 64), jnp.uint8), jnp.bfloat16, cfg, scales_form="kmajor",
                                    w_order="lanes")
-    with pytest.raises(ValueError, match=r"k_split_wgs=2 with bk=512, K=512 .* needs two pipeline stages \(1 K steps"):
+    with pytest.raises(ValueError, match=r"k_split_wgs=4 with bk=512, K=512 .* needs two pipeline stages \(1 K steps"):
         f(16, 512)  # one K step
-    with pytest.raises(ValueError, match=r"k_split_wgs=2 with bk=512, K=4096 and 256 padded rows needs two"):
+    with pytest.raises(ValueError, match=r"k_split_wgs=4 with bk=512, K=4096 and 256 padded rows needs two"):
         f(256, 4096)  # x tiles of 256 rows: 2 stages do not fit in shared memory
     with pytest.raises(ValueError, match=r"not a multiple of bk\*split_k=512"):
         f(16, 768)
@@ -402,26 +395,17 @@ def _pairs_fragment_np(stored_bytes, scales, e2m1_values):
     return frag * np.repeat(scales, 32, axis=1)
 
 
-def _ptx_fragments_np(stored_bytes, scales, e2m1_values):
-    """(lo, hi) [rows, bytes] fragments of the "ptx" decode: column j of block b <- byte
-    16 b + _ptx_fragment_order()[j] (low / high nibble), times the block scale."""
-    order = np.concatenate([16 * b + wm._ptx_fragment_order() for b in range(stored_bytes.shape[1] // 16)])
-    byt = stored_bytes[:, order]
-    sc = np.repeat(scales, 16, axis=1)
-    return e2m1_values[byt & 15] * sc, e2m1_values[byt >> 4] * sc
-
-
-@pytest.mark.parametrize("decode,kw,bk", [("lanes", 2, 512), ("lanes", 4, 512), ("lanes", 4, 256),
-                                          ("ptx", 2, 256), ("ptx", 4, 512), ("ptx", 2, 128)])
-def test_k_split_index_model_gives_the_product(decode, kw, bk, rng):
+@pytest.mark.parametrize("bk", [512, 256])
+def test_k_split_index_model_gives_the_product(bk, rng):
     """NumPy model of the k_split_wgs kernel's data flow, with the kernel's own slice arithmetic
-    (_wg_k_slice) and the fragment orders modelled above: per 64-row tile, per K step, warpgroup
+    (_wg_k_slice) and the fragment order modelled above: per 64-row tile, per K step, warpgroup
     w decodes ITS bytes with ITS scale blocks and multiplies ITS x columns (natural x for "lanes"
-    bytes, the split_x halves for "ptx" on natural bytes); the partial sums are added in
-    warpgroup order and the tile is stored transposed into out[:, 64 tile : 64 tile + 64].
-    Exact in float64 (small integers, power-of-two scales) against x @ W^T."""
+    bytes); the partial sums are added in warpgroup order and the tile is stored transposed into
+    out[:, 64 tile : 64 tile + 64]. Exact in float64 (small integers, power-of-two scales)
+    against x @ W^T."""
     from jax_mxfp4.decode_prepared import pair_order_bytes
 
+    kw = wm.K_SPLIT_WGS[-1]
     m, n, k = 5, 128, 2 * bk
     mp = 16
     codes = rng.integers(0, 16, (n, k)).astype(np.uint8)
@@ -430,29 +414,19 @@ def test_k_split_index_model_gives_the_product(decode, kw, bk, rng):
     scales = 2.0 ** sexp
     x = np.zeros((mp, k))
     x[:m] = rng.integers(-8, 9, (m, k))
-    if decode == "lanes":  # its registers: the pairs PTX's outputs on pair_order_bytes (test_wgemm.py)
-        stored, xs = pair_order_bytes(natural), (x,)
-    else:
-        stored = natural
-        xs = tuple(np.asarray(h, np.float64) for h in wm.split_x(jnp.asarray(x, jnp.bfloat16)))
-    hb, nb, nx = bk // 2, bk // 32, len(xs)
-    xcols = bk // nx
+    stored = pair_order_bytes(natural)  # the "lanes" registers: the pairs PTX's outputs on these (test_wgemm.py)
+    hb, nb = bk // 2, bk // 32
     out = np.full((mp, n), np.nan)
     for tile in range(n // 64):
         rows = slice(64 * tile, 64 * tile + 64)
         partial = np.zeros((kw, 64, mp))
         for t in range(k // bk):
             for w in range(kw):
-                (b0, bn), (s0, sn), (x0, xn) = wm._wg_k_slice(w, bk, kw, nx)
-                assert bn == 16 * sn and xn * nx == 2 * bn  # whole blocks: bytes, scales, x columns agree
+                (b0, bn), (s0, sn), (x0, xn) = wm._wg_k_slice(w, bk, kw)
+                assert bn == 16 * sn and xn == 2 * bn  # whole blocks: bytes, scales, x columns agree
                 byt = stored[rows, t * hb + b0: t * hb + b0 + bn]
                 sc = scales[rows, t * nb + s0: t * nb + s0 + sn]
-                xw = [xo[:, t * xcols + x0: t * xcols + x0 + xn] for xo in xs]
-                if decode == "lanes":
-                    partial[w] += _pairs_fragment_np(byt, sc, E2M1_VALUES) @ xw[0].T
-                else:
-                    lo, hi = _ptx_fragments_np(byt, sc, E2M1_VALUES)
-                    partial[w] += lo @ xw[0].T + hi @ xw[1].T
+                partial[w] += _pairs_fragment_np(byt, sc, E2M1_VALUES) @ x[:, t * bk + x0: t * bk + x0 + xn].T
         total = partial[0]
         for w in range(1, kw):
             total = total + partial[w]
@@ -460,12 +434,11 @@ def test_k_split_index_model_gives_the_product(decode, kw, bk, rng):
     want = x[:m] @ (E2M1_VALUES[codes] * np.repeat(scales, 32, axis=1)).T
     np.testing.assert_array_equal(out[:m], want)
     # each warpgroup's slices tile each step exactly once
-    for nx_ in (1, 2):
-        cover = np.zeros(bk // nx_, int)
-        for w in range(kw):
-            _, _, (x0, xn) = wm._wg_k_slice(w, bk, kw, nx_)
-            cover[x0:x0 + xn] += 1
-        assert (cover == 1).all()
+    cover = np.zeros(bk, int)
+    for w in range(kw):
+        _, _, (x0, xn) = wm._wg_k_slice(w, bk, kw)
+        cover[x0:x0 + xn] += 1
+    assert (cover == 1).all()
 
 
 @pytest.mark.slow
@@ -502,23 +475,18 @@ def test_k_split_variants_lower_at_their_device_test_shapes():
 @pytest.mark.parametrize("m,n,k", [(1, 8192, 8192), (16, 4096, 14336), (40, 1024, 4096), (64, 320, 640),
                                    (16, 192, 96 * 64)])
 def test_k_split_config_lowers_where_the_default_does(m, n, k):
-    """The one-kernel candidate tiling lowers at every shape the dispatch default is tested at
-    (64 padded rows included), with both byte orders, 2 and 4 warpgroups."""
-    for kw in (2, 4):
-        for order in ("lanes", "natural"):
-            cfg = wm.k_split_config(m, n, k, order, kw)
-            if kw == 4 and not any(k % bk == 0 and k // bk >= 2 for bk in (512, 256)):
-                assert cfg is None  # K=640: no bk of four 64-element slices divides it twice
-                continue
-            assert cfg is not None and cfg.k_split_wgs == kw and k // cfg.bk >= 2
-            assert cfg.decode == ("lanes" if order == "lanes" else "ptx")
-            assert "mosaic_gpu" in _lowered_text(m, n, k, cfg, jnp.bfloat16, order), (kw, order)
-    assert wm.k_split_config(16, 8192, 8192, "lanes").bk == 512
-    assert wm.k_split_config(16, 1024, 128, "lanes") is None  # one K step at most
-    assert wm.k_split_config(16, 1024, 192, "lanes") is None  # no bk of whole 64-element slices divides K
-    assert wm.k_split_config(16, 1024, 256, "lanes", 4) is None  # 4 slices of 64: bk 256, one step
-    with pytest.raises(ValueError, match="k_split_wgs must be one of"):
-        wm.k_split_config(16, 1024, 1024, "lanes", 1)
+    """The one-kernel tiling lowers at every shape the dispatch default is tested at (64 padded
+    rows included)."""
+    cfg = wm.k_split_config(m, n, k)
+    if not any(k % bk == 0 and k // bk >= 2 for bk in (512, 256)):
+        assert cfg is None  # K=640: no bk of four 64-element slices divides it twice
+    else:
+        assert cfg is not None and cfg.k_split_wgs == 4 and cfg.decode == "lanes" and k // cfg.bk >= 2
+        assert "mosaic_gpu" in _lowered_text(m, n, k, cfg, jnp.bfloat16, "lanes")
+    assert wm.k_split_config(16, 8192, 8192).bk == 512
+    assert wm.k_split_config(16, 1024, 128) is None  # one K step at most
+    assert wm.k_split_config(16, 1024, 192) is None  # no bk of whole 64-element slices divides K
+    assert wm.k_split_config(16, 1024, 256) is None  # 4 slices of 64: bk 256, one step
 
 
 def test_default_config_refuses_what_it_cannot_tile():
@@ -531,30 +499,26 @@ def test_default_config_refuses_what_it_cannot_tile():
 
 @pytest.mark.parametrize("fn", ["default_mgpu_config", "k_split_config"])
 def test_tiling_choosers_refuse_bad_arguments(fn):
-    """Both choosers name the argument and the rule: before, k_split_config took any w_order
-    (a typo such as "pair" silently picked the "ptx" decode) and both took m = 0, negative or
-    bool m / n and non-int shapes, returning a tiling."""
-    f = getattr(wm, fn)
-    for order in ("pairs", "pair", "Lanes", "", None):
-        with pytest.raises(ValueError, match="w_order must be one of"):
-            f(16, 1024, 1024, order)
+    """Both choosers name the argument and the rule: before, they took m = 0, negative or bool
+    m / n and non-int shapes, returning a tiling; default_mgpu_config also refuses an unknown
+    w_order (a typo such as "pair" would pick the "ptx" decode)."""
+    chooser = getattr(wm, fn)
+    f = (lambda *a: chooser(*a, "lanes")) if fn == "default_mgpu_config" else chooser
+    if fn == "default_mgpu_config":
+        for order in ("pairs", "pair", "Lanes", "", None):
+            with pytest.raises(ValueError, match="w_order must be one of"):
+                chooser(16, 1024, 1024, order)
     for m, n in ((0, 1024), (-5, 1024), (16, 0), (16, -64)):
         with pytest.raises(ValueError, match="M and N must be >= 1"):
-            f(m, n, 1024, "lanes")
+            f(m, n, 1024)
     for args in ((True, 1024, 1024), (16.0, 1024, 1024), ("16", 1024, 1024), (16, None, 1024),
                  (16, 1024, 1024.0), (16, 1024, True)):
         with pytest.raises(TypeError, match=r"\b[mnk] must be an int"):
-            f(*args, "lanes")
+            f(*args)
     for k in (0, -1024, 100, 96):
         with pytest.raises(ValueError, match="multiple of 64"):
-            f(16, 1024, k, "lanes")
-    assert f(np.int64(16), np.int64(1024), np.int64(8192), "lanes") == f(16, 1024, 8192, "lanes")
-
-
-def test_k_split_config_refuses_non_int_warpgroups():
-    for kw in (2.0, True, "2", None, 3):
-        with pytest.raises(ValueError, match="k_split_wgs must be one of"):
-            wm.k_split_config(16, 1024, 1024, "lanes", kw)
+            f(16, 1024, k)
+    assert f(np.int64(16), np.int64(1024), np.int64(8192)) == f(16, 1024, 8192)
 
 
 @pytest.mark.parametrize("m,n,k", [(1, 8192, 8192), (16, 4096, 14336), (40, 1024, 4096), (64, 320, 640),
@@ -564,7 +528,7 @@ def test_default_config_by_byte_order(m, n, k):
     gives one (timed faster on the H200), else the split-K kernel; natural bytes always the
     split-K kernel with the "ptx" decode."""
     lanes, natural = wm.default_mgpu_config(m, n, k, "lanes"), wm.default_mgpu_config(m, n, k, "natural")
-    one = wm.k_split_config(m, n, k, "lanes", 4)
+    one = wm.k_split_config(m, n, k)
     if one is not None:
         assert lanes == one and lanes.k_split_wgs == 4 and lanes.split_k == 1
     else:
@@ -638,11 +602,9 @@ def test_register_requests_fit_the_cta_pool():
     flags jax's own ``emit_pipeline_warp_specialized`` with 4 compute warpgroups (the 2026-12-01
     "ks4" hang: 112 per compute thread, 62464 > 61440), with the numbers ``_ws_register_demand``
     models; with 2 compute warpgroups it asks exactly the pool (40 + 2 x 232 = 3 x 168)."""
-    own = {kw: wm.MgpuConfig(bk=512, split_k=1, stages=5, decode="lanes", k_split_wgs=kw) for kw in (2, 4)}
-    for kw, cfg in own.items():
-        threads, inc, dec = _register_requests(_mosaic_module(_lowered_text(16, 256, 3072, cfg, jnp.float32,
-                                                                            "lanes")))
-        assert (threads, inc, dec) == (128 * (kw + 1), [], []), kw
+    cfg = wm.MgpuConfig(bk=512, split_k=1, stages=5, decode="lanes", k_split_wgs=4)
+    threads, inc, dec = _register_requests(_mosaic_module(_lowered_text(16, 256, 3072, cfg, jnp.float32, "lanes")))
+    assert (threads, inc, dec) == (640, [], [])
     assert wm._ws_register_demand(2, 40) == (64512, 64512)
 
     # jax's pipeline itself with 4 compute warpgroups: flagged
@@ -709,7 +671,7 @@ def test_interpreter_run_catches_a_deadlocking_barrier_count():
         _run_toy(["4:6:5:5"], timeout=20)
 
 
-# ---- the one-kernel tiling's decode in parts (chunks) and folded scale multiply (fold_scale)
+# ---- the one-kernel tiling's decode in parts (chunks) and folded scale multiply
 KS4 = dict(bk=512, split_k=1, stages=5, decode="lanes", k_split_wgs=4)
 
 
@@ -721,16 +683,16 @@ def test_chunks_config_rules():
     with pytest.raises(ValueError, match="chunks > 1 needs the one-kernel tiling"):
         wm.MgpuConfig(bk=256, split_k=4, decode="lanes", chunks=2)
     with pytest.raises(ValueError, match="chunks=3 must divide"):
-        wm.MgpuConfig(**{**KS4, "k_split_wgs": 2}, chunks=3)
+        wm.MgpuConfig(**KS4, chunks=3)
     with pytest.raises(TypeError, match="MgpuConfig.chunks must be an int"):
         wm.MgpuConfig(**KS4, chunks=2.0)
 
 
 @pytest.mark.skipif(not _mgpu_available(), reason="Mosaic GPU lowering unavailable in this jaxlib")
 @pytest.mark.parametrize("m", [16, 1])
-@pytest.mark.parametrize("kw,chunks", [(4, 2), (2, 2), (2, 4)])
-def test_chunks_lower_for_cuda(m, kw, chunks):
-    cfg = wm.MgpuConfig(**{**KS4, "k_split_wgs": kw}, chunks=chunks)
+@pytest.mark.parametrize("chunks", [2, 1])
+def test_chunks_lower_for_cuda(m, chunks):
+    cfg = wm.MgpuConfig(**KS4, chunks=chunks)
     ops = _hlo_ops(_lowered_text(m, 8192, 8192, cfg, jnp.bfloat16, "lanes"))
     assert ops == ["stablehlo.custom_call"], ops
 
@@ -742,7 +704,7 @@ def test_lanes_decode_lowers_and_pairs_with_lanes_bytes_only(m):
     kernel per call at M = 1 and 16; the "lanes" decode refuses other byte orders and "lanes"
     bytes refuse other decodes (a wrong pairing would be a silently wrong product)."""
     cfg = wm.default_mgpu_config(m, 8192, 8192, "lanes")
-    assert cfg.decode == "lanes" and cfg.k_split_wgs == 4 and cfg.fold_scale  # the fastest on the H200
+    assert cfg.decode == "lanes" and cfg.k_split_wgs == 4  # the fastest on the H200
     ops = _hlo_ops(_lowered_text(m, 8192, 8192, cfg, jnp.bfloat16, "lanes"))
     assert ops.count("stablehlo.custom_call") == 1, ops
     if m in (1, 16):
@@ -753,21 +715,12 @@ def test_lanes_decode_lowers_and_pairs_with_lanes_bytes_only(m):
         _lowered_text(m, 8192, 8192, wm.default_mgpu_config(m, 8192, 8192, "natural"), jnp.bfloat16, "lanes")
 
 
-def test_fold_config_rules():
-    lanes = dict(KS4, decode="lanes", chunks=2)
-    assert wm.MgpuConfig(**lanes, fold_scale=True).fold_scale
-    with pytest.raises(ValueError, match='fold_scale needs decode="lanes"'):
-        wm.MgpuConfig(**{**KS4, "decode": "ptx"}, fold_scale=True)
-    with pytest.raises(ValueError, match='fold_scale needs decode="lanes"'):
-        wm.MgpuConfig(bk=256, split_k=4, decode="lanes", fold_scale=True)
-
-
 @pytest.mark.skipif(not _mgpu_available(), reason="Mosaic GPU lowering unavailable in this jaxlib")
 @pytest.mark.parametrize("m", [16, 1])
-@pytest.mark.parametrize("kw", [4, 2])
-def test_fold_lowers_for_cuda(m, kw):
-    """One kernel per call with the folded multiply, both scale forms."""
-    cfg = wm.MgpuConfig(**{**KS4, "k_split_wgs": kw, "decode": "lanes"}, chunks=2, fold_scale=True)
+def test_fold_lowers_for_cuda(m):
+    """One kernel per call with the folded multiply (always on in the one-kernel tiling), both
+    scale forms."""
+    cfg = wm.MgpuConfig(**KS4, chunks=2)
     for form in ("kmajor", "rows") if m == 16 else ("kmajor",):
         ops = _hlo_ops(_lowered_text(m, 8192, 8192, cfg, jnp.bfloat16, "lanes", form=form))
         assert ops.count("stablehlo.custom_call") == 1, ops

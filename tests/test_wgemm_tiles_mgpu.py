@@ -38,25 +38,22 @@ def _lowered(m, n, k, cfg, out_dtype=jnp.bfloat16, w_order="lanes"):
 
 @pytest.mark.parametrize("kw,msg", [
     (dict(mt=96), r"TilesConfig.mt must be one of \(64, 128, 256\)"),
-    (dict(mt=512), r"TilesConfig.mt must be one of \(64, 128, 256\)"),  # the field rule, not the register rule
+    (dict(mt=512), r"TilesConfig.mt must be one of \(64, 128, 256\)"),
     (dict(decode=np.array(["natural"])), r"TilesConfig.decode must be one of"),
     (dict(bk=96), r"bk must be a positive multiple of 64"),
     (dict(bk=0), r"bk must be a positive multiple of 64"),
     (dict(stages=1), r"stages must be >= 2"),
     (dict(bk=64, chunks=2), r"chunks=2 must split bk=64 into parts of a multiple of 64"),
     (dict(chunks=0), r"chunks=0 must split"),
-    (dict(wn=3), r"wn must be one of \(1, 2\)"),
     (dict(decode="ptx"), r"decode must be one of \('lanes', 'natural'\), got 'ptx'"),
     (dict(decode="pairs"), r"decode must be one of \('lanes', 'natural'\), got 'pairs'"),
-    (dict(mt=256, wn=2), r"TilesConfig\(mt=256, wn=2\): float32 accumulators of 256 registers per thread; at most 128"),
 ])
 def test_config_refused_with_the_rule(kw, msg):
     with pytest.raises(ValueError, match=msg):
         wt.TilesConfig(**kw)
 
 
-@pytest.mark.parametrize("field,value", [("mt", 128.0), ("bk", True), ("wn", "1"), ("registers", 1),
-                                         ("fold_scale", None)])
+@pytest.mark.parametrize("field,value", [("mt", 128.0), ("bk", True), ("stages", "3"), ("chunks", None)])
 def test_config_field_types_refused(field, value):
     with pytest.raises(TypeError, match=f"TilesConfig.{field} must be"):
         wt.TilesConfig(**{field: value})
@@ -67,21 +64,20 @@ def test_config_takes_numpy_ints_as_python_ints():
     then failed inside jax: an AssertionError on the grid, a memref.subview error; a uint8 field
     wrapped to 0 in the shared-memory model): the fields are stored as ints."""
     cfg = wt.TilesConfig(mt=np.int64(128), bk=np.uint8(128), stages=np.int16(3), chunks=np.int64(2),
-                         wn=np.int32(2), registers=np.bool_(True), fold_scale=np.bool_(False), decode="natural")
-    assert all(type(getattr(cfg, f)) is int for f in ("mt", "bk", "stages", "chunks", "wn"))
-    assert type(cfg.registers) is bool and cfg.cta_rows == 256
-    assert wt.smem_bytes(cfg, 2) == (128 * 128 * 2 + 256 * 64 + 4 * 256, 2 * 2 * 128 * 64 * 2)
+                         decode="natural")
+    assert all(type(getattr(cfg, f)) is int for f in ("mt", "bk", "stages", "chunks"))
+    assert cfg.cta_rows == 128
+    assert wt.smem_bytes(cfg, 2) == (128 * 128 * 2 + 128 * 64 + 4 * 128, 2 * 128 * 64 * 2)
 
 
-@pytest.mark.parametrize("cfg,osize", [(wt.TilesConfig(), 2), (wt.TilesConfig(mt=256, bk=64, chunks=1), 4),
-                                       (wt.TilesConfig(wn=2), 2)])
+@pytest.mark.parametrize("cfg,osize", [(wt.TilesConfig(), 2), (wt.TilesConfig(mt=256, bk=64, chunks=1), 4)])
 def test_shared_memory_model(cfg, osize):
-    """Per stage: x [mt, bk] bf16 + weight bytes [rows, bk/2] + scale bytes [bk/32, rows]; fixed:
-    2 wn output tiles [mt, 64]. Stages: min(asked, K steps, what fits under 227 KiB)."""
-    rows = 128 * cfg.wn
+    """Per stage: x [mt, bk] bf16 + weight bytes [128, bk/2] + scale bytes [bk/32, 128]; fixed:
+    2 output tiles [mt, 64]. Stages: min(asked, K steps, what fits under 227 KiB)."""
+    rows = 128
     per, fixed = wt.smem_bytes(cfg, osize)
     assert per == cfg.mt * cfg.bk * 2 + rows * cfg.bk // 2 + cfg.bk // 32 * rows
-    assert fixed == 2 * cfg.wn * cfg.mt * 64 * osize
+    assert fixed == 2 * cfg.mt * 64 * osize
     fit = (227 * 1024 - 2048 - fixed) // per
     assert wt.fitted_stages(cfg, osize, 100) == min(cfg.stages, fit)
     assert wt.fitted_stages(cfg, osize, 2) == 2
@@ -96,7 +92,7 @@ def test_fitted_stages_refuses_what_cannot_pipeline():
 
 def test_default_config_by_shape_dtype_and_order():
     big = wt.default_tiles_config(1024, 8192, 8192)
-    assert (big.mt, big.bk, big.chunks, big.registers, big.decode, big.fold_scale) == (256, 64, 1, True, "lanes", True)
+    assert (big.mt, big.bk, big.chunks, big.decode) == (256, 64, 1, "lanes")
     # 256-row tiles would leave fewer than 128 CTAs: 128-row tiles
     assert wt.default_tiles_config(256, 8192, 8192).mt == 128
     assert wt.default_tiles_config(512, 8192, 8192).mt == 256
@@ -106,7 +102,7 @@ def test_default_config_by_shape_dtype_and_order():
     assert wt.default_tiles_config(256, 1024, 192).bk == 64
     # "natural": bk 128 in two chunks, bk 64 where K needs it
     c = wt.default_tiles_config(1024, 8192, 8192, w_order="natural")
-    assert (c.decode, c.fold_scale, c.mt, c.bk, c.stages, c.chunks) == ("natural", True, 256, 128, 2, 2)
+    assert (c.decode, c.mt, c.bk, c.stages, c.chunks) == ("natural", 256, 128, 2, 2)
     assert wt.default_tiles_config(1024, 8192, 192, w_order="natural").bk == 64
     for m, n, k in ((1020, 1024, 1024), (1024, 1000, 1024), (1024, 1024, 64), (1024, 1024, 96)):
         assert wt.default_tiles_config(m, n, k) is None, (m, n, k)
@@ -117,7 +113,6 @@ def test_default_config_by_shape_dtype_and_order():
 def test_unsupported_reasons_named():
     assert "M=1020 is not a multiple of 8" in wt.unsupported_reason(1020, 1024, 1024)
     assert "N=1000 is not a multiple of 128" in wt.unsupported_reason(1024, 1000, 1024)
-    assert "N=384 is not a multiple of 256" in wt.unsupported_reason(1024, 384, 1024, wt.TilesConfig(wn=2))
     assert "K=64 is not a multiple of bk=128 or 64 with at least two K steps" in wt.unsupported_reason(1024, 1024, 64)
     assert "K=2050 is not a multiple of" in wt.unsupported_reason(1024, 1024, 2050)
     for m, n, k in ((0, 128, 256), (-8, 128, 256), (8, 0, 256), (8, -128, 256), (8, 128, 0)):
@@ -147,15 +142,12 @@ def test_other_arguments_of_the_choosers_refused():
 
 TILINGS = {
     "default": wt.TilesConfig(),
-    "mt256 bk64 regs": wt.TilesConfig(mt=256, bk=64, chunks=1, registers=True),
-    "mt256 bk128 s2 regs": wt.TilesConfig(mt=256, bk=128, stages=2, registers=True),
-    "wn2 regs": wt.TilesConfig(wn=2, registers=True, stages=3),
-    "numpy ints": wt.TilesConfig(mt=np.int64(128), bk=np.int64(128), stages=np.int64(3), wn=np.int64(2)),
-    "mt64 nofold": wt.TilesConfig(mt=64, fold_scale=False),
+    "mt256 bk64": wt.TilesConfig(mt=256, bk=64, chunks=1),
+    "mt256 bk128 s2": wt.TilesConfig(mt=256, bk=128, stages=2),
+    "numpy ints": wt.TilesConfig(mt=np.int64(128), bk=np.int64(128), stages=np.int64(3)),
+    "mt64": wt.TilesConfig(mt=64),
     "natural": wt.TilesConfig(decode="natural"),
-    "natural nofold": wt.TilesConfig(decode="natural", fold_scale=False),
-    "natural mt256 bk64 regs": wt.TilesConfig(mt=256, bk=64, chunks=1, registers=True, decode="natural",
-                                              fold_scale=False),
+    "natural mt256 bk64": wt.TilesConfig(mt=256, bk=64, chunks=1, decode="natural"),
 }
 
 
@@ -191,14 +183,13 @@ def test_every_byte_order_is_the_kernel_alone(order):
 
 
 @needs_mgpu
-@pytest.mark.parametrize("registers", [False, True])
-def test_register_requests_fit_the_cta_pool(registers):
-    """registers=True: the TMA warpgroup drops to 40 and the two compute warpgroups ask 232 each
-    (128 (40 + 2 x 232) = the 384 x 168 a CTA of 384 threads is launched with); False: none."""
-    cfg = wt.TilesConfig(mt=256, bk=64, chunks=1, registers=registers)
+def test_register_requests_fit_the_cta_pool():
+    """The TMA warpgroup drops to 40 registers and the two compute warpgroups ask 232 each
+    (128 (40 + 2 x 232) = the 384 x 168 a CTA of 384 threads is launched with)."""
+    cfg = wt.TilesConfig(mt=256, bk=64, chunks=1)
     threads, inc, dec = _register_requests(_mosaic_module(_lowered(512, 256, 512, cfg)))
     assert threads == 384
-    assert (inc, dec) == (([232], [40]) if registers else ([], []))
+    assert (inc, dec) == ([232], [40])
     assert _register_demand_ok(threads, inc, dec)
 
 

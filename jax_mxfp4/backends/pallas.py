@@ -38,29 +38,25 @@ from .base import Backend, GemmProblem
 
 FLOAT_OPERAND_DTYPES = (np.dtype(jnp.bfloat16),)
 
-# Shape rule for "auto", from timings on an NVIDIA H200 (2026-11-29/30, docs/performance.md):
-# decode-size a4w4 runs the weight-stationary kernel (16x8192x8192: pallas 0.064 ms, scaled_dot
-# 0.158, fp8 0.414, bf16 0.047); with both M and N large a kernel decoding both operands in its K
-# loop lost to "fp8"/"scaled_dot" (8192^3: 8.1 vs 1.8 ms) and was removed: that route is now the
-# two-pass form, a bfloat16 GEMM after the decode passes, which cannot beat the FP8 GEMM (8192^3:
-# bf16 1.607 ms, "fp8" with a prepared weight 0.928 ms, NVIDIA H200, 2026-12-01). For w4a16 neither "fp8" nor "scaled_dot" can run and pallas beats "xla" (the
-# float32 reference path) at every measured shape, so no rule applies.
+# Shape rule for "auto", from timings on an NVIDIA H200 (docs/performance.md): decode-size a4w4
+# runs the weight-stationary kernel, faster than "scaled_dot" and "fp8" there; with both M and N
+# large this backend's two-pass form (a bfloat16 GEMM after the decode passes) cannot beat the
+# FP8 GEMM. For w4a16 neither "fp8" nor "scaled_dot" can run and pallas beats "xla" (the float32
+# reference path) at every measured shape, so no rule applies.
 A4W4_MAX_SMALL_SIDE = 128
 # w4a16 with at least this many activation rows: decode the weight to bfloat16 once (one
 # memory-bound Pallas pass) and run XLA's bfloat16 GEMM, rather than decoding every weight tile
-# once per 128-row activation tile inside the kernel (H200: the kernel at 128 rows already takes
-# 2.4x of bf16, 2026-11-30).
+# once per 128-row activation tile inside the kernel (slower from 128 rows on the H200).
 W4A16_TWO_PASS_MIN_ROWS = 256
 # ... and below this many rows, on an NVIDIA Hopper GPU, the large-tile Mosaic GPU kernel instead
-# (jax_mxfp4/kernels/wgemm_tiles_mgpu.py: the decode inside the GEMM's K loop). NVIDIA H200, jax
-# 0.11.2, 2026-12-02, [rows]x8192x8192 with a prepare_decode'd weight: at least as fast as two-pass
-# up to 4096 rows; at 8192 XLA's GEMM on the decoded weight wins (docs/performance.md).
+# (jax_mxfp4/kernels/wgemm_tiles_mgpu.py: the decode inside the GEMM's K loop): with a
+# prepare_decode'd weight at least as fast as two-pass up to 4096 rows on the H200; at 8192 XLA's
+# GEMM on the decoded weight wins (docs/performance.md).
 W4A16_TILES_MAX_ROWS = 4096
 # ... for a plain MXFP4Array weight (natural bytes: the large-tile kernel's "natural" decode, its
 # quad byte transpose and heavier decode not hidden behind the tensor cores as the "lanes" one is)
-# only below this many rows. NVIDIA H200, jax 0.11.2, 2026-12-02, [rows]x8192x8192: the natural
-# decode beats two-pass below 2048 rows; at 2048 they are within 1%, and the simpler two-pass route
-# keeps them (docs/performance.md).
+# only below this many rows: from 2048 rows two-pass is as fast on the H200 and simpler
+# (docs/performance.md).
 W4A16_TILES_PLAIN_MAX_ROWS = 2048
 
 
@@ -71,11 +67,9 @@ def _tiles_max_rows(order: str) -> int:
     return W4A16_TILES_PLAIN_MAX_ROWS if order == "natural" else W4A16_TILES_MAX_ROWS
 # w4a16 with <= 64 activation rows on an NVIDIA Hopper GPU (compute capability 9.0) through the
 # Mosaic GPU kernel (jax_mxfp4/kernels/wgemm_mgpu.py: WGMMA with the decoded weight as the
-# register operand) instead of the Triton weight-stationary kernel: on the H200 (jax 0.11.2)
-# correct at 1/16/40 rows and 0.75x of bf16 at 16x8192x8192 against the Triton kernel's 1.14x
-# (tests/gpu/test_gpu_wgemm_mgpu.py); through dot_general with a prepare_decode'd weight 0.78x
-# (2026-12-01). Decode-size a4w4 takes it too, after the exact bfloat16
-# dequantization of its small side (as for the Triton kernel).
+# register operand) instead of the Triton weight-stationary kernel: faster on the H200
+# (docs/performance.md; checked by tests/gpu/test_gpu_wgemm_mgpu.py). Decode-size a4w4 takes it
+# too, after the exact bfloat16 dequantization of its small side (as for the Triton kernel).
 W4A16_MOSAIC_GPU = True
 """Whether the Mosaic GPU routes (the decode-size and the large-tile kernels) are taken on Hopper;
 not a user setting: tests set it False to reach the Triton routes on a Hopper GPU. The routing
@@ -267,8 +261,7 @@ def _tiles_config(problem: GemmProblem, rows: int, wrows: int, w_order):
     decode), False for a plain MXFP4Array (its natural bytes: the "natural" decode, which moves
     them to the "pairs" order in registers, so neither operand is rearranged per call; only the
     E8M0 scales are transposed to K-major, N x K/32 bytes). Arranging a plain weight per call
-    outside the kernel cost more than the two-pass decode pass (NVIDIA H200, jax 0.11.2,
-    2026-12-02, 1024x8192x8192: 1.74x / 2.06x of bf16 against two-pass's 1.28x)."""
+    outside the kernel cost more than the two-pass decode pass (docs/performance.md)."""
     order = w_order or "natural"  # False: a plain MXFP4Array's natural bytes
     if rows >= _tiles_max_rows(order) or problem.platform != "cuda" or not mosaic_w4a16_enabled():
         return None
@@ -300,8 +293,7 @@ def _weight_stationary(lhs, rhs, problem: GemmProblem, plan: _Plan | None = None
     if plan.kind == "two-pass":
         wf = _decoded_bf16(w, problem.platform)
         # the GEMM writes bfloat16 / float32 itself (one rounding of its float32 accumulator, as a
-        # float32 result then cast): a separate cast pass cost 0.094 ms at 8192x8192x8192 (NVIDIA
-        # H200, jax 0.11.2, 2026-12-02); float16 output through float32
+        # float32 result then cast), saving a separate cast pass; float16 output through float32
         pet = problem.out_dtype if problem.out_dtype in (jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float32)) else jnp.float32
         out = jax.lax.dot_general(x, wf, (((2,), (2,)), ((0,), (0,))),
                                   preferred_element_type=pet).astype(problem.out_dtype)

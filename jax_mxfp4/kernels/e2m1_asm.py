@@ -97,7 +97,7 @@ _DECODE_LANES_PTX = (
 )
 
 
-# "lanes" with the two multiplies folded into one (the Mosaic GPU kernel's MgpuConfig.fold_scale):
+# "lanes" with the two multiplies folded into one (the Mosaic GPU kernels' folded scale, wgemm_mgpu._decode_folded):
 # $5 = the bfloat16x2 of 2^126 x 2^(b-127) = 2^(b-1), exact and finite for E8M0 bytes b <= 128
 # (b = 0 gives 2^-1 = 0x3F00: no exception to select), built as b x FOLD_SCALE_MUL +
 # FOLD_SCALE_ADD; E2M1 x 2^-126 (a subnormal for the 0.5) times 2^(b-1) is E2M1 x 2^(b-127) exactly,

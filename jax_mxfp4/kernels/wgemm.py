@@ -6,9 +6,10 @@ units' M side (``bn`` rows per tile, decoded in registers inside the K loop); th
 rows on the N side (``bm``, down to 16, so a decode-size GEMM wastes no tensor-core work on
 padding rows). x is split once into its even and odd elements
 (:func:`jax_mxfp4.kernels.e2m1_asm.split_even_odd`), so each decoded half-tile (low or high
-nibbles) meets a contiguous bfloat16 half-tile of x: two dots per K step, no nibble interleave. Decode: ``"asm"`` (inline PTX, NVIDIA), ``"f16"``/``"e4m3"`` (portable: ROCm's
-Triton and the interpreter). Split-K fills the GPU when N gives few tiles; float32 partial sums
-are added afterwards in a fixed order (deterministic).
+nibbles) meets a contiguous bfloat16 half-tile of x: two dots per K step, no nibble interleave.
+Decode: ``"asm"`` (inline PTX, NVIDIA), ``"f16"`` (portable: ROCm's Triton and the interpreter).
+Split-K fills the GPU when N gives few tiles; float32 partial sums are added afterwards in a
+fixed order (deterministic).
 
 Exactness: decoded values E2M1 x 2^(s-127) are exact in bfloat16, bfloat16 products exact in
 float32, accumulation float32: results equal backend "xla" up to the order of float32
@@ -30,14 +31,13 @@ from ..platform import sm_count
 from ..mx_format import (
     BLOCK_SIZE,
     e2m1_times_2pow_minus14,
-    e4m3_bits_from_packed,
     e8m0_to_bf16_bits,
     flush_below_normal,
     scale_factors_for_f16_codes,
 )
 from . import e2m1_asm
 
-DECODES = ("asm", "f16", "e4m3")
+DECODES = ("asm", "f16")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,7 +71,7 @@ class WTileConfig:
             raise ValueError(f"WTileConfig.split_k must be >= 1, got {self.split_k}")
 
 
-def _dequant_halves(data, scale_bytes, decode="f16"):
+def _dequant_halves(data, scale_bytes):
     """The portable decode (ROCm's Triton, the interpreter): uint8 data [r, bk/2] and scale bytes
     [r, bk/32] -> bf16 (low, high) nibble values [r, bk/2].
 
@@ -79,7 +79,7 @@ def _dequant_halves(data, scale_bytes, decode="f16"):
     """
     r, half = data.shape
     nb = half // (BLOCK_SIZE // 2)
-    f1, f2 = scale_factors_for_f16_codes(scale_bytes, 14 if decode == "f16" else 6)
+    f1, f2 = scale_factors_for_f16_codes(scale_bytes)
     f1 = f1.reshape(r, nb, 1)
     f2 = f2.reshape(r, nb, 1)
     d = data.reshape(r, nb, BLOCK_SIZE // 2)
@@ -87,10 +87,6 @@ def _dequant_halves(data, scale_bytes, decode="f16"):
     def scaled(v):
         return flush_below_normal((v.astype(jnp.float32) * f1) * f2).astype(jnp.bfloat16).reshape(r, half)
 
-    if decode == "e4m3":
-        lo, hi = e4m3_bits_from_packed(d)
-        as_f8 = lambda b: lax.bitcast_convert_type(b, jnp.float8_e4m3fn)  # noqa: E731
-        return scaled(as_f8(lo)), scaled(as_f8(hi))
     return scaled(e2m1_times_2pow_minus14(d & 0xF)), scaled(e2m1_times_2pow_minus14(d >> 4))
 
 
@@ -99,7 +95,7 @@ def _decoded_weight_tile(data, sbytes, bn, bk, cfg):
     the values of elements 2j and 2j+1."""
     half, nb = bk // 2, bk // BLOCK_SIZE
     if cfg.decode != "asm":
-        return _dequant_halves(data, sbytes, cfg.decode)
+        return _dequant_halves(data, sbytes)
     scale = lax.bitcast_convert_type(e8m0_to_bf16_bits(sbytes), jnp.bfloat16)
     if cfg.layout3d:
         d3 = data.reshape(bn, nb, BLOCK_SIZE // 2)
@@ -195,10 +191,10 @@ def weight_stationary_gemm(x, w_data, w_scales, *, out_dtype, cfg: WTileConfig,
 
 def default_wconfig(m: int, n: int, k: int, batch: int = 1, decode: str = "asm",
                     num_sms: int | None = None) -> WTileConfig:
-    """Tiling by shape (NVIDIA H200 sweep, 2026-11-30): bm covers the
-    activation rows (16..128), bn = 128 weight rows, bk = 256, the 3-D decode layout at decode
-    sizes, split-K until the grid has ~2 (bm <= 64) or ~4 (bm = 128) tiles per SM; ``num_sms``
-    (None: the device's own count, :func:`jax_mxfp4.platform.sm_count`)."""
+    """Tiling by shape (an NVIDIA H200 sweep, docs/performance.md): bm covers the activation
+    rows (16..128), bn = 128 weight rows, bk = 256, the 3-D decode layout at decode sizes, split-K
+    until the grid has ~2 (bm <= 64) or ~4 (bm = 128) tiles per SM; ``num_sms`` (None: the
+    device's own count, :func:`jax_mxfp4.platform.sm_count`)."""
     num_sms = num_sms or sm_count() or 1  # the interpreter (CPU) has no processors to fill: one
     bk = 256
     while k % bk and bk > 32:

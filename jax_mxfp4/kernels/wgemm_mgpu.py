@@ -15,17 +15,13 @@ of a row's 32-element block), block scale applied last:
   (low nibbles, high nibbles) meets its own half of x (:func:`split_x`, done once per call on
   the small activation): two WGMMAs per step; each 32-bit register becomes the four bfloat16x2
   registers of the thread's A fragment slots; x's columns follow :func:`_ptx_fragment_order`;
-- ``decode="lanes"`` (since 2026-12-01, for prepared weights): each output register is one
-  bfloat16x2 of two consecutive elements, so the decoded tile is ONE [64, bk] fragment whose K
-  columns are x's natural columns when the weight bytes are stored by
-  :func:`jax_mxfp4.prepare_decode` (a 4x4 byte transpose inside every 16-byte block,
-  :func:`jax_mxfp4.decode_prepared.pair_order_bytes`, then each 32-bit word's nibbles regrouped by bfloat16 lane,
+- ``decode="lanes"`` (for prepared weights): each output register is one bfloat16x2 of two
+  consecutive elements, so the decoded tile is ONE [64, bk] fragment whose K columns are x's
+  natural columns when the weight bytes are stored by :func:`jax_mxfp4.prepare_decode` (a 4x4
+  byte transpose inside every 16-byte block, :func:`jax_mxfp4.decode_prepared.pair_order_bytes`,
+  then each 32-bit word's nibbles regrouped by bfloat16 lane,
   :func:`jax_mxfp4.decode_prepared.lanes_order_bytes`): one x tile and one WGMMA per step, no
-  per-call work on x, a mask and one multiply per output register (``e2m1_asm._DECODE_LANES_PTX``).
-  The kernel is compute-bound (NVIDIA H200, jax 0.11.2, 2026-12-01, 16x8192x8192: 11.8 us of
-  data movement vs 20.3 us whole with the former "pairs" decode, a byte permute and two shifts
-  per register, removed since); "lanes" 18.3 us, decoded in two parts
-  (:attr:`MgpuConfig.chunks`) 17.8;
+  per-call work on x, a mask and one multiply per output register (``e2m1_asm._DECODE_LANES_PTX``);
 - the block scale 2^(b-127) is the bfloat16 of :func:`jax_mxfp4.mx_format.e8m0_to_bf16_bits`
   (byte 0 the subnormal 2^-127, 0xFF NaN), applied last: E2M1 x scale is exact in bfloat16, its
   products with x exact in float32, WGMMA accumulates in float32; results equal backend "xla" up
@@ -33,28 +29,23 @@ of a row's 32-element block), block scale applied last:
 
 Two tilings (:class:`MgpuConfig`). Split-K (``k_split_wgs`` 1): ``plgpu.kernel`` +
 ``emit_pipeline``, one warpgroup per CTA, one CTA per (64-row tile, K split); the float32
-partial sums are added afterwards in a fixed order. One kernel per call (``k_split_wgs`` 2 or 4,
-checked and timed on the H200, 2026-12-01, and the dispatch default for "lanes" bytes
-with 4 warpgroups: :func:`default_mgpu_config`), instead of the kernel plus XLA's split-K
-sum/transpose/cast (each extra kernel costs ~4-5 us of launch gap at decode sizes): the
-warp-specialized CTA's compute warpgroups share one 64-row tile and split each K step between
-them, warpgroup 0 adds their partial sums in a fixed order and stores the final ``[mp, N]`` tile
-of ``out_dtype`` transposed, by TMA (:func:`_k_split_call`), through this module's own
-warp-specialized pipeline (:func:`_k_split_own_pipeline`, no register reallocation: jax
-0.11.2's ``emit_pipeline_warp_specialized`` asks for more registers than a CTA of 4 compute
+partial sums are added afterwards in a fixed order. One kernel per call (``k_split_wgs`` 4, the
+"lanes" decode: the dispatch default for prepared weights, :func:`default_mgpu_config`), instead
+of the kernel plus XLA's split-K sum/transpose/cast (each extra kernel costs a launch gap at
+decode sizes): the warp-specialized CTA's compute warpgroups share one 64-row tile and split each
+K step between them, warpgroup 0 adds their partial sums in a fixed order and stores the final
+``[mp, N]`` tile of ``out_dtype`` transposed, by TMA (:func:`_k_split_call`), through this
+module's own warp-specialized pipeline (:func:`_k_split_own_pipeline`, no register reallocation:
+jax 0.11.2's ``emit_pipeline_warp_specialized`` asks for more registers than a CTA of 4 compute
 warpgroups is launched with and hangs, :func:`_ws_register_demand`). The scales arrive as E8M0
 bytes in a K-major [K/32, N] layout by TMA and are converted to bfloat16 in registers
 (``scales_form``; :func:`jax_mxfp4.prepare_decode` stores weights that way).
 
 Status: every tiling the choosers pick lowers for CUDA on a CPU machine (tests/test_wgemm_mgpu.py);
-on the H200 (jax 0.11.2) they are checked against backend "xla" (tests/gpu/test_gpu_wgemm_mgpu.py);
-through ``dot_general`` with a prepared weight 16x8192x8192 runs at 0.71x of bf16 and
-1x8192x8192 at 0.84x (2026-12-01, the 4-warpgroup one-kernel tiling). Dispatch takes it for
-decode-size w4a16 and a4w4 on Hopper (``jax_mxfp4.backends.pallas.W4A16_MOSAIC_GPU``).
-Other tilings measured and removed (git history before 2026-12-03 keeps them): the
-``pallas_call`` launcher, the warp-specialized split-K launcher, reading E8M0 bytes as stored
-[N, K/32], jax's warp-specialized pipeline, TMA multicast clusters, a tile-major weight layout,
-the delayed slot release, bfloat16 scales and the portable "mul"/"select" decodes.
+on the H200 (jax 0.11.2) they are checked against backend "xla" (tests/gpu/test_gpu_wgemm_mgpu.py)
+and timed (docs/performance.md). Dispatch takes it for decode-size w4a16 and a4w4 on Hopper
+(``jax_mxfp4.backends.pallas.W4A16_MOSAIC_GPU``). Other tilings were measured slower and removed
+(git history keeps them).
 """
 
 from __future__ import annotations
@@ -77,7 +68,7 @@ _PAIR_DECODES = ("lanes",)  # one bfloat16x2 register per two elements in order:
 W_ORDERS = ("natural", "lanes")  # byte order of the packed weight (lanes_order_bytes of pair_order_bytes)
 _WG_ROWS = 64  # rows of one warpgroup's WGMMA tile (M side)
 _SMEM_BUDGET = 200 * 1024  # bytes of shared memory the pipeline may take (sm_90: 227 KiB)
-K_SPLIT_WGS = (1, 2, 4)  # MgpuConfig.k_split_wgs: compute warpgroups sharing one 64-row tile's K steps
+K_SPLIT_WGS = (1, 4)  # MgpuConfig.k_split_wgs: compute warpgroups sharing one 64-row tile's K steps
 _K_SLICE_MIN = 64  # K elements of one warpgroup's slice of a step: 32 weight bytes, 128 bytes of x
 
 
@@ -124,21 +115,20 @@ class MgpuConfig:
     bk: K elements per pipeline step (multiple of 32, divides K / split_k); split_k: K ranges
     summed afterwards; stages: pipeline depth (``max_concurrent_steps``; lowered where shared
     memory would not fit); decode: ``"ptx"`` or ``"lanes"`` (module doc).
-    k_split_wgs (2 or 4; 1 = the split-K tiling): ONE kernel per call, writing the final ``[M, N]``
-    output of ``out_dtype`` itself (no split-K sum, transpose or cast after it): each CTA owns 64
-    weight rows and the whole K range (grid N/64, ``split_k`` must be 1); its ``k_split_wgs``
-    compute warpgroups, fed by one TMA warpgroup, each take their own 1/k_split_wgs slice of every
-    pipeline step's K columns (``bk / k_split_wgs`` must be a multiple of 64, so each slice is
-    whole swizzle tiles of the weight bytes and of x), and their float32 partial sums are added in
-    warpgroup order by warpgroup 0, which stores the transposed ``[mp, 64]`` tile by TMA
-    (:func:`_k_split_call`); needs ``stages`` >= 2.
-    chunks (one-kernel tiling, "lanes" decode): each warpgroup decodes its slice of a
-    step in this many parts, issuing each part's WGMMAs before decoding the next (parts of whole
-    64-element x swizzle tiles); :func:`k_split_config` takes 2 where allowed.
-    fold_scale ("lanes" decode, one-kernel tiling): x 2^126 and x scale as one bfloat16x2 multiply
-    by 2^(b-1) wherever every thread of a warp has all its E8M0 bytes of the decoded part (a step,
-    or a part of it with ``chunks``) <= 128 (scales <= 2; one ``vote.sync.all`` per warp), the
-    two-multiply form otherwise (:func:`_decode_folded`); same bits.
+    k_split_wgs (4; 1 = the split-K tiling): ONE kernel per call for the "lanes" decode, writing
+    the final ``[M, N]`` output of ``out_dtype`` itself (no split-K sum, transpose or cast after
+    it): each CTA owns 64 weight rows and the whole K range (grid N/64, ``split_k`` must be 1); its
+    ``k_split_wgs`` compute warpgroups, fed by one TMA warpgroup, each take their own
+    1/k_split_wgs slice of every pipeline step's K columns (``bk / k_split_wgs`` must be a multiple
+    of 64, so each slice is whole swizzle tiles of the weight bytes and of x), and their float32
+    partial sums are added in warpgroup order by warpgroup 0, which stores the transposed
+    ``[mp, 64]`` tile by TMA (:func:`_k_split_call`); needs ``stages`` >= 2. It always folds the
+    scale: x 2^126 and x scale as one bfloat16x2 multiply by 2^(b-1) wherever every thread of a
+    warp has all its E8M0 bytes of the decoded part <= 128 (scales <= 2; one ``vote.sync.all`` per
+    warp), the two-multiply form otherwise (:func:`_decode_folded`); same bits.
+    chunks (one-kernel tiling): each warpgroup decodes its slice of a step in this many parts,
+    issuing each part's WGMMAs before decoding the next (parts of whole 64-element x swizzle
+    tiles); :func:`k_split_config` takes 2 where allowed.
     """
 
     bk: int = 256
@@ -147,15 +137,12 @@ class MgpuConfig:
     decode: str = "ptx"
     k_split_wgs: int = 1
     chunks: int = 1
-    fold_scale: bool = False
 
     def __post_init__(self):
         for name in ("bk", "split_k", "stages", "k_split_wgs", "chunks"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
                 raise TypeError(f"MgpuConfig.{name} must be an int, got {v!r}")
-        if not isinstance(self.fold_scale, (bool, np.bool_)):
-            raise TypeError(f"MgpuConfig.fold_scale must be a bool, got {self.fold_scale!r}")
         if self.decode not in DECODES:
             raise ValueError(f"MgpuConfig.decode must be one of {DECODES}, got {self.decode!r}")
         if self.bk < BLOCK_SIZE or self.bk % BLOCK_SIZE:
@@ -165,6 +152,9 @@ class MgpuConfig:
         if self.k_split_wgs not in K_SPLIT_WGS:
             raise ValueError(f"MgpuConfig.k_split_wgs must be one of {K_SPLIT_WGS}, got {self.k_split_wgs!r}")
         if self.k_split_wgs > 1:
+            if self.decode != "lanes":
+                raise ValueError(f'MgpuConfig.k_split_wgs > 1 (the one-kernel tiling) needs decode="lanes", '
+                                 f"got decode={self.decode!r}")
             if self.split_k != 1:
                 raise ValueError(f"MgpuConfig.k_split_wgs > 1 needs split_k=1 (each CTA sums the whole K range "
                                  f"itself), got split_k={self.split_k}")
@@ -172,17 +162,14 @@ class MgpuConfig:
                 raise ValueError(f"MgpuConfig.k_split_wgs > 1 needs stages >= 2 (a TMA warpgroup feeding the compute "
                                  f"warpgroups), got stages={self.stages}")
         if self.chunks != 1:
-            if self.k_split_wgs == 1 or self.decode not in _PAIR_DECODES:
-                raise ValueError(f'MgpuConfig.chunks > 1 needs the one-kernel tiling (k_split_wgs > 1) and decode="lanes", '
-                                 f"got chunks={self.chunks}, k_split_wgs={self.k_split_wgs}, decode={self.decode!r}")
+            if self.k_split_wgs == 1:
+                raise ValueError(f"MgpuConfig.chunks > 1 needs the one-kernel tiling (k_split_wgs > 1), "
+                                 f"got chunks={self.chunks}, k_split_wgs={self.k_split_wgs}")
             slice_k = self.bk // self.k_split_wgs  # one warpgroup's K per step
             if self.chunks < 1 or slice_k % (self.chunks * _K_SLICE_MIN):
                 raise ValueError(f"MgpuConfig.chunks={self.chunks} must divide each warpgroup's {slice_k} K columns "
                                  f"per step into parts of a multiple of {_K_SLICE_MIN} (whole 128-byte swizzle "
                                  "tiles of x)")
-        if self.fold_scale and (self.decode != "lanes" or self.k_split_wgs == 1):
-            raise ValueError(f'MgpuConfig.fold_scale needs decode="lanes" with the one-kernel tiling (k_split_wgs > 1), '
-                             f"got decode={self.decode!r}, k_split_wgs={self.k_split_wgs}")
         if self.k_split_wgs > 1 and self.bk % (self.k_split_wgs * _K_SLICE_MIN):
             raise ValueError(f"MgpuConfig.k_split_wgs={self.k_split_wgs} needs bk to be a multiple of "
                              f"{self.k_split_wgs * _K_SLICE_MIN} (each warpgroup's K slice a multiple of "
@@ -306,7 +293,7 @@ def _pair_registers(q, s2, asm: str) -> list:
 def _decode_folded(fa, sref, b0: int, b1: int, out, pairs_asm: bool = False, quad=None):
     """The "lanes" decode (``pairs_asm``: the pairs PTX, for the "natural" decode) of a thread's registers for blocks
     b0 <= b < b1 with the two bfloat16 multiplies folded into one where they can be
-    (:attr:`MgpuConfig.fold_scale`): when every E8M0
+    (the one-kernel and the large-tile tilings): when every E8M0
     byte the thread reads here is <= ``e2m1_asm.FOLD_MAX_BYTE`` (scales <= 2, what trained weights
     have), one multiply by 2^(b-1) per output register (``e2m1_asm._DECODE_LANES_FOLD_PTX``),
     else the two-multiply form (x 2^126, x scale, :func:`_e8m0_pair`'s rule): one branch per
@@ -334,7 +321,7 @@ def _decode_folded(fa, sref, b0: int, b1: int, out, pairs_asm: bool = False, qua
         top = arith.maxui(top, sb)
     small = arith.cmpi(arith.CmpIPredicate.ule, top, arith.constant(i32, e2m1_asm.FOLD_MAX_BYTE))
     # one side per warp (vote.sync.all): a warp whose threads disagreed would run both sides
-    # (NVIDIA H200, jax 0.11.2, 2026-12-02, scale bytes 120..129: 24.3 us against 17.7 unfolded)
+    # (slower than never folding on the H200, docs/performance.md)
     voted = llvm.inline_asm(i32, [arith.extui(i32, small)], e2m1_asm.WARP_ALL_PTX, "=r,r")
     small = arith.cmpi(arith.CmpIPredicate.ne, voted, arith.constant(i32, 0))
     branch = scf.IfOp(small, [bf2] * (4 * len(items)), has_else=True)
@@ -373,13 +360,14 @@ def _decode_ptx(byt, s_ref, hb: int, pairs: bool = False, blocks: tuple[int, int
     ``blocks`` (``pairs`` only): decode only the 32-element blocks b0 <= b < b1 of the tile, as a
     [64, 32 (b1 - b0)] fragment (:attr:`MgpuConfig.chunks`: a tile decoded in parts, each part's
     WGMMAs issued before the next part is decoded).
-    ``quad`` (``pairs`` only): the bytes are in natural order; each 32-bit word is first moved to
-    the "pairs" order across its quad of threads (``e2m1_asm.QUAD_TRANSPOSE_PTX``: two
-    ``shfl.sync.bfly`` and two ``prmt``), so a plain MXFP4Array's bytes meet x as it is."""
+    ``quad`` (``pairs`` with ``fold``: the large-tile kernel's "natural" decode): the bytes are in
+    natural order; each 32-bit word is first moved to the "pairs" order across its quad of threads
+    (``e2m1_asm.QUAD_TRANSPOSE_PTX``: two ``shfl.sync.bfly`` and two ``prmt``), so a plain
+    MXFP4Array's bytes meet x as it is. Unfolded, ``pairs`` is the "lanes" decode only."""
     plgpu = _plgpu()
     nb = hb // (BLOCK_SIZE // 2)
-    if quad and (not pairs or lanes):
-        raise ValueError("_decode_ptx: quad needs the pairs decode (natural bytes to the pairs order)")
+    if pairs and not (lanes or (quad and fold)):
+        raise ValueError("_decode_ptx: the pairs PTX runs only folded after the quad transpose (\"natural\" decode)")
     b0, b1 = (0, nb) if blocks is None else blocks
     if not pairs and (b0, b1) != (0, nb):
         raise ValueError("_decode_ptx: a block range needs the pairs decode")
@@ -423,11 +411,8 @@ def _decode_ptx(byt, s_ref, hb: int, pairs: bool = False, blocks: tuple[int, int
                 continue
             s2 = _e8m0_pair(_scale_byte(sref, row, b))
             q = mgpu.utils.bitcast(regs[ridx], i32)
-            if quad:
-                q = quad_fn(q)
-            if pairs:  # "lanes": the same outputs from bytes in lanes_order_bytes' nibble order
-                asm = e2m1_asm._DECODE_LANES_PTX if lanes else e2m1_asm._DECODE_PAIRS_PTX
-                for t, reg in enumerate(_pair_registers(q, s2, asm)):
+            if pairs:  # "lanes": the pairs PTX's outputs from bytes in lanes_order_bytes' nibble order
+                for t, reg in enumerate(_pair_registers(q, s2, e2m1_asm._DECODE_LANES_PTX)):
                     lo[0, 4 * (b - b0) + t, 0, 0, rh, 0, 0, 0, 0] = reg
                 continue
             res = llvm.inline_asm(struct, [q, s2, s2], e2m1_asm._DECODE_PTX, "=r,=r,=r,=r,r,r,r")
@@ -552,22 +537,21 @@ def _kernel_call(xs, w_data, scales, *, cfg: MgpuConfig, n: int, mp: int, stages
     return f(*xs, w_data, scales)
 
 
-def _wg_k_slice(wg, bk: int, kw: int, nx: int):
+def _wg_k_slice(wg, bk: int, kw: int):
     """Compute warpgroup ``wg``'s share of one pipeline step under ``k_split_wgs = kw``: the
-    (start, size) of its weight bytes per row, of its scale blocks and of its columns of each x
-    operand (``nx`` = 1: x's natural K columns, the "lanes" decode; 2: the columns of each half
-    of :func:`split_x`, the "ptx" decode), as offsets inside the step's tiles. Whole 32-element
-    blocks, so the bytes, their scales and the x columns they meet are the same blocks in every
-    byte order and x split (both permute only inside a block). ``wg`` may be traced."""
-    hbw, nbw, xw = bk // 2 // kw, bk // BLOCK_SIZE // kw, bk // nx // kw
+    (start, size) of its weight bytes per row, of its scale blocks and of its x columns, as
+    offsets inside the step's tiles. Whole 32-element blocks, so the bytes, their scales and the
+    x columns they meet are the same blocks in the "lanes" byte order (it permutes only inside a
+    block). ``wg`` may be traced."""
+    hbw, nbw, xw = bk // 2 // kw, bk // BLOCK_SIZE // kw, bk // kw
     return (wg * hbw, hbw), (wg * nbw, nbw), (wg * xw, xw)
 
 
-def _k_split_call(xs, w_data, scales, *, cfg: MgpuConfig, n: int, mp: int, out_dtype):
+def _k_split_call(x, w_data, scales, *, cfg: MgpuConfig, n: int, mp: int, out_dtype):
     """One kernel, final output: ``cfg.k_split_wgs`` (kw) compute warpgroups and one TMA warpgroup
     per CTA, one CTA per 64-row weight tile (grid N/64, no split-K across CTAs). Every pipeline
-    step brings [64, bk/2] weight bytes, their [bk/32, 64] scales and x's [mp, bk] columns (two
-    [mp, bk/2] halves for "ptx"); compute warpgroup w decodes and multiplies its own slice
+    step brings [64, bk/2] weight bytes, their [bk/32, 64] scales and x's [mp, bk] columns;
+    compute warpgroup w decodes and multiplies its own slice
     (K columns w*bk/kw .. (w+1)*bk/kw of the step: bytes, scale blocks and x columns of the same
     32-blocks) into its own float32 accumulator [64, mp]. After the last step, warpgroups 1..kw-1
     store their accumulators to shared memory and arrive on one barrier (every thread arrives
@@ -578,11 +562,11 @@ def _k_split_call(xs, w_data, scales, *, cfg: MgpuConfig, n: int, mp: int, out_d
     barrier pattern as the schedule barrier of jax's attention_mgpu.py (num_arrivals = the
     warpgroups that arrive). Returns ``out_dtype`` [mp, N].
 
-    ``xs`` may have fewer rows than ``mp`` (fewer than 8, or a multiple of 8: Mosaic GPU's TMA
+    ``x`` may have fewer rows than ``mp`` (fewer than 8, or a multiple of 8: Mosaic GPU's TMA
     tiling): the TMA copies read a box of ``mp`` rows, and the hardware fills rows past the
     array's end with zeros (and the output's TMA store writes none past it), so the call needs no
-    pad of x and no slice of the result (H200, 2026-12-01: 1.5 + 1.0 us of separate kernels per
-    call at M = 1); the output then has ``xs[0]``'s rows. The pipeline
+    pad of x and no slice of the result (each a separate kernel per call, docs/performance.md);
+    the output then has ``x``'s rows. The pipeline
     (:func:`_k_split_own_pipeline`): ``stages`` shared-memory slots; step t uses slot t % stages; ready[slot] completes when
     the slot's TMA copies have landed (every compute warpgroup waits on it), consumed[slot] when
     all kw compute warpgroups have finished reading it (each arrives once per step, after its
@@ -593,9 +577,7 @@ def _k_split_call(xs, w_data, scales, *, cfg: MgpuConfig, n: int, mp: int, out_d
     hb, nb = cfg.bk // 2, cfg.bk // BLOCK_SIZE
     steps = k_half // hb
     nt = n // _WG_ROWS
-    nx = len(xs)
-    xcols = cfg.bk // nx  # x columns per step and operand
-    (_, hbw), _, (_, xw) = _wg_k_slice(0, cfg.bk, kw, nx)  # one warpgroup's bytes per row, x columns
+    (_, hbw), _, (_, xw) = _wg_k_slice(0, cfg.bk, kw)  # one warpgroup's bytes per row, x columns
     # swizzle tiles no wider than one warpgroup's slice
     x_tr, w_tr = _tiled(_swizzle(xw * 2), 2), _tiled(_swizzle(hbw), 1)
     # the transposed store of the output tile, as jax's own tests of it run (tests/pallas/
@@ -609,10 +591,10 @@ def _k_split_call(xs, w_data, scales, *, cfg: MgpuConfig, n: int, mp: int, out_d
 
     def mma(wg, x_s, w_s, s_s, acc_ref):
         """Compute warpgroup ``wg``'s slice of one step (tiles of one slot), waited for."""
-        (b0, bn), (s0, sn), (x0, xn) = _wg_k_slice(wg, cfg.bk, kw, nx)
-        x_w = tuple(r.at[:, pl.ds(x0, xn)] for r in x_s)
+        (b0, bn), (s0, sn), (x0, xn) = _wg_k_slice(wg, cfg.bk, kw)
+        x_w = (x_s.at[:, pl.ds(x0, xn)],)
         byt = _load(w_s.at[:, pl.ds(b0, bn)], plgpu.Layout.WGMMA_8BIT)
-        _wgmma_step(x_w, byt, s_s.at[pl.ds(s0, sn)], acc_ref, bn, cfg.decode, chunks=cfg.chunks, fold=cfg.fold_scale)
+        _wgmma_step(x_w, byt, s_s.at[pl.ds(s0, sn)], acc_ref, bn, cfg.decode, chunks=cfg.chunks, fold=True)
         plgpu.wgmma_wait(0)
 
     def finish(wg, acc, part_smem, o_smem, sum_bar, out_g, tile):
@@ -637,26 +619,24 @@ def _k_split_call(xs, w_data, scales, *, cfg: MgpuConfig, n: int, mp: int, out_d
     scratch = dict(part_smem=plgpu.SMEM((kw - 1, _WG_ROWS, mp), jnp.float32),
                    o_smem=plgpu.SMEM((mp, _WG_ROWS), out_dtype, transforms=o_tr),
                    sum_bar=plgpu.Barrier(num_arrivals=kw - 1),
-                   x_smem=[plgpu.SMEM((stages, mp, xcols), jnp.bfloat16, transforms=x_tr) for _ in range(nx)],
+                   x_smem=plgpu.SMEM((stages, mp, cfg.bk), jnp.bfloat16, transforms=x_tr),
                    w_smem=plgpu.SMEM((stages, _WG_ROWS, hb), jnp.uint8, transforms=w_tr),
                    s_smem=plgpu.SMEM((stages, nb, _WG_ROWS), scales.dtype),
-                   ready=plgpu.Barrier(num_arrivals=nx + 2, num_barriers=stages),  # one arrival per TMA copy
+                   ready=plgpu.Barrier(num_arrivals=3, num_barriers=stages),  # one arrival per TMA copy
                    consumed=plgpu.Barrier(num_arrivals=kw, num_barriers=stages))  # one per compute warpgroup
 
-    def body(*refs, part_smem, o_smem, sum_bar, x_smem, w_smem, s_smem, ready, consumed):
-        x_g, (w_g, s_g, out_g) = refs[:nx], refs[nx:]
+    def body(x_g, w_g, s_g, out_g, part_smem, o_smem, sum_bar, x_smem, w_smem, s_smem, ready, consumed):
         tile = lax.axis_index("cta")
         wg = lax.axis_index("wg")
         rows = pl.ds(tile * _WG_ROWS, _WG_ROWS)
 
         def fetch(t, slot):  # step t's tiles into ``slot``, each copy arriving on ready[slot]
-            for xg, xs_ in zip(x_g, x_smem):
-                plgpu.copy_gmem_to_smem(xg.at[pl.ds(0, mp), pl.ds(t * xcols, xcols)], xs_.at[slot], ready.at[slot])
+            plgpu.copy_gmem_to_smem(x_g.at[pl.ds(0, mp), pl.ds(t * cfg.bk, cfg.bk)], x_smem.at[slot], ready.at[slot])
             plgpu.copy_gmem_to_smem(w_g.at[rows, pl.ds(t * hb, hb)], w_smem.at[slot], ready.at[slot])
             plgpu.copy_gmem_to_smem(s_g.at[pl.ds(t * nb, nb), rows], s_smem.at[slot], ready.at[slot])
 
         def step(slot, acc_ref):
-            mma(wg, [r.at[slot] for r in x_smem], w_smem.at[slot], s_smem.at[slot], acc_ref)
+            mma(wg, x_smem.at[slot], w_smem.at[slot], s_smem.at[slot], acc_ref)
 
         def compute_context(run):
             @functools.partial(pl.run_scoped, acc_ref=plgpu.ACC((_WG_ROWS, mp), jnp.float32))
@@ -667,16 +647,16 @@ def _k_split_call(xs, w_data, scales, *, cfg: MgpuConfig, n: int, mp: int, out_d
         _k_split_own_pipeline(wg, kw, steps, stages, fetch=fetch, step=step, ready=ready, consumed=consumed,
                               compute_context=compute_context)
 
-    _check_eager_device(xs[0])
+    _check_eager_device(x)
     f = plgpu.kernel(
         body,
-        out_type=jax.ShapeDtypeStruct((xs[0].shape[0], n), out_dtype),
+        out_type=jax.ShapeDtypeStruct((x.shape[0], n), out_dtype),
         grid=(nt,), grid_names=("cta",),
         num_threads=kw + 1, thread_name="wg",
         compiler_params=plgpu.CompilerParams(lowering_semantics=plgpu.LoweringSemantics.Lane),
         scratch_types=scratch,
     )
-    return f(*xs, w_data, scales)
+    return f(x, w_data, scales)
 
 
 def _k_split_own_pipeline(wg, kw: int, steps: int, stages: int, *, fetch, step, ready, consumed, compute_context,
@@ -779,8 +759,8 @@ def mgpu_w4a16(x, w_data, w_scales, out_dtype=jnp.bfloat16, cfg: MgpuConfig | No
         two pipeline stages.
     With ``cfg.k_split_wgs`` > 1 the kernel writes the result itself (``[M, N]`` of
     ``out_dtype``; sliced to M rows afterwards when M is not the padded row count, :func:`padded_rows`): one kernel per
-    call for "kmajor" scales, x rows already padded (:func:`padded_rows`), "lanes" bytes and decode (other forms add
-    their per-call XLA work on x or the scales: the "ptx" x split, the "rows" scale transpose).
+    call for "kmajor" scales and x rows already padded (:func:`padded_rows`; "rows" scales add
+    their per-call transpose).
     """
     cfg = MgpuConfig() if cfg is None else cfg
     if not isinstance(cfg, MgpuConfig):
@@ -823,13 +803,10 @@ def mgpu_w4a16(x, w_data, w_scales, out_dtype=jnp.bfloat16, cfg: MgpuConfig | No
     # (fewer than its 8-row tile, or whole tiles): TMA reads rows past M as zeros and stores none
     as_is = cfg.k_split_wgs > 1 and (m < 8 or m % 8 == 0)
     xp = x if as_is or mp == m else jnp.pad(x, ((0, mp - m), (0, 0)))
-    if cfg.decode in _PAIR_DECODES:  # one x operand, natural order for "lanes" bytes
-        xs = (xp,)
-    else:
-        xs = split_x(xp)
     if cfg.k_split_wgs > 1:  # one kernel, its output final: no sum, transpose or cast after it
-        out = _k_split_call(xs, w_data, scales, cfg=cfg, n=n, mp=mp, out_dtype=out_dtype)
+        out = _k_split_call(xp, w_data, scales, cfg=cfg, n=n, mp=mp, out_dtype=out_dtype)
         return out if out.shape[0] == m else out[:m]
+    xs = (xp,) if cfg.decode in _PAIR_DECODES else split_x(xp)  # "lanes" bytes meet x as it is
     steps = k // (cfg.bk * cfg.split_k)
     hb = cfg.bk // 2
     xcols = cfg.bk // len(xs)  # x columns per step and operand
@@ -866,17 +843,12 @@ def _check_config_args(fn: str, m, n, k, w_order) -> None:
 
 def default_mgpu_config(m: int, n: int, k: int, w_order: str = "natural") -> MgpuConfig:
     """Tiling by shape and the weight's byte order, from H200 timing runs of each tiling
-    (jax 0.11.2, fair timing, 16x8192x8192): one-warpgroup ``plgpu.kernel``, bk 256, split-K 4
-    (2026-11-30: within 5% of the best of 11 tilings; warp-specialized and ``raw_scales`` slower).
-    Decode by byte order (2026-12-01, same run): prepared bytes take their own one-fragment
-    decode, x read as it is (the former "pairs" form: 34.0 us = 0.73x of bf16 against 36.6 us =
-    0.78x for "ptx"; kernel sums 23.7 vs 23.2 us: the gain is the x split's kernel and its
-    launch); natural bytes keep the "ptx" decode: its x split (one XLA fusion, ~1.9 us through
-    dispatch) is cheaper than permuting x per call for a one-fragment decode (~3.4 us). "lanes"
-    bytes take the one-kernel tiling with 4 compute warpgroups where it applies (:func:`k_split_config`; NVIDIA H200, jax 0.11.2, 2026-12-01,
-    same timing runs: 16x8192x8192 33.0 us = 0.70x of bf16 against 36.1 us = 0.77x for
-    the split-K kernel, 1x8192x8192 0.89x against 0.95x; checked there at 1, 16 and 40 rows and on
-    every E8M0 byte); natural bytes keep the split-K kernel (the "ptx" one-kernel variant is untimed).
+    (docs/performance.md). "lanes" bytes (prepared weights) take the one-kernel tiling with 4
+    compute warpgroups where it applies (:func:`k_split_config`: fastest at decode sizes), else the
+    split-K kernel with the "lanes" decode (x read as it is). Natural bytes take the split-K kernel
+    with the "ptx" decode: its x split (one XLA fusion) is cheaper than permuting x per call for a
+    one-fragment decode. Split-K: one warpgroup per CTA, bk 256, split-K 4, each halved until
+    they divide K.
 
     Args: ``m`` activation rows, ``n`` weight rows, ``k`` the contraction ([m, k] x [n, k]).
     Raises:
@@ -884,8 +856,8 @@ def default_mgpu_config(m: int, n: int, k: int, w_order: str = "natural") -> Mgp
       ValueError: ``m`` or ``n`` < 1; ``k`` not a positive multiple of 64; ``w_order`` not one
         of :data:`W_ORDERS`. (M > 64 and N % 64 are :func:`unsupported_reason`'s to report.)"""
     _check_config_args("default_mgpu_config", m, n, k, w_order)
-    if w_order in _PAIR_DECODES:
-        one_kernel = k_split_config(m, n, k, w_order, k_split_wgs=4)
+    if w_order == "lanes":
+        one_kernel = k_split_config(m, n, k)
         if one_kernel is not None:
             return one_kernel
     bk, split = 256, 4
@@ -898,40 +870,26 @@ def default_mgpu_config(m: int, n: int, k: int, w_order: str = "natural") -> Mgp
     return MgpuConfig(bk=bk, split_k=split, stages=4, decode=decode)
 
 
-def k_split_config(m: int, n: int, k: int, w_order: str = "natural", k_split_wgs: int = 2) -> MgpuConfig | None:
-    """The one-kernel tiling (:attr:`MgpuConfig.k_split_wgs`) for a shape, or None where it does not
-    apply: bk 512 (each of 2 warpgroups a 256-element slice: whole 128-byte swizzle tiles), else
-    256 or 128, the largest that divides K in at least two steps and gives each warpgroup at least
-    64 elements, and two pipeline stages fit in shared memory for ``m`` rows (padded to 16; 64 rows
-    and K 2048 at bk 512 did not on the H200); stages 5 (lowered where shared memory is
-    short). Decode by byte order as
-    :func:`default_mgpu_config`, which takes it with ``k_split_wgs=4`` for "lanes" bytes (measured
-    faster there; the "ptx" decode's one-kernel variant is untimed).
+def k_split_config(m: int, n: int, k: int) -> MgpuConfig | None:
+    """The one-kernel tiling (:attr:`MgpuConfig.k_split_wgs` 4, "lanes" decode) for a shape, or
+    None where it does not apply: bk 512, else 256, the largest that divides K in at least two
+    steps (each warpgroup's slice whole 64-element swizzle tiles), where two pipeline stages fit
+    in shared memory for ``m`` rows (padded to 16); stages 5 (lowered where shared memory is
+    short); each slice decoded in two parts where both are whole x swizzle tiles (faster on the
+    H200, docs/performance.md).
 
     Raises:
-      TypeError / ValueError: ``m``, ``n``, ``k`` or ``w_order`` as :func:`default_mgpu_config`
-        (a typo in ``w_order`` would otherwise pick the "ptx" decode); ``k_split_wgs`` not the
-        int 2 or 4."""
-    _check_config_args("k_split_config", m, n, k, w_order)
-    if (isinstance(k_split_wgs, bool) or not isinstance(k_split_wgs, (int, np.integer))
-            or k_split_wgs not in K_SPLIT_WGS[1:]):
-        raise ValueError(f"k_split_config: k_split_wgs must be one of {K_SPLIT_WGS[1:]}, got {k_split_wgs!r}")
+      TypeError / ValueError: ``m``, ``n`` or ``k`` as :func:`default_mgpu_config`."""
+    _check_config_args("k_split_config", m, n, k, "lanes")
+    kw = K_SPLIT_WGS[-1]
     mp = -(-max(m, 1) // 16) * 16
-    for bk in (512, 256, 128):
-        # float32 output (the largest) and 2 bytes per scale (the removed bfloat16 scale form's size,
-        # kept: a margin, and the tilings stay those measured)
-        per_stage, fixed = _k_split_smem(mp, bk, k_split_wgs, 4, 2)
-        if (bk % (k_split_wgs * _K_SLICE_MIN) == 0 and k % bk == 0 and k // bk >= 2
+    for bk in (512, 256):
+        # float32 output (the largest) and 2 bytes per scale (a margin: the tilings stay those measured)
+        per_stage, fixed = _k_split_smem(mp, bk, kw, 4, 2)
+        if (bk % (kw * _K_SLICE_MIN) == 0 and k % bk == 0 and k // bk >= 2
                 and _SMEM_BUDGET - fixed >= 2 * per_stage):
-            decode = w_order if w_order in _PAIR_DECODES else "ptx"
-            # decode in two parts where each part is whole x swizzle tiles (H200, jax 0.11.2,
-            # 2026-12-01, "lanes" 16x8192x8192: 3% faster; a wash at M = 1)
-            chunks = 2 if decode in _PAIR_DECODES and (bk // k_split_wgs) % (2 * _K_SLICE_MIN) == 0 else 1
-            # one multiply for x 2^126 x scale (H200, jax 0.11.2, 2026-12-02, 4 warpgroups: 8-9% faster
-            # at 16x8192x8192 and M = 1; checked there on every E8M0 byte)
-            fold = decode == "lanes" and k_split_wgs == 4
-            return MgpuConfig(bk=bk, split_k=1, stages=5, decode=decode, k_split_wgs=k_split_wgs, chunks=chunks,
-                              fold_scale=fold)
+            chunks = 2 if (bk // kw) % (2 * _K_SLICE_MIN) == 0 else 1
+            return MgpuConfig(bk=bk, split_k=1, stages=5, decode="lanes", k_split_wgs=kw, chunks=chunks)
     return None
 
 

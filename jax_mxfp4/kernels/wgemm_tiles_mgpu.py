@@ -9,19 +9,21 @@ by warp shuffles, then decoded by the pairs PTX) as ``outᵀ = W · xᵀ`` tile 
 decode-size kernel (:mod:`jax_mxfp4.kernels.wgemm_mgpu`) reads every weight byte once and meets
 few activation rows; here each decoded weight tile meets ``mt`` (64, 128 or 256) activation rows, so
 the decode's cost is spread over ``mt`` multiply-adds per element and the tensor cores set the
-pace, as in a bfloat16 GEMM. The alternative (issue 9: a pass that decodes the whole weight to
-bfloat16, then XLA's GEMM) writes and reads 2 bytes per weight element more; NVIDIA H200, jax
-0.11.2, 2026-12-02: 1.28x of bf16 at 1024x8192x8192, against a GEMM of 0.165 ms plus a decode pass >= 0.045 ms.
+pace, as in a bfloat16 GEMM. The alternative (a pass that decodes the whole weight to bfloat16,
+then XLA's GEMM) writes and reads 2 bytes per weight element more (timings in
+docs/performance.md).
 
-One CTA per (128 wn weight rows, ``mt`` activation rows) output tile; grid N/(128 wn) x ceil(M/mt), the
+One CTA per (128 weight rows, ``mt`` activation rows) output tile; grid N/128 x ceil(M/mt), the
 activation tiles of one weight tile in consecutive CTAs (the weight tile is read from HBM once and
 then from L2). Three warpgroups: a TMA warpgroup fills ``stages`` shared-memory slots (x's
-[mt, bk] tile, the [128 wn, bk/2] weight bytes, their [bk/32, 128 wn] scale bytes) through
-:func:`jax_mxfp4.kernels.wgemm_mgpu._k_split_own_pipeline`; two compute warpgroups each own 64 wn
-weight rows: per step each loads its [64, bk/2] bytes (per 64-row tile) in Mosaic GPU's 8-bit WGMMA layout, decodes
-them in registers by the "lanes" inline PTX (one bfloat16 multiply per register where the
-warp's scale bytes allow, :attr:`TilesConfig.fold_scale`; the same code the decode-size kernel
-runs: :func:`jax_mxfp4.kernels.wgemm_mgpu._wgmma_step`) and issues ``W_tile · x_tileᵀ`` as WGMMAs
+[mt, bk] tile, the [128, bk/2] weight bytes, their [bk/32, 128] scale bytes) through
+:func:`jax_mxfp4.kernels.wgemm_mgpu._k_split_own_pipeline`, and gives up registers to the two
+compute warpgroups (``setmaxnreg`` :data:`REGISTERS`: 40 + 2 x 232 of the 3 x 168 a CTA of 384
+threads has, as jax's ``emit_pipeline_warp_specialized`` does; accumulators of 128 registers per
+thread spill at 168). Each compute warpgroup owns 64 weight rows: per step it loads its
+[64, bk/2] bytes in Mosaic GPU's 8-bit WGMMA layout, decodes them in registers by the "lanes"
+inline PTX (one bfloat16 multiply per register where the warp's scale bytes allow; the same code
+the decode-size kernel runs: :func:`jax_mxfp4.kernels.wgemm_mgpu._wgmma_step`) and issues ``W_tile · x_tileᵀ`` as WGMMAs
 with the decoded tile as the register A operand and x's tile from shared memory as B, into its
 float32 accumulator [64, mt]. The epilogue casts it to ``out_dtype`` and stores it transposed
 ([mt, 64] in shared memory through the WGMMA_TRANSPOSED layout), one TMA store per warpgroup.
@@ -33,8 +35,7 @@ accumulation (the contract of every GEMM path of the project).
 
 Status: lowers for CUDA on a CPU machine (tests/test_wgemm_tiles_mgpu.py; the PTX of the decodes
 and of the quad transpose run in a NumPy model of a warp in tests/test_wgemm.py); checked and timed
-on the H200 (jax 0.11.2, 2026-12-02; the check is tests/gpu/test_gpu_wgemm.py): numbers in
-docs/performance.md.
+on the H200 (tests/gpu/test_gpu_wgemm.py; numbers in docs/performance.md).
 """
 
 from __future__ import annotations
@@ -52,11 +53,9 @@ from ..mx_format import BLOCK_SIZE, as_scale_bytes
 from .wgemm_mgpu import (_WG_ROWS, _check_eager_device, _k_split_own_pipeline, _load, _plgpu, _swizzle, _tiled,
                          _wgmma_step, check_2d_arrays)
 
-WNS = (1, 2)  # TilesConfig.wn: 64-row weight tiles per compute warpgroup (two compute warpgroups per CTA)
 DECODES = ("lanes", "natural")  # TilesConfig.decode: one per byte order (wgemm_mgpu's one-fragment decodes)
 W_ORDERS = ("lanes", "natural")  # byte orders of the weight mgpu_w4a16_tiles reads
-REGISTERS = (40, 232)  # TilesConfig.registers: setmaxnreg of the TMA / each compute warpgroup (as jax's pipeline)
-MAX_ACC_REGISTERS = 128  # float32 accumulator registers per compute thread a tiling may take (wn x mt / 2)
+REGISTERS = (40, 232)  # setmaxnreg of the TMA / each compute warpgroup (as jax's pipeline)
 MTS = (64, 128, 256)  # TilesConfig.mt: activation rows per CTA (the WGMMA N side, <= 256)
 SMEM_LIMIT = 227 * 1024  # shared memory one CTA may take on sm_90 (H100/H200: 227 KiB)
 _SMEM_RESERVE = 2 * 1024  # barriers and Mosaic GPU's own scratch
@@ -67,55 +66,33 @@ class TilesConfig:
     """Tiling of :func:`mgpu_w4a16_tiles`.
 
     mt: activation rows per CTA, one of :data:`MTS` (each compute warpgroup's float32
-    accumulator is [64, mt]: mt/2 registers per thread; ``wn x mt / 2`` at most
-    :data:`MAX_ACC_REGISTERS`); bk: K elements per pipeline step, a
+    accumulator is [64, mt]: mt/2 registers per thread); bk: K elements per pipeline step, a
     multiple of 64 (whole 128-byte swizzle rows of x); stages: pipeline depth, lowered to what
     fits in shared memory (at least 2); chunks: each warpgroup decodes a step's tile in this many
     parts, issuing each part's WGMMAs before decoding the next (parts of whole 64-column x
-    swizzle tiles: ``bk / chunks`` a multiple of 64); fold_scale: one bfloat16 multiply per decoded
-    register instead of two where a warp's E8M0 bytes are <= 128 (:attr:`jax_mxfp4.kernels.wgemm_mgpu.MgpuConfig.fold_scale`);
-    wn: 64-row weight tiles per compute warpgroup, one of :data:`WNS` (a CTA's weight rows are
-    128 wn; each tile its own [64, mt] accumulator); registers: the TMA warpgroup gives up
-    registers and the compute warpgroups take them (``setmaxnreg`` :data:`REGISTERS`, 40 + 2 x 232
-    of the 3 x 168 a CTA of 384 threads has: jax's ``emit_pipeline_warp_specialized`` does the
-    same), for accumulators of 128 registers per thread (mt 256, or wn 2 with mt 128), which
-    spill at 168 (on the H200 mt 256 used 166 registers and spilled); decode:
+    swizzle tiles: ``bk / chunks`` a multiple of 64); decode:
     the weight's byte order (:func:`mgpu_w4a16_tiles`'s ``w_order``): "lanes" (prepare_decode's
     default) or "natural" (a plain MXFP4Array's bytes: each 32-bit word moved to the
     :func:`jax_mxfp4.decode_prepared.pair_order_bytes` order across its quad of threads by two
-    warp shuffles, then the pairs PTX);
-    every decode has the folded form.
+    warp shuffles, then the pairs PTX); both fold the scale multiply where they can (module doc).
     Raises TypeError / ValueError naming the field and the rule."""
 
     mt: int = 128
     bk: int = 128
     stages: int = 4
     chunks: int = 2
-    fold_scale: bool = True
-    wn: int = 1
-    registers: bool = False
     decode: str = "lanes"
 
     def __post_init__(self):
-        for name in ("mt", "bk", "stages", "chunks", "wn"):
+        for name in ("mt", "bk", "stages", "chunks"):
             v = getattr(self, name)
             if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
                 raise TypeError(f"TilesConfig.{name} must be an int, got {v!r}")
             object.__setattr__(self, name, int(v))  # numpy ints as Python ints (Pallas grids and shapes take those)
-        for name in ("fold_scale", "registers"):
-            if not isinstance(getattr(self, name), (bool, np.bool_)):
-                raise TypeError(f"TilesConfig.{name} must be a bool, got {getattr(self, name)!r}")
-            object.__setattr__(self, name, bool(getattr(self, name)))
         if not isinstance(self.decode, str) or self.decode not in DECODES:  # a str: `in` on an array is elementwise
             raise ValueError(f"TilesConfig.decode must be one of {DECODES}, got {self.decode!r}")
-        if self.wn not in WNS:
-            raise ValueError(f"TilesConfig.wn must be one of {WNS} (64-row weight tiles per warpgroup), got {self.wn}")
         if self.mt not in MTS:
             raise ValueError(f"TilesConfig.mt must be one of {MTS} (the WGMMA N side), got {self.mt}")
-        if self.wn * self.mt // 2 > MAX_ACC_REGISTERS:
-            raise ValueError(f"TilesConfig(mt={self.mt}, wn={self.wn}): float32 accumulators of {self.wn * self.mt // 2} "
-                             f"registers per thread; at most {MAX_ACC_REGISTERS} leave room for the decode "
-                             f"(setmaxnreg gives a compute thread {REGISTERS[1]})")
         if self.bk < 64 or self.bk % 64:
             raise ValueError(f"TilesConfig.bk must be a positive multiple of 64 (whole 128-byte swizzle rows of x), "
                              f"got {self.bk}")
@@ -128,17 +105,17 @@ class TilesConfig:
 
     @property
     def cta_rows(self) -> int:
-        """Weight rows of one CTA: two compute warpgroups of ``wn`` 64-row tiles."""
-        return 2 * self.wn * _WG_ROWS
+        """Weight rows of one CTA: two compute warpgroups of 64 rows."""
+        return 2 * _WG_ROWS
 
 
 def smem_bytes(cfg: TilesConfig, out_itemsize: int) -> tuple[int, int]:
     """(bytes per pipeline stage, fixed bytes) of shared memory for ``cfg``: per stage x's
     [mt, bk] bfloat16 tile, the [cta_rows, bk/2] weight bytes and [bk/32, cta_rows] scale bytes;
-    fixed, the [mt, 64] output tiles (2 wn) of ``out_itemsize`` bytes."""
+    fixed, the two [mt, 64] output tiles of ``out_itemsize`` bytes."""
     rows = cfg.cta_rows
     per_stage = cfg.mt * cfg.bk * 2 + rows * cfg.bk // 2 + cfg.bk // BLOCK_SIZE * rows
-    return per_stage, 2 * cfg.wn * cfg.mt * _WG_ROWS * out_itemsize
+    return per_stage, 2 * cfg.mt * _WG_ROWS * out_itemsize
 
 
 def fitted_stages(cfg: TilesConfig, out_itemsize: int, steps: int) -> int:
@@ -161,7 +138,7 @@ def mgpu_w4a16_tiles(x, w_data, w_scales, out_dtype=jnp.bfloat16, cfg: TilesConf
       x: bfloat16 [M, K], M a multiple of 8 (Mosaic GPU's TMA tiles of 8 rows; rows past M in the
         last tile are read as zeros by TMA and never stored).
       w_data: uint8 [N, K/2]: packed E2M1 bytes in the byte order ``w_order`` names; N a
-        multiple of ``cfg.cta_rows`` (128, or 256 with ``wn`` 2).
+        multiple of ``cfg.cta_rows`` (128).
       w_scales: E8M0 scales K-major [K/32, N], uint8 bytes or float8_e8m0fnu (OCP MX v1.0 §5.4:
         2^(b-127), 0xFF NaN).
       out_dtype: bfloat16, float16 or float32 (None: float32).
@@ -220,7 +197,7 @@ def _tiles_call(x, w_data, scales, *, cfg: TilesConfig, stages: int, out_dtype):
     plgpu = _plgpu()
     m, k = x.shape
     n = w_data.shape[0]
-    mt, bk, wn, rows = cfg.mt, cfg.bk, cfg.wn, cfg.cta_rows
+    mt, bk, rows = cfg.mt, cfg.bk, cfg.cta_rows
     hb, nb = bk // 2, bk // BLOCK_SIZE
     steps = k // bk
     n_tiles, m_tiles = n // rows, -(-m // mt)
@@ -241,32 +218,28 @@ def _tiles_call(x, w_data, scales, *, cfg: TilesConfig, stages: int, out_dtype):
             plgpu.copy_gmem_to_smem(w_g.at[cols, pl.ds(t * hb, hb)], w_smem.at[slot], ready.at[slot])
             plgpu.copy_gmem_to_smem(s_g.at[pl.ds(t * nb, nb), cols], s_smem.at[slot], ready.at[slot])
 
-        def tile_rows(j):  # the j-th 64-row weight tile of this warpgroup, inside the CTA's rows
-            return pl.ds((wg * wn + j) * _WG_ROWS, _WG_ROWS)
+        def wg_rows():  # this warpgroup's 64 weight rows, inside the CTA's
+            return pl.ds(wg * _WG_ROWS, _WG_ROWS)
 
-        def step(slot, accs):
-            for j, acc_ref in enumerate(accs):  # tile j+1's decode overlaps tile j's WGMMAs
-                byt = _load(w_smem.at[slot].at[tile_rows(j)], plgpu.Layout.WGMMA_8BIT)
-                _wgmma_step((x_smem.at[slot],), byt, s_smem.at[slot].at[:, tile_rows(j)], acc_ref, hb, cfg.decode,
-                            chunks=cfg.chunks, fold=cfg.fold_scale)
+        def step(slot, acc_ref):
+            byt = _load(w_smem.at[slot].at[wg_rows()], plgpu.Layout.WGMMA_8BIT)
+            _wgmma_step((x_smem.at[slot],), byt, s_smem.at[slot].at[:, wg_rows()], acc_ref, hb, cfg.decode,
+                        chunks=cfg.chunks, fold=True)
             plgpu.wgmma_wait(0)
 
         def compute_context(run):
-            def scope(*accs):
-                run(accs)
-                for j, acc_ref in enumerate(accs):
-                    out_t = plgpu.layout_cast(acc_ref[...].astype(out_dtype), plgpu.Layout.WGMMA_TRANSPOSED)
-                    plgpu.transpose_ref(o_smem.at[wg * wn + j], (1, 0))[...] = out_t
+            def scope(acc_ref):
+                run(acc_ref)
+                out_t = plgpu.layout_cast(acc_ref[...].astype(out_dtype), plgpu.Layout.WGMMA_TRANSPOSED)
+                plgpu.transpose_ref(o_smem.at[wg], (1, 0))[...] = out_t
                 plgpu.commit_smem()
-                for j in range(wn):
-                    plgpu.copy_smem_to_gmem(o_smem.at[wg * wn + j],
-                                            out_g.at[xrows, pl.ds(n_tile * rows + (wg * wn + j) * _WG_ROWS, _WG_ROWS)])
+                plgpu.copy_smem_to_gmem(o_smem.at[wg], out_g.at[xrows, pl.ds(n_tile * rows + wg * _WG_ROWS, _WG_ROWS)])
                 plgpu.wait_smem_to_gmem(0)
 
-            pl.run_scoped(scope, *[plgpu.ACC((_WG_ROWS, mt), jnp.float32) for _ in range(wn)])
+            pl.run_scoped(scope, plgpu.ACC((_WG_ROWS, mt), jnp.float32))
 
         _k_split_own_pipeline(wg, 2, steps, stages, fetch=fetch, step=step, ready=ready, consumed=consumed,
-                              compute_context=compute_context, registers=REGISTERS if cfg.registers else None)
+                              compute_context=compute_context, registers=REGISTERS)
 
     _check_eager_device(x, "mgpu_w4a16_tiles")
     f = plgpu.kernel(
@@ -279,7 +252,7 @@ def _tiles_call(x, w_data, scales, *, cfg: TilesConfig, stages: int, out_dtype):
             x_smem=plgpu.SMEM((stages, mt, bk), jnp.bfloat16, transforms=x_tr),
             w_smem=plgpu.SMEM((stages, rows, hb), jnp.uint8, transforms=w_tr),
             s_smem=plgpu.SMEM((stages, nb, rows), jnp.uint8),
-            o_smem=plgpu.SMEM((2 * wn, mt, _WG_ROWS), out_dtype, transforms=o_tr),
+            o_smem=plgpu.SMEM((2, mt, _WG_ROWS), out_dtype, transforms=o_tr),
             ready=plgpu.Barrier(num_arrivals=3, num_barriers=stages),  # one arrival per TMA copy
             consumed=plgpu.Barrier(num_arrivals=2, num_barriers=stages)),  # one per compute warpgroup
     )
@@ -315,28 +288,24 @@ def unsupported_reason(m: int, n: int, k: int, cfg: TilesConfig | None = None) -
 
 def default_tiles_config(m: int, n: int, k: int, out_dtype=jnp.bfloat16, w_order: str = "lanes") -> TilesConfig | None:
     """The tiling for a shape (None where :func:`unsupported_reason` says no), from kernel times on
-    an NVIDIA H200 (jax 0.11.2, 2026-12-02, 1024x8192x8192): 256 activation rows per CTA, bk 64,
-    4 stages, setmaxnreg (0.975x of bf16; the other tilings 1.02-1.26x).
-    mt 128 (with setmaxnreg) where 256-row tiles would leave the grid under 128 CTAs (the H200
-    has 132 SMs: few activation rows, few weight rows) or the output is 4 bytes wide (a float32
-    [256, 64] tile per warpgroup leaves room for two pipeline stages only): at 256x8192x8192
-    1.11x with 128-row tiles against 1.66x with 256-row ones; float32 output unmeasured.
-    ``w_order``: the decode of that name, with ``fold_scale``. The "natural" decode takes bk 128 in two stages with
-    each step decoded in two chunks at 256-row tiles, where K allows: 2-4% faster than bk 64 in
-    4 stages at 512-2048 rows (H200, 2026-12-02; the heavier decode is hidden better behind the
-    first chunk's WGMMAs). Raises TypeError for non-int sizes, ValueError for another ``w_order``
-    or an ``out_dtype`` other than bfloat16, float16, float32 (None: float32)."""
+    an NVIDIA H200 (docs/performance.md): 256 activation rows per CTA, bk 64, 4 stages; 128-row
+    tiles where 256-row ones would leave the grid under 128 CTAs (the H200 has 132 SMs) or the
+    output is 4 bytes wide (a float32 [256, 64] tile per warpgroup leaves room for two pipeline
+    stages only). ``w_order``: the decode of that name. The "natural" decode takes bk 128 in two
+    stages with each step decoded in two chunks at 256-row tiles, where K allows (its heavier
+    decode is hidden better behind the first chunk's WGMMAs). Raises TypeError for non-int sizes,
+    ValueError for another ``w_order`` or an ``out_dtype`` other than bfloat16, float16, float32
+    (None: float32)."""
     _check_dims("default_tiles_config", m, n, k)
     if not isinstance(w_order, str) or w_order not in W_ORDERS:
         raise ValueError(f"default_tiles_config: w_order must be one of {W_ORDERS}, got {w_order!r}")
     out_dtype = check_output_dtype(out_dtype, "default_tiles_config: out_dtype")
-    dec = dict(decode=w_order, fold_scale=True)
     if unsupported_reason(m, n, k):
         return None
     wide = jnp.dtype(out_dtype).itemsize > 2
     bk = 128 if k % 128 == 0 and k // 128 >= 2 else 64
     if not wide and -(-m // 256) * (n // (2 * _WG_ROWS)) >= 128:  # K: unsupported_reason above (64 | K, 2 steps)
         if w_order != "lanes" and bk == 128:
-            return TilesConfig(mt=256, bk=128, stages=2, chunks=2, registers=True, **dec)
-        return TilesConfig(mt=256, bk=64, stages=4, chunks=1, registers=True, **dec)
-    return TilesConfig(mt=128, bk=bk, stages=4, chunks=bk // 64, registers=True, **dec)
+            return TilesConfig(mt=256, bk=128, stages=2, chunks=2, decode=w_order)
+        return TilesConfig(mt=256, bk=64, stages=4, chunks=1, decode=w_order)
+    return TilesConfig(mt=128, bk=bk, stages=4, chunks=bk // 64, decode=w_order)

@@ -3,10 +3,10 @@ tests/gpu/test_gpu_wgemm_mgpu.py checks on a Hopper GPU, and how each is called.
 functions (no device needed): tests/test_wgemm_mgpu.py lowers the k_split_wgs ones for CUDA on
 the CPU at the shapes checked here.
 
-Names: "k" = the split-K tiling (``plgpu.kernel`` + ``emit_pipeline``, one warpgroup), "ks2" /
-"ks4" = one kernel per call with 2 / 4 compute warpgroups sharing each 64-row tile's K steps
-(the output written by the kernel); decodes "ptx", "lanes"; "ch2"/"ch4" = each
-warpgroup's tile decoded in 2/4 parts, "fold" = the 2^126 and scale multiplies folded into one.
+Names: "k" = the split-K tiling (``plgpu.kernel`` + ``emit_pipeline``, one warpgroup), "ks4" =
+one kernel per call with 4 compute warpgroups sharing each 64-row tile's K steps (the output
+written by the kernel, the 2^126 and scale multiplies folded into one); decodes "ptx", "lanes";
+"ch2" = each warpgroup's tile decoded in 2 parts.
 Suffix: the weight's byte order, " L" lanes (what prepare_decode stores), none natural."""
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from jax_mxfp4.decode_prepared import lanes_order_bytes, pair_order_bytes
 from jax_mxfp4.kernels.wgemm_mgpu import MgpuConfig
 
 
-def _one_kernel(decode, k_split_wgs=4, **more):
+def _one_kernel(**more):
     """A one-kernel tiling (bk 512, 5 stages) with ``more`` of MgpuConfig's fields."""
-    return MgpuConfig(bk=512, split_k=1, stages=5, decode=decode, k_split_wgs=k_split_wgs, **more)
+    return MgpuConfig(bk=512, split_k=1, stages=5, decode="lanes", k_split_wgs=4, **more)
 
 
 VARIANTS = {  # name -> MgpuConfig
@@ -30,28 +30,20 @@ VARIANTS = {  # name -> MgpuConfig
     "k lanes bk128 s4 st8 L": MgpuConfig(bk=128, split_k=4, stages=8, decode="lanes"),
     "k lanes bk256 s8 st4 L": MgpuConfig(bk=256, split_k=8, stages=4, decode="lanes"),
     # one kernel per call; stages are capped by shared memory (5 at bk 512, 16 rows)
-    "ks2 lanes bk512 st5 L": _one_kernel("lanes", k_split_wgs=2),
-    "ks4 lanes bk512 st5 L": _one_kernel("lanes"),
-    "ks4 ch2 lanes bk512 st5 L": _one_kernel("lanes", chunks=2),
-    "ks2 ch2 lanes bk512 st5 L": _one_kernel("lanes", k_split_wgs=2, chunks=2),
-    "ks2 ch4 lanes bk512 st5 L": _one_kernel("lanes", k_split_wgs=2, chunks=4),
-    "ks4 ch2 lanes fold L": _one_kernel("lanes", chunks=2, fold_scale=True),
-    "ks2 ch2 lanes fold L": _one_kernel("lanes", k_split_wgs=2, chunks=2, fold_scale=True),
+    "ks4 lanes bk512 st5 L": _one_kernel(),
+    "ks4 ch2 lanes bk512 st5 L": _one_kernel(chunks=2),
     "ks4 lanes bk256 st8 L": MgpuConfig(bk=256, split_k=1, stages=8, decode="lanes", k_split_wgs=4),
     "ks4 lanes bk512 st3 L": MgpuConfig(bk=512, split_k=1, stages=3, decode="lanes", k_split_wgs=4),
-    "ks2 ptx bk512 st5": _one_kernel("ptx", k_split_wgs=2),
 }
 
 # one variant per structure (tiling x decode x byte order x flags): each gets the small-shape
 # and every-byte checks; the others share a structure with one
-SMOKE = ["k ptx bk256 s4 st4", "k lanes bk256 s4 st4 L", "ks2 lanes bk512 st5 L", "ks4 lanes bk512 st5 L",
-         "ks2 ptx bk512 st5", "ks4 ch2 lanes bk512 st5 L", "ks2 ch2 lanes bk512 st5 L", "ks2 ch4 lanes bk512 st5 L",
-         "ks4 ch2 lanes fold L", "ks2 ch2 lanes fold L"]
+SMOKE = ["k ptx bk256 s4 st4", "k lanes bk256 s4 st4 L", "ks4 lanes bk512 st5 L", "ks4 ch2 lanes bk512 st5 L"]
 
 
 def struct(c):
     """A variant's structure (same structure = same code path): decode, tiling, flags."""
-    return (c.decode, c.k_split_wgs, c.fold_scale)
+    return (c.decode, c.k_split_wgs, c.chunks)
 
 
 STRUCTURES = SMOKE + [nm for nm, c in VARIANTS.items() if all(struct(VARIANTS[sm]) != struct(c) for sm in SMOKE)]
@@ -115,7 +107,7 @@ def k_split_diagnosis(got, x, q, cfg, odt):
     k = x.shape[1]
     nb = cfg.bk // 32
     keep = np.zeros(k // 32, bool)
-    _, (s0, sn), _ = _wg_k_slice(0, cfg.bk, cfg.k_split_wgs, 1)
+    _, (s0, sn), _ = _wg_k_slice(0, cfg.bk, cfg.k_split_wgs)
     for t in range(k // cfg.bk):
         keep[t * nb + s0: t * nb + s0 + sn] = True
     x0 = x * jnp.asarray(np.repeat(keep, 32), x.dtype)

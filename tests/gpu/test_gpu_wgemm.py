@@ -185,7 +185,7 @@ def test_tiles_kernel_every_e8m0_byte_and_nan_block(which):
     m, n, k = 512, 256, 256  # 2 x 8 = 16 blocks per weight row: bytes 0..254 over 16 rows
     x, data, sb = every_byte_operands(6, m, n, k, nan_at=(37, 3))
     order = which.split("-")[-1]
-    big = dict(mt=256, bk=64, stages=4, chunks=1, registers=True)
+    big = dict(mt=256, bk=64, stages=4, chunks=1)
     if which.startswith("default"):
         cfg = default_tiles_config(m, n, k) if order == "lanes" else default_tiles_config(m, n, k, w_order="natural")
     else:
