@@ -17,15 +17,16 @@ Run from a checkout, with the package installed: ``python examples/generate.py [
    being one ``jax.jit`` program (``lax.scan`` over positions). Activations are bfloat16 in both runs; the MXFP4 run multiplies them by the
    MXFP4 weights without quantizing them (``Recipe(quantize_activations=False)``: w4a16), both
    accumulate in float32.
+4. Prints and saves (``generate.json`` in ``--out``) the decode speed (new tokens/s: batch x
+   new tokens / median wall time of the jitted call after a warm-up), the bytes of the GEMM
+   weights and of all parameters, how often the two runs pick the same next byte, and the first
+   generated text of both.
+
 With ``--moe ExK`` the model's MLPs are mixtures of experts (``examples/train_lm.py``): the
 served expert kernels [E, K, N] are those :func:`jax_mxfp4.flax.quantize_params` makes of the
 trained params (MXFP4Array along K, axis 1), multiplied by :func:`jax_mxfp4.ragged_dot` (w4a16)
 after routing each decoded token with the float32 router; the bf16 baseline casts them and uses
 ``jax.lax.ragged_dot``.
-4. Prints and saves (``generate.json`` in ``--out``) the decode speed (new tokens/s: batch x
-   new tokens / median wall time of the jitted call after a warm-up), the bytes of the GEMM
-   weights and of all parameters, how often the two runs pick the same next byte, and the first
-   generated text of both.
 """
 
 from __future__ import annotations
