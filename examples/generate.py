@@ -291,7 +291,8 @@ def train_params(cfg, steps, seed, recipe, train_b, quiet=True):
         train_step, opt, _ = make_train_step(model, cfg, steps, seed)
         opt_state = opt.init(params)
         for i in range(steps):
-            params, opt_state, loss = train_step(params, opt_state, jnp.asarray(windows(train_b, starts[i], cfg["seq_len"])), i)
+            batch = jnp.asarray(windows(train_b, starts[i], cfg["seq_len"]))
+            params, opt_state, loss = train_step(params, opt_state, batch, i)
             if not quiet and (i + 1) % max(1, steps // 10) == 0:
                 print(f"  train step {i + 1}/{steps}: loss {float(loss):.3f}", flush=True)
         return params["params"], float(loss), model

@@ -430,8 +430,8 @@ def routing_summary(model, params, batch) -> dict:
 
     _, state = jax.jit(lambda p, b: model.apply(p, b[:, :-1], mutable=[MOE_COLLECTION]))(params, batch)
     stats = moe_stats(state)
-    return dict(load_balance=[float(v) for v in stats["load_balance"]],
-                expert_load=[(np.asarray(g) / max(1, int(np.sum(g)))).round(4).tolist() for g in stats["group_sizes"]])
+    loads = [np.asarray(g) / max(1, int(np.sum(g))) for g in stats["group_sizes"]]
+    return dict(load_balance=[float(v) for v in stats["load_balance"]], expert_load=[v.round(4).tolist() for v in loads])
 
 
 def mxfp4_backend_used(recipe, cfg) -> str:
