@@ -21,6 +21,12 @@ Run from a checkout, with the package installed: ``python examples/generate.py [
    new tokens / median wall time of the jitted call after a warm-up), the bytes of the GEMM
    weights and of all parameters, how often the two runs pick the same next byte, and the first
    generated text of both.
+
+With ``--moe ExK`` the model's MLPs are mixtures of experts (``examples/train_lm.py``): the
+served expert kernels [E, K, N] are those :func:`jax_mxfp4.flax.quantize_params` makes of the
+trained params (MXFP4Array along K, axis 1), multiplied by :func:`jax_mxfp4.ragged_dot` (w4a16)
+after routing each decoded token with the float32 router; the bf16 baseline casts them and uses
+``jax.lax.ragged_dot``.
 """
 
 from __future__ import annotations
@@ -36,7 +42,8 @@ import time
 
 import numpy as np
 
-from train_lm import BF16_RECIPE_FIELDS, SIZES, batch_starts, build_model, load_corpus, windows
+from train_lm import (BF16_RECIPE_FIELDS, SIZES, batch_starts, build_model, load_corpus, make_train_step, moe_route,
+                      moe_spec, windows)
 
 
 def _layer_norm(x, p, eps=1e-6):  # flax.linen.LayerNorm's defaults (epsilon 1e-6, scale and bias)
@@ -49,15 +56,28 @@ def _layer_norm(x, p, eps=1e-6):  # flax.linen.LayerNorm's defaults (epsilon 1e-
 
 
 DENSE_LAYERS = ("qkv", "proj", "mlp_in", "mlp_out")
+EXPERT_LAYERS = ("experts_in", "experts_out")  # an MoE block's RaggedDense layers, under "moe"
 
 
-def serving_weights(params, kind: str, scale_mode: str = "even", prepare: bool = True):
+def is_moe(params) -> bool:
+    return any("moe" in sub for name, sub in params.items() if name.startswith("block"))
+
+
+def serving_weights(params, kind: str, scale_mode: str = "even", prepare: bool = True, model=None):
     """The demo LM's params with every projection kernel as bf16 (``kind="bf16"``) or as an
     MXFP4Array along axis 0, the contraction axis (``kind="mxfp4"``), by default arranged once by
-    :func:`jax_mxfp4.prepare_decode` (``prepare=False``: the plain MXFP4Array); everything else as is."""
+    :func:`jax_mxfp4.prepare_decode` (``prepare=False``: the plain MXFP4Array); everything else as is.
+
+    MoE params (``--moe``): the expert kernels [E, K, N] too (bf16, or MXFP4Array along K, axis
+    1, never prepared: :func:`jax_mxfp4.ragged_dot` takes the MXFP4Array); the router stays
+    float32. The MXFP4 kernels are :func:`jax_mxfp4.flax.quantize_params` of the params with the
+    linen ``model`` (required), which finds exactly the kernels its jax_mxfp4 layers consume."""
     import jax.numpy as jnp
 
     from jax_mxfp4 import prepare_decode, quantize
+
+    if is_moe(params):
+        return _moe_serving_weights(params, kind, scale_mode, prepare, model)
 
     def conv(k):
         if kind == "bf16":
@@ -74,6 +94,62 @@ def serving_weights(params, kind: str, scale_mode: str = "even", prepare: bool =
         else:
             out[name] = sub
     return out
+
+
+def _moe_serving_weights(params, kind, scale_mode, prepare, model):
+    import jax
+    import jax.numpy as jnp
+
+    from jax_mxfp4 import MXFP4Array, prepare_decode
+    from jax_mxfp4.flax import quantize_params
+
+    if kind == "bf16":
+        return {name: ({n: _bf16_kernels(v) for n, v in sub.items()} if name.startswith("block")
+                       else dict(sub, kernel=sub["kernel"].astype(jnp.bfloat16)) if name == "head" else sub)
+                for name, sub in params.items()}
+    if model is None:
+        raise ValueError("serving_weights: MXFP4 weights of an MoE model need model= (the linen model, for "
+                         "jax_mxfp4.flax.quantize_params)")
+    q = quantize_params({"params": params}, model=model, inputs=(jnp.zeros((1, 8), jnp.int32),),
+                        scale_mode=scale_mode)["params"]
+    dense = lambda k: prepare_decode(k) if prepare and isinstance(k, MXFP4Array) and len(k.shape) == 2 else k
+    return jax.tree.map(dense, q, is_leaf=lambda x: isinstance(x, MXFP4Array))
+
+
+def _bf16_kernels(layer):
+    """A block's sub-dict with its GEMM kernels (dense and, under "moe", expert) cast to bf16."""
+    import jax.numpy as jnp
+
+    if "experts_in" in layer:  # the "moe" sub-dict: experts cast, router as is
+        return {n: (dict(v, kernel=v["kernel"].astype(jnp.bfloat16)) if n in EXPERT_LAYERS else v)
+                for n, v in layer.items()}
+    return dict(layer, kernel=layer["kernel"].astype(jnp.bfloat16)) if "kernel" in layer else layer
+
+
+def _moe_mlp(y, p, top: int, backend: str):
+    """The MoE MLP of one position: y [B, d] float32 (after ln2) -> [B, d] float32, as
+    ``train_lm.MoE``: float32 router, top-k gates, the experts' grouped GEMMs on bf16 activations
+    (MXFP4Array experts: jax_mxfp4.ragged_dot, w4a16; bf16 experts: jax.lax.ragged_dot)."""
+    import jax
+    import jax.numpy as jnp
+
+    logits = y @ p["router"]["kernel"] + p["router"]["bias"]
+    token, gates, group_sizes, _ = moe_route(logits, top)
+    hid = jax.nn.gelu(_ragged(y.astype(jnp.bfloat16)[token], p["experts_in"]["kernel"], group_sizes, backend))
+    out = _ragged(hid.astype(jnp.bfloat16), p["experts_out"]["kernel"], group_sizes, backend)
+    return jnp.zeros_like(y).at[token].add(out * gates[:, None])
+
+
+def _ragged(x, kernel, group_sizes, backend: str):
+    import jax
+    import jax.numpy as jnp
+
+    from jax_mxfp4 import MXFP4Array, Recipe, ragged_dot
+
+    if isinstance(kernel, MXFP4Array):
+        return ragged_dot(x, kernel, group_sizes, preferred_element_type=jnp.float32,
+                          recipe=Recipe(quantize_activations=False, backend=backend))
+    return jax.lax.ragged_dot(x, kernel, group_sizes, preferred_element_type=jnp.float32)
 
 
 def _matmul(x, layer, backend: str):
@@ -120,9 +196,12 @@ def decode_step(params, cfg, tok, pos, cache, backend="auto"):
         att = jax.nn.softmax(jnp.where(t_idx[None, None] <= pos, scores, -1e30), axis=-1)
         y = jnp.einsum("bht,bthd->bhd", att.astype(bf), vc, preferred_element_type=jnp.float32).reshape(-1, d)
         x = x + _matmul(y.astype(bf), p["proj"], backend)
-        y = _layer_norm(x, p["ln2"]).astype(bf)
-        y = jax.nn.gelu(_matmul(y, p["mlp_in"], backend)).astype(bf)
-        x = x + _matmul(y, p["mlp_out"], backend)
+        if "moe" in p:
+            x = x + _moe_mlp(_layer_norm(x, p["ln2"]), p["moe"], cfg["moe"][1], backend)
+        else:
+            y = _layer_norm(x, p["ln2"]).astype(bf)
+            y = jax.nn.gelu(_matmul(y, p["mlp_in"], backend)).astype(bf)
+            x = x + _matmul(y, p["mlp_out"], backend)
         new_cache.append((kc, vc))
     logits = _matmul(_layer_norm(x, params["ln_f"]).astype(bf), params["head"], backend)
     return logits, new_cache
@@ -192,8 +271,11 @@ def param_bytes(tree) -> int:
 
 
 def gemm_weight_bytes(tree) -> int:
-    return param_bytes([tree["head"]["kernel"]] + [v["kernel"] for k, sub in tree.items() if k.startswith("block")
-                                                   for n, v in sub.items() if n in DENSE_LAYERS])
+    """Bytes of the GEMM kernels: the dense projections, the LM head and (MoE) the experts."""
+    blocks = [sub for k, sub in tree.items() if k.startswith("block")]
+    experts = [v["kernel"] for sub in blocks for n, v in sub.get("moe", {}).items() if n in EXPERT_LAYERS]
+    return param_bytes([tree["head"]["kernel"]] + [v["kernel"] for sub in blocks for n, v in sub.items()
+                                                   if n in DENSE_LAYERS] + experts)
 
 
 def train_params(cfg, steps, seed, recipe, train_b, quiet=True):
@@ -205,6 +287,15 @@ def train_params(cfg, steps, seed, recipe, train_b, quiet=True):
     model = build_model(cfg, recipe)
     starts = batch_starts(train_b.size, cfg["seq_len"], cfg["batch"], steps, seed)
     params = model.init(jax.random.key(seed), jnp.asarray(windows(train_b, starts[0], cfg["seq_len"]))[:, :-1])
+    if cfg.get("moe"):  # the demo's step: cross-entropy + load-balancing loss
+        train_step, opt, _ = make_train_step(model, cfg, steps, seed)
+        opt_state = opt.init(params)
+        for i in range(steps):
+            batch = jnp.asarray(windows(train_b, starts[i], cfg["seq_len"]))
+            params, opt_state, loss = train_step(params, opt_state, batch, i)
+            if not quiet and (i + 1) % max(1, steps // 10) == 0:
+                print(f"  train step {i + 1}/{steps}: loss {float(loss):.3f}", flush=True)
+        return params["params"], float(loss), model
     warmup = max(1, steps // 10)
     sched = optax.warmup_cosine_decay_schedule(0.0, cfg["lr"], warmup, max(steps, warmup + 1), cfg["lr"] * 0.1)
     opt = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(sched, b2=0.99, weight_decay=0.01))
@@ -258,8 +349,13 @@ def parse_args(argv=None):
     p.add_argument("--seq-len", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--train-batch", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--out", default="demo_out", help="directory for generate.json")
+    p.add_argument("--moe", type=moe_spec, default=None, metavar="ExK",
+                   help="serve a mixture-of-experts model (as train_lm.py --moe), e.g. 8x2")
+    p.add_argument("--moe-aux-weight", type=float, default=0.01, help=argparse.SUPPRESS)
     p.add_argument("--quiet", action="store_true")
     args = p.parse_args(argv)
+    if args.moe and args.backend not in ("auto", "xla"):
+        p.error(f"--moe needs --backend auto or xla (jax_mxfp4.ragged_dot's backends), got {args.backend!r}")
     for name in ("steps", "new_tokens", "prompt_len", "batch", "repeats"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
@@ -280,6 +376,8 @@ def run(argv=None) -> dict:
         if val is not None:
             cfg[key] = val
     cfg["n_heads"] = min(cfg["n_heads"], max(1, cfg["d_model"] // 32))
+    if args.moe:
+        cfg["moe"], cfg["moe_aux_weight"] = list(args.moe), args.moe_aux_weight
     args.steps = args.steps or cfg["steps"]
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -289,7 +387,7 @@ def run(argv=None) -> dict:
         print(f"training the demo LM ({args.size}, {args.steps} steps, {args.train_recipe} GEMMs) on "
               f"{jax.default_backend()} ...", flush=True)
     t0 = time.perf_counter()
-    params, final_loss, _ = train_params(cfg, args.steps, args.seed, recipe, train_b, quiet=args.quiet)
+    params, final_loss, model = train_params(cfg, args.steps, args.seed, recipe, train_b, quiet=args.quiet)
     train_s = time.perf_counter() - t0
 
     starts = prompt_starts(eval_b, args.prompt_len, args.batch, args.seed)
@@ -297,7 +395,7 @@ def run(argv=None) -> dict:
     generate = make_generate(cfg, args.prompt_len, args.new_tokens, args.backend)
     runs = {}
     for kind in ("bf16", "mxfp4"):
-        w = serving_weights(params, kind)
+        w = serving_weights(params, kind, model=model)
         toks, _ = generate(w, prompt)
         secs = time_call(generate, w, prompt, repeats=args.repeats)
         toks = np.asarray(toks)

@@ -1,7 +1,8 @@
 """Train a small byte-level transformer LM twice -- bf16 GEMMs vs MXFP4 GEMMs -- and compare.
 
 Run from a checkout, with the package installed (``pip install ".[flax]"``):
-``python examples/train_lm.py [--steps N --size small|medium --backend auto --seed 0 --out DIR]``.
+``python examples/train_lm.py [--steps N --size small|medium --backend auto --seed 0 --out DIR]``
+(``--moe 8x2``: mixture-of-experts MLPs, below).
 An application of the library, outside the package (nothing in ``jax_mxfp4`` imports it);
 ``examples/generate.py`` serves the trained model.
 
@@ -17,6 +18,15 @@ float32 accumulation) versus ``Recipe()`` (MXFP4 fprop, dgrad and wgrad, stochas
 the gradients). Embeddings, LayerNorm, softmax attention scores and the optimizer stay in float32
 in both runs. Same seed, same initial parameters, same batches, same optimizer (AdamW, warmup +
 cosine decay).
+
+Mixture of experts (``--moe ExK``, e.g. ``8x2``): every block's MLP becomes ``E`` experts of the
+dense MLP's shape (d -> 4d GELU -> d, no biases), ``K`` of them per token (:class:`MoE`). The
+router is a plain float32 ``flax.linen.Dense`` in both runs (its logits pick the experts: a
+quantized router would change which experts run, not only how precisely). The expert GEMMs are
+:class:`jax_mxfp4.flax.linen.RaggedDense` layers with the run's recipe (bf16: the same layer with
+every pass "bf16"), so the two runs are the same model. The training objective adds the Switch
+Transformer load-balancing loss (``--moe-aux-weight`` x E x sum_e f_e P_e, per block, summed);
+the reported train and eval losses are the cross-entropy alone.
 
 Output: a progress bar per run, a final table (train and eval loss in nats/byte, the gap in %,
 tokens/s, the backend that ran the MXFP4 GEMMs), the unigram byte entropy of the eval data for
@@ -108,6 +118,84 @@ def windows(data: np.ndarray, starts: np.ndarray, seq_len: int) -> np.ndarray:
 
 
 # ----------------------------------------------------------------------------- model
+MOE_COLLECTION = "moe"  # the linen collection the MoE blocks sow their load-balancing loss and loads into
+
+
+def moe_spec(text: str) -> tuple[int, int]:
+    """argparse type of ``--moe``: "ExK" (E experts, top-K) with 1 <= K <= E."""
+    try:
+        e, k = (int(v) for v in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must look like ExK (experts x top-k, e.g. 8x2), got {text!r}") from None
+    if not 1 <= k <= e:
+        raise argparse.ArgumentTypeError(f"needs 1 <= K <= E (top-k of E experts), got {text!r}")
+    return e, k
+
+
+def moe_route(logits, top: int):
+    """Top-k routing of M tokens: logits [M, E] (float32) ->
+    (token [M*k] int32, gates [M*k] float32, group_sizes [E] int32, load-balancing loss scalar).
+
+    Assignment j (of the M*k token-expert pairs, sorted by expert, stably: tokens in order within
+    each expert) sends row ``token[j]`` to its expert with weight ``gates[j]``: the softmax of the
+    router logits, renormalized over each token's k chosen experts (Mixtral's gating).
+    ``group_sizes[e]``: the pairs of expert e, the ``group_sizes`` of ``ragged_dot``.
+    Loss: Switch Transformer's (Fedus et al. 2021, eq. 4) counted over all k choices,
+    ``E * sum_e f_e * P_e`` with f_e = group_sizes[e] / (M*k) (no gradient) and P_e the mean
+    router probability of expert e; 1 when perfectly balanced."""
+    import jax
+    import jax.numpy as jnp
+
+    m, n_exp = logits.shape
+    probs = jax.nn.softmax(logits.astype(jnp.float32), axis=-1)
+    top_p, top_e = jax.lax.top_k(probs, top)
+    gates = top_p / top_p.sum(-1, keepdims=True)
+    flat_e = top_e.reshape(-1)
+    order = jnp.argsort(flat_e, stable=True)
+    group_sizes = jnp.bincount(flat_e, length=n_exp).astype(jnp.int32)
+    frac = group_sizes.astype(jnp.float32) / (m * top)
+    aux = n_exp * jnp.sum(frac * probs.mean(0))
+    return (order // top).astype(jnp.int32), gates.reshape(-1)[order], group_sizes, aux
+
+
+def moe_stats(state) -> dict:
+    """The MoE blocks' sown values (``model.apply(..., mutable=[MOE_COLLECTION])``'s state), in
+    block order: {"load_balance": [scalar per block], "group_sizes": [[E] per block]}."""
+    import jax
+
+    out = {"load_balance": [], "group_sizes": []}
+    for path, leaf in jax.tree_util.tree_flatten_with_path(state.get(MOE_COLLECTION, {}))[0]:
+        names = [getattr(k, "key", None) for k in path]
+        for key in out:
+            if key in names:
+                out[key].append(leaf)
+    return out
+
+
+def _plain_experts():
+    """``PlainExperts``: the expert layer of ``--via qwix``, plain Flax calling ``jax.lax.ragged_dot``."""
+    import flax.linen as nn
+    import jax
+    import jax.numpy as jnp
+
+    from jax_mxfp4.flax.linen import default_expert_kernel_init
+
+    class PlainExperts(nn.Module):
+        """x [M, K] by kernel [E, K, N] per group: jax.lax.ragged_dot (parameters as RaggedDense's)."""
+
+        num_experts: int
+        features: int
+        recipe: object = None  # unused: the Qwix rules carry the recipe
+
+        @nn.compact
+        def __call__(self, x, group_sizes):
+            shape = (self.num_experts, x.shape[-1], self.features)
+            kernel = self.param("kernel", default_expert_kernel_init, shape, jnp.float32)
+            return jax.lax.ragged_dot(x, kernel, group_sizes)
+
+    return PlainExperts
+
+
 def build_model(cfg: dict, recipe, head_recipe=None, via: str = "layers"):
     """The byte LM (a ``flax.linen`` module); ``head_recipe`` (default ``recipe``) for the LM head.
 
@@ -123,10 +211,29 @@ def build_model(cfg: dict, recipe, head_recipe=None, via: str = "layers"):
 
     from jax_mxfp4.flax import linen as mxl
 
+    PlainExperts = _plain_experts() if via == "qwix" else None
     if via == "qwix":  # plain Flax layers; the recipe goes to the Qwix rules below
-        mxl = types.SimpleNamespace(Dense=lambda features, recipe=None, name=None: nn.Dense(features, name=name))
+        mxl = types.SimpleNamespace(Dense=lambda features, recipe=None, name=None: nn.Dense(features, name=name),
+                                    RaggedDense=PlainExperts)
 
     d, h = cfg["d_model"], cfg["n_heads"]
+    moe = cfg.get("moe")
+
+    class MoE(nn.Module):
+        """The MLP as a mixture of experts: y [B, T, d] -> [B, T, d] (see :func:`moe_route`)."""
+
+        @nn.compact
+        def __call__(self, y):
+            n_exp, top = moe
+            x = y.reshape(-1, d)
+            logits = nn.Dense(n_exp, name="router")(x)  # float32: not a jax_mxfp4 layer, not a Qwix rule
+            token, gates, group_sizes, aux = moe_route(logits, top)
+            if not self.is_initializing():  # init returns the params alone
+                self.sow(MOE_COLLECTION, "load_balance", aux)
+                self.sow(MOE_COLLECTION, "group_sizes", group_sizes)
+            hid = mxl.RaggedDense(n_exp, 4 * d, recipe=recipe, name="experts_in")(x[token], group_sizes)
+            out = mxl.RaggedDense(n_exp, d, recipe=recipe, name="experts_out")(jax.nn.gelu(hid), group_sizes)
+            return jnp.zeros_like(x).at[token].add(out * gates[:, None]).reshape(y.shape)
 
     class Block(nn.Module):
         @nn.compact
@@ -141,6 +248,8 @@ def build_model(cfg: dict, recipe, head_recipe=None, via: str = "layers"):
             y = jnp.einsum("bhqk,bkhd->bqhd", att, v).reshape(b, t, d)
             x = x + mxl.Dense(d, recipe=recipe, name="proj")(y)
             y = nn.LayerNorm(name="ln2")(x)
+            if moe:
+                return x + MoE(name="moe")(y)
             y = mxl.Dense(4 * d, recipe=recipe, name="mlp_in")(y)
             return x + mxl.Dense(d, recipe=recipe, name="mlp_out")(jax.nn.gelu(y))
 
@@ -161,7 +270,8 @@ def build_model(cfg: dict, recipe, head_recipe=None, via: str = "layers"):
         from jax_mxfp4.qwix import MxQtProvider, MxRule
 
         rules = [MxRule(module_path="head", recipe=recipe if head_recipe is None else head_recipe),
-                 MxRule(module_path=r"block\d+/(qkv|proj|mlp_in|mlp_out)", recipe=recipe)]
+                 MxRule(module_path=r"block\d+/(qkv|proj|mlp_in|mlp_out|moe/experts_in|moe/experts_out)",
+                        recipe=recipe)]
         return qwix.quantize_model(ByteLM(), MxQtProvider(rules))
     return ByteLM()
 
@@ -210,12 +320,15 @@ class RunResult:
     train_curve: list
     eval_curve: list
     step_s: list = dataclasses.field(default_factory=list)  # seconds of each step after the first
+    moe: dict | None = None  # MoE models: the routing of the first eval batch (:func:`routing_summary`)
 
 
 def make_train_step(model, cfg: dict, steps: int, seed: int):
     """(step, optimizer, loss_fn) of a run: ``step(params, opt_state, batch, i)`` jitted (AdamW with
     warm-up and cosine decay, gradient clipping; a fresh stochastic-rounding key per step) -> (params,
-    opt_state, loss). Shared by :func:`train_one` and benchmarks/compile_time.py."""
+    opt_state, loss). ``loss`` (and ``loss_fn``'s) is the cross-entropy; an MoE model
+    (``cfg["moe"]``) trains on it plus ``cfg["moe_aux_weight"]`` x its load-balancing losses.
+    Shared by :func:`train_one` and benchmarks/compile_time.py."""
     import jax
     import jax.numpy as jnp
     import optax
@@ -224,9 +337,16 @@ def make_train_step(model, cfg: dict, steps: int, seed: int):
     sched = optax.warmup_cosine_decay_schedule(0.0, cfg["lr"], warmup, max(steps, warmup + 1), cfg["lr"] * 0.1)
     opt = optax.chain(optax.clip_by_global_norm(1.0), optax.adamw(sched, b2=0.99, weight_decay=0.01))
 
-    def loss_fn(params, batch, rngs=None):
-        logits = model.apply(params, batch[:, :-1], rngs=rngs)
+    def cross_entropy(logits, batch):
         return optax.softmax_cross_entropy_with_integer_labels(logits.astype(jnp.float32), batch[:, 1:]).mean()
+
+    def loss_fn(params, batch, rngs=None):
+        return cross_entropy(model.apply(params, batch[:, :-1], rngs=rngs), batch)
+
+    def moe_objective(params, batch, rngs):  # (cross-entropy + weighted load-balancing loss, cross-entropy)
+        logits, state = model.apply(params, batch[:, :-1], rngs=rngs, mutable=[MOE_COLLECTION])
+        ce = cross_entropy(logits, batch)
+        return ce + cfg["moe_aux_weight"] * sum(moe_stats(state)["load_balance"]), ce
 
     # Stochastic rounding of the gradients draws a fresh key every step from the seed (the Dense
     # layers' "stochastic_rounding" RNG stream; jax_mxfp4.flax.linen): reproducible runs whose
@@ -236,7 +356,10 @@ def make_train_step(model, cfg: dict, steps: int, seed: int):
     @jax.jit
     def step(params, opt_state, batch, i):
         rngs = {"stochastic_rounding": jax.random.fold_in(rounding_key, i)}
-        loss, grads = jax.value_and_grad(loss_fn)(params, batch, rngs)
+        if cfg.get("moe"):  # the step returns the cross-entropy; the gradient includes the balancing loss
+            (_, loss), grads = jax.value_and_grad(moe_objective, has_aux=True)(params, batch, rngs)
+        else:
+            loss, grads = jax.value_and_grad(loss_fn)(params, batch, rngs)
         updates, opt_state = opt.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), opt_state, loss
 
@@ -296,7 +419,19 @@ def train_one(name, recipe, cfg, steps, seed, train_b, eval_b, starts, eval_star
     tok = cfg["batch"] * cfg["seq_len"]
     tps = tok * (steps - 1) / step_time if steps > 1 and step_time > 0 else float("nan")
     tail = train_curve[-max(1, min(20, steps // 5)):]
-    return RunResult(name, float(np.mean(tail)), final_eval, tps, wall, train_curve, eval_curve, step_s)
+    moe = routing_summary(model, params, eval_batches[0]) if cfg.get("moe") else None
+    return RunResult(name, float(np.mean(tail)), final_eval, tps, wall, train_curve, eval_curve, step_s, moe)
+
+
+def routing_summary(model, params, batch) -> dict:
+    """Per MoE block on ``batch``: its load-balancing loss (1 = balanced) and the fraction of the
+    token-expert assignments each expert received."""
+    import jax
+
+    _, state = jax.jit(lambda p, b: model.apply(p, b[:, :-1], mutable=[MOE_COLLECTION]))(params, batch)
+    stats = moe_stats(state)
+    loads = [np.asarray(g) / max(1, int(np.sum(g))) for g in stats["group_sizes"]]
+    return dict(load_balance=[float(v) for v in stats["load_balance"]], expert_load=[v.round(4).tolist() for v in loads])
 
 
 def mxfp4_backend_used(recipe, cfg) -> str:
@@ -381,6 +516,11 @@ def parse_args(argv=None):
     p.add_argument("--via", choices=["layers", "qwix"], default="layers",
                    help="layers: the model is written with jax_mxfp4.flax layers (default); qwix: plain "
                         "flax.linen.Dense layers routed through jax_mxfp4 by qwix.quantize_model")
+    p.add_argument("--moe", type=moe_spec, default=None, metavar="ExK",
+                   help="mixture-of-experts MLPs: E experts of the dense MLP's shape, top-K per token, e.g. 8x2 "
+                        "(default: dense MLPs)")
+    p.add_argument("--moe-aux-weight", type=float, default=0.01,
+                   help="weight of the Switch load-balancing loss in the --moe objective (default 0.01)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     args = p.parse_args(argv)
     if args.mesh is not None:
@@ -405,6 +545,13 @@ def parse_args(argv=None):
     if bad:
         p.error(f"--hadamard takes fprop, dgrad, wgrad (comma-separated), all or none; got {args.hadamard!r}")
     args.hadamard = passes
+    if args.moe:  # the experts run through jax_mxfp4.ragged_dot (exact XLA route; no rotations)
+        if args.backend not in ("auto", "xla"):
+            p.error(f"--moe needs --backend auto or xla (jax_mxfp4.ragged_dot's backends), got {args.backend!r}")
+        if args.hadamard:
+            p.error("--moe takes no --hadamard: jax_mxfp4.ragged_dot has no Hadamard rotation")
+    if not (args.moe_aux_weight >= 0 and math.isfinite(args.moe_aux_weight)):
+        p.error(f"--moe-aux-weight must be a finite number >= 0, got {args.moe_aux_weight}")
     return args
 
 
@@ -434,6 +581,8 @@ def run(argv=None) -> dict:
         if val is not None:
             cfg[key] = val
     cfg["n_heads"] = min(cfg["n_heads"], max(1, cfg["d_model"] // 32))
+    if args.moe:  # only then: the dense runs' cfg (results.json "model") stays as it was
+        cfg["moe"], cfg["moe_aux_weight"] = list(args.moe), args.moe_aux_weight
     if args.hadamard and cfg["d_model"] % args.hadamard_block:
         # checked before any training: every projection contracts over d_model or a multiple of it
         raise SystemExit(f"error: --hadamard-block {args.hadamard_block} does not divide d_model = "
@@ -461,6 +610,9 @@ def run(argv=None) -> dict:
         f"seq={cfg['seq_len']}, batch={cfg['batch']}, lr={cfg['lr']:g}), {steps} steps per run, seed {args.seed}, "
         f"JAX on {jax.default_backend()}"
     )
+    if args.moe:
+        print(f"MLPs: mixture of {args.moe[0]} experts (d -> {4 * cfg['d_model']} -> d), top-{args.moe[1]}, "
+              f"float32 router, load-balancing loss weight {args.moe_aux_weight:g}")
     mx_recipe = Recipe(backend=args.backend, grad_rounding=args.grad_rounding, hadamard=args.hadamard,
                        hadamard_block=args.hadamard_block, scale_mode=args.scale_mode)
     bf_recipe = Recipe(backend=args.backend, **BF16_RECIPE_FIELDS)
@@ -503,6 +655,12 @@ def run(argv=None) -> dict:
                   "wall_s": mx4.wall_s, "recipe": dataclasses.asdict(mx_recipe),
                   "eval_curve": mx4.eval_curve, "train_curve": mx4.train_curve, "step_s": mx4.step_s},
         "mxfp4_head": args.head,
+        "moe": None if not args.moe else dict(
+            experts=args.moe[0], top_k=args.moe[1], expert_width=4 * cfg["d_model"], aux_weight=args.moe_aux_weight,
+            aux_loss="switch", router="float32 flax.linen.Dense", expert_layer=(
+                "plain jax.lax.ragged_dot, intercepted by jax_mxfp4.qwix" if args.via == "qwix"
+                else "jax_mxfp4.flax.linen.RaggedDense"),
+            routing={"bf16": bf.moe, "mxfp4": mx4.moe}),
         "via": args.via,
         "gap_pct": gap,
         "steps": steps,

@@ -150,3 +150,116 @@ def test_hadamard_block_not_dividing_the_model_refused_before_training(capsys):
     with pytest.raises(SystemExit, match="does not divide d_model = 128"):
         demo.run(["--hadamard", "all", "--hadamard-block", "256", "--steps", "1"])
     assert time.perf_counter() - t0 < 10  # no bf16 run first
+
+
+# ----------------------------------------------------------------------------- mixture of experts
+MOE_TINY = ["--quiet", "--batch", "2", "--seq-len", "32", "--d-model", "32", "--layers", "1", "--eval-batches", "1",
+            "--moe", "4x2"]
+
+
+def test_moe_route_against_numpy_ties_free_logits(rng):
+    """Top-2 of 4 experts for 10 tokens: sorted assignments, renormalized gates, group sizes and the
+    Switch load-balancing loss against a float64 reference (an expert no token picks included)."""
+    import jax
+
+    m, n_exp, top = 10, 4, 2
+    logits = rng.standard_normal((m, n_exp)).astype(np.float32)
+    logits[:, 3] -= 20.0  # expert 3: never in anyone's top 2 (an empty group)
+    route = jax.jit(demo.moe_route, static_argnums=1)  # one compilation, not one per op
+    token, gates, group_sizes, aux = route(logits, top)
+    p = np.exp(logits.astype(np.float64))
+    p /= p.sum(-1, keepdims=True)
+    chosen = np.argsort(-p, axis=-1)[:, :top]
+    pairs = sorted((int(e), t) for t in range(m) for e in chosen[t])  # by expert, then token
+    assert np.asarray(token).tolist() == [t for _, t in pairs]
+    want_gates = [p[t, e] / p[t, chosen[t]].sum() for e, t in pairs]
+    np.testing.assert_allclose(np.asarray(gates), want_gates, rtol=1e-6)
+    counts = np.bincount([e for e, _ in pairs], minlength=n_exp)
+    assert np.asarray(group_sizes).tolist() == counts.tolist() and counts[3] == 0
+    assert float(aux) == pytest.approx(n_exp * np.sum(counts / (m * top) * p.mean(0)), rel=1e-6)
+    balanced = route(np.zeros((8, n_exp), np.float32), top)[3]  # uniform router: loss 1
+    assert float(balanced) == pytest.approx(1.0, rel=1e-6)
+
+
+def _gelu_tanh(x):  # jax.nn.gelu's default (approximate=True)
+    return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3)))
+
+
+@pytest.mark.parametrize("run", [pytest.param("bf16", marks=pytest.mark.slow), "mxfp4"])
+def test_moe_block_against_float64_mixture(run, rng, jax_key):
+    """The MoE block's output (captured in the LM) against a float64 mixture computed from its input:
+    sum over each token's top-2 experts of gate x W_out[e]ᵀ gelu(W_in[e]ᵀ x), the GEMM operands
+    rounded as the run's recipe does (bf16; MXFP4 along K). A wrong routing, sort or combine is
+    off by the size of the output."""
+    import jax
+    import jax.numpy as jnp
+
+    from jax_mxfp4 import Recipe
+    from mx_reference import bf16, qdq
+
+    cfg = dict(d_model=32, n_layers=1, n_heads=1, seq_len=16, moe=[4, 2], moe_aux_weight=0.01)
+    recipe = Recipe(**demo.BF16_RECIPE_FIELDS) if run == "bf16" else Recipe()
+    rnd = (lambda x, axis: bf16(x)) if run == "bf16" else qdq
+    model = demo.build_model(cfg, recipe)
+    tokens = jnp.asarray(rng.integers(0, 256, size=(2, 16)), jnp.int32)
+    params = model.init(jax_key, tokens)
+    _, state = model.apply(params, tokens, capture_intermediates=True)
+    inter = state["intermediates"]["block0"]
+    x = np.asarray(inter["ln2"]["__call__"][0], np.float64).reshape(-1, 32)
+    got = np.asarray(inter["moe"]["__call__"][0], np.float64).reshape(-1, 32)
+    p = params["params"]["block0"]["moe"]
+    w_in, w_out = (np.asarray(p[n]["kernel"], np.float32) for n in ("experts_in", "experts_out"))
+    logits = x @ np.asarray(p["router"]["kernel"], np.float64) + np.asarray(p["router"]["bias"], np.float64)
+    probs = np.exp(logits - logits.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    want = np.zeros_like(x)
+    for t in range(x.shape[0]):
+        chosen = np.argsort(-probs[t])[:2]
+        for e in chosen:
+            hid = _gelu_tanh(rnd(x[t:t + 1].astype(np.float32), 1) @ rnd(w_in[e], 0))
+            want[t] += probs[t, e] / probs[t, chosen].sum() * (rnd(hid.astype(np.float32), 1) @ rnd(w_out[e], 0))[0]
+    err = np.abs(got - want).max()
+    assert err < 0.02 * np.abs(want).max(), (err, np.abs(want).max())
+
+
+@pytest.mark.slow
+def test_tiny_moe_run_reports_config_and_loss_decreases(tmp_path):
+    res = demo.run(MOE_TINY + ["--steps", "4", "--out", str(tmp_path)])
+    saved = json.loads((tmp_path / "results.json").read_text())
+    moe = saved["moe"]
+    assert (moe["experts"], moe["top_k"], moe["expert_width"], moe["aux_weight"]) == (4, 2, 128, 0.01)
+    assert saved["model"]["moe"] == [4, 2] and moe["expert_layer"] == "jax_mxfp4.flax.linen.RaggedDense"
+    for name in ("bf16", "mxfp4"):
+        curve = saved[name]["train_curve"]
+        assert len(curve) == 4 and all(math.isfinite(v) for v in curve) and curve[-1] < curve[0] - 0.3
+        assert math.isfinite(saved[name]["eval_loss"]) and saved[name]["eval_loss"] < math.log(256)
+        routing = moe["routing"][name]
+        assert len(routing["load_balance"]) == 1 and routing["load_balance"][0] >= 1.0 - 1e-6  # 1: balanced
+        assert len(routing["expert_load"][0]) == 4 and sum(routing["expert_load"][0]) == pytest.approx(1.0, abs=1e-3)
+    assert saved["gap_pct"] == pytest.approx(
+        100 * (saved["mxfp4"]["eval_loss"] - saved["bf16"]["eval_loss"]) / saved["bf16"]["eval_loss"])
+    assert res["moe"] == saved["moe"]
+
+
+@pytest.mark.slow
+def test_moe_via_qwix_is_the_same_model(tmp_path):
+    """--via qwix: plain Flax experts calling jax.lax.ragged_dot, intercepted by the providers,
+    train exactly as the RaggedDense model (same params, same GEMMs, same rounding keys)."""
+    layers = demo.run(MOE_TINY + ["--steps", "2", "--out", str(tmp_path / "layers")])
+    via = demo.run(MOE_TINY + ["--steps", "2", "--out", str(tmp_path / "qwix"), "--via", "qwix"])
+    assert via["moe"]["expert_layer"].startswith("plain jax.lax.ragged_dot")
+    for name in ("bf16", "mxfp4"):
+        assert via[name]["train_curve"] == layers[name]["train_curve"]
+        assert via[name]["eval_loss"] == layers[name]["eval_loss"]
+
+
+def test_moe_flags_are_validated(capsys):
+    assert demo.parse_args(["--moe", "8x2"]).moe == (8, 2) and demo.parse_args([]).moe is None
+    for v in ("8", "2x8", "8x0", "ax2"):
+        with pytest.raises(SystemExit):
+            demo.parse_args(["--moe", v])
+        assert "--moe" in capsys.readouterr().err
+    for extra in (["--backend", "ffi-cpu"], ["--hadamard", "all"], ["--moe-aux-weight", "-1"]):
+        with pytest.raises(SystemExit):
+            demo.parse_args(["--moe", "4x2"] + extra)
+        assert "--moe" in capsys.readouterr().err
