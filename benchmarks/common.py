@@ -229,6 +229,21 @@ def out_dir(path):
     return path
 
 
+def write_report(out, name, result, markdown, figure) -> int:
+    """Write ``{name}.json`` and ``{name}.md`` (``markdown(result)``) into ``out``, the figure if
+    matplotlib is there, print the table; the exit status: 0 when every row's status is "ok"."""
+    write_json(os.path.join(out, f"{name}.json"), result)
+    md = markdown(result)
+    with open(os.path.join(out, f"{name}.md"), "w") as f:
+        f.write(md)
+    try:
+        figure(result, out)
+    except ImportError as e:  # matplotlib is optional (the "bench" extra)
+        print(f"no figure: {e}")
+    print("\n" + md)
+    return 0 if all(r["status"] == "ok" for r in result["rows"]) else 1
+
+
 def save_figure(fig, out, name):
     """Tight layout, save ``name`` (PNG, 120 dpi) into ``out``, close; returns the path."""
     import matplotlib.pyplot as plt

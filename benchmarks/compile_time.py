@@ -217,7 +217,7 @@ def main(argv=None) -> int:
         ap.error(f"--d-model must be a positive multiple of 32, got {args.d_model}")
     if not args.timeout > 0:  # 0 or less cut every process before it started ("timeout" rows)
         ap.error(f"--timeout must be > 0 seconds, got {args.timeout}")
-    from benchmarks.common import default_out, device_info, out_dir, write_json
+    from benchmarks.common import default_out, device_info, out_dir, write_json, write_report
 
     # made before the (slow) children: a file in the way failed after the first one
     out = out_dir(args.out or default_out("compile_time-quick" if args.quick else "compile_time"))
@@ -256,15 +256,7 @@ def main(argv=None) -> int:
             print(f"  -> {row['status']} in {row['wall_s']:.1f} s", flush=True)
             rows.append(row)
             write_json(os.path.join(out, "compile_time.json"), result)
-    md = markdown(result)
-    with open(os.path.join(out, "compile_time.md"), "w") as fh:
-        fh.write(md)
-    try:
-        figure(result, out)
-    except ImportError as e:  # matplotlib is optional (the "bench" extra)
-        print(f"no figure: {e}")
-    print("\n" + md)
-    return 0 if all(r["status"] == "ok" for r in rows) else 1
+    return write_report(out, "compile_time", result, markdown, figure)
 
 
 if __name__ == "__main__":

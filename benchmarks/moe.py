@@ -62,7 +62,7 @@ from jax import lax  # noqa: E402
 
 import jax_mxfp4 as mx  # noqa: E402
 from benchmarks.common import (  # noqa: E402
-    default_out, device_info, kernel_time, n_sets_for, out_dir, save_figure, time_fn, write_json)
+    default_out, device_info, kernel_time, n_sets_for, out_dir, save_figure, time_fn, write_json, write_report)
 from jax_mxfp4.ragged import explain_ragged_dot  # noqa: E402
 
 FULL = dict(experts=32, top_k=4, d_model=2880, width=2880, tokens=[1, 16, 64, 256, 4096])  # gpt-oss-20b
@@ -354,16 +354,7 @@ def main(argv=None):
     args.info = {**device_info(), "jaxlib": version("jaxlib"),
                  "command": shlex.join(["python", "benchmarks/moe.py", *argv])}
     result = run(args, report=lambda res: write_json(os.path.join(out, "moe.json"), res))
-    write_json(os.path.join(out, "moe.json"), result)
-    md = markdown(result)
-    with open(os.path.join(out, "moe.md"), "w") as f:
-        f.write(md)
-    try:
-        figure(result, out)
-    except ImportError as e:  # matplotlib is optional (the "bench" extra)
-        print(f"no figure: {e}")
-    print(md)
-    return 0 if all(r["status"] == "ok" for r in result["rows"]) else 1
+    return write_report(out, "moe", result, markdown, figure)
 
 
 if __name__ == "__main__":

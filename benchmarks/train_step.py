@@ -47,7 +47,7 @@ from jax import lax  # noqa: E402
 
 import jax_mxfp4 as mx  # noqa: E402
 from benchmarks.common import (  # noqa: E402
-    default_out, device_info, kernel_time, out_dir, save_figure, time_fn, write_json)
+    default_out, device_info, kernel_time, out_dir, save_figure, time_fn, write_report)
 from jax_mxfp4 import training  # noqa: E402
 from jax_mxfp4.platform import KERNELS_ENV, kernels_enabled  # noqa: E402
 
@@ -358,16 +358,7 @@ def main(argv=None):
         args.configs = list(QUICK_CONFIGS)
     out = out_dir(args.out or default_out("train_step-quick" if args.quick else "train_step"))
     result = run(args)
-    write_json(os.path.join(out, "train_step.json"), result)
-    md = markdown(result)
-    with open(os.path.join(out, "train_step.md"), "w") as f:
-        f.write(md)
-    try:
-        figure(result, out)
-    except ImportError as e:  # matplotlib is optional (the "bench" extra)
-        print(f"no figure: {e}")
-    print(md)
-    return 0 if all(r["status"] == "ok" for r in result["rows"]) else 1
+    return write_report(out, "train_step", result, markdown, figure)
 
 
 if __name__ == "__main__":
