@@ -27,6 +27,8 @@ Needs the ``safetensors`` package (``pip install ".[checkpoint]"`` from a checko
 
 from __future__ import annotations
 
+import os
+
 from typing import Mapping
 
 import jax.numpy as jnp
@@ -166,6 +168,8 @@ def load_mxfp4(path, *, dtype=None, axes: Mapping[str, int] | None = None) -> di
     from safetensors import SafetensorError, safe_open
     from safetensors.numpy import load_file
 
+    if os.path.isdir(path):
+        raise ValueError(f"path: {path} is a directory, not a safetensors file")
     try:
         raw = load_file(str(path))
         with safe_open(str(path), framework="np") as f:

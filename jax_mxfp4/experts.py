@@ -63,6 +63,10 @@ def expert_dot(x, kernel, group_sizes, recipe, key=None, out_dtype=None):
     :func:`jax_mxfp4.ragged_dot`, and ValueError for ranks and K (naming the argument).
     """
     x, kernel = _operands(x, kernel)
+    e = kernel.shape[0]
+    if jnp.ndim(group_sizes) == 1 and jnp.shape(group_sizes)[0] != e:
+        raise ValueError(f"group_sizes has {jnp.shape(group_sizes)[0]} entries but the kernel has {e} experts "
+                         f"(num_experts, dim 0 of [E, K, N]): one size per expert")
     return ragged_dot(x, kernel, group_sizes, preferred_element_type=out_dtype, recipe=recipe, key=key)
 
 

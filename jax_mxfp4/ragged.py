@@ -55,6 +55,11 @@ of ``group_sizes`` (sizes >= 0, sum <= M) are checked eagerly when they are conc
 ``jit`` they are not known, and an invalid ``group_sizes`` makes the output (and the gradients)
 all NaN instead of a silently wrong result.
 
+**Non-finite weights.** XLA's CPU ragged dot (the "exact" route on CPU, as ``jax.lax.ragged_dot``
+there) multiplies every row by every expert and masks the result: a NaN or Inf anywhere in an
+expert's weights, used or not, makes that output column NaN for every row, as ``lax.ragged_dot``
+itself does on CPU.
+
 **Meshes.** Under ``jit`` on an Auto mesh XLA partitions the ragged dot (e.g. experts sharded
 on G, tokens on M). On an Explicit mesh the call runs with the mesh axes Auto inside
 (``jax.sharding.auto_axes``: ``lax.ragged_dot_general`` infers no output sharding there) and
@@ -552,5 +557,8 @@ def ragged_dot(lhs, rhs, group_sizes, precision=None, preferred_element_type=Non
     :func:`ragged_dot_general` with contracting dims (1,)/(2,). Arguments, numerics, training
     rule, returns and errors: :func:`ragged_dot_general` and :mod:`jax_mxfp4.ragged`.
     """
+    for name, x, rank, form in (("lhs", lhs, 2, "[M, K]"), ("rhs", rhs, 3, "[G, K, N]")):
+        if len(jnp.shape(x)) != rank:
+            raise ValueError(f"ragged_dot: {name} must be {rank}-D {form}, got shape {tuple(jnp.shape(x))}")
     return ragged_dot_general(lhs, rhs, group_sizes, _RAGGED_DOT_DN, precision, preferred_element_type,
                               group_offset, recipe=recipe, key=key)

@@ -111,3 +111,5 @@ def test_a_file_that_is_not_safetensors_is_refused_naming_the_path(tmp_path, rng
         load_mxfp4(str(bad))
     with pytest.raises(FileNotFoundError):
         load_mxfp4(str(tmp_path / "missing.safetensors"))
+    with pytest.raises(ValueError, match=f"{tmp_path} is a directory"):
+        load_mxfp4(str(tmp_path))

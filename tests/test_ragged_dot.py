@@ -402,6 +402,8 @@ def _errors(x, w):
         "contracting_form_M_mismatch": (lambda: mx.ragged_dot_general(x, x[:64, :32], gs, WGRAD_DN), ValueError,
                                         "M=70 rows but rhs"),
         "key_not_a_key": (lambda: rd(x, w, gs, key=jnp.zeros((3,), jnp.uint32)), TypeError, "PRNG key"),
+        "lhs_rank_3": (lambda: rd(x[None], w, gs), ValueError, r"lhs must be 2-D \[M, K\], got shape \(1, 70, 64\)"),
+        "rhs_rank_2": (lambda: rd(x, w[0], gs), ValueError, r"rhs must be 3-D \[G, K, N\]"),
     }
 
 
