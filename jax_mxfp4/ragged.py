@@ -83,6 +83,7 @@ import numpy as np
 from jax import lax
 
 from . import checks, dims, group_blocks
+from .backends import grouped
 from . import sharding as shd
 from .array import MXFP4Array
 from .differentiation import straight_through
@@ -94,7 +95,7 @@ from .quantize import quantize
 from .recipe import Recipe
 from .training import DGRAD_TAG, WGRAD_TAG, _materialize, _pad_axis, rounding_key
 
-EXACT, BF16 = "exact", "bf16-decode"
+EXACT, BF16, GROUPED = "exact", "bf16-decode", "grouped-kernel"
 ROWS, CONTRACTING = "ragged rows", "ragged contracting"
 GPU_PLATFORMS = ("cuda", "rocm")
 _F32 = jnp.dtype(jnp.float32)
@@ -172,7 +173,7 @@ def _check_group_sizes(group_sizes, g: int | None, m: int):
         raise ValueError(f"group_sizes has {n} entries but rhs has G={g} groups (its dim 0): they must match")
     if n == 0:
         raise ValueError("group_sizes is empty: a ragged dot needs at least one group")
-    concrete = not isinstance(group_sizes, jax.core.Tracer)
+    concrete = isinstance(group_sizes, (np.ndarray, jax.Array)) and not isinstance(group_sizes, jax.core.Tracer)
     if concrete:
         v = np.asarray(group_sizes).astype(np.int64)
         if (v < 0).any():
@@ -180,6 +181,8 @@ def _check_group_sizes(group_sizes, g: int | None, m: int):
         if v.sum() > m:
             raise ValueError(f"group_sizes sum to {int(v.sum())}, more than the M={m} rows of lhs (its ragged dim 0): "
                              "the groups must fit in the rows (sum(group_sizes) <= M; rows past the sum give zeros)")
+    if isinstance(group_sizes, jax.ShapeDtypeStruct):  # explain_ragged_dot's abstract arguments
+        return group_sizes, False
     return jnp.asarray(group_sizes).astype(jnp.int32), concrete
 
 
@@ -234,8 +237,9 @@ class RaggedRoute(NamedTuple):
     platform: str
 
 
-def _route(platform: str, recipe: Recipe, bf16_exact: bool) -> RaggedRoute:
-    """The one routing rule (:func:`explain_ragged_dot`)."""
+def _route(platform: str, recipe: Recipe, bf16_exact: bool, rows: tuple[int, int] | None = None) -> RaggedRoute:
+    """The one routing rule (:func:`explain_ragged_dot`); ``rows``: (M, G) of a ragged-rows
+    product whose rhs is MXFP4 (the grouped kernel's case), else None."""
     if recipe.backend == "xla":
         return RaggedRoute(EXACT, "Recipe.backend='xla': the exact float32 reference", platform)
     if platform not in GPU_PLATFORMS:
@@ -244,8 +248,14 @@ def _route(platform: str, recipe: Recipe, bf16_exact: bool) -> RaggedRoute:
     if not bf16_exact:
         return RaggedRoute(EXACT, "a float operand kept as is (w4a16) is not bfloat16, so not exact in bfloat16: "
                            "float32 ragged dot with Precision.HIGHEST", platform)
+    why_not = grouped.why_not(platform, *rows) if rows else "the grouped kernel takes ragged rows with MXFP4 experts"
+    if not why_not:
+        return RaggedRoute(GROUPED, f"on {platform}, {rows[0]} rows over {rows[1]} experts: the grouped kernel reads "
+                           "each used expert's packed weights once and decodes them in registers (exact products, "
+                           "float32 accumulation; accumulation order may differ)", platform)
     return RaggedRoute(BF16, f"on {platform}: MXFP4 operands decoded exactly to bfloat16, bfloat16 ragged dot "
-                       "with float32 accumulation (the exact products; accumulation order may differ)", platform)
+                       f"with float32 accumulation (the exact products; accumulation order may differ); {why_not}",
+                       platform)
 
 
 def _decode(x, dtype):
@@ -253,7 +263,10 @@ def _decode(x, dtype):
 
 
 def _product_on(route: str, a, b, group_sizes, dn):
-    """lax.ragged_dot_general of the decoded operands on ``route``, float32 result."""
+    """The product on ``route``, float32 result: the grouped kernel, or lax.ragged_dot_general of
+    the decoded operands."""
+    if route == GROUPED:
+        return grouped.grouped_product(a, b, group_sizes, dn.dot_dimension_numbers[0][1][0])
     if route == EXACT:
         return lax.ragged_dot_general(_decode(a, _F32), _decode(b, _F32), group_sizes, dn,
                                       precision=lax.Precision.HIGHEST, preferred_element_type=jnp.float32)
@@ -292,9 +305,19 @@ def _exact_in_bf16(kinds, dtypes) -> bool:
     return all(k != "float" or jnp.dtype(d) == _BF16 for k, d in zip(kinds, dtypes))
 
 
+def _grouped_rows(a, b, dn) -> tuple[int, int] | None:
+    """(M, G) when the product is ragged rows against MXFP4 experts quantized along their
+    contracting dim (what the grouped kernel takes), else None."""
+    (_, rc), _ = dn.dot_dimension_numbers
+    if isinstance(b, MXFP4Array) and tuple(dn.rhs_group_dimensions) == (0,) and b.axis == rc[0]:
+        return a.shape[0], b.shape[0]
+    return None
+
+
 def _product(a, b, group_sizes, dn, recipe: Recipe, exact16: bool = True):
     """The product on each platform's route (:func:`_route`), staged per platform where they differ."""
-    routes = {p: _route(p, recipe, exact16).route for p in GPU_PLATFORMS}
+    rows = _grouped_rows(a, b, dn)
+    routes = {p: _route(p, recipe, exact16, rows).route for p in GPU_PLATFORMS}
     if all(r == EXACT for r in routes.values()):
         return _product_on(EXACT, a, b, group_sizes, dn)
     branches = {p: functools.partial(_product_on, r, dn=dn) for p, r in routes.items()}
@@ -313,7 +336,8 @@ def explain_ragged_dot(lhs, rhs, group_sizes, ragged_dot_dimension_numbers=None,
     recipe = _check_recipe(recipe, None)
     form = _validate(lhs, rhs, group_sizes, rdn, preferred_element_type)[0]
     kinds = _fprop_kinds(lhs, rhs, recipe) if form.kind == ROWS else ("quantized", "quantized")
-    return _route(platform or current_platform(), recipe, _exact_in_bf16(kinds, (lhs.dtype, rhs.dtype)))
+    rows = (lhs.shape[0], rhs.shape[0]) if form.kind == ROWS and kinds[1] in ("mxfp4", "quantized") else None
+    return _route(platform or current_platform(), recipe, _exact_in_bf16(kinds, (lhs.dtype, rhs.dtype)), rows)
 
 
 # ----------------------------------------------------------------------------- the passes
