@@ -205,7 +205,8 @@ KERNEL_CATEGORIES = (
     ("rescale / exact rows", (r"mxfp4_fp8_rescale", r"mxfp4_fp8_exact_rows", r"mxfp4_fp8_fix")),
     ("transpose / copy", (r"transpose", r"copy", r"memset", r"memcpy", r"concatenate", r"dynamic_update_slice",
                           r"(^|_)(pad|slice)(_|$)")),
-    ("elementwise / reduction", (r"fusion", r"reduce", r"(^|_)(loop|input)_")),
+    # XLA's own kernels: fusions ("loop_*", "input_*" for reductions) and single ops ("wrapped_*")
+    ("elementwise / reduction", (r"fusion", r"^(loop|input|wrapped)_")),
 )
 OTHER = "other"  # a kernel no pattern matches (its name is kept in the profile summary)
 GAPS = "gaps"  # GPU idle inside the timeline span (between kernels), not a kernel category

@@ -7,11 +7,14 @@ Workloads (``--workloads``):
       the size's ``sr_key``) and its two recipes (``run_recipes`` of the default flags: bf16 =
       ``Recipe(fprop="bf16", dgrad="bf16", wgrad="bf16")``, MXFP4 = ``Recipe()``). Parameters from
       ``model.init`` (seed 0, the same for both recipes), one batch of the demo's training windows.
-  serve-1, serve-16, serve-64  one decode step at batch 1, 16, 64 of examples/generate.py's serving
-      program (``make_generate``: its ``decode_step`` in a ``lax.scan`` over positions, KV cache, greedy
-      argmax), with the weights as generate.py serves them (``serving_weights``): bf16 kernels, or
-      MXFP4 kernels quantized along K and arranged once by :func:`jax_mxfp4.prepare_decode`,
-      multiplied without quantizing the activations (w4a16).
+  serve-1, serve-16, serve-64  one decode step at batch 1, 16, 64 of examples/generate.py's model:
+      its ``decode_step`` (embeddings, per block LayerNorm, the qkv GEMM, the KV-cache write,
+      attention over the cache, the output projection, LayerNorm, the GELU MLP's two GEMMs; the LM
+      head) in a ``lax.scan`` over 64 positions, each position's greedy argmax the next one's token
+      (:func:`make_decode_loop`: ``make_generate``'s decode loop without its prefill scan), with the
+      weights as generate.py serves them (``serving_weights``): bf16 kernels, or MXFP4 kernels
+      quantized along K and arranged once by :func:`jax_mxfp4.prepare_decode`, multiplied without
+      quantizing the activations (w4a16).
 
 Why this serving step: the demo's trained models are small (4 blocks), and benchmarks/gemm.py's
 decode rows are single GEMMs. A whole decode step of generate.py's model holds what serving pays
@@ -21,15 +24,14 @@ output 4096 -> 4096, MLP 4096 -> 16384 -> 4096, LM head 4096 -> 256: 201M GEMM w
 6.4B in all; a Llama-3-8B-like 4096/6144/14336 stack has 218M per block, with grouped-query
 attention and a gated MLP that generate.py's model does not have). The weights are random (what a
 decode step costs does not depend on what was learned), made from the linen model's parameter
-shapes (``jax.eval_shape`` of ``model.init``). One generate call: a 16-byte prompt and 48 new
-tokens, 64 positions, every one the same decode step (generate.py runs the prompt through the
-decode step too); a serving step = one call / 64, with a 64-position KV cache.
+shapes (``jax.eval_shape`` of ``model.init``). A serving step = one call of the loop / 64
+positions, with a 64-position KV cache (a short context: the GEMMs' weight reads dominate).
 
 Timing: ``benchmarks.common.time_fn`` (fair timing: programs >= 20 ms; the operands of one step,
 parameters and optimizer state or the weights, are far past the L2, so one operand set). The step
 time per step = time per call / steps per call (training: 1; serving: 64). Profile: the timed
 program run again under the JAX profiler (``time_fn(profile_calls=...)``, no new compile): 4
-training steps, or one generate call (64 decode steps). Device kernels are grouped by name
+training steps, or one call of the decode loop (64 decode steps). Device kernels are grouped by name
 (``benchmarks.common.KERNEL_CATEGORIES``: gemm, quantize, rescale / exact rows, transpose / copy,
 elementwise / reduction, other); "gaps" = the GPU timeline's span minus the union of the kernel
 intervals (the GPU idle between kernels: launches, the host's part of a loop between positions).
@@ -76,8 +78,8 @@ QUICK_DEFAULT = ("train-small", "serve-1")
 VARIANTS = ("bf16", "mxfp4")
 QUICK_TRAIN = dict(d_model=64, n_layers=1, n_heads=2, seq_len=32, batch=2)
 """--quick: these fields replace the small size's (one block: every projection kind, few compiles)."""
-SERVE = dict(d_model=4096, n_layers=32, n_heads=32, prompt_len=16, new_tokens=48)
-QUICK_SERVE = dict(d_model=64, n_layers=1, n_heads=2, prompt_len=2, new_tokens=4)
+SERVE = dict(d_model=4096, n_layers=32, n_heads=32, positions=64)
+QUICK_SERVE = dict(d_model=64, n_layers=1, n_heads=2, positions=4)
 PROFILE_TRAIN_STEPS = 4  # training steps run under the profiler (serving: one generate call)
 ROWS = CATEGORIES + (GAPS,)  # the table's category rows, in order
 
@@ -144,14 +146,41 @@ def serve_params(cfg: dict, seed: int = 0) -> dict:
     return jax.tree_util.tree_unflatten(tree, out)
 
 
+def make_decode_loop(cfg: dict, positions: int):
+    """A jitted ``decode(params, tok [B] int32) -> tokens [positions, B]``: examples/generate.py's
+    ``decode_step`` at positions 0 .. positions-1 in one ``lax.scan``, each position's greedy argmax
+    the next one's token, a KV cache of ``positions`` -- the decode loop of generate.py's
+    ``make_generate`` without its prefill scan (the same step once more in the program: twice the
+    compile, no new kind of work)."""
+    import generate as gen
+
+    h = cfg["n_heads"]
+    dh = cfg["d_model"] // h
+
+    @jax.jit
+    def decode(params, tok):
+        b = tok.shape[0]
+        cache = [(jnp.zeros((b, positions, h, dh), jnp.bfloat16),) * 2 for _ in range(cfg["n_layers"])]
+
+        def step(carry, pos):
+            cache, tok = carry
+            logits, cache = gen.decode_step(params, cfg, tok, pos, cache)
+            tok = jnp.argmax(logits, axis=-1).astype(jnp.int32)
+            return (cache, tok), tok
+
+        _, toks = jax.lax.scan(step, (cache, tok), jnp.arange(positions))
+        return toks
+
+    return decode
+
+
 class ServeModel:
     """The serving model's parameters and served weights, made once for every serve-B workload."""
 
     def __init__(self, quick: bool):
         s = QUICK_SERVE if quick else SERVE
-        self.prompt_len, self.new_tokens = s["prompt_len"], s["new_tokens"]
-        self.cfg = dict(d_model=s["d_model"], n_layers=s["n_layers"], n_heads=s["n_heads"],
-                        seq_len=s["prompt_len"] + s["new_tokens"])
+        self.positions = s["positions"]
+        self.cfg = dict(d_model=s["d_model"], n_layers=s["n_layers"], n_heads=s["n_heads"], seq_len=s["positions"])
         self._params, self._weights = None, {}
 
     def weights(self, variant: str):
@@ -165,18 +194,14 @@ class ServeModel:
         return self._weights[variant]
 
     def workload(self, batch: int):
-        """(description, {variant: () -> (generate fn, [(weights, prompt)], positions per call)})."""
-        import generate as gen
-
-        steps = self.prompt_len + self.new_tokens
-        prompt = jnp.asarray(np.random.default_rng(batch).integers(0, 256, (batch, self.prompt_len)), jnp.int32)
-        generate = gen.make_generate(self.cfg, self.prompt_len, self.new_tokens)
+        """(description, {variant: () -> (decode loop, [(weights, first tokens)], positions per call)})."""
+        tok = jnp.asarray(np.random.default_rng(batch).integers(0, 256, (batch,)), jnp.int32)
+        decode = make_decode_loop(self.cfg, self.positions)
 
         def make(variant):
-            return generate, [(self.weights(variant), prompt)], steps
+            return decode, [(self.weights(variant), tok)], self.positions
 
-        desc = {"kind": "serve", "batch": batch, "model": dict(self.cfg), "prompt_len": self.prompt_len,
-                "new_tokens": self.new_tokens, "steps_per_call": steps,
+        desc = {"kind": "serve", "batch": batch, "model": dict(self.cfg), "steps_per_call": self.positions,
                 "weights": {"bf16": "bf16 kernels", "mxfp4": "MXFP4 along K, prepare_decode (w4a16)"}}
         return desc, {v: functools.partial(make, v) for v in VARIANTS}
 
@@ -216,6 +241,7 @@ def run(args, report=lambda result: None) -> dict:
             desc, makers = {"error": f"{type(e).__name__}: {str(e)[:300]}"}, {}
         result["workloads"][w] = desc
         for variant in VARIANTS:
+            t_row = time.time()
             try:
                 if variant not in makers:
                     raise RuntimeError(f"workload not built: {desc.get('error')}")
@@ -223,7 +249,8 @@ def run(args, report=lambda result: None) -> dict:
             except Exception as e:  # record, keep going
                 row = {"status": "error", "reason": f"{type(e).__name__}: {str(e)[:300]}"}
                 print(f"{_stamp(t0)} {w} {variant}: {row['reason']}", flush=True)
-            result["rows"].append({"workload": w, "variant": variant, **row})
+            # wall_s: building, compiling, timing and profiling this row (where a run's minutes go)
+            result["rows"].append({"workload": w, "variant": variant, **row, "wall_s": time.time() - t_row})
         makers = None  # this workload's parameters and optimizer state go before the next one's
         report(result)
     return result
@@ -283,10 +310,9 @@ def markdown(result) -> str:
                          f"stochastic-rounding key {d['sr_key']})")
         else:
             m = d["model"]
-            lines.append(f"- {w}: one decode step of examples/generate.py's program at batch {d['batch']} (d_model "
-                         f"{m['d_model']}, {m['n_layers']} blocks, {m['n_heads']} heads; {d['prompt_len']} prompt + "
-                         f"{d['new_tokens']} new positions per call, KV cache {m['seq_len']}); mxfp4: "
-                         f"{d['weights']['mxfp4']}")
+            lines.append(f"- {w}: one decode step of examples/generate.py's model at batch {d['batch']} (d_model "
+                         f"{m['d_model']}, {m['n_layers']} blocks, {m['n_heads']} heads; {d['steps_per_call']} positions "
+                         f"per call, KV cache {m['seq_len']}); mxfp4: {d['weights']['mxfp4']}")
     unmatched = sorted({n for r in result["rows"] for n in r.get("profile", {}).get("unmatched", [])})
     if unmatched:
         lines += ["", "Kernels in \"other\" (no name pattern matched): " + ", ".join(f"`{n[:80]}`" for n in unmatched[:20])]
