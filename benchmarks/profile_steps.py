@@ -323,32 +323,35 @@ def markdown(result) -> str:
 
 
 def figure(result, out):
-    """A stacked bar per (workload, variant): ms per step by category and gaps; a black tick at the
-    step time (fair timing); without a GPU profile, the step time alone (profile_steps.png)."""
+    """One panel per workload, a stacked bar per variant: ms per step by category and gaps, a black
+    tick at the step time (fair timing); without a GPU profile, the step time alone
+    (profile_steps.png)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     vals = table_values(result)
-    keys = list(vals)
-    fig, ax = plt.subplots(figsize=(max(6.0, 0.9 * len(keys) + 2), 4.5))
-    x = np.arange(len(keys))
-    bottom = np.zeros(len(keys))
-    for i, cat in enumerate(ROWS):
-        ys = np.array([(vals[k][cat] or 0.0) * 1e3 for k in keys])
-        if ys.any():
-            ax.bar(x, ys, 0.7, bottom=bottom, label=cat, color=f"C{i}")
+    workloads = [w for w in result["workloads"] if any(k[0] == w for k in vals)]
+    fig, axes = plt.subplots(1, max(1, len(workloads)), figsize=(2.2 * max(1, len(workloads)) + 2.5, 4.5),
+                             squeeze=False)
+    for ax, w in zip(axes[0], workloads):
+        keys = [(w, v) for v in VARIANTS if (w, v) in vals]
+        x = np.arange(len(keys))
+        bottom = np.zeros(len(keys))
+        for i, cat in enumerate(ROWS):
+            ys = np.array([(vals[k][cat] or 0.0) * 1e3 for k in keys])
+            ax.bar(x, ys, 0.6, bottom=bottom, label=cat, color=f"C{i}")
             bottom += ys
-    step = np.array([vals[k]["step time (fair timing)"] * 1e3 for k in keys])
-    if not bottom.any():  # no device profile: the measured step time alone
-        ax.bar(x, step, 0.7, color="0.7", label="step time (no device profile)")
-    ax.scatter(x, step, marker="_", s=400, color="k", zorder=3, label="step time (fair timing)")
-    ax.set_xticks(x, [f"{w}\n{v}" for w, v in keys], fontsize=7)
-    ax.set_yscale("log" if len(keys) > 1 and step.max() > 20 * step.min() else "linear")
-    ax.set_ylabel("ms per step")
-    ax.set_title(f"Where a step's device time goes, on {result['info']['device']}", fontsize=9)
-    ax.legend(fontsize=7)
+        step = np.array([vals[k]["step time (fair timing)"] * 1e3 for k in keys])
+        if not bottom.any():  # no device profile: the measured step time alone
+            ax.bar(x, step, 0.6, color="0.7", label="step time (no device profile)")
+        ax.scatter(x, step, marker="_", s=600, color="k", zorder=3, label="step time (fair timing)")
+        ax.set_xticks(x, [v for _, v in keys])
+        ax.set_title(w, fontsize=9)
+    axes[0][0].set_ylabel("ms per step")
+    axes[0][-1].legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0))
+    fig.suptitle(f"Where a step's device time goes, on {result['info']['device']}", fontsize=10)
     return save_figure(fig, out, "profile_steps.png")
 
 
