@@ -44,7 +44,7 @@ are measured.
 Output: profile_steps.json, profile_steps.md (the table, also printed) and profile_steps.png (a
 stacked bar per workload and variant) in --out (default bench_out/profile_steps,
 bench_out/profile_steps-quick with --quick); the JSON and the table are written again after every
-workload, so a run cut short keeps what it finished.
+workload and variant, so a run cut short keeps what it finished.
 
 Usage: python benchmarks/profile_steps.py [--quick] [--workloads train-large,train-xl,serve-1,serve-16,serve-64] [--out DIR]
 (--quick: train-small and serve-1 at tiny shapes, few iterations: checks the pipeline on a CPU in
@@ -68,8 +68,8 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
 from benchmarks.common import (  # noqa: E402  (importing benchmarks puts examples/ on sys.path)
-    CATEGORIES, GAPS, default_out, demo_batches, device_info, kernel_summary, out_dir, save_figure, time_fn,
-    write_json, write_report)
+    CATEGORIES, GAPS, default_out, demo_batches, device_info, kernel_category, kernel_summary, out_dir, save_figure,
+    time_fn, write_json, write_report)
 
 WORKLOADS = ("train-small", "train-large", "train-xl", "serve-1", "serve-16", "serve-64")
 DEFAULT_WORKLOADS = ("train-large", "train-xl", "serve-1", "serve-16", "serve-64")
@@ -80,7 +80,8 @@ QUICK_TRAIN = dict(d_model=64, n_layers=1, n_heads=2, seq_len=32, batch=2)
 """--quick: these fields replace the small size's (one block: every projection kind, few compiles)."""
 SERVE = dict(d_model=4096, n_layers=32, n_heads=32, positions=64)
 QUICK_SERVE = dict(d_model=64, n_layers=1, n_heads=2, positions=4)
-PROFILE_TRAIN_STEPS = 4  # training steps run under the profiler (serving: one generate call)
+PROFILE_TRAIN_STEPS = 4  # training steps run under the profiler (serving: one call of the decode loop)
+TOP_KERNELS = 6  # largest kernels per row listed under the table
 ROWS = CATEGORIES + (GAPS,)  # the table's category rows, in order
 
 
@@ -251,8 +252,8 @@ def run(args, report=lambda result: None) -> dict:
                 print(f"{_stamp(t0)} {w} {variant}: {row['reason']}", flush=True)
             # wall_s: building, compiling, timing and profiling this row (where a run's minutes go)
             result["rows"].append({"workload": w, "variant": variant, **row, "wall_s": time.time() - t_row})
+            report(result)
         makers = None  # this workload's parameters and optimizer state go before the next one's
-        report(result)
     return result
 
 
@@ -313,6 +314,12 @@ def markdown(result) -> str:
             lines.append(f"- {w}: one decode step of examples/generate.py's model at batch {d['batch']} (d_model "
                          f"{m['d_model']}, {m['n_layers']} blocks, {m['n_heads']} heads; {d['steps_per_call']} positions "
                          f"per call, KV cache {m['seq_len']}); mxfp4: {d['weights']['mxfp4']}")
+    tops = [r for r in result["rows"] if r.get("profile")]
+    if tops:
+        lines += ["", f"Largest kernels, ms per step ({TOP_KERNELS} per row; all in the JSON's \"top\"):", ""]
+        for r in tops:
+            lines.append(f"- {r['workload']} {r['variant']}: " + "; ".join(
+                f"`{n[:60]}` {v * 1e3:.3f} ({kernel_category(n)})" for n, v in list(r["profile"]["top"].items())[:TOP_KERNELS]))
     unmatched = sorted({n for r in result["rows"] for n in r.get("profile", {}).get("unmatched", [])})
     if unmatched:
         lines += ["", "Kernels in \"other\" (no name pattern matched): " + ", ".join(f"`{n[:80]}`" for n in unmatched[:20])]

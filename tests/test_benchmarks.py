@@ -143,7 +143,7 @@ def test_profile_steps_quick(tmp_path, monkeypatch):
     the steps are timed and profiled; the CPU's profile has no device kernels, so the profiler's
     result is replaced by a GPU-like one (bf16: FAKE_KERNELS, MXFP4: twice each) to run the GPU
     path: categories per step (per call / steps per call), gaps, the table's cells and ratios,
-    the figure, the partial JSON after each workload."""
+    the largest kernels, the figure, the partial JSON after each row."""
     calls = []
     real = common.device_kernel_times
 
@@ -159,7 +159,7 @@ def test_profile_steps_quick(tmp_path, monkeypatch):
     monkeypatch.setattr(profile_steps, "write_json", lambda path, obj: partial.append(json.loads(json.dumps(obj))))
     argv = ["--quick", "--out", str(tmp_path)]
     assert profile_steps.main(argv) == 0
-    assert [len(p["rows"]) for p in partial] == [2, 4]  # after each workload (then the final report)
+    assert [len(p["rows"]) for p in partial] == [1, 2, 3, 4]  # after each row (then the final report)
     assert calls == [profile_steps.PROFILE_TRAIN_STEPS] * 2 + [1, 1]  # 4 one-step calls; 1 call of the decode loop
     res = json.loads((tmp_path / "profile_steps.json").read_text())
     assert res == partial[-1]
@@ -180,6 +180,7 @@ def test_profile_steps_quick(tmp_path, monkeypatch):
     assert "| gaps | 3.000 | 6.000 | 2.00x | 0.750 | 1.500 | 2.00x |" in md
     assert "| GPU span | 18.750 | 37.500 | 2.00x | 4.688 | 9.375 | 2.00x |" in md
     assert "**step time (fair timing)**" in md and "`mystery_kernel`" in md
+    assert "- serve-1 mxfp4: `nvjet_sm90_tst_128x128_64x6_2x1_v_bz_TNT` 4.000 (gemm); `mxfp4_quantize_fp8__4` 2.000" in md
     _png(tmp_path / "profile_steps.png")
 
 
