@@ -84,7 +84,7 @@ def _program(fn, calls):
 
 
 def time_fn(fn, sets, *, reps: int = 5, min_program_s: float = 0.02, max_calls: int = 1024,
-            profile_calls: int = 0) -> dict:
+            calls: int | None = None, profile_calls: int = 0) -> dict:
     """Median seconds per call of ``fn(*args)``, fair timing (module docstring).
 
     Args:
@@ -93,6 +93,11 @@ def time_fn(fn, sets, *, reps: int = 5, min_program_s: float = 0.02, max_calls: 
       reps: programs timed after the warm-up (median reported).
       min_program_s: grow the number of calls per program until one program takes this long.
       max_calls: cap on calls per program (memory: each extra call copies the smallest operand).
+      calls: calls in the first program (default ``len(sets)``; fewer: one long call, e.g. a whole
+        training step, need not be compiled ``len(sets)`` times over). Calls beyond ``len(sets)``
+        differ only in the copied smallest operand; where that operand does not reach the whole
+        call (a step counter), XLA may merge the rest of two calls: give as many sets as the
+        program may grow to.
       profile_calls: > 0: afterwards, run the timed program (no new compile) under the profiler
         until at least this many calls ran, the programs enqueued back to back as a loop of steps
         runs them (``device_kernel_times``).
@@ -104,7 +109,8 @@ def time_fn(fn, sets, *, reps: int = 5, min_program_s: float = 0.02, max_calls: 
     """
     fn = jax.jit(fn)
     base = list(sets)
-    calls = len(base)
+    calls = min(calls or len(base), max_calls)
+    sets = _with_distinct_calls(base, calls)
     prog = _program(fn, calls)
     jax.block_until_ready(prog(sets))  # compile + warm-up
     while True:  # grow until one program takes min_program_s (the first estimate carries launch cost)

@@ -27,9 +27,12 @@ decode step costs does not depend on what was learned), made from the linen mode
 shapes (``jax.eval_shape`` of ``model.init``). A serving step = one call of the loop / 64
 positions, with a 64-position KV cache (a short context: the GEMMs' weight reads dominate).
 
-Timing: ``benchmarks.common.time_fn`` (fair timing: programs >= 20 ms; the operands of one step,
-parameters and optimizer state or the weights, are far past the L2, so one operand set). The step
-time per step = time per call / steps per call (training: 1; serving: 64). Profile: the timed
+Timing: ``benchmarks.common.time_fn`` (fair timing: programs >= 20 ms), starting from one call per
+program (a program of one step, compiled once; grown only where one call takes < 20 ms). The
+operands a step reads, parameters and optimizer state or the weights, are far past the L2, so the
+operand sets share them; each set has its own batch (training: the demo's windows of steps 1, 2,
+...) or first tokens (serving), so that no two calls of a grown program are alike. The step time
+per step = time per call / steps per call (training: 1; serving: 64). Profile: the timed
 program run again under the JAX profiler (``time_fn(profile_calls=...)``, no new compile): 4
 training steps, or one call of the decode loop (64 decode steps). Device kernels are grouped by name
 (``benchmarks.common.KERNEL_CATEGORIES``: gemm, quantize, rescale / exact rows, transpose / copy,
@@ -82,6 +85,9 @@ SERVE = dict(d_model=4096, n_layers=32, n_heads=32, positions=64)
 QUICK_SERVE = dict(d_model=64, n_layers=1, n_heads=2, positions=4)
 PROFILE_TRAIN_STEPS = 4  # training steps run under the profiler (serving: one call of the decode loop)
 TOP_KERNELS = 6  # largest kernels per row listed under the table
+N_SETS = 8
+"""Operand sets per step: the same parameters (or weights), a distinct batch (or first tokens) each,
+so that a program grown past one call holds calls XLA cannot merge (``time_fn``'s ``calls``)."""
 ROWS = CATEGORIES + (GAPS,)  # the table's category rows, in order
 
 
@@ -99,16 +105,18 @@ def train_workload(size: str, quick: bool):
     if quick:
         cfg.update(QUICK_TRAIN)
     recipes = dict(zip(VARIANTS, demo.run_recipes(demo.parse_args(["--size", size]))))
-    batch = demo_batches(cfg, 1, "corpus")(0)
+    batches = demo_batches(cfg, N_SETS, "corpus")
     state = {}
 
     def make(variant):
         model = demo.build_model(cfg, recipes[variant])
         if "params" not in state:  # the same initial parameters for both recipes (same tree)
-            state["params"] = jax.jit(model.init)(jax.random.key(0), batch[:, :-1])
+            state["params"] = jax.jit(model.init)(jax.random.key(0), batches(0)[:, :-1])
         params = state["params"]
         step, opt, _ = demo.make_train_step(model, cfg, cfg["steps"], 0)
-        return step, [(params, opt.init(params), batch, jnp.int32(1))], 1
+        opt_state = opt.init(params)
+        # steps 1..N_SETS of the demo: its batches, the same parameters and optimizer state
+        return step, [(params, opt_state, batches(i), jnp.int32(i + 1)) for i in range(N_SETS)], 1
 
     desc = {"kind": "train", "size": size, "model": {k: cfg[k] for k in ("d_model", "n_layers", "n_heads", "seq_len",
                                                                          "batch")},
@@ -196,11 +204,11 @@ class ServeModel:
 
     def workload(self, batch: int):
         """(description, {variant: () -> (decode loop, [(weights, first tokens)], positions per call)})."""
-        tok = jnp.asarray(np.random.default_rng(batch).integers(0, 256, (batch,)), jnp.int32)
+        toks = jnp.asarray(np.random.default_rng(batch).integers(0, 256, (N_SETS, batch)), jnp.int32)
         decode = make_decode_loop(self.cfg, self.positions)
 
         def make(variant):
-            return decode, [(self.weights(variant), tok)], self.positions
+            return decode, [(self.weights(variant), t) for t in toks], self.positions
 
         desc = {"kind": "serve", "batch": batch, "model": dict(self.cfg), "steps_per_call": self.positions,
                 "weights": {"bf16": "bf16 kernels", "mxfp4": "MXFP4 along K, prepare_decode (w4a16)"}}
@@ -211,7 +219,7 @@ class ServeModel:
 def measure(make, timing: dict, label: str, t0: float) -> dict:
     """Time one step (fair timing) and profile the timed program: a result row (times per step)."""
     fn, sets, steps = make()
-    r = time_fn(fn, sets, profile_calls=1 if steps > 1 else PROFILE_TRAIN_STEPS, **timing)
+    r = time_fn(fn, sets, calls=1, profile_calls=1 if steps > 1 else PROFILE_TRAIN_STEPS, **timing)
     row = {"status": "ok", "step_s": r["median_s"] / steps, "steps_per_call": steps,
            **{k: r[k] for k in ("calls", "program_s", "reps", "min_s", "method")}}
     print(f"{_stamp(t0)} {label}: {row['step_s'] * 1e3:.4f} ms per step ({r['calls']} call(s) of {steps} step(s) "

@@ -379,6 +379,10 @@ def test_fair_timing_grows_programs_and_keeps_calls_distinct():
     assert len({id(x) for x in small}) == 5 and all(float(x[0]) == i % 2 for i, x in enumerate(small))
     assert all(c[0] is sets[i % 2][0] for i, c in enumerate(calls))  # the large operand rotates
     assert "error" in kernel_time(lambda a, b: a @ a, sets)  # no GPU plane on the CPU
+    # calls=1: one call per program where it is long enough (a training step), the sets kept for growth
+    r = time_fn(lambda a, b: (a @ a).sum() + b.sum(), sets, reps=3, min_program_s=0.0, calls=1, profile_calls=3)
+    assert r["calls"] == 1 and r["profile"] == {"error": "no GPU kernel events in the profile"}
+    assert all(c is s for c, s in zip(_with_distinct_calls(sets, 2), sets))  # within the sets: no copies
 
 
 def test_busy_span_counts_overlaps_once_and_gaps_as_idle(rng):
