@@ -265,6 +265,12 @@ def run(args, report=lambda result: None) -> dict:
     return result
 
 
+def _command(info) -> str:
+    """The reproducing command line, with the run's XLA_FLAGS (they change which GEMM kernels run)."""
+    flags = info.get("xla_flags")
+    return (f"XLA_FLAGS={shlex.quote(flags)} " if flags else "") + info["command"]
+
+
 def _row(result, workload, variant):
     return next((r for r in result["rows"] if r["workload"] == workload and r["variant"] == variant), None)
 
@@ -289,7 +295,7 @@ def markdown(result) -> str:
     vals = table_values(result)
     workloads = list(result["workloads"])
     lines = [f"# Profile table: {info['device']} ({info['platform']}), jax {info['jax']}, {info['date_utc']} UTC", "",
-             f"Command: `{info['command']}`", "",
+             f"Command: `{_command(info)}`", "",
              "Device time per step (ms) by kernel category, bf16 and MXFP4, and MXFP4 / bf16. Categories + gaps "
              "= the GPU span per step where kernels do not overlap; the step time (fair timing) also holds the "
              "host's launch of the program. n/a: no device kernels in the profile (a CPU).", ""]
@@ -400,7 +406,7 @@ def main(argv=None) -> int:
     out = out_dir(args.out or default_out("profile_steps-quick" if args.quick else "profile_steps"))
     from importlib.metadata import version
 
-    args.info = {**device_info(), "jaxlib": version("jaxlib"),
+    args.info = {**device_info(), "jaxlib": version("jaxlib"), "xla_flags": os.environ.get("XLA_FLAGS", ""),
                  "command": shlex.join(["python", "benchmarks/profile_steps.py", *argv])}
 
     def report(result):  # after every workload: a run cut short keeps what it finished

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shlex
 import sys
 
 import numpy as np
@@ -179,6 +180,7 @@ def test_profile_steps_quick(tmp_path, monkeypatch):
     assert "| gemm | 8.000 | 16.000 | 2.00x | 2.000 | 4.000 | 2.00x |" in md
     assert "| gaps | 3.000 | 6.000 | 2.00x | 0.750 | 1.500 | 2.00x |" in md
     assert "| GPU span | 18.750 | 37.500 | 2.00x | 4.688 | 9.375 | 2.00x |" in md
+    assert f"Command: `XLA_FLAGS={shlex.quote(os.environ['XLA_FLAGS'])} python benchmarks/profile_steps.py --quick" in md
     assert "**step time (fair timing)**" in md and "`mystery_kernel`" in md
     assert "- serve-1 mxfp4: `nvjet_sm90_tst_128x128_64x6_2x1_v_bz_TNT` 4.000 (gemm); `mxfp4_quantize_fp8__4` 2.000" in md
     _png(tmp_path / "profile_steps.png")
