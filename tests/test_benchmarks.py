@@ -186,6 +186,34 @@ def test_profile_steps_quick(tmp_path, monkeypatch):
     _png(tmp_path / "profile_steps.png")
 
 
+def test_profile_steps_serving_step_is_generate_pys():
+    """The serving workload's parameters have the tree, shapes and dtypes of the linen model's
+    init (GEMM kernels bf16, as generate.py serves them); its decode loop gives the tokens of
+    generate.py's own program (``make_generate`` with a one-byte prompt: prefill at position 0,
+    then the same step), with bf16 and with prepared MXFP4 weights."""
+    import jax
+    import jax.numpy as jnp
+    import generate as gen
+    import train_lm as demo
+
+    sm = profile_steps.ServeModel(quick=True)
+    cfg, n = sm.cfg, sm.positions
+    params = profile_steps.serve_params(cfg)
+    model = demo.build_model(cfg, __import__("jax_mxfp4").Recipe(**demo.BF16_RECIPE_FIELDS))
+    ref = model.init(jax.random.key(0), jnp.zeros((1, n), jnp.int32))["params"]
+    assert jax.tree.structure(params) == jax.tree.structure(ref)
+    for (path, got), want in zip(jax.tree_util.tree_leaves_with_path(params), jax.tree.leaves(ref)):
+        kernel = path[-1].key == "kernel"
+        assert got.shape == want.shape and got.dtype == (jnp.bfloat16 if kernel else want.dtype), path
+    tok = jnp.asarray([7, 200, 31], jnp.int32)
+    generate = gen.make_generate(cfg, 1, n - 1)
+    for variant in profile_steps.VARIANTS:
+        w = sm.weights(variant)
+        want, _ = generate(w, tok[:, None])  # [B, n - 1]: the bytes fed at positions 1 .. n-1
+        got = profile_steps.make_decode_loop(cfg, n)(w, tok)  # [n, B]: the argmax after each position
+        np.testing.assert_array_equal(np.asarray(got[:-1]).T, np.asarray(want))
+
+
 def test_kernel_categories_of_the_libraries_kernels_read_from_the_source():
     """Every Pallas kernel name in jax_mxfp4 (a pallas_call's name=; Triton appends "__N") and
     every Mosaic GPU kernel (plgpu.kernel of a body function: "<body>_mosaic_gpu_kernel" in a
