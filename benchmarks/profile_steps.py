@@ -118,7 +118,7 @@ def train_workload(size: str, quick: bool):
         # steps 1..N_SETS of the demo: its batches, the same parameters and optimizer state
         return step, [(params, opt_state, batches(i), jnp.int32(i + 1)) for i in range(N_SETS)], 1
 
-    desc = {"kind": "train", "size": size, "model": {k: cfg[k] for k in ("d_model", "n_layers", "n_heads", "seq_len",
+    desc = {"kind": "train", "size": size + (" with --quick's shapes" if quick else ""), "model": {k: cfg[k] for k in ("d_model", "n_layers", "n_heads", "seq_len",
                                                                          "batch")},
             "tokens_per_step": cfg["batch"] * cfg["seq_len"], "sr_key": cfg.get("sr_key", demo.SR_KEY_DEFAULT),
             "recipes": {v: repr(r) for v, r in recipes.items()}}
