@@ -83,7 +83,8 @@ def _program(fn, calls):
     return jax.jit(run)
 
 
-def time_fn(fn, sets, *, reps: int = 5, min_program_s: float = 0.02, max_calls: int = 1024) -> dict:
+def time_fn(fn, sets, *, reps: int = 5, min_program_s: float = 0.02, max_calls: int = 1024,
+            calls: int | None = None, profile_calls: int = 0) -> dict:
     """Median seconds per call of ``fn(*args)``, fair timing (module docstring).
 
     Args:
@@ -92,12 +93,24 @@ def time_fn(fn, sets, *, reps: int = 5, min_program_s: float = 0.02, max_calls: 
       reps: programs timed after the warm-up (median reported).
       min_program_s: grow the number of calls per program until one program takes this long.
       max_calls: cap on calls per program (memory: each extra call copies the smallest operand).
+      calls: calls in the first program (default ``len(sets)``; fewer: one long call, e.g. a whole
+        training step, need not be compiled ``len(sets)`` times over). Calls beyond ``len(sets)``
+        differ only in the copied smallest operand; where that operand does not reach the whole
+        call (a step counter), XLA may merge the rest of two calls: give as many sets as the
+        program may grow to.
+      profile_calls: > 0: afterwards, run the timed program (no new compile) under the profiler
+        until at least this many calls ran, the programs enqueued back to back as a loop of steps
+        runs them (``device_kernel_times``).
     Returns:
-      {"median_s", "min_s", "calls", "program_s", "reps", "method": "fair"}.
+      {"median_s", "min_s", "calls", "program_s", "reps", "method": "fair"}; with
+      ``profile_calls`` also "profile": {"kernels": {name: device seconds per call}, "timeline":
+      per call (``device_kernel_times``), "calls_profiled"}, or {"error": ...} where the profile has
+      no GPU kernel events (e.g. on CPU).
     """
     fn = jax.jit(fn)
     base = list(sets)
-    calls = len(base)
+    calls = min(calls or len(base), max_calls)
+    sets = _with_distinct_calls(base, calls)
     prog = _program(fn, calls)
     jax.block_until_ready(prog(sets))  # compile + warm-up
     while True:  # grow until one program takes min_program_s (the first estimate carries launch cost)
@@ -116,8 +129,21 @@ def time_fn(fn, sets, *, reps: int = 5, min_program_s: float = 0.02, max_calls: 
         jax.block_until_ready(prog(sets))
         samples.append(time.perf_counter() - t0)
     med = statistics.median(samples)
-    return {"median_s": med / calls, "min_s": min(samples) / calls, "calls": calls,
-            "program_s": med, "reps": len(samples), "method": "fair"}
+    out = {"median_s": med / calls, "min_s": min(samples) / calls, "calls": calls,
+           "program_s": med, "reps": len(samples), "method": "fair"}
+    if profile_calls > 0:
+        runs = math.ceil(profile_calls / calls)
+
+        def run():
+            for _ in range(runs):  # enqueued without waiting: each run's outputs freed by the next
+                res = prog(sets)
+            jax.block_until_ready(res)
+
+        timeline: dict = {}
+        per_kernel = device_kernel_times(run, per=runs * calls, timeline=timeline)
+        out["profile"] = ({"kernels": per_kernel, "timeline": timeline, "calls_profiled": runs * calls} if per_kernel
+                          else {"error": "no GPU kernel events in the profile"})
+    return out
 
 
 def busy_span(intervals) -> tuple[float, float]:
@@ -171,6 +197,63 @@ def device_kernel_times(run, per: float = 1.0, timeline: dict | None = None) -> 
         timeline.update(span_s=span * 1e-9 / per, busy_s=busy * 1e-9 / per, idle_s=(span - busy) * 1e-9 / per,
                         kernels=len(spans) / per)
     return per_kernel or None
+
+
+KERNEL_CATEGORIES = (
+    # (category, regular expressions searched in the lower-cased kernel name); the first match wins.
+    # Our Pallas kernels by their pallas_call name= (jax_mxfp4/kernels; Triton appends "__N"), our
+    # Mosaic GPU kernels (only the w4a16 GEMMs use plgpu.kernel) as "<body>_mosaic_gpu_kernel".
+    ("gemm", (r"mxfp4_wgemm", r"mxfp4_decode_bf16", r"_mosaic_gpu", r"gemm", r"nvjet", r"xmma", r"cublas",
+              r"cutlass", r"cudnn", r"(^|_)dot(_|$)")),
+    ("quantize", (r"mxfp4_quantize", r"mxfp4_encode",
+                  # XLA fusions doing bit work: E2M1/E8M0 packing and stochastic-rounding uniforms
+                  r"shift_(left|right)", r"(^|_)(xor|popcnt|clz)(_|$)", r"rng", r"threefry")),
+    ("rescale / exact rows", (r"mxfp4_fp8_rescale", r"mxfp4_fp8_exact_rows", r"mxfp4_fp8_fix")),
+    ("transpose / copy", (r"transpose", r"copy", r"memset", r"memcpy", r"concatenate", r"dynamic_update_slice",
+                          r"(^|_)(pad|slice)(_|$)")),
+    # XLA's own kernels: fusions ("loop_*", "input_*" for reductions) and single ops ("wrapped_*")
+    ("elementwise / reduction", (r"fusion", r"^(loop|input|wrapped)_")),
+)
+OTHER = "other"  # a kernel no pattern matches (its name is kept in the profile summary)
+GAPS = "gaps"  # GPU idle inside the timeline span (between kernels), not a kernel category
+CATEGORIES = tuple(c for c, _ in KERNEL_CATEGORIES) + (OTHER,)
+
+
+def kernel_category(name: str) -> str:
+    """The category (:data:`CATEGORIES`) of a device kernel, from its name (:data:`KERNEL_CATEGORIES`)."""
+    import re
+
+    low = name.lower()
+    for category, patterns in KERNEL_CATEGORIES:
+        if any(re.search(p, low) for p in patterns):
+            return category
+    return OTHER
+
+
+def kernel_summary(per_kernel: dict, timeline: dict | None = None, per: float = 1.0, top: int = 25,
+                   label: str = "") -> dict:
+    """Where the device time went, from ``device_kernel_times``' {name: seconds} (and timeline),
+    both divided by ``per`` (e.g. steps per call): {"kernel_s" (sum of kernel durations),
+    "n_kernels" (distinct names), "categories" {category: seconds} over :data:`CATEGORIES` plus
+    :data:`GAPS` (the timeline's idle time, where given), "top" {name: seconds} (the ``top``
+    largest), "unmatched" (names in "other"), "timeline" (seconds / ``per``)}. Prints the
+    categories and the top kernels, prefixed by ``label``."""
+    cats = dict.fromkeys(CATEGORIES, 0.0)
+    for name, sec in per_kernel.items():
+        cats[kernel_category(name)] += sec / per
+    tl = {k: v / per for k, v in (timeline or {}).items()}
+    if "idle_s" in tl:
+        cats[GAPS] = tl["idle_s"]
+    ranked = sorted(((n, s / per) for n, s in per_kernel.items()), key=lambda kv: -kv[1])
+    out = {"kernel_s": sum(s for _, s in ranked), "n_kernels": len(ranked), "categories": cats,
+           "top": dict(ranked[:top]), "unmatched": [n for n, _ in ranked if kernel_category(n) == OTHER],
+           "timeline": tl}
+    print(f"    {label}kernels {out['kernel_s'] * 1e3:.3f} ms"
+          + (f", GPU span {tl['span_s'] * 1e3:.3f} ms" if "span_s" in tl else "") + ": "
+          + "; ".join(f"{c} {v * 1e3:.3f}" for c, v in cats.items()), flush=True)
+    for name, sec in ranked[:top]:
+        print(f"      {sec * 1e3:8.3f} ms  [{kernel_category(name)}] {name[:100]}", flush=True)
+    return out
 
 
 def kernel_time(fn, sets, *, calls: int | None = None) -> dict:

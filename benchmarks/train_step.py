@@ -47,7 +47,7 @@ from jax import lax  # noqa: E402
 
 import jax_mxfp4 as mx  # noqa: E402
 from benchmarks.common import (  # noqa: E402
-    default_out, device_info, kernel_time, out_dir, save_figure, time_fn, write_report)
+    default_out, device_info, kernel_summary, kernel_time, out_dir, save_figure, time_fn, write_report)
 from jax_mxfp4 import training  # noqa: E402
 from jax_mxfp4.platform import KERNELS_ENV, kernels_enabled  # noqa: E402
 
@@ -200,7 +200,8 @@ def check_fused(config, s, sets, report=lambda c: None):
 
 def profile_step(config, variant, recipe, sets, top=25, hlo_dir=None):
     """Per-kernel device time of one step (``benchmarks.common.kernel_time``: profiler kernel
-    durations per call, 4 distinct calls in one program): where the step's time goes. With
+    durations per call, 4 distinct calls in one program): where the step's time goes, by kernel
+    and by category (``benchmarks.common.kernel_summary``). With
     ``hlo_dir``: also the optimized HLO of one step, ``hlo_<config>_<variant>.txt``."""
     step = make_step(layer_fns(config, recipe, KEY_IMPL.get(variant)))
     if hlo_dir:
@@ -210,12 +211,7 @@ def profile_step(config, variant, recipe, sets, top=25, hlo_dir=None):
     if "error" in kt:
         print(f"    profile: {kt['error']}", flush=True)
         return kt
-    ranked = sorted(kt["kernels"].items(), key=lambda kv: -kv[1])
-    print(f"    profile {variant}: kernels sum {kt['kernel_s'] * 1e3:.3f} ms/step; top {min(top, len(ranked))} of {len(ranked)}:",
-          flush=True)
-    for name, sec in ranked[:top]:
-        print(f"      {sec * 1e3:8.3f} ms  {name[:110]}", flush=True)
-    return {"kernel_s": kt["kernel_s"], "n_kernels": len(ranked), "top": {n: v for n, v in ranked[:top]}}
+    return kernel_summary(kt["kernels"], kt["timeline"], top=top, label=f"profile {variant} per step: ")
 
 
 def run(args):

@@ -52,7 +52,7 @@ SIZES = {
     # d_model, layers, heads, seq_len, batch, default steps, learning rate
     "small": dict(d_model=128, n_layers=2, n_heads=4, seq_len=128, batch=16, steps=400, lr=3e-3),
     "medium": dict(d_model=256, n_layers=4, n_heads=8, seq_len=256, batch=16, steps=1000, lr=2e-3),
-    # GPU size (issue 10): 8192 tokens per step, GEMMs 8192 x 1024 x 1024 / 4096, where the FP8
+    # GPU size: 8192 tokens per step, GEMMs 8192 x 1024 x 1024 / 4096, where the FP8
     # path and the fused quantization passes apply; not meant for a CPU
     "large": dict(d_model=1024, n_layers=4, n_heads=16, seq_len=512, batch=16, steps=300, lr=1e-3, sr_key="rbg"),
     # a wider GPU size: GEMMs 8192 x 4096 x 4096 / 16384, where the FP8 GEMMs' gain
@@ -555,6 +555,16 @@ def parse_args(argv=None):
     return args
 
 
+def run_recipes(args):
+    """(bf16 recipe, MXFP4 recipe) of the two runs for the flags ``args`` (:func:`parse_args`'s
+    result); benchmarks/profile_steps.py times the same two."""
+    from jax_mxfp4 import Recipe
+
+    return (Recipe(backend=args.backend, **BF16_RECIPE_FIELDS),
+            Recipe(backend=args.backend, grad_rounding=args.grad_rounding, hadamard=args.hadamard,
+                   hadamard_block=args.hadamard_block, scale_mode=args.scale_mode))
+
+
 def main(argv=None) -> int:
     """Entry point of ``python examples/train_lm.py``."""
     run(sys.argv[1:] if argv is None else list(argv))
@@ -572,8 +582,6 @@ def run(argv=None) -> dict:
     dict written to ``results.json``."""
     args = parse_args(argv)
     import jax
-
-    from jax_mxfp4 import Recipe
 
     cfg = dict(SIZES[args.size])
     for key, val in (("batch", args.batch), ("seq_len", args.seq_len), ("d_model", args.d_model), ("n_layers", args.layers),
@@ -613,9 +621,7 @@ def run(argv=None) -> dict:
     if args.moe:
         print(f"MLPs: mixture of {args.moe[0]} experts (d -> {4 * cfg['d_model']} -> d), top-{args.moe[1]}, "
               f"float32 router, load-balancing loss weight {args.moe_aux_weight:g}")
-    mx_recipe = Recipe(backend=args.backend, grad_rounding=args.grad_rounding, hadamard=args.hadamard,
-                       hadamard_block=args.hadamard_block, scale_mode=args.scale_mode)
-    bf_recipe = Recipe(backend=args.backend, **BF16_RECIPE_FIELDS)
+    bf_recipe, mx_recipe = run_recipes(args)
     backend = mxfp4_backend_used(mx_recipe, cfg)
     mesh = make_mesh(args.mesh) if args.mesh else None
     if mesh is not None:

@@ -1,6 +1,7 @@
 """The maintained benchmarks (benchmarks/*.py): one --quick smoke test each (runs its main on CPU
 into tmp_path; the JSON holds the expected rows with finite, positive timings), the fair-timing
-rules of benchmarks/common.py, and the argument checks that refuse what a run would skip.
+rules of benchmarks/common.py, the kernel categories of the profile table, and the argument checks
+that refuse what a run would skip.
 benchmarks/sharded.py's smoke test is in tests/test_benchmark_sharded.py."""
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shlex
 import sys
 
 import numpy as np
@@ -15,7 +17,7 @@ import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from benchmarks import compile_time, gemm, moe, quantize, train_step  # noqa: E402
+from benchmarks import common, compile_time, gemm, moe, profile_steps, quantize, train_step  # noqa: E402
 
 
 def _png(path):
@@ -130,6 +132,181 @@ def test_moe_refuses_bad_tokens_and_variants(tmp_path, capsys):
     assert not list(tmp_path.iterdir())
 
 
+FAKE_KERNELS = {  # device seconds per call the profile of a GPU would give (one name per category)
+    "nvjet_sm90_tst_128x128_64x6_2x1_v_bz_TNT": 8e-3, "mxfp4_quantize_fp8__4": 4e-3, "mxfp4_fp8_rescale__1": 2e-3,
+    "input_transpose_fusion_1": 1e-3, "loop_add_fusion_3": 0.5e-3, "mystery_kernel": 0.25e-3}
+FAKE_CATEGORIES = {"gemm": 8e-3, "quantize": 4e-3, "rescale / exact rows": 2e-3, "transpose / copy": 1e-3,
+                   "elementwise / reduction": 0.5e-3, "other": 0.25e-3, "gaps": 3e-3}
+
+
+def test_profile_steps_quick(tmp_path, monkeypatch):
+    """--quick (the demo's training step and generate.py's decode step, bf16 and MXFP4, on a CPU):
+    the steps are timed and profiled; the CPU's profile has no device kernels, so the profiler's
+    result is replaced by a GPU-like one (bf16: FAKE_KERNELS, MXFP4: twice each) to run the GPU
+    path: categories per step (per call / steps per call), gaps, the table's cells and ratios,
+    the largest kernels, the figure, the partial JSON after each row."""
+    calls = []
+    real = common.device_kernel_times
+
+    def fake(run, per=1.0, timeline=None):
+        assert real(run, per, timeline) is None  # the program ran under the profiler; no GPU plane
+        f = 1 + len(calls) % 2  # rows in order: bf16, mxfp4 of each workload
+        calls.append(per)
+        timeline.update(span_s=f * 18.75e-3, busy_s=f * 15.75e-3, idle_s=f * 3e-3, kernels=6)
+        return {n: f * v for n, v in FAKE_KERNELS.items()}
+
+    monkeypatch.setattr(common, "device_kernel_times", fake)
+    partial = []
+    monkeypatch.setattr(profile_steps, "write_json", lambda path, obj: partial.append(json.loads(json.dumps(obj))))
+    argv = ["--quick", "--out", str(tmp_path)]
+    assert profile_steps.main(argv) == 0
+    assert [len(p["rows"]) for p in partial] == [1, 2, 3, 4]  # after each row (then the final report)
+    assert calls == [profile_steps.PROFILE_TRAIN_STEPS] * 2 + [1, 1]  # 4 one-step calls; 1 call of the decode loop
+    res = json.loads((tmp_path / "profile_steps.json").read_text())
+    assert res == partial[-1]
+    assert res["info"]["command"] == "python benchmarks/profile_steps.py " + " ".join(argv)
+    assert list(res["workloads"]) == ["train-small", "serve-1"]
+    assert res["workloads"]["train-small"]["recipes"]["mxfp4"] == repr(__import__("jax_mxfp4").Recipe())
+    steps = {"train-small": 1, "serve-1": profile_steps.QUICK_SERVE["positions"]}
+    for r in res["rows"]:
+        f = 2 if r["variant"] == "mxfp4" else 1
+        assert r["status"] == "ok" and _finite_positive(r["step_s"], r["wall_s"]), r
+        assert r["steps_per_call"] == steps[r["workload"]] and r["calls"] >= 1
+        p = r["profile"]
+        want = {c: f * v / r["steps_per_call"] for c, v in FAKE_CATEGORIES.items()}
+        assert p["categories"] == pytest.approx(want, rel=1e-12) and p["unmatched"] == ["mystery_kernel"]
+        assert p["timeline"]["span_s"] == pytest.approx(f * 18.75e-3 / r["steps_per_call"])
+    md = (tmp_path / "profile_steps.md").read_text()
+    assert "| gemm | 8.000 | 16.000 | 2.00x | 2.000 | 4.000 | 2.00x |" in md
+    assert "| gaps | 3.000 | 6.000 | 2.00x | 0.750 | 1.500 | 2.00x |" in md
+    assert "| GPU span | 18.750 | 37.500 | 2.00x | 4.688 | 9.375 | 2.00x |" in md
+    assert f"Command: `XLA_FLAGS={shlex.quote(os.environ['XLA_FLAGS'])} python benchmarks/profile_steps.py --quick" in md
+    assert "**step time (fair timing)**" in md and "`mystery_kernel`" in md
+    assert "- serve-1 mxfp4: `nvjet_sm90_tst_128x128_64x6_2x1_v_bz_TNT` 4.000 (gemm); `mxfp4_quantize_fp8__4` 2.000" in md
+    _png(tmp_path / "profile_steps.png")
+
+
+def test_profile_steps_serving_step_is_generate_pys():
+    """The serving workload's parameters have the tree, shapes and dtypes of the linen model's
+    init (GEMM kernels bf16, as generate.py serves them); its decode loop gives the tokens of
+    generate.py's own program (``make_generate`` with a one-byte prompt: prefill at position 0,
+    then the same step), with bf16 and with prepared MXFP4 weights."""
+    import jax
+    import jax.numpy as jnp
+    import generate as gen
+    import train_lm as demo
+
+    sm = profile_steps.ServeModel(quick=True)
+    cfg, n = sm.cfg, sm.positions
+    params = profile_steps.serve_params(cfg)
+    model = demo.build_model(cfg, __import__("jax_mxfp4").Recipe(**demo.BF16_RECIPE_FIELDS))
+    ref = model.init(jax.random.key(0), jnp.zeros((1, n), jnp.int32))["params"]
+    assert jax.tree.structure(params) == jax.tree.structure(ref)
+    for (path, got), want in zip(jax.tree_util.tree_leaves_with_path(params), jax.tree.leaves(ref)):
+        kernel = path[-1].key == "kernel"
+        assert got.shape == want.shape and got.dtype == (jnp.bfloat16 if kernel else want.dtype), path
+    tok = jnp.asarray([7, 200, 31], jnp.int32)
+    generate = gen.make_generate(cfg, 1, n - 1)
+    for variant in profile_steps.VARIANTS:
+        w = sm.weights(variant)
+        want, _ = generate(w, tok[:, None])  # [B, n - 1]: the bytes fed at positions 1 .. n-1
+        got = profile_steps.make_decode_loop(cfg, n)(w, tok)  # [n, B]: the argmax after each position
+        np.testing.assert_array_equal(np.asarray(got[:-1]).T, np.asarray(want))
+
+
+def test_kernel_categories_of_the_libraries_kernels_read_from_the_source():
+    """Every Pallas kernel name in jax_mxfp4 (a pallas_call's name=; Triton appends "__N") and
+    every Mosaic GPU kernel (plgpu.kernel of a body function: "<body>_mosaic_gpu_kernel" in a
+    profile) falls in its category: a new or renamed kernel fails here until the table knows it
+    (a name of ``want`` may be missing: a kernel of another line of work, or one removed)."""
+    import glob
+    import re
+
+    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "jax_mxfp4")
+    names, mosaic = set(), {}
+    for path in glob.glob(os.path.join(root, "**", "*.py"), recursive=True):
+        text = open(path).read()
+        for call in re.finditer(r"pallas_call\(", text):
+            depth, end = 1, call.end()
+            while depth and end < len(text):  # to the call's closing parenthesis
+                depth += {"(": 1, ")": -1}.get(text[end], 0)
+                end += 1
+            names.update(re.findall(r"\bname=\"(\w+)\"", text[call.end():end]))
+        for body in re.findall(r"plgpu\.kernel\(\s*(\w+)", text):
+            mosaic.setdefault(os.path.basename(path), set()).add(body)
+    want = {"mxfp4_wgemm": "gemm", "mxfp4_decode_bf16": "gemm", "mxfp4_grouped_wgemm": "gemm",
+            "mxfp4_quantize": "quantize", "mxfp4_quantize_fp8": "quantize", "mxfp4_encode_fp8_rows_swar": "quantize",
+            "mxfp4_fp8_rescale": "rescale / exact rows", "mxfp4_fp8_exact_rows_index": "rescale / exact rows",
+            "mxfp4_fp8_fix_flagged": "rescale / exact rows"}
+    assert {"mxfp4_wgemm", "mxfp4_quantize_fp8", "mxfp4_fp8_rescale"} <= names <= set(want), names - set(want)
+    for name, category in want.items():
+        assert common.kernel_category(name) == category and common.kernel_category(name + "__12") == category
+    assert mosaic == {"wgemm_mgpu.py": {"body"}, "wgemm_tiles_mgpu.py": {"body"}}  # the w4a16 GEMMs only
+    assert common.kernel_category("body_mosaic_gpu_kernel") == "gemm"
+
+
+@pytest.mark.parametrize("name,category", [
+    # names from H200 profiles (benchmarks/results/*-h200): cuBLAS(Lt), Triton GEMM fusions, XLA fusions
+    ("nvjet_sm90_qqtst_256x128_128x4_1x2_v_bz_coopA_TNN", "gemm"),
+    ("sm90_xmma_gemm_f32f32_tf32f32_f32_nn_n_tilesize64x64x32_warpgroupsize1x1x1_execute_segment_k_off_kernel__5x_cublas",
+     "gemm"),
+    ("gemm_fusion_dot_general_2", "gemm"), ("cutlass_80_tensorop_bf16_s16816gemm_relu_bf16_64x64_32x6_tn_align8", "gemm"),
+    ("loop_convert_shift_left_fusion", "quantize"), ("loop_shift_left_fusion", "quantize"),
+    ("loop_xor_fusion_2", "quantize"), ("rng_bit_generator", "quantize"),
+    ("wrapped_transpose_3", "transpose / copy"), ("input_multiply_transpose_fusion_3", "transpose / copy"),
+    ("Memset 0", "transpose / copy"), ("input_concatenate_fusion_5", "transpose / copy"),
+    ("loop_dynamic_update_slice_fusion", "transpose / copy"), ("wrapped_copy", "transpose / copy"),
+    ("loop_convert_tanh_fusion", "elementwise / reduction"), ("input_reduce_fusion_65", "elementwise / reduction"),
+    ("loop_select_fusion", "elementwise / reduction"), ("fusion_2716", "elementwise / reduction"),
+    ("loop_and_fusion", "elementwise / reduction"),  # "and" alone is also a mask's: not counted as quantize
+    ("wrapped_exponential", "elementwise / reduction"),
+    ("ncclDevKernel_AllReduce_Sum_f32_RING_LL", "other"), ("", "other"),
+])
+def test_kernel_category_of_a_name(name, category):
+    assert common.kernel_category(name) == category
+
+
+def test_kernel_summary_sums_categories_per_step_and_takes_gaps_from_the_timeline(capsys):
+    """kernel_summary: per-kernel seconds / per into categories (several kernels per category),
+    the timeline's idle time as gaps, kernels ranked, the unmatched names listed."""
+    per_kernel = {"nvjet_a": 6.0, "gemm_fusion_dot": 2.0, "mxfp4_quantize__3": 1.0, "loop_add_fusion": 0.5,
+                  "input_reduce_fusion": 0.25, "odd": 0.125}
+    s = common.kernel_summary(per_kernel, {"span_s": 12.0, "busy_s": 9.875, "idle_s": 2.125, "kernels": 6},
+                              per=2, top=3, label="x: ")
+    assert s["categories"] == {"gemm": 4.0, "quantize": 0.5, "rescale / exact rows": 0.0, "transpose / copy": 0.0,
+                               "elementwise / reduction": 0.375, "other": 0.0625, "gaps": 1.0625}
+    assert s["kernel_s"] == 4.9375 and s["n_kernels"] == 6 and s["unmatched"] == ["odd"]
+    assert s["top"] == {"nvjet_a": 3.0, "gemm_fusion_dot": 1.0, "mxfp4_quantize__3": 0.5}
+    assert s["timeline"] == {"span_s": 6.0, "busy_s": 4.9375, "idle_s": 1.0625, "kernels": 3}
+    assert "x: kernels 4937.500 ms, GPU span 6000.000 ms" in capsys.readouterr().out
+    assert "gaps" not in common.kernel_summary({"a": 1.0})["categories"]  # no timeline: no gaps figure
+
+
+def test_profile_steps_table_without_a_device_profile_and_with_a_failed_row():
+    """On a CPU the categories are n/a (no ratio), the step time is measured; a failed row shows
+    its status and is listed with its reason."""
+    info = {"device": "cpu", "platform": "cpu", "jax": "0", "date_utc": "now", "command": "python x"}
+    result = {"info": info, "workloads": {"serve-1": {"kind": "serve", "batch": 1, "steps_per_call": 4,
+                                                      "model": {"d_model": 64, "n_layers": 1, "n_heads": 2,
+                                                                "seq_len": 4}, "weights": {"mxfp4": "w4a16"}}},
+              "rows": [{"workload": "serve-1", "variant": "bf16", "status": "ok", "step_s": 2e-3},
+                       {"workload": "serve-1", "variant": "mxfp4", "status": "error", "reason": "Boom: no"}]}
+    md = profile_steps.markdown(result)
+    assert "| gemm | n/a | error | – |" in md and "| **step time (fair timing)** | 2.000 | error | – |" in md
+    assert "- serve-1 mxfp4: Boom: no" in md
+    result["rows"][1] = {"workload": "serve-1", "variant": "mxfp4", "status": "ok", "step_s": 1e-3}
+    assert "| **step time (fair timing)** | 2.000 | 1.000 | 0.50x |" in profile_steps.markdown(result)
+
+
+def test_profile_steps_refuses_unknown_workloads_and_gpu_sizes_in_quick(tmp_path, capsys):
+    for argv, msg in ((["--workloads", "train-large,serve-2"], "--workloads: unknown name(s) 'serve-2'"),
+                      (["--quick", "--workloads", "serve-1,train-xl"], "--workloads: train-xl not a --quick workload")):
+        with pytest.raises(SystemExit) as e:
+            profile_steps.main(["--out", str(tmp_path)] + argv)
+        assert e.value.code == 2 and msg in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
+
+
 @pytest.mark.slow  # a whole benchmark program (test_gemm_quick keeps one in the default tier)
 def test_quantize_quick(tmp_path):
     assert quantize.main(["--quick", "--out", str(tmp_path)]) == 0
@@ -233,6 +410,10 @@ def test_fair_timing_grows_programs_and_keeps_calls_distinct():
     assert len({id(x) for x in small}) == 5 and all(float(x[0]) == i % 2 for i, x in enumerate(small))
     assert all(c[0] is sets[i % 2][0] for i, c in enumerate(calls))  # the large operand rotates
     assert "error" in kernel_time(lambda a, b: a @ a, sets)  # no GPU plane on the CPU
+    # calls=1: one call per program where it is long enough (a training step), the sets kept for growth
+    r = time_fn(lambda a, b: (a @ a).sum() + b.sum(), sets, reps=3, min_program_s=0.0, calls=1, profile_calls=3)
+    assert r["calls"] == 1 and r["profile"] == {"error": "no GPU kernel events in the profile"}
+    assert all(c is s for c, s in zip(_with_distinct_calls(sets, 2), sets))  # within the sets: no copies
 
 
 def test_busy_span_counts_overlaps_once_and_gaps_as_idle(rng):
@@ -295,13 +476,13 @@ def test_no_benchmark_writes_into_the_source_tree_by_default(monkeypatch):
         raise SystemExit(0)
 
     monkeypatch.setattr("benchmarks.common.out_dir", fake_out_dir)  # compile_time imports it late
-    for mod in (gemm, quantize, train_step, sharded, moe):
+    for mod in (gemm, quantize, train_step, sharded, moe, profile_steps):
         monkeypatch.setattr(mod, "out_dir", fake_out_dir)
-    for mod in (gemm, quantize, train_step, sharded, compile_time, moe):
+    for mod in (gemm, quantize, train_step, sharded, compile_time, moe, profile_steps):
         for argv in (["--quick"], []):
             with pytest.raises(SystemExit):
                 mod.main(argv)
-    assert len(seen) == 12 and all(p.startswith("bench_out" + os.sep) for p in seen), seen
+    assert len(seen) == 14 and all(p.startswith("bench_out" + os.sep) for p in seen), seen
 
 
 def test_train_step_refuses_names_it_would_skip(tmp_path, capsys):
