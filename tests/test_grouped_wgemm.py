@@ -92,8 +92,10 @@ def test_shapes_that_do_not_describe_the_product_are_refused():
 
 
 def test_default_config_splits_k_only_when_few_programs():
-    decode = default_grouped_config(m=4, n=2880, k=2880, g=32, num_sms=132)  # 4 slots x 23 tiles
-    assert decode.bm == 16 and decode.split_k == 4
+    decode = default_grouped_config(m=4, n=2880, k=2880, g=32, num_sms=132)  # 4 slots x 23 tiles, 23 K steps
+    assert decode.bm == 16 and decode.split_k == 1  # 23 steps: no even split
+    decode = default_grouped_config(m=4, n=2880, k=4096, g=32, num_sms=132)  # 32 K steps
+    assert decode.split_k == 4
     busy = default_grouped_config(m=1024, n=5760, k=2880, g=32, num_sms=132)  # 32 slots x 45 tiles
     assert busy.bm == 32 and busy.split_k == 1
 

@@ -41,6 +41,6 @@ def grouped_product(a, b: MXFP4Array, group_sizes, k_axis: int, *, interpret: bo
     x = a.dequantize(jnp.bfloat16) if isinstance(a, MXFP4Array) else a.astype(jnp.bfloat16)
     g, m, k = b.shape[0], x.shape[0], x.shape[1]
     n = b.shape[3 - k_axis]
-    cfg = default_grouped_config(m, n, k, g, decode="f16" if interpret else decode_for("cuda"))
+    cfg = default_grouped_config(m, n, k, g, decode="f16" if interpret else decode_for("cuda"), k_axis=k_axis)
     return grouped_weight_gemm(x, b.data, as_scale_bytes(b.plain_scales()), group_sizes, k_axis=k_axis,
                                out_dtype=jnp.float32, cfg=cfg, interpret=interpret)

@@ -194,19 +194,91 @@ def grouped_weight_gemm(x, w_data, w_scales, group_sizes, *, k_axis: int, out_dt
     return jnp.where(covered[:, None], out, 0).astype(out_dtype)
 
 
-def default_grouped_config(m: int, n: int, k: int, g: int, decode: str = "asm",
+def default_grouped_config(m: int, n: int, k: int, g: int, decode: str = "asm", k_axis: int = 2,
                            num_sms: int | None = None) -> GroupedConfig:
-    """Tiling by shape: bm covers a group's expected rows (M / min(M, G), 16..64), bn = 128,
-    bk = 256, split-K until about two programs per SM when every slot is used."""
+    """Tiling by shape (NVIDIA H200, ``main()``'s sweep at gpt-oss-20b's gate+up, 2026-12-03):
+    bm covers a group's expected rows (M / min(M, G), 16..64), bn = 128, bk = 128, 8 warps for
+    [G, K, N] storage (4 for [G, N, K]), split-K until about two programs per SM when every slot
+    is used."""
     num_sms = num_sms or sm_count() or 1
     per_group = pl.cdiv(m, min(m, g))
     bm = 16
     while bm < min(per_group, 64):
         bm *= 2
-    bk = 256
+    bk = 128
     steps = pl.cdiv(k, bk)
     tiles = pl.cdiv(n, 128) * min(m, g)
     split = 1
     while tiles * split < 2 * num_sms and steps % (2 * split) == 0 and steps // (2 * split) >= 2:
         split *= 2
-    return GroupedConfig(bn=128, bm=bm, bk=bk, split_k=split, num_warps=4, num_stages=3, decode=decode)
+    return GroupedConfig(bn=128, bm=bm, bk=bk, split_k=split, num_warps=8 if k_axis == 1 else 4, num_stages=3,
+                         decode=decode)
+
+
+def main(argv=None):
+    """Tuning sweep on a GPU: ``python -m jax_mxfp4.kernels.grouped_wgemm`` times the kernel over
+    tilings and both expert storages at gpt-oss-20b's gate+up shape (32 experts, K = 2880,
+    N = 5760) for the rows of 1 and 16 tokens (top-4), beside the dense weight-stationary kernel
+    on the same bytes (one [rows, K] x [used experts x N, K] product), and prints µs per call."""
+    import argparse
+    import itertools
+    import time
+
+    from .wgemm import default_wconfig, weight_stationary_gemm
+
+    ap = argparse.ArgumentParser(description=main.__doc__)
+    ap.add_argument("--tokens", default="1,16")
+    ap.add_argument("--calls", type=int, default=30)
+    args = ap.parse_args(argv)
+    g, k, n = 32, 2880, 5760
+    rng = jax.random.key(0)
+
+    def timed(f, *xs):
+        jax.block_until_ready(f(*xs))
+        t = time.perf_counter()
+        for _ in range(args.calls):
+            out = f(*xs)
+        jax.block_until_ready(out)
+        return (time.perf_counter() - t) / args.calls * 1e6
+
+    for tokens in (int(t) for t in args.tokens.split(",")):
+        m = 4 * tokens
+        experts = jax.random.choice(rng, g, (m,))
+        gs = jnp.bincount(experts, length=g).astype(jnp.int32)
+        used = int(jnp.sum(gs > 0))
+        x = jax.random.normal(rng, (m, k), jnp.bfloat16)
+        gbytes = used * n * k * (0.5 + 1 / 32) / 1e9
+        print(f"tokens {tokens}: M={m}, {used} experts used, {gbytes * 1e3:.1f} MB of weights", flush=True)
+        dense_w = jax.random.randint(rng, (1, used * n, k // 2), 0, 256, jnp.int32).astype(jnp.uint8)
+        dense_s = jnp.full((1, used * n, k // BLOCK_SIZE), 120, jnp.uint8)
+        for bk in (64, 128):  # K = 2880 = 45 x 64: the dense kernel needs bk | K
+            cfg = dataclasses.replace(default_wconfig(m, used * n, k, 1), bk=bk)
+            f = jax.jit(functools.partial(weight_stationary_gemm, out_dtype=jnp.bfloat16, cfg=cfg))
+            try:
+                us = timed(f, x[None], dense_w, dense_s)
+                print(f"  dense  {cfg}: {us:8.1f} us  {gbytes / us * 1e6 / 1e3:.2f} TB/s", flush=True)
+            except Exception as e:  # noqa: BLE001 - a sweep reports what does not compile
+                print(f"  dense bk={bk}: {type(e).__name__}: {str(e)[:100]}", flush=True)
+        for storage in ("nk", "kn"):
+            shape = (g, n, k // 2) if storage == "nk" else (g, k // 2, n)
+            sshape = (g, n, k // BLOCK_SIZE) if storage == "nk" else (g, k // BLOCK_SIZE, n)
+            w = jax.random.randint(rng, shape, 0, 256, jnp.int32).astype(jnp.uint8)
+            s = jnp.full(sshape, 120, jnp.uint8)
+            base = default_grouped_config(m, n, k, g)
+            for bk, split, warps, stages in itertools.product((128, 256, 512), (1, 2, 4), (4, 8), (3,)):
+                if pl.cdiv(k, bk) % split:
+                    continue
+                cfg = dataclasses.replace(base, bk=bk, split_k=split, num_warps=warps, num_stages=stages)
+                f = jax.jit(functools.partial(grouped_weight_gemm, k_axis=2 if storage == "nk" else 1,
+                                              out_dtype=jnp.bfloat16, cfg=cfg))
+                try:
+                    us = timed(f, x, w, s, gs)
+                    print(f"  {storage} bm={cfg.bm} bk={bk} split={split} warps={warps} stages={stages}: "
+                          f"{us:8.1f} us  {gbytes / us * 1e6 / 1e3:.2f} TB/s", flush=True)
+                except Exception as e:  # noqa: BLE001
+                    print(f"  {storage} bk={bk} split={split} warps={warps}: {type(e).__name__}: {str(e)[:100]}",
+                          flush=True)
+
+
+if __name__ == "__main__":
+    main()
