@@ -28,6 +28,8 @@ CUDA and ROCm GPUs where every operand is exact in bfloat16 (a float activation 
 be bfloat16), "exact" elsewhere; the choice is staged per platform (``lax.platform_dependent``).
 Native rhs storage: both [G, K, N] and [G, N, K] are contracted as stored on both routes (XLA's
 ragged dot takes either contracting dim; no transpose is materialized by this module).
+On ROCm gfx950, "auto" takes "hipblaslt-grouped" where it fits (:mod:`jax_mxfp4.ragged_hipblaslt`:
+hipBLASLt's MXFP4 GEMM per group on a capacity-padded layout, ``Recipe.ragged_capacity``).
 
 **Training** (custom VJP; the recipe of :func:`jax_mxfp4.dot_general`, :mod:`jax_mxfp4.training`):
 for Y = ragged_dot(X, W) with X [M, K], W [G, K, N] (or [G, N, K]) and cotangent dY [M, N]:
@@ -83,6 +85,7 @@ import numpy as np
 from jax import lax
 
 from . import checks, dims, group_blocks
+from . import ragged_hipblaslt as grouped
 from . import sharding as shd
 from .array import MXFP4Array
 from .differentiation import straight_through
@@ -226,7 +229,8 @@ def _check_recipe(recipe, precision) -> Recipe:
 
 # ----------------------------------------------------------------------------- routes
 class RaggedRoute(NamedTuple):
-    """What :func:`explain_ragged_dot` returns: ``route`` ("exact" or "bf16-decode") on ``platform``,
+    """What :func:`explain_ragged_dot` returns: ``route`` ("exact", "bf16-decode" or
+    "hipblaslt-grouped") on ``platform``,
     and ``reason``, why."""
 
     route: str
@@ -234,8 +238,15 @@ class RaggedRoute(NamedTuple):
     platform: str
 
 
-def _route(platform: str, recipe: Recipe, bf16_exact: bool) -> RaggedRoute:
-    """The one routing rule (:func:`explain_ragged_dot`)."""
+def _route(platform: str, recipe: Recipe, bf16_exact: bool, grouped_why: str | None = None) -> RaggedRoute:
+    """The one routing rule (:func:`explain_ragged_dot`); ``grouped_why``: :func:`grouped.judge`'s answer."""
+    if grouped_why == "":
+        return RaggedRoute(grouped.GROUPED, grouped.reason(recipe.ragged_capacity is not None), platform)
+    route = _portable_route(platform, recipe, bf16_exact)
+    return route._replace(reason=f"{route.reason}; not {grouped.GROUPED}: {grouped_why}") if grouped_why else route
+
+
+def _portable_route(platform: str, recipe: Recipe, bf16_exact: bool) -> RaggedRoute:
     if recipe.backend == "xla":
         return RaggedRoute(EXACT, "Recipe.backend='xla': the exact float32 reference", platform)
     if platform not in GPU_PLATFORMS:
@@ -252,8 +263,10 @@ def _decode(x, dtype):
     return x.dequantize(dtype) if isinstance(x, MXFP4Array) else x.astype(dtype)
 
 
-def _product_on(route: str, a, b, group_sizes, dn):
+def _product_on(route: str, a, b, group_sizes, dn, recipe=None):
     """lax.ragged_dot_general of the decoded operands on ``route``, float32 result."""
+    if route == grouped.GROUPED:
+        return grouped.product(a, b, group_sizes, recipe)
     if route == EXACT:
         return lax.ragged_dot_general(_decode(a, _F32), _decode(b, _F32), group_sizes, dn,
                                       precision=lax.Precision.HIGHEST, preferred_element_type=jnp.float32)
@@ -294,10 +307,12 @@ def _exact_in_bf16(kinds, dtypes) -> bool:
 
 def _product(a, b, group_sizes, dn, recipe: Recipe, exact16: bool = True):
     """The product on each platform's route (:func:`_route`), staged per platform where they differ."""
-    routes = {p: _route(p, recipe, exact16).route for p in GPU_PLATFORMS}
+    mx = all(isinstance(x, MXFP4Array) for x in (a, b))
+    routes = {p: _route(p, recipe, exact16, grouped.judge(p, a.shape, b.shape, dn, mx, recipe)).route
+              for p in GPU_PLATFORMS}
     if all(r == EXACT for r in routes.values()):
         return _product_on(EXACT, a, b, group_sizes, dn)
-    branches = {p: functools.partial(_product_on, r, dn=dn) for p, r in routes.items()}
+    branches = {p: functools.partial(_product_on, r, dn=dn, recipe=recipe) for p, r in routes.items()}
     return lax.platform_dependent(a, b, group_sizes, default=functools.partial(_product_on, EXACT, dn=dn), **branches)
 
 
@@ -313,7 +328,10 @@ def explain_ragged_dot(lhs, rhs, group_sizes, ragged_dot_dimension_numbers=None,
     recipe = _check_recipe(recipe, None)
     form = _validate(lhs, rhs, group_sizes, rdn, preferred_element_type)[0]
     kinds = _fprop_kinds(lhs, rhs, recipe) if form.kind == ROWS else ("quantized", "quantized")
-    return _route(platform or current_platform(), recipe, _exact_in_bf16(kinds, (lhs.dtype, rhs.dtype)))
+    platform = platform or current_platform()
+    mx = form.kind == ROWS and all(k in ("mxfp4", "quantized") for k in kinds)
+    return _route(platform, recipe, _exact_in_bf16(kinds, (lhs.dtype, rhs.dtype)),
+                  grouped.judge(platform, lhs.shape, rhs.shape, rdn, mx, recipe))
 
 
 # ----------------------------------------------------------------------------- the passes
@@ -332,10 +350,12 @@ class _Static:
 
 
 def _poison(x, group_sizes, static: _Static):
-    """All-NaN ``x`` when the traced ``group_sizes`` is invalid (sizes < 0 or sum > M)."""
+    """All-NaN ``x`` when the traced ``group_sizes`` is invalid (sizes < 0, sum > M, or a size above
+    ``Recipe.ragged_capacity``)."""
     if not static.poison:
         return x
     bad = jnp.any(group_sizes < 0) | (jnp.sum(group_sizes) > static.m)
+    bad = bad | grouped.overflows(group_sizes, static.recipe.ragged_capacity)
     return jnp.where(bad, jnp.asarray(jnp.nan, x.dtype), x)
 
 
@@ -518,6 +538,7 @@ def ragged_dot_general(lhs, rhs, group_sizes, ragged_dot_dimension_numbers, prec
         checks.check_rounding("stochastic", key)  # one PRNG key
     form, m, gs, concrete, out_dtype = _validate(lhs, rhs, group_sizes, ragged_dot_dimension_numbers,
                                                  preferred_element_type)
+    grouped.check_sizes(gs, recipe.ragged_capacity)
     site = site_seed("ragged_dot", tuple(lhs.shape), tuple(rhs.shape), str(jnp.dtype(lhs.dtype)),
                      str(jnp.dtype(rhs.dtype)), form.kind, form.rhs_k_axis)
     static = _Static(recipe, jnp.dtype(out_dtype), form, site, m, not concrete, jnp.dtype(lhs.dtype), jnp.dtype(rhs.dtype))
