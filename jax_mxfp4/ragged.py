@@ -28,7 +28,7 @@ CUDA and ROCm GPUs where every operand is exact in bfloat16 (a float activation 
 be bfloat16), "exact" elsewhere; the choice is staged per platform (``lax.platform_dependent``).
 Native rhs storage: both [G, K, N] and [G, N, K] are contracted as stored on both routes (XLA's
 ragged dot takes either contracting dim; no transpose is materialized by this module).
-On ROCm gfx950, "auto" takes "hipblaslt-grouped" where it fits (:mod:`jax_mxfp4.ragged_hipblaslt`:
+On ROCm gfx950, "auto" takes "hipblaslt-grouped" where it fits (:mod:`jax_mxfp4.backends.hipblaslt_ragged`:
 hipBLASLt's MXFP4 GEMM per group on a capacity-padded layout, ``Recipe.ragged_capacity``).
 
 **Training** (custom VJP; the recipe of :func:`jax_mxfp4.dot_general`, :mod:`jax_mxfp4.training`):
@@ -85,7 +85,7 @@ import numpy as np
 from jax import lax
 
 from . import checks, dims, group_blocks
-from . import ragged_hipblaslt as grouped
+from .backends import hipblaslt_ragged as grouped
 from . import sharding as shd
 from .array import MXFP4Array
 from .differentiation import straight_through

@@ -77,7 +77,7 @@ class Recipe:
       ragged_capacity: rows per group for :func:`jax_mxfp4.ragged_dot`: None (default, no limit) or
         an int >= 1. Set, every ``group_sizes`` entry must be at most it (ValueError when concrete,
         an all-NaN result under ``jit``, on every platform), and the hipBLASLt route on ROCm pads
-        each group to it instead of to all M rows (:mod:`jax_mxfp4.ragged_hipblaslt`).
+        each group to it instead of to all M rows (:mod:`jax_mxfp4.backends.hipblaslt_ragged`).
 
     Raises:
       ValueError: an unknown ``scale_mode``, ``scale_layout``, ``backend``, ``precision`` or

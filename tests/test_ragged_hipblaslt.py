@@ -1,4 +1,4 @@
-"""Route "hipblaslt-grouped" of jax_mxfp4.ragged_dot (jax_mxfp4/ragged_hipblaslt.py) on the CPU:
+"""Route "hipblaslt-grouped" of jax_mxfp4.ragged_dot (jax_mxfp4/backends/hipblaslt_ragged.py) on the CPU:
 the hipBLASLt backend's batched GEMM is replaced by the recording double of hipBLASLt + HIP
 (tests/hipblaslt_double.py: the handler's real call path, gates included, computing D from the
 descriptors it receives), called from inside ``jit`` through ``jax.pure_callback``; group_sizes
@@ -18,7 +18,7 @@ from jax import lax
 
 import jax_mxfp4 as mx
 from jax_mxfp4 import dispatch, ragged
-from jax_mxfp4 import ragged_hipblaslt as grouped
+from jax_mxfp4.backends import hipblaslt_ragged as grouped
 from jax_mxfp4.backends import hipblaslt as hb
 from jax_mxfp4.backends.ffi_cpu import packed_operands
 from jax_mxfp4.ffi import export_safety_checks, registration

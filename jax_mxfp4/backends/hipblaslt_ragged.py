@@ -35,10 +35,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import dispatch
-from .array import MXFP4Array
-from .backends.base import GemmProblem
-from .platform import current_platform
+from .. import dispatch
+from ..array import MXFP4Array
+from ..platform import current_platform
+from .base import GemmProblem
+from .hipblaslt import shape_reason
 
 GROUPED = "hipblaslt-grouped"
 PLATFORM = "rocm"
@@ -75,8 +76,6 @@ def _round_up(x: int, m: int) -> int:
 
 def capacity_rows(m: int, n: int, k: int, capacity: int | None) -> tuple[int, str]:
     """(C, "") with C the padded rows per group that the envelope in force takes, or (0, why not)."""
-    from .backends.hipblaslt import shape_reason
-
     want = max(1, min(m, capacity or m))
     why = ""
     for multiple in ROW_MULTIPLES:
