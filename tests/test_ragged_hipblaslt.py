@@ -230,3 +230,9 @@ def test_export_for_rocm_has_one_hipblaslt_call_on_the_padded_layout(rng):
     assert len(calls) == 1 and "@jax_mxfp4_gemm_hipblaslt" in calls[0]
     c = 32
     assert f"tensor<{g}x{c}x{k // 2}xui8>" in calls[0] and f"tensor<{g}x{c}x{n}xf32>" in calls[0]
+    # cpu + rocm: the route is lowered for ROCm only; the exported program runs here on "exact".
+    gs = jnp.asarray([3, 0, 4, 1], jnp.int32)
+    both = jax.export.export(f, platforms=["cpu", "rocm"], disabled_checks=export_safety_checks())(x, wq, gs)
+    assert both.mlir_module().count("@jax_mxfp4_gemm_hipblaslt") == 1
+    exact = mx.ragged_dot_general(x, wq, gs, NK_DN, recipe=EXACT)
+    np.testing.assert_array_equal(np.asarray(both.call(x, wq, gs)), np.asarray(exact))

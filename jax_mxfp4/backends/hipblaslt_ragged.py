@@ -37,6 +37,7 @@ import numpy as np
 
 from .. import dispatch
 from ..array import MXFP4Array
+from ..partitioning import partitioned_gemm
 from ..platform import current_platform
 from .base import GemmProblem
 from .hipblaslt import shape_reason
@@ -149,6 +150,7 @@ def product(a: MXFP4Array, b: MXFP4Array, group_sizes, recipe):
     scales = jnp.zeros((g * c, scales.shape[1]), scales.dtype).at[slot].set(scales, mode="drop")
     lhs = MXFP4Array(data.reshape(g, c, k // 2), scales.reshape(g, c, -1), 2, (g, c, k), a.dtype, a.scale_mode)
     rhs = MXFP4Array(b.data, b.plain_scales(), 2, (g, n, k), b.dtype, b.scale_mode)
-    out = dispatch.get_backend("hipblaslt").gemm(lhs, rhs, _problem(g, c, n, k, recipe, PLATFORM))
+    # The dense GEMM's own call: its sharding rule, and lowered for ROCm only in a multi-platform export.
+    out = partitioned_gemm(lhs, rhs, "hipblaslt", _problem(g, c, n, k, recipe, PLATFORM), platforms=(PLATFORM,))
     out = out.reshape(g * c, n)
     return jnp.where(valid[:, None], jnp.take(out, jnp.minimum(slot, g * c - 1), axis=0), 0.0).astype(jnp.float32)
