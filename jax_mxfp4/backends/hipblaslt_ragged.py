@@ -20,7 +20,7 @@ of the ragged product, which costs little while the GEMMs stay bound by reading 
 (:data:`AUTO_MAX_ROWS`, not measured on hardware). A caller that knows its routing (e.g. a
 capacity factor over M·top_k/G) sets ``Recipe.ragged_capacity``; a group larger than it is an
 error when ``group_sizes`` is concrete and makes the result all NaN under ``jit``, on every
-platform and route (:func:`check_capacity`, :func:`overflows`).
+platform and route (:func:`check_sizes`, :func:`overflows`).
 
 Takes: the ragged-rows form with both operands MXFP4 (no w4a16) and the experts contracted
 along their last dim ([G, N, K], gpt-oss's storage: hipBLASLt's MXFP4 GEMM is TN only, so
