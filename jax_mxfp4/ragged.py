@@ -28,6 +28,8 @@ CUDA and ROCm GPUs where every operand is exact in bfloat16 (a float activation 
 be bfloat16), "exact" elsewhere; the choice is staged per platform (``lax.platform_dependent``).
 Native rhs storage: both [G, K, N] and [G, N, K] are contracted as stored on both routes (XLA's
 ragged dot takes either contracting dim; no transpose is materialized by this module).
+On ROCm gfx950, "auto" takes "hipblaslt-grouped" where it fits (:mod:`jax_mxfp4.backends.hipblaslt_ragged`:
+hipBLASLt's MXFP4 GEMM per group on a capacity-padded layout, ``Recipe.ragged_capacity``).
 
 **Training** (custom VJP; the recipe of :func:`jax_mxfp4.dot_general`, :mod:`jax_mxfp4.training`):
 for Y = ragged_dot(X, W) with X [M, K], W [G, K, N] (or [G, N, K]) and cotangent dY [M, N]:
@@ -83,7 +85,7 @@ import numpy as np
 from jax import lax
 
 from . import checks, dims, group_blocks
-from .backends import grouped
+from .backends import grouped, hipblaslt_ragged
 from . import sharding as shd
 from .array import MXFP4Array
 from .differentiation import straight_through
@@ -229,7 +231,8 @@ def _check_recipe(recipe, precision) -> Recipe:
 
 # ----------------------------------------------------------------------------- routes
 class RaggedRoute(NamedTuple):
-    """What :func:`explain_ragged_dot` returns: ``route`` ("exact" or "bf16-decode") on ``platform``,
+    """What :func:`explain_ragged_dot` returns: ``route`` ("exact", "bf16-decode" or
+    "hipblaslt-grouped") on ``platform``,
     and ``reason``, why."""
 
     route: str
@@ -237,9 +240,19 @@ class RaggedRoute(NamedTuple):
     platform: str
 
 
-def _route(platform: str, recipe: Recipe, bf16_exact: bool, rows: tuple[int, int] | None = None) -> RaggedRoute:
-    """The one routing rule (:func:`explain_ragged_dot`); ``rows``: (M, G) of a ragged-rows
-    product whose rhs is MXFP4 (the grouped kernel's case), else None."""
+def _route(platform: str, recipe: Recipe, bf16_exact: bool, rows: tuple[int, int] | None = None,
+           rocm_why: str | None = None) -> RaggedRoute:
+    """The one routing rule (:func:`explain_ragged_dot`). ``rows``: (M, G) of a ragged-rows product
+    whose rhs is MXFP4 (the CUDA grouped kernel's case), else None; ``rocm_why``:
+    :func:`hipblaslt_ragged.judge`'s answer (None: no candidate, "": taken, else why not)."""
+    if rocm_why == "":
+        return RaggedRoute(hipblaslt_ragged.GROUPED, hipblaslt_ragged.reason(recipe.ragged_capacity is not None),
+                           platform)
+    route = _portable_route(platform, recipe, bf16_exact, rows)
+    return route._replace(reason=f"{route.reason}; not {hipblaslt_ragged.GROUPED}: {rocm_why}") if rocm_why else route
+
+
+def _portable_route(platform: str, recipe: Recipe, bf16_exact: bool, rows) -> RaggedRoute:
     if recipe.backend == "xla":
         return RaggedRoute(EXACT, "Recipe.backend='xla': the exact float32 reference", platform)
     if platform not in GPU_PLATFORMS:
@@ -262,11 +275,13 @@ def _decode(x, dtype):
     return x.dequantize(dtype) if isinstance(x, MXFP4Array) else x.astype(dtype)
 
 
-def _product_on(route: str, a, b, group_sizes, dn):
-    """The product on ``route``, float32 result: the grouped kernel, or lax.ragged_dot_general of
-    the decoded operands."""
+def _product_on(route: str, a, b, group_sizes, dn, recipe=None):
+    """The product on ``route``, float32 result: a grouped kernel or GEMM, or
+    lax.ragged_dot_general of the decoded operands."""
     if route == GROUPED:
         return grouped.grouped_product(a, b, group_sizes, dn.dot_dimension_numbers[0][1][0])
+    if route == hipblaslt_ragged.GROUPED:
+        return hipblaslt_ragged.product(a, b, group_sizes, recipe)
     if route == EXACT:
         return lax.ragged_dot_general(_decode(a, _F32), _decode(b, _F32), group_sizes, dn,
                                       precision=lax.Precision.HIGHEST, preferred_element_type=jnp.float32)
@@ -317,10 +332,12 @@ def _grouped_rows(a, b, dn) -> tuple[int, int] | None:
 def _product(a, b, group_sizes, dn, recipe: Recipe, exact16: bool = True):
     """The product on each platform's route (:func:`_route`), staged per platform where they differ."""
     rows = _grouped_rows(a, b, dn)
-    routes = {p: _route(p, recipe, exact16, rows).route for p in GPU_PLATFORMS}
+    mx = all(isinstance(x, MXFP4Array) for x in (a, b))
+    routes = {p: _route(p, recipe, exact16, rows, hipblaslt_ragged.judge(p, a.shape, b.shape, dn, mx, recipe)).route
+              for p in GPU_PLATFORMS}
     if all(r == EXACT for r in routes.values()):
         return _product_on(EXACT, a, b, group_sizes, dn)
-    branches = {p: functools.partial(_product_on, r, dn=dn) for p, r in routes.items()}
+    branches = {p: functools.partial(_product_on, r, dn=dn, recipe=recipe) for p, r in routes.items()}
     return lax.platform_dependent(a, b, group_sizes, default=functools.partial(_product_on, EXACT, dn=dn), **branches)
 
 
@@ -336,8 +353,11 @@ def explain_ragged_dot(lhs, rhs, group_sizes, ragged_dot_dimension_numbers=None,
     recipe = _check_recipe(recipe, None)
     form = _validate(lhs, rhs, group_sizes, rdn, preferred_element_type)[0]
     kinds = _fprop_kinds(lhs, rhs, recipe) if form.kind == ROWS else ("quantized", "quantized")
+    platform = platform or current_platform()
     rows = (lhs.shape[0], rhs.shape[0]) if form.kind == ROWS and kinds[1] in ("mxfp4", "quantized") else None
-    return _route(platform or current_platform(), recipe, _exact_in_bf16(kinds, (lhs.dtype, rhs.dtype)), rows)
+    mx = form.kind == ROWS and all(k in ("mxfp4", "quantized") for k in kinds)
+    return _route(platform, recipe, _exact_in_bf16(kinds, (lhs.dtype, rhs.dtype)), rows,
+                  hipblaslt_ragged.judge(platform, lhs.shape, rhs.shape, rdn, mx, recipe))
 
 
 # ----------------------------------------------------------------------------- the passes
@@ -356,10 +376,12 @@ class _Static:
 
 
 def _poison(x, group_sizes, static: _Static):
-    """All-NaN ``x`` when the traced ``group_sizes`` is invalid (sizes < 0 or sum > M)."""
+    """All-NaN ``x`` when the traced ``group_sizes`` is invalid (sizes < 0, sum > M, or a size above
+    ``Recipe.ragged_capacity``)."""
     if not static.poison:
         return x
     bad = jnp.any(group_sizes < 0) | (jnp.sum(group_sizes) > static.m)
+    bad = bad | hipblaslt_ragged.overflows(group_sizes, static.recipe.ragged_capacity)
     return jnp.where(bad, jnp.asarray(jnp.nan, x.dtype), x)
 
 
@@ -542,6 +564,7 @@ def ragged_dot_general(lhs, rhs, group_sizes, ragged_dot_dimension_numbers, prec
         checks.check_rounding("stochastic", key)  # one PRNG key
     form, m, gs, concrete, out_dtype = _validate(lhs, rhs, group_sizes, ragged_dot_dimension_numbers,
                                                  preferred_element_type)
+    hipblaslt_ragged.check_sizes(gs, recipe.ragged_capacity)
     site = site_seed("ragged_dot", tuple(lhs.shape), tuple(rhs.shape), str(jnp.dtype(lhs.dtype)),
                      str(jnp.dtype(rhs.dtype)), form.kind, form.rhs_k_axis)
     static = _Static(recipe, jnp.dtype(out_dtype), form, site, m, not concrete, jnp.dtype(lhs.dtype), jnp.dtype(rhs.dtype))

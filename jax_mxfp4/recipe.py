@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import numbers
 
 from . import checks
 from .hadamard import check_block
@@ -73,11 +74,17 @@ class Recipe:
         "high" (FP8 with fast accumulation off) or "highest" (exact block products with float32
         accumulation, the contract of every other backend). The ``precision`` argument of
         ``dot_general`` can only tighten it: the stricter of the two counts. See README "FP8 path".
+      ragged_capacity: rows per group for :func:`jax_mxfp4.ragged_dot`: None (default, no limit) or
+        an int >= 1. Set, every ``group_sizes`` entry must be at most it (ValueError when concrete,
+        an all-NaN result under ``jit``, on every platform), and the hipBLASLt route on ROCm pads
+        each group to it instead of to all M rows (:mod:`jax_mxfp4.backends.hipblaslt_ragged`).
 
     Raises:
       ValueError: an unknown ``scale_mode``, ``scale_layout``, ``backend``, ``precision`` or
-        ``hadamard`` pass name; a ``hadamard_block`` other than 32, 64, 128, 256.
-      TypeError: ``hadamard`` neither a bool, a pass name nor a collection of pass names.
+        ``hadamard`` pass name; a ``hadamard_block`` other than 32, 64, 128, 256; a
+        ``ragged_capacity`` below 1.
+      TypeError: ``hadamard`` neither a bool, a pass name nor a collection of pass names;
+        ``ragged_capacity`` neither None nor an int.
     """
 
     scale_mode: str = "even"
@@ -91,6 +98,7 @@ class Recipe:
     quantize_activations: bool = True
     precision: str = "default"
     hadamard_block: int = 32
+    ragged_capacity: int | None = None
 
     def __post_init__(self):
         checks.check_scale_mode(self.scale_mode, "Recipe.scale_mode")
@@ -110,6 +118,13 @@ class Recipe:
         if not isinstance(self.hadamard, bool):
             object.__setattr__(self, "hadamard", passes)
         object.__setattr__(self, "hadamard_block", check_block(self.hadamard_block, "Recipe.hadamard_block"))
+        cap = self.ragged_capacity
+        if cap is not None:
+            if isinstance(cap, bool) or not isinstance(cap, numbers.Integral):
+                raise TypeError(f"Recipe.ragged_capacity must be None or an int >= 1 (rows per group), got {cap!r}")
+            if cap < 1:
+                raise ValueError(f"Recipe.ragged_capacity must be >= 1 (rows per group), got {cap}")
+            object.__setattr__(self, "ragged_capacity", int(cap))
 
     @property
     def hadamard_passes(self) -> tuple[str, ...]:
