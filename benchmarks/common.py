@@ -212,7 +212,7 @@ KERNEL_CATEGORIES = (
     ("transpose / copy", (r"transpose", r"copy", r"memset", r"memcpy", r"concatenate", r"dynamic_update_slice",
                           r"(^|_)(pad|slice)(_|$)")),
     # XLA's own kernels: fusions ("loop_*", "input_*" for reductions) and single ops ("wrapped_*")
-    ("elementwise / reduction", (r"fusion", r"^(loop|input|wrapped)_")),
+    ("elementwise / reduction", (r"fusion", r"^(loop|input|wrapped)_", r"softmax")),
 )
 OTHER = "other"  # a kernel no pattern matches (its name is kept in the profile summary)
 GAPS = "gaps"  # GPU idle inside the timeline span (between kernels), not a kernel category

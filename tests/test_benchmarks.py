@@ -257,6 +257,7 @@ def test_kernel_categories_of_the_libraries_kernels_read_from_the_source():
     ("Memset 0", "transpose / copy"), ("input_concatenate_fusion_5", "transpose / copy"),
     ("loop_dynamic_update_slice_fusion", "transpose / copy"), ("wrapped_copy", "transpose / copy"),
     ("loop_convert_tanh_fusion", "elementwise / reduction"), ("input_reduce_fusion_65", "elementwise / reduction"),
+    ("triton_softmax_384", "elementwise / reduction"),
     ("loop_select_fusion", "elementwise / reduction"), ("fusion_2716", "elementwise / reduction"),
     ("loop_and_fusion", "elementwise / reduction"),  # "and" alone is also a mask's: not counted as quantize
     ("wrapped_exponential", "elementwise / reduction"),
