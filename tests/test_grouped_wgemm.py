@@ -128,3 +128,8 @@ def test_explain_ragged_dot_takes_the_grouped_kernel_at_decode_sizes_on_cuda(mon
     monkeypatch.setenv("JAX_MXFP4_KERNELS", "0")
     route = ragged.explain_ragged_dot(decode, w, gs, platform="cuda")
     assert route.route == "bf16-decode" and "JAX_MXFP4_KERNELS" in route.reason
+
+
+def test_default_config_takes_128_row_passes_for_large_groups():
+    cfg = default_grouped_config(m=16384, n=5760, k=2880, g=32, num_sms=132)  # 512 rows per expert
+    assert (cfg.bm, cfg.num_warps, cfg.split_k) == (128, 8, 1)

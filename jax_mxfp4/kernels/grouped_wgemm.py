@@ -197,13 +197,13 @@ def grouped_weight_gemm(x, w_data, w_scales, group_sizes, *, k_axis: int, out_dt
 def default_grouped_config(m: int, n: int, k: int, g: int, decode: str = "asm", k_axis: int = 2,
                            num_sms: int | None = None) -> GroupedConfig:
     """Tiling by shape (NVIDIA H200, ``main()``'s sweep at gpt-oss-20b's gate+up, 2026-12-03):
-    bm covers a group's expected rows (M / min(M, G), 16..64), bn = 128, bk = 128, 8 warps for
+    bm covers a group's expected rows (M / min(M, G), 16..128), bn = 128, bk = 128, 8 warps for
     [G, K, N] storage (4 for [G, N, K]), split-K until about two programs per SM when every slot
     is used."""
     num_sms = num_sms or sm_count() or 1
     per_group = pl.cdiv(m, min(m, g))
     bm = 16
-    while bm < min(per_group, 64):
+    while bm < min(per_group, 128):
         bm *= 2
     bk = 128
     steps = pl.cdiv(k, bk)
@@ -211,8 +211,8 @@ def default_grouped_config(m: int, n: int, k: int, g: int, decode: str = "asm", 
     split = 1
     while tiles * split < 2 * num_sms and steps % (2 * split) == 0 and steps // (2 * split) >= 2:
         split *= 2
-    return GroupedConfig(bn=128, bm=bm, bk=bk, split_k=split, num_warps=8 if k_axis == 1 else 4, num_stages=3,
-                         decode=decode)
+    return GroupedConfig(bn=128, bm=bm, bk=bk, split_k=split, num_warps=8 if k_axis == 1 or bm == 128 else 4,
+                         num_stages=3, decode=decode)
 
 
 def main(argv=None):
