@@ -261,11 +261,12 @@ def _portable_route(platform: str, recipe: Recipe, bf16_exact: bool, rows) -> Ra
     if not bf16_exact:
         return RaggedRoute(EXACT, "a float operand kept as is (w4a16) is not bfloat16, so not exact in bfloat16: "
                            "float32 ragged dot with Precision.HIGHEST", platform)
-    why_not = grouped.why_not(platform, *rows) if rows else "the grouped kernel takes ragged rows with MXFP4 experts"
+    why_not = grouped.why_not(platform) if rows else "the grouped kernel takes ragged rows with MXFP4 experts"
     if not why_not:
         return RaggedRoute(GROUPED, f"on {platform}, {rows[0]} rows over {rows[1]} experts: the grouped kernel reads "
-                           "each used expert's packed weights once and decodes them in registers (exact products, "
-                           "float32 accumulation; accumulation order may differ)", platform)
+                           "each used expert's packed weights and decodes them in registers, each row meeting only "
+                           "its own expert (exact products, float32 accumulation; accumulation order may differ)",
+                           platform)
     return RaggedRoute(BF16, f"on {platform}: MXFP4 operands decoded exactly to bfloat16, bfloat16 ragged dot "
                        f"with float32 accumulation (the exact products; accumulation order may differ); {why_not}",
                        platform)

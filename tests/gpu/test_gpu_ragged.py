@@ -1,6 +1,6 @@
-"""MXFP4 ragged_dot on an NVIDIA GPU: the grouped kernel (decode sizes: inline-PTX decode,
-masked K, split-K, empty experts) and the bfloat16-decode route (many rows) against the exact
-route (``Recipe(backend="xla")``) on the same device, both expert storages, a4w4 and w4a16, and
+"""MXFP4 ragged_dot on an NVIDIA GPU: the grouped kernel (inline-PTX decode, masked K, split-K,
+empty experts, 128-row passes for large groups) and the bfloat16-decode route (kernels off)
+against the exact route (``Recipe(backend="xla")``) on the same device, both expert storages, a4w4 and w4a16, and
 the gradients of a training step against the exact route's."""
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ CASES = [  # m, k, n, g, used experts, storage
     (4, 2880, 5760, 32, 4, "nk"),  # one token, top-4, gpt-oss-20b gate+up: K masked, split-K
     (64, 2880, 2880, 32, 29, "kn"),
     (256, 2880, 2880, 32, 32, "nk"),
-    (2048, 1024, 768, 8, 8, "kn"),  # 256 rows per expert: the bfloat16-decode route
+    (2048, 1024, 768, 8, 8, "kn"),  # 256 rows per expert: 128-row passes
 ]
 
 
@@ -48,7 +48,7 @@ def test_ragged_dot_routes_equal_the_exact_route(m, k, n, g, used, storage, reci
     x = rand(m + n, (m, k), jnp.bfloat16)
     gs = _sizes(m, m, g, used)
     route = mx.ragged.explain_ragged_dot(x, wq, gs, dn, recipe=recipe)
-    assert route.route == ("grouped-kernel" if m <= 64 * g else "bf16-decode"), route
+    assert route.route == "grouped-kernel", route
     f = jax.jit(lambda x, w, gs, r: mx.ragged_dot_general(x, w, gs, dn, preferred_element_type=jnp.float32, recipe=r),
                 static_argnums=3)
     got = np.asarray(f(x, wq, gs, recipe))
@@ -56,6 +56,18 @@ def test_ragged_dot_routes_equal_the_exact_route(m, k, n, g, used, storage, reci
     scale = np.abs(want).max()
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * scale)
     assert not got[int(gs.sum()):].any()
+
+
+def test_kernels_off_take_the_bf16_decode_route(monkeypatch):
+    m, k, n, g = 64, 512, 256, 8
+    w = mx.quantize(rand(5, (g, k, n), jnp.float32), 1)
+    x = rand(6, (m, k), jnp.bfloat16)
+    gs = _sizes(7, m, g, 6)
+    monkeypatch.setenv("JAX_MXFP4_KERNELS", "0")
+    assert mx.ragged.explain_ragged_dot(x, w, gs).route == "bf16-decode"
+    got = np.asarray(jax.jit(lambda x, w, gs: mx.ragged_dot(x, w, gs, preferred_element_type=jnp.float32))(x, w, gs))
+    want = np.asarray(mx.ragged_dot(x, w, gs, preferred_element_type=jnp.float32, recipe=EXACT))
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * np.abs(want).max())
 
 
 def test_training_step_gradients_equal_the_exact_route():
