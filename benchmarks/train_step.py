@@ -325,7 +325,8 @@ def check_args(ap, args):
                                 known_variants)):
         bad = [n for n in names if n not in known]
         if bad:
-            ap.error(f"{flag}: unknown name(s) {', '.join(map(repr, bad))}; choose from {', '.join(known)}")
+            which = "" if flag == "--configs" else f" for configs {','.join(configs)}"
+            ap.error(f"{flag}: unknown name(s) {', '.join(map(repr, bad))}{which}; choose from {', '.join(known)}")
     if args.profile not in ("", "all") and args.variants:
         idle = [v for v in args.profile.split(",") if v and v != "bf16" and v not in args.variants]
         if idle:
