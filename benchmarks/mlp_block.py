@@ -13,8 +13,13 @@ Variants (the same unmodified model, quantized by ``qwix.quantize_model``; every
   qwix-fp8    Qwix's own QAT (``qwix.QtProvider``): weights and activations float8_e4m3fn,
               gradients float8_e5m2, absmax per-channel scales, round to nearest;
   qwix-mxfp4  Qwix's own MXFP4 emulation: qtype "mxfp4" (float4_e2m1fn, power-of-two scale per
-              32-element tile of the contraction axis) for weights, activations and gradients
-              (the weight gradient's contraction tiled by 32 too).
+              32-element tile of the contraction axis, round to nearest) for every operand of
+              fprop, dgrad and wgrad. ``QtRule``'s fields alone tile only the weight gradient's
+              contraction, and the activation gradient's quantization then fails (qwix 0.1.8:
+              "Format mxfp4 requires `tiled_axes` to be specified"); :data:`MXFP4_BWD` (Qwix's
+              ``additional_qt_config``) tiles it too and quantizes the backward's residuals (x, W)
+              to MXFP4 as well (Qwix keeps tiled residuals unquantized). On a GPU Qwix runs these
+              products through ``jax.nn.scaled_matmul`` (XLA expands it on pre-Blackwell GPUs).
 flax and qwix are imported when a model is built (train_step.py's other configs need neither).
 """
 
@@ -28,6 +33,7 @@ import jax.numpy as jnp
 VARIANTS = ("bf16", "mxfp4-qwix", "qwix-fp8", "qwix-mxfp4")
 MX_BLOCK = 32  # Qwix's tile for its "mxfp4" qtype (OCP MX block)
 MXFP4_BWD = {"dlhs_tile_size": MX_BLOCK, "dlhs_residual_qtype": "mxfp4", "drhs_residual_qtype": "mxfp4"}
+"""Qwix ``DotGeneralQtConfig`` fields completing its MXFP4 backward (module docstring, qwix-mxfp4)."""
 
 
 def _rule(variant):

@@ -30,7 +30,8 @@ tokens/s, and the backend "auto" chose for each of the linear layer's GEMMs. Out
 train_step.json, train_step.md (the table, also printed) and train_step.png in --out (default
 bench_out/train_step, bench_out/train_step-quick with --quick).
 
-Usage: python benchmarks/train_step.py [--quick] [--profile] [--configs linear,mlp,mlp-d1024,mlp-block] [--variants mxfp4,...] [--out DIR]
+Usage: python benchmarks/train_step.py [--quick] [--profile] [--configs linear,mlp,mlp-d1024,mlp-block]
+       [--variants mxfp4,...] [--out DIR]
 (--quick: tiny shapes, the linear config unless --configs says otherwise, few iterations: checks
 the pipeline on a CPU in seconds.)
 """
@@ -63,6 +64,11 @@ DEFAULT_CONFIGS = ["linear", "mlp", "mlp-d1024"]  # what a run without --configs
 QUICK_CONFIGS = ["linear"]  # what --quick runs unless --configs names others
 BLOCK_CONFIGS = ("mlp-block",)
 """Configs of benchmarks/mlp_block.py (a Flax model through Qwix, its own variants; needs flax and qwix)."""
+BLOCK_SETS = 4
+"""Operand sets (params, x, dY) of a block config, each with its own params: one program runs a
+step on each (~4 x 10 ms on an H200, past time_fn's 20 ms without growing), so no two steps share
+a weight and XLA cannot share the weights' casts and quantizations between them. --quick: 2
+(each set is one more step to compile on a CPU)."""
 VARIANTS = {
     "bf16": None,
     "mxfp4": mx.Recipe(),
@@ -248,7 +254,8 @@ def run(args):
     for config, s in sizes.items():
         if args.configs and config not in args.configs:
             continue
-        sets = [operand_set(config, s, seed=1)]
+        n_sets = (2 if args.quick else BLOCK_SETS) if config in BLOCK_CONFIGS else 1
+        sets = [operand_set(config, s, seed=1 + i) for i in range(n_sets)]
         jax.block_until_ready(sets)
         if args.check_fused and config == "linear":
             def report(c):
@@ -276,7 +283,8 @@ def run(args):
                     r["time_ratio_vs_bf16"] = r["median_s"] / base
             rows.append({"config": config, **s, "variant": variant, **r})
             print(f"[{time.time() - t0:6.1f}s] {config:6s} {variant:14s} {r.get('median_s', float('nan')) * 1e3:9.3f} ms "
-                  f"ratio {r.get('time_ratio_vs_bf16', float('nan')):.3f} {r['status']} {r.get('reason', '')}", flush=True)
+                  f"ratio {r.get('time_ratio_vs_bf16', float('nan')):.3f} {r['status']} {r.get('reason', '')}",
+                  flush=True)
             if r["status"] == "ok" and (args.profile == "all" or variant in args.profile.split(",")):
                 rows[-1]["profile"] = profile_step(config, s, variant, sets, hlo_dir=args.hlo)
         del sets
@@ -291,7 +299,8 @@ def markdown(result):
              "Forward (Y) + backward (dX and every dW), all quantization included; time relative to the bf16 "
              "step in the same run (< 1 is faster)."
              + (" mlp-block: a Flax linen block quantized by Qwix, value and gradients (params, X) of "
-                "loss = sum(Y·dY), the same GEMMs." if any(r["config"] in BLOCK_CONFIGS for r in result["rows"]) else ""),
+                "loss = sum(Y·dY), the same GEMMs." if any(r["config"] in BLOCK_CONFIGS for r in result["rows"])
+                else ""),
              "",
              "| config | shape | variant | ms / step | vs bf16 | tokens/s |", "|---|---|---|---|---|---|"]
     for r in result["rows"]:

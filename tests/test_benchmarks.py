@@ -369,6 +369,7 @@ def test_train_step_mlp_block_quick_qwix_peers(tmp_path, rng):
         assert r["status"] == "ok" or (r["status"] == "error" and r["reason"]), r
         if r["status"] == "ok":
             assert _finite_positive(r["median_s"]) and r["hidden"] == train_step.QUICK["mlp-block"]["hidden"]
+            assert r["calls"] == 2  # one step on each of the 2 distinct operand sets of --quick
             assert r["time_ratio_vs_bf16"] == pytest.approx(r["median_s"] / rows["bf16"]["median_s"])
     assert all(rows[v]["status"] == "ok" for v in ("bf16", "mxfp4-qwix", "qwix-fp8")), rows
     md = (tmp_path / "train_step.md").read_text()
@@ -380,7 +381,8 @@ def test_train_step_mlp_block_quick_qwix_peers(tmp_path, rng):
               "up": {"kernel": jnp.asarray(rng.standard_normal((d, hid)) / d**0.5, jnp.float32)}}
     x, dy = (jnp.asarray(rng.standard_normal((t, d)), jnp.bfloat16) for _ in range(2))
     like = mlp_block.make_set(s, seed=1)  # the benchmark's operands: the same tree, shapes and dtypes
-    assert jax.tree.map(lambda a: (a.shape, a.dtype), (params, x, dy)) == jax.tree.map(lambda a: (a.shape, a.dtype), like)
+    spec = lambda tree: jax.tree.map(lambda a: (a.shape, a.dtype), tree)  # noqa: E731
+    assert spec((params, x, dy)) == spec(like)
     want_loss, want_dp, want_dx = _mlp_block_reference(params, x, dy)
     rel = lambda got, want: float(np.linalg.norm(np.asarray(got, np.float64) - want) / np.linalg.norm(want))  # noqa: E731
     # relative error bounds: bf16 rounding of h and Y; FP8 e4m3/e5m2; MXFP4 (dY stochastically rounded)
@@ -392,6 +394,33 @@ def test_train_step_mlp_block_quick_qwix_peers(tmp_path, rng):
         errs = [rel(dx, want_dx)] + [rel(g, w) for g, w in zip(jax.tree.leaves(dp), jax.tree.leaves(want_dp))]
         assert all(np.isfinite(e) and lo <= e <= hi for e in errs), (v, errs)
         assert abs(float(loss) - want_loss) <= hi * np.abs(want_loss) + hi * float(np.linalg.norm(want_dx)), (v, float(loss), want_loss)
+
+
+def test_train_step_mlp_block_records_a_failing_peer(tmp_path, monkeypatch):
+    """A Qwix variant whose step fails to trace (as Qwix's MXFP4 backward does without its tiled
+    gradient) is a row with status "error" and the reason, in the JSON and the table; the run
+    goes on and exits 0."""
+    pytest.importorskip("qwix")
+    from benchmarks import mlp_block
+
+    real = mlp_block.make_step
+
+    def make_step(variant, hidden):
+        if variant != "qwix-mxfp4":
+            return real(variant, hidden)
+
+        def step(*args):
+            raise ValueError("Format mxfp4 requires `tiled_axes` to be specified.")
+
+        return step
+
+    monkeypatch.setattr(mlp_block, "make_step", make_step)
+    argv = ["--quick", "--out", str(tmp_path), "--configs", "mlp-block", "--variants", "qwix-mxfp4"]
+    assert train_step.main(argv) == 1  # the exit status says a row is not ok
+    rows = json.loads((tmp_path / "train_step.json").read_text())["rows"]
+    assert [(r["variant"], r["status"]) for r in rows] == [("bf16", "ok"), ("qwix-mxfp4", "error")]
+    assert rows[1]["reason"] == "ValueError: Format mxfp4 requires `tiled_axes` to be specified."
+    assert "| qwix-mxfp4 | error: ValueError: Format mxfp4 requires" in (tmp_path / "train_step.md").read_text()
 
 
 @pytest.mark.slow  # a whole benchmark program
