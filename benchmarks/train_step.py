@@ -39,6 +39,7 @@ the pipeline on a CPU in seconds.)
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import sys
 import time
@@ -64,6 +65,7 @@ DEFAULT_CONFIGS = ["linear", "mlp", "mlp-d1024"]  # what a run without --configs
 QUICK_CONFIGS = ["linear"]  # what --quick runs unless --configs names others
 BLOCK_CONFIGS = ("mlp-block",)
 """Configs of benchmarks/mlp_block.py (a Flax model through Qwix, its own variants; needs flax and qwix)."""
+BLOCK_PACKAGES = ("flax", "qwix")  # what the block configs import
 BLOCK_SETS = 4
 """Operand sets (params, x, dY) of a block config, each with its own params: one program runs a
 step on each (~4 x 10 ms on an H200, past time_fn's 20 ms without growing), so no two steps share
@@ -325,7 +327,8 @@ def markdown(result):
 def check_args(ap, args):
     """Refuse names that would otherwise be skipped silently (argparse error, exit code 2): an
     unknown config, a variant that none of the configs run has, a profiled variant that is not
-    run, --hlo without --profile. Makes the --hlo folder."""
+    run, --hlo without --profile; and a block config without flax and qwix installed. Makes the
+    --hlo folder."""
     configs = args.configs or (QUICK_CONFIGS if args.quick else DEFAULT_CONFIGS)
     known_variants = list(dict.fromkeys(v for c in configs for v in config_variants(c)))
     for flag, names, known in (("--configs", args.configs, QUICK if args.quick else FULL),
@@ -336,6 +339,10 @@ def check_args(ap, args):
         if bad:
             which = "" if flag == "--configs" else f" for configs {','.join(configs)}"
             ap.error(f"{flag}: unknown name(s) {', '.join(map(repr, bad))}{which}; choose from {', '.join(known)}")
+    missing = [m for m in BLOCK_PACKAGES if importlib.util.find_spec(m) is None]
+    if missing and any(c in BLOCK_CONFIGS for c in args.configs):
+        ap.error(f"--configs {','.join(c for c in args.configs if c in BLOCK_CONFIGS)} builds a Flax model "
+                 f"quantized by Qwix: {' and '.join(missing)} not installed (pip install 'jax-mxfp4[qwix]')")
     if args.profile not in ("", "all") and args.variants:
         idle = [v for v in args.profile.split(",") if v and v != "bf16" and v not in args.variants]
         if idle:

@@ -592,6 +592,18 @@ def test_train_step_refuses_names_it_would_skip(tmp_path, capsys):
     assert not list(tmp_path.iterdir())
 
 
+def test_train_step_mlp_block_without_qwix_is_refused_by_name(tmp_path, capsys, monkeypatch):
+    """--configs mlp-block where a package it imports is missing: an argparse error naming the
+    package and the extra to install (was an ImportError traceback after the start-up)."""
+    monkeypatch.setattr(train_step, "BLOCK_PACKAGES", ("flax", "qwix_not_installed"))
+    with pytest.raises(SystemExit) as e:
+        train_step.main(["--quick", "--out", str(tmp_path), "--configs", "linear,mlp-block"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "--configs mlp-block builds a Flax model quantized by Qwix" in err
+    assert "qwix_not_installed not installed (pip install 'jax-mxfp4[qwix]')" in err
+    assert not list(tmp_path.iterdir())
+
+
 def test_gemm_refuses_what_it_would_skip(tmp_path, capsys):
     """--only/--layers/--decode-m values outside the benchmark's lists were skipped silently (an
     empty table, exit 0), malformed ones raised a bare int() traceback, and --quick ignored them."""
