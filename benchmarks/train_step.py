@@ -4,6 +4,9 @@ Configs (T tokens):
   linear  Y = X·W,              X [T, K], W [K, N], T = K = N = 8192
   mlp     Y = gelu(X·W1)·W2,    d = 8192, hidden 4d, T = 8192
   mlp-d1024  the same with d = 1024 (the MLP block of ``examples/train_lm.py --size large``)
+  mlp-block  a Flax linen MLP block (two ``nn.Dense``), d = 4096, hidden 16384, T = 8192, with
+             Qwix's own QAT as peer rows (benchmarks/mlp_block.py: its step and variants
+             bf16, mxfp4-qwix, qwix-fp8, qwix-mxfp4); run only when --configs names it
 
 One step = forward + backward for a fixed random cotangent dY (``jax.vjp`` in one jitted
 function): the output Y and the gradients with respect to X and every weight, all quantization
@@ -27,7 +30,8 @@ tokens/s, and the backend "auto" chose for each of the linear layer's GEMMs. Out
 train_step.json, train_step.md (the table, also printed) and train_step.png in --out (default
 bench_out/train_step, bench_out/train_step-quick with --quick).
 
-Usage: python benchmarks/train_step.py [--quick] [--profile] [--configs linear,mlp,mlp-d1024] [--variants mxfp4,...] [--out DIR]
+Usage: python benchmarks/train_step.py [--quick] [--profile] [--configs linear,mlp,mlp-d1024,mlp-block]
+       [--variants mxfp4,...] [--out DIR]
 (--quick: tiny shapes, the linear config unless --configs says otherwise, few iterations: checks
 the pipeline on a CPU in seconds.)
 """
@@ -35,6 +39,7 @@ the pipeline on a CPU in seconds.)
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import sys
 import time
@@ -46,15 +51,26 @@ import jax.numpy as jnp  # noqa: E402
 from jax import lax  # noqa: E402
 
 import jax_mxfp4 as mx  # noqa: E402
+from benchmarks import mlp_block  # noqa: E402
 from benchmarks.common import (  # noqa: E402
     default_out, device_info, kernel_summary, kernel_time, out_dir, save_figure, time_fn, write_report)
 from jax_mxfp4 import training  # noqa: E402
 from jax_mxfp4.platform import KERNELS_ENV, kernels_enabled  # noqa: E402
 
 FULL = {"linear": dict(t=8192, k=8192, n=8192), "mlp": dict(t=8192, d=8192),
-        "mlp-d1024": dict(t=8192, d=1024)}  # the demo's large size: one MLP block of its step
-QUICK = {"linear": dict(t=64, k=64, n=96), "mlp": dict(t=64, d=64)}
+        "mlp-d1024": dict(t=8192, d=1024),  # the demo's large size: one MLP block of its step
+        "mlp-block": dict(t=8192, d=4096, hidden=16384)}
+QUICK = {"linear": dict(t=64, k=64, n=96), "mlp": dict(t=64, d=64), "mlp-block": dict(t=64, d=64, hidden=256)}
+DEFAULT_CONFIGS = ["linear", "mlp", "mlp-d1024"]  # what a run without --configs runs
 QUICK_CONFIGS = ["linear"]  # what --quick runs unless --configs names others
+BLOCK_CONFIGS = ("mlp-block",)
+"""Configs of benchmarks/mlp_block.py (a Flax model through Qwix, its own variants; needs flax and qwix)."""
+BLOCK_PACKAGES = ("flax", "qwix")  # what the block configs import
+BLOCK_SETS = 4
+"""Operand sets (params, x, dY) of a block config, each with its own params: one program runs a
+step on each (~4 x 10 ms on an H200, past time_fn's 20 ms without growing), so no two steps share
+a weight and XLA cannot share the weights' casts and quantizations between them. --quick: 2
+(each set is one more step to compile on a CPU)."""
 VARIANTS = {
     "bf16": None,
     "mxfp4": mx.Recipe(),
@@ -137,6 +153,24 @@ def make_set(config, s, seed):
     return (x, *ws, dy)
 
 
+def config_variants(config):
+    """The variant names timed for ``config`` (bf16 first: the baseline of the ratios)."""
+    return mlp_block.VARIANTS if config in BLOCK_CONFIGS else tuple(VARIANTS)
+
+
+def operand_set(config, s, seed):
+    """One operand set of the step of ``config`` at sizes ``s``."""
+    return mlp_block.make_set(s, seed) if config in BLOCK_CONFIGS else make_set(config, s, seed)
+
+
+def step_fn(config, s, variant):
+    """The timed step of ``config`` and ``variant``: (Y, dX, dW...) of the layer configs, or
+    (loss, (dparams, dX)) of the Flax block (benchmarks/mlp_block.py)."""
+    if config in BLOCK_CONFIGS:
+        return mlp_block.make_step(variant, s["hidden"])
+    return make_step(layer_fns(config, VARIANTS[variant], KEY_IMPL.get(variant)))
+
+
 def routing(s):
     """Backend "auto" picks for the linear layer's fprop, dgrad and wgrad (canonical shapes)."""
     t, k, n = s["t"], s["k"], s["n"]
@@ -198,12 +232,12 @@ def check_fused(config, s, sets, report=lambda c: None):
     return out
 
 
-def profile_step(config, variant, recipe, sets, top=25, hlo_dir=None):
+def profile_step(config, s, variant, sets, top=25, hlo_dir=None):
     """Per-kernel device time of one step (``benchmarks.common.kernel_time``: profiler kernel
     durations per call, 4 distinct calls in one program): where the step's time goes, by kernel
     and by category (``benchmarks.common.kernel_summary``). With
     ``hlo_dir``: also the optimized HLO of one step, ``hlo_<config>_<variant>.txt``."""
-    step = make_step(layer_fns(config, recipe, KEY_IMPL.get(variant)))
+    step = step_fn(config, s, variant)
     if hlo_dir:
         with open(os.path.join(hlo_dir, f"hlo_{config}_{variant}.txt"), "w") as f:
             f.write(jax.jit(step).lower(*sets[0]).compile().as_text())
@@ -222,7 +256,8 @@ def run(args):
     for config, s in sizes.items():
         if args.configs and config not in args.configs:
             continue
-        sets = [make_set(config, s, seed=1)]
+        n_sets = (2 if args.quick else BLOCK_SETS) if config in BLOCK_CONFIGS else 1
+        sets = [operand_set(config, s, seed=1 + i) for i in range(n_sets)]
         jax.block_until_ready(sets)
         if args.check_fused and config == "linear":
             def report(c):
@@ -234,11 +269,11 @@ def run(args):
                 checks.append({"config": config, "error": f"{type(e).__name__}: {str(e)[:300]}"})
                 report(checks[-1])
         base = None
-        for variant, recipe in VARIANTS.items():
+        for variant in config_variants(config):
             if args.variants and variant not in args.variants and variant != "bf16":
                 continue
             try:
-                r = time_fn(make_step(layer_fns(config, recipe, KEY_IMPL.get(variant))), sets, **timing)
+                r = time_fn(step_fn(config, s, variant), sets, **timing)
                 r["status"] = "ok"
             except Exception as e:  # record, keep going
                 r = {"status": "error", "reason": f"{type(e).__name__}: {str(e)[:300]}"}
@@ -250,9 +285,10 @@ def run(args):
                     r["time_ratio_vs_bf16"] = r["median_s"] / base
             rows.append({"config": config, **s, "variant": variant, **r})
             print(f"[{time.time() - t0:6.1f}s] {config:6s} {variant:14s} {r.get('median_s', float('nan')) * 1e3:9.3f} ms "
-                  f"ratio {r.get('time_ratio_vs_bf16', float('nan')):.3f} {r['status']}", flush=True)
+                  f"ratio {r.get('time_ratio_vs_bf16', float('nan')):.3f} {r['status']} {r.get('reason', '')}",
+                  flush=True)
             if r["status"] == "ok" and (args.profile == "all" or variant in args.profile.split(",")):
-                rows[-1]["profile"] = profile_step(config, variant, recipe, sets, hlo_dir=args.hlo)
+                rows[-1]["profile"] = profile_step(config, s, variant, sets, hlo_dir=args.hlo)
         del sets
     return {"info": device_info(), "quick": args.quick, "method": __doc__.split("Usage")[0].strip(),
             "kernels_enabled": kernels_enabled(),
@@ -263,10 +299,15 @@ def markdown(result):
     info = result["info"]
     lines = [f"# Training step: {info['device']} ({info['platform']}), jax {info['jax']}, {info['date_utc']} UTC", "",
              "Forward (Y) + backward (dX and every dW), all quantization included; time relative to the bf16 "
-             "step in the same run (< 1 is faster).", "",
+             "step in the same run (< 1 is faster)."
+             + (" mlp-block: a Flax linen block quantized by Qwix, value and gradients (params, X) of "
+                "loss = sum(Y·dY), the same GEMMs." if any(r["config"] in BLOCK_CONFIGS for r in result["rows"])
+                else ""),
+             "",
              "| config | shape | variant | ms / step | vs bf16 | tokens/s |", "|---|---|---|---|---|---|"]
     for r in result["rows"]:
-        shape = f"T={r['t']} K={r['k']} N={r['n']}" if r["config"] == "linear" else f"T={r['t']} d={r['d']} hidden={4 * r['d']}"
+        shape = (f"T={r['t']} K={r['k']} N={r['n']}" if r["config"] == "linear"
+                 else f"T={r['t']} d={r['d']} hidden={r.get('hidden', 4 * r['d'])}")
         if r["status"] != "ok":
             lines.append(f"| {r['config']} | {shape} | {r['variant']} | {r['status']}: {r.get('reason', '')[:80]} | | |")
             continue
@@ -285,15 +326,23 @@ def markdown(result):
 
 def check_args(ap, args):
     """Refuse names that would otherwise be skipped silently (argparse error, exit code 2): an
-    unknown config or variant, a profiled variant that is not run, --hlo without --profile. Makes
-    the --hlo folder."""
+    unknown config, a variant that none of the configs run has, a profiled variant that is not
+    run, --hlo without --profile; and a block config without flax and qwix installed. Makes the
+    --hlo folder."""
+    configs = args.configs or (QUICK_CONFIGS if args.quick else DEFAULT_CONFIGS)
+    known_variants = list(dict.fromkeys(v for c in configs for v in config_variants(c)))
     for flag, names, known in (("--configs", args.configs, QUICK if args.quick else FULL),
-                               ("--variants", args.variants, VARIANTS),
+                               ("--variants", args.variants, known_variants),
                                ("--profile", [] if args.profile in ("", "all") else args.profile.split(","),
-                                VARIANTS)):
+                                known_variants)):
         bad = [n for n in names if n not in known]
         if bad:
-            ap.error(f"{flag}: unknown name(s) {', '.join(map(repr, bad))}; choose from {', '.join(known)}")
+            which = "" if flag == "--configs" else f" for configs {','.join(configs)}"
+            ap.error(f"{flag}: unknown name(s) {', '.join(map(repr, bad))}{which}; choose from {', '.join(known)}")
+    missing = [m for m in BLOCK_PACKAGES if importlib.util.find_spec(m) is None]
+    if missing and any(c in BLOCK_CONFIGS for c in args.configs):
+        ap.error(f"--configs {','.join(c for c in args.configs if c in BLOCK_CONFIGS)} builds a Flax model "
+                 f"quantized by Qwix: {' and '.join(missing)} not installed (pip install 'jax-mxfp4[qwix]')")
     if args.profile not in ("", "all") and args.variants:
         idle = [v for v in args.profile.split(",") if v and v != "bf16" and v not in args.variants]
         if idle:
@@ -335,10 +384,11 @@ def main(argv=None):
                     help="tiny shapes, few iterations, config linear (unless --configs): checks the pipeline "
                          "and files on a CPU")
     ap.add_argument("--out", default=None, help="output folder (default bench_out/train_step, bench_out/train_step-quick)")
-    ap.add_argument("--configs", default="", help="comma list of configs (default: all: linear,mlp,mlp-d1024; "
-                    "--quick: linear; linear,mlp allowed)")
-    ap.add_argument("--variants", default="", help=f"comma list of variants besides bf16 (default: all: "
-                    f"{','.join(v for v in VARIANTS if v != 'bf16')})")
+    ap.add_argument("--configs", default="", help="comma list of configs (default: linear,mlp,mlp-d1024; "
+                    "mlp-block only when named; --quick: linear; linear,mlp,mlp-block allowed)")
+    ap.add_argument("--variants", default="", help=f"comma list of variants besides bf16 (default: all of each "
+                    f"config: {','.join(v for v in VARIANTS if v != 'bf16')}; mlp-block: "
+                    f"{','.join(v for v in mlp_block.VARIANTS if v != 'bf16')})")
     ap.add_argument("--profile", nargs="?", const="all", default="", metavar="VARIANTS",
                     help="after the timing of each variant (or of the comma-listed ones), its per-kernel "
                          "device times from the profiler")
@@ -350,8 +400,8 @@ def main(argv=None):
     args.configs = [c for c in args.configs.split(",") if c]
     args.variants = [v for v in args.variants.split(",") if v]
     check_args(ap, args)
-    if args.quick and not args.configs:
-        args.configs = list(QUICK_CONFIGS)
+    if not args.configs:
+        args.configs = list(QUICK_CONFIGS if args.quick else DEFAULT_CONFIGS)
     out = out_dir(args.out or default_out("train_step-quick" if args.quick else "train_step"))
     result = run(args)
     return write_report(out, "train_step", result, markdown, figure)

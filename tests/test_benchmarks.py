@@ -335,6 +335,95 @@ def test_train_step_quick(tmp_path):
     _png(tmp_path / "train_step.png")
 
 
+def _mlp_block_reference(params, x, dy):
+    """NumPy float64 loss and gradients (dparams, dx) of sum(gelu_tanh(x·W_up)·W_down · dY), the
+    operands first rounded to bfloat16 as the model's bf16 dots see them (independent of JAX)."""
+    import ml_dtypes
+
+    bf = lambda a: np.asarray(a).astype(ml_dtypes.bfloat16).astype(np.float64)  # noqa: E731
+    w1, w2, x, dy = bf(params["up"]["kernel"]), bf(params["down"]["kernel"]), bf(x), bf(dy)
+    a = x @ w1
+    u = np.sqrt(2 / np.pi) * (a + 0.044715 * a**3)
+    h = 0.5 * a * (1 + np.tanh(u))
+    dh_da = 0.5 * (1 + np.tanh(u)) + 0.5 * a * (1 - np.tanh(u) ** 2) * np.sqrt(2 / np.pi) * (1 + 3 * 0.044715 * a**2)
+    da = (dy @ w2.T) * dh_da
+    return float(((h @ w2) * dy).sum()), {"down": {"kernel": h.T @ dy}, "up": {"kernel": x.T @ da}}, da @ w1.T
+
+
+def test_train_step_mlp_block_quick_qwix_peers(tmp_path, rng):
+    """--configs mlp-block: one row per variant (timed, or its error recorded), ratios against the
+    block's bf16 row; the bf16, jax_mxfp4-through-Qwix and Qwix FP8 steps give the loss and the
+    gradients (params and x, their shapes) of a float64 reference, within each format's error, and
+    the quantized ones differ from bf16 (their rule matched the Dense layers)."""
+    pytest.importorskip("qwix")
+    import jax
+    import jax.numpy as jnp
+
+    from benchmarks import mlp_block
+
+    assert train_step.main(["--quick", "--out", str(tmp_path), "--configs", "mlp-block",
+                            "--variants", ",".join(mlp_block.VARIANTS)]) == 0
+    res = json.loads((tmp_path / "train_step.json").read_text())
+    rows = {r["variant"]: r for r in res["rows"]}
+    assert [(r["config"], r["variant"]) for r in res["rows"]] == [("mlp-block", v) for v in mlp_block.VARIANTS]
+    for v, r in rows.items():
+        assert r["status"] == "ok" or (r["status"] == "error" and r["reason"]), r
+        if r["status"] == "ok":
+            assert _finite_positive(r["median_s"]) and r["hidden"] == train_step.QUICK["mlp-block"]["hidden"]
+            assert r["calls"] == 2  # one step on each of the 2 distinct operand sets of --quick
+            assert r["time_ratio_vs_bf16"] == pytest.approx(r["median_s"] / rows["bf16"]["median_s"])
+    assert all(rows[v]["status"] == "ok" for v in ("bf16", "mxfp4-qwix", "qwix-fp8")), rows
+    md = (tmp_path / "train_step.md").read_text()
+    assert all(f"| mlp-block | T=64 d=64 hidden=256 | {v} |" in md for v in mlp_block.VARIANTS)
+
+    s = train_step.QUICK["mlp-block"]
+    (t, d, hid) = s["t"], s["d"], s["hidden"]
+    params = {"down": {"kernel": jnp.asarray(rng.standard_normal((hid, d)) / hid**0.5, jnp.float32)},
+              "up": {"kernel": jnp.asarray(rng.standard_normal((d, hid)) / d**0.5, jnp.float32)}}
+    x, dy = (jnp.asarray(rng.standard_normal((t, d)), jnp.bfloat16) for _ in range(2))
+    like = mlp_block.make_set(s, seed=1)  # the benchmark's operands: the same tree, shapes and dtypes
+    spec = lambda tree: jax.tree.map(lambda a: (a.shape, a.dtype), tree)  # noqa: E731
+    assert spec((params, x, dy)) == spec(like)
+    want_loss, want_dp, want_dx = _mlp_block_reference(params, x, dy)
+    rel = lambda got, want: float(np.linalg.norm(np.asarray(got, np.float64) - want) / np.linalg.norm(want))  # noqa: E731
+    # relative error bounds: bf16 rounding of h and Y; FP8 e4m3/e5m2; MXFP4 (dY stochastically rounded)
+    bounds = {"bf16": (0.0, 0.02), "qwix-fp8": (0.02, 0.2), "mxfp4-qwix": (0.1, 0.5)}
+    for v, (lo, hi) in bounds.items():
+        loss, (dp, dx) = jax.jit(mlp_block.make_step(v, hid))(params, x, dy)
+        assert loss.shape == () and np.isfinite(float(loss)), v
+        assert dx.shape == x.shape and jax.tree.map(jnp.shape, dp) == jax.tree.map(jnp.shape, params), v
+        errs = [rel(dx, want_dx)] + [rel(g, w) for g, w in zip(jax.tree.leaves(dp), jax.tree.leaves(want_dp))]
+        assert all(np.isfinite(e) and lo <= e <= hi for e in errs), (v, errs)
+        assert abs(float(loss) - want_loss) <= hi * np.abs(want_loss) + hi * float(np.linalg.norm(want_dx)), (v, float(loss), want_loss)
+
+
+def test_train_step_mlp_block_records_a_failing_peer(tmp_path, monkeypatch):
+    """A Qwix variant whose step fails to trace (as Qwix's MXFP4 backward does without its tiled
+    gradient) is a row with status "error" and the reason, in the JSON and the table; the run
+    goes on and exits 0."""
+    pytest.importorskip("qwix")
+    from benchmarks import mlp_block
+
+    real = mlp_block.make_step
+
+    def make_step(variant, hidden):
+        if variant != "qwix-mxfp4":
+            return real(variant, hidden)
+
+        def step(*args):
+            raise ValueError("Format mxfp4 requires `tiled_axes` to be specified.")
+
+        return step
+
+    monkeypatch.setattr(mlp_block, "make_step", make_step)
+    argv = ["--quick", "--out", str(tmp_path), "--configs", "mlp-block", "--variants", "qwix-mxfp4"]
+    assert train_step.main(argv) == 1  # the exit status says a row is not ok
+    rows = json.loads((tmp_path / "train_step.json").read_text())["rows"]
+    assert [(r["variant"], r["status"]) for r in rows] == [("bf16", "ok"), ("qwix-mxfp4", "error")]
+    assert rows[1]["reason"] == "ValueError: Format mxfp4 requires `tiled_axes` to be specified."
+    assert "| qwix-mxfp4 | error: ValueError: Format mxfp4 requires" in (tmp_path / "train_step.md").read_text()
+
+
 @pytest.mark.slow  # a whole benchmark program
 def test_compile_time_quick(tmp_path):
     """One child process (the MXFP4 recipe) of the tiny model: its phase times come back."""
@@ -492,6 +581,8 @@ def test_train_step_refuses_names_it_would_skip(tmp_path, capsys):
     for argv, msg in ((["--configs", "linera"], "--configs: unknown name(s) 'linera'; choose from linear, mlp"),
                       (["--configs", "mlp-d1024"], "--configs: unknown name(s) 'mlp-d1024'"),  # not a --quick config
                       (["--variants", "mxfp4,bogus"], "--variants: unknown name(s) 'bogus'"),
+                      # a variant of another config (mlp-block's Qwix rows), not of the configs run
+                      (["--variants", "qwix-fp8"], "--variants: unknown name(s) 'qwix-fp8' for configs linear"),
                       (["--profile", "bogus"], "--profile: unknown name(s) 'bogus'"),
                       (["--variants", "mxfp4-nearest", "--profile", "mxfp4"],
                        "--profile: 'mxfp4' not among the --variants run"),
@@ -499,6 +590,18 @@ def test_train_step_refuses_names_it_would_skip(tmp_path, capsys):
         with pytest.raises(SystemExit) as e:
             train_step.main(["--quick", "--out", str(tmp_path)] + argv)
         assert e.value.code == 2 and msg in capsys.readouterr().err
+    assert not list(tmp_path.iterdir())
+
+
+def test_train_step_mlp_block_without_qwix_is_refused_by_name(tmp_path, capsys, monkeypatch):
+    """--configs mlp-block where a package it imports is missing: an argparse error naming the
+    package and the extra to install (was an ImportError traceback after the start-up)."""
+    monkeypatch.setattr(train_step, "BLOCK_PACKAGES", ("flax", "qwix_not_installed"))
+    with pytest.raises(SystemExit) as e:
+        train_step.main(["--quick", "--out", str(tmp_path), "--configs", "linear,mlp-block"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "--configs mlp-block builds a Flax model quantized by Qwix" in err
+    assert "qwix_not_installed not installed (pip install 'jax-mxfp4[qwix]')" in err
     assert not list(tmp_path.iterdir())
 
 
