@@ -100,6 +100,7 @@ from .training import DGRAD_TAG, WGRAD_TAG, _materialize, _pad_axis, rounding_ke
 EXACT, BF16, GROUPED = "exact", "bf16-decode", "grouped-kernel"
 ROWS, CONTRACTING = "ragged rows", "ragged contracting"
 GPU_PLATFORMS = ("cuda", "rocm")
+EXPLAIN_PLATFORMS = ("cpu", "cuda", "rocm", "tpu")
 _F32 = jnp.dtype(jnp.float32)
 _BF16 = jnp.dtype(jnp.bfloat16)
 
@@ -348,8 +349,11 @@ def explain_ragged_dot(lhs, rhs, group_sizes, ragged_dot_dimension_numbers=None,
 
     Same arguments as :func:`ragged_dot_general` (arrays, MXFP4Arrays or ``jax.ShapeDtypeStruct``s;
     ``ragged_dot_dimension_numbers`` None: :func:`ragged_dot`'s); ``platform`` (default: JAX's
-    default backend) as "cpu", "cuda", "rocm", ... Computes nothing; raises what the call would.
+    default backend): "cpu", "cuda", "rocm" or "tpu", else ValueError. Computes nothing; raises
+    what the call would.
     """
+    if platform is not None and platform not in EXPLAIN_PLATFORMS:
+        raise ValueError(f"platform must be None or one of {EXPLAIN_PLATFORMS} (JAX's platform names), got {platform!r}")
     rdn = _RAGGED_DOT_DN if ragged_dot_dimension_numbers is None else ragged_dot_dimension_numbers
     recipe = _check_recipe(recipe, None)
     form = _validate(lhs, rhs, group_sizes, rdn, preferred_element_type)[0]

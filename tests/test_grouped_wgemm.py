@@ -132,3 +132,28 @@ def test_explain_ragged_dot_takes_the_grouped_kernel_on_cuda_unless_kernels_are_
 def test_default_config_takes_128_row_passes_for_large_groups():
     cfg = default_grouped_config(m=16384, n=5760, k=2880, g=32, num_sms=132)  # 512 rows per expert
     assert (cfg.bm, cfg.num_warps, cfg.split_k) == (128, 8, 1)
+
+
+@pytest.mark.parametrize("bad,match", [
+    (dict(x=jnp.zeros((1, 4, 64), jnp.bfloat16)), "2-D"),
+    (dict(w_data=jnp.zeros((2, 16, 32), jnp.float32)), "w_data must be uint8"),
+    (dict(group_sizes=jnp.asarray([2.0, 2.0])), "integer"),
+    (dict(out_dtype=jnp.int8), "out_dtype"),
+], ids=["x-3d", "float-weights", "float-group-sizes", "int8-out"])
+def test_kernel_arguments_of_the_wrong_kind_are_refused(bad, match):
+    args = dict(x=jnp.zeros((4, 64), jnp.bfloat16), w_data=jnp.zeros((2, 16, 32), jnp.uint8),
+                w_scales=jnp.zeros((2, 16, 2), jnp.uint8), group_sizes=jnp.asarray([2, 2], jnp.int32),
+                out_dtype=jnp.float32)
+    args.update(bad)
+    with pytest.raises(ValueError, match=match):
+        grouped_weight_gemm(args["x"], args["w_data"], args["w_scales"], args["group_sizes"], k_axis=2,
+                            out_dtype=args["out_dtype"], cfg=GroupedConfig(decode="f16"), interpret=True)
+
+
+@pytest.mark.parametrize("platform", ["CUDA", "gpu", "nvidia"])
+def test_explain_ragged_dot_refuses_an_unknown_platform_name(platform):
+    w = jax.ShapeDtypeStruct((4, 64, 32), jnp.bfloat16)
+    x = jax.ShapeDtypeStruct((8, 64), jnp.bfloat16)
+    gs = jax.ShapeDtypeStruct((4,), jnp.int32)
+    with pytest.raises(ValueError, match="platform must be"):
+        ragged.explain_ragged_dot(x, w, gs, platform=platform)

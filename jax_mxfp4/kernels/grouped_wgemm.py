@@ -157,9 +157,19 @@ def grouped_weight_gemm(x, w_data, w_scales, group_sizes, *, k_axis: int, out_dt
       out_dtype: float32, bfloat16 or float16. cfg: :class:`GroupedConfig`. interpret: the Pallas
         interpreter (CPU tests; needs ``decode="f16"``).
     Raises:
-      ValueError: shapes that do not describe that product, x not bfloat16, K not a multiple of 32,
-        the asm decode in the interpreter.
+      ValueError: shapes that do not describe that product, x not 2-D bfloat16, weights not uint8,
+        group_sizes not integer, out_dtype not float32/bfloat16/float16, K not a multiple of 32,
+        split_k not dividing the K steps, the asm decode in the interpreter.
     """
+    if x.ndim != 2:
+        raise ValueError(f"grouped_weight_gemm: x must be 2-D [M, K], got shape {x.shape}")
+    for name, a in (("w_data", w_data), ("w_scales", w_scales)):
+        if a.dtype != jnp.uint8:
+            raise ValueError(f"grouped_weight_gemm: {name} must be uint8 (packed E2M1 / E8M0 bytes), got {a.dtype}")
+    if not jnp.issubdtype(group_sizes.dtype, jnp.integer):
+        raise ValueError(f"grouped_weight_gemm: group_sizes must be an integer array, got {group_sizes.dtype}")
+    if jnp.dtype(out_dtype) not in (jnp.dtype(jnp.float32), jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float16)):
+        raise ValueError(f"grouped_weight_gemm: out_dtype must be float32, bfloat16 or float16, got {out_dtype}")
     m, k = x.shape
     if k_axis not in (1, 2) or w_data.ndim != 3:
         raise ValueError(f"grouped_weight_gemm: k_axis must be 1 or 2 with 3-D weights, got {k_axis}, {w_data.shape}")
