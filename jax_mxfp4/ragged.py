@@ -86,6 +86,7 @@ from jax import lax
 
 from . import checks, dims, group_blocks
 from .backends import grouped, hipblaslt_ragged
+from .kernels.grouped_wgemm import slots as grouped_slots
 from . import sharding as shd
 from .array import MXFP4Array
 from .differentiation import straight_through
@@ -299,8 +300,8 @@ def _experts_with_rows(b, group_sizes, dn, m: int):
     all G. The product is unchanged: the same rows meet the same experts in the same order."""
     if not (isinstance(b, MXFP4Array) and tuple(dn.rhs_group_dimensions) == (0,) and m < b.shape[0]):
         return b, group_sizes
-    idx = jnp.nonzero(group_sizes > 0, size=m, fill_value=0)[0]
-    sizes = jnp.where(jnp.arange(m) < jnp.sum(group_sizes > 0), group_sizes[idx], 0).astype(group_sizes.dtype)
+    table = grouped_slots(group_sizes, m)  # the non-empty groups in order, as the grouped kernel takes them
+    idx, sizes = table[0], table[2].astype(group_sizes.dtype)
     scales = b.plain_scales()
     used = MXFP4Array(jnp.take(b.data, idx, axis=0), jnp.take(scales, idx, axis=0), b.axis, (m,) + tuple(b.shape[1:]),
                       b.dtype, b.scale_mode, "plain", b.hadamard)
