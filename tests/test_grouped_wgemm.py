@@ -157,3 +157,11 @@ def test_explain_ragged_dot_refuses_an_unknown_platform_name(platform):
     gs = jax.ShapeDtypeStruct((4,), jnp.int32)
     with pytest.raises(ValueError, match="platform must be"):
         ragged.explain_ragged_dot(x, w, gs, platform=platform)
+
+
+def test_slots_clip_invalid_sizes_to_the_rows_of_x():
+    """Under jit invalid group sizes reach the kernel (the result is then made NaN by ragged_dot):
+    the slot table must still keep every row inside 0 .. M-1."""
+    table = np.asarray(slots(jnp.asarray([3, -2, 4, 5], jnp.int32), m=6))  # negative, and a sum of 12 > 6
+    np.testing.assert_array_equal(table, [[0, 2, 0, 0], [0, 3, 0, 0], [3, 3, 0, 0]])
+    assert (table[1] + table[2]).max() <= 6

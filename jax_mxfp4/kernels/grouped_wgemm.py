@@ -134,14 +134,18 @@ def _kernel(slots_ref, xlo_ref, xhi_ref, w_ref, s_ref, o_ref, *, k, n, kn: bool,
 
 def slots(group_sizes, m: int):
     """int32 [3, S], S = min(M, G): per slot the group index, its first row and its row count,
-    for the non-empty groups in order; unused slots have 0 rows."""
+    for the non-empty groups in order; unused slots have 0 rows. Invalid sizes (negative, or
+    summing past M: the caller's checks make such a result NaN) are clipped to rows 0 .. M-1
+    first, so the kernel never touches a row outside x or the output."""
     g = group_sizes.shape[0]
     s = min(m, g)
-    starts = jnp.cumsum(group_sizes) - group_sizes
-    used = group_sizes > 0
+    ends = jnp.minimum(jnp.cumsum(jnp.maximum(group_sizes, 0)), m)
+    starts = jnp.concatenate([jnp.zeros((1,), ends.dtype), ends[:-1]])
+    sizes = ends - starts
+    used = sizes > 0
     idx = jnp.nonzero(used, size=s, fill_value=0)[0]
-    sizes = jnp.where(jnp.arange(s) < jnp.sum(used), group_sizes[idx], 0)
-    return jnp.stack([idx, starts[idx], sizes]).astype(jnp.int32)
+    count = jnp.where(jnp.arange(s) < jnp.sum(used), sizes[idx], 0)
+    return jnp.stack([idx, starts[idx], count]).astype(jnp.int32)
 
 
 def grouped_weight_gemm(x, w_data, w_scales, group_sizes, *, k_axis: int, out_dtype, cfg: GroupedConfig,

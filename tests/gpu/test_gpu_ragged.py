@@ -84,3 +84,14 @@ def test_training_step_gradients_equal_the_exact_route():
     for got, want in zip(grads(mx.Recipe()), grads(EXACT)):
         got, want = np.asarray(got), np.asarray(want)
         np.testing.assert_allclose(got, want, rtol=0, atol=1e-5 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("sizes", [[40, -8, 40, 0], [50, 30, 20, 10]], ids=["negative", "sum-past-m"])
+def test_invalid_group_sizes_under_jit_give_nan_not_a_fault(sizes):
+    """The grouped kernel runs before ragged_dot's NaN poisoning: its rows stay inside x."""
+    m, k, n = 64, 256, 128
+    w = mx.quantize(rand(8, (4, k, n), jnp.float32), 1)
+    x = rand(9, (m, k), jnp.bfloat16)
+    out = jax.jit(lambda x, w, gs: mx.ragged_dot(x, w, gs, preferred_element_type=jnp.float32))(
+        x, w, jnp.asarray(sizes, jnp.int32))
+    assert np.isnan(np.asarray(out)).all()
