@@ -67,7 +67,7 @@ def test_nnx_einsum_params_match_flax_forward_and_errors(rng):
 
 @pytest.mark.parametrize("which", ["linen", "nnx"])
 def test_einsum_layers_serve_the_weights_they_trained_with(which):
-    """Issue 11 (c) for the Einsum layers: with dtype=bfloat16 and float32 params the trained
+    """The Einsum layers serve the weights they trained with: with dtype=bfloat16 and float32 params the trained
     forward quantizes the float32 kernel (never a bf16 copy), so the output after
     quantize_params is bit-identical, and it differs from quantizing a bf16-rounded kernel
     (which would round some E2M1 codes differently: the test can fail)."""

@@ -1,5 +1,5 @@
 """JAX_MXFP4_KERNELS, the one switch over the custom GPU kernels: off, backend "pallas" rejects
-every problem naming the switch, quantize and the fp8 backend's helpers trace no pallas_call on
+every problem naming the switch, quantize and the fp8 backend's functions trace no pallas_call on
 a CUDA-judged path (the portable forms, the same bits), and a bad value is refused by name."""
 
 from __future__ import annotations
@@ -104,7 +104,7 @@ def test_kernels_off_quantize_on_cuda_takes_the_reference_path(monkeypatch, kern
     assert "pallas_call" in str(jax.make_jaxpr(f)(x))  # the default: the fused quantizer
 
 
-def test_kernels_off_fp8_helpers_on_cuda_trace_no_kernel(monkeypatch, kernels_off, rng):
+def test_kernels_off_fp8_functions_on_cuda_trace_no_kernel(monkeypatch, kernels_off, rng):
     """The fp8 backend judged for CUDA: the row encoding, the rescale and the flagged-row fix are
     Pallas kernels by default and their XLA formulations with the kernels off."""
     a = mx.quantize(jnp.asarray(rng.standard_normal((1, 64, 64)), jnp.float32), 2)
