@@ -1,7 +1,8 @@
 """The fused quantize-to-FP8 kernel (jax_mxfp4/kernels/fp8_quantize.py) in the Pallas
 interpreter against the reference: encode_rows(quantize(x)) with jax_mxfp4.quantize's jnp
-path, both roundings (stochastic: uniforms generated in the kernel for threefry
-keys, or read as an input array for any key, rbg included), and the NumPy float64 model of
+path, both roundings (stochastic: uniforms generated in the kernel for threefry keys
+(Threefry-2x32) and rbg keys (Philox-4x32), or read as an input array for any key), and the
+NumPy float64 model of
 tests/mx_reference.py; and the fused training passes against the unfused ones."""
 
 import re
@@ -103,8 +104,8 @@ def _key(impl, rng):
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
 def test_kernel_reads_the_reference_uniforms(impl, dtype, rng):
     """uniform= (the reference's draw, read by the kernel): bit-identical to quantize(x, axis,
-    "stochastic", key) then encode_rows, for any key implementation; for threefry also equal to
-    the in-kernel generation (key_data=)."""
+    "stochastic", key) then encode_rows, for any key implementation; also equal to the in-kernel
+    generation from key_data= (uint32[2] threefry, uint32[4] rbg / unsafe_rbg: Philox)."""
     rows, kq = 10, 96
     x = _hard_rows(rng, rows, kq, dtype)
     key = _key(impl, rng)
@@ -112,16 +113,16 @@ def test_kernel_reads_the_reference_uniforms(impl, dtype, rng):
     cfg = fq.Fp8QuantizeConfig(rows=4, num_warps=4)
     got = fq.quantize_fp8_2d(x, uniform=uniform, cfg=cfg, interpret=True)
     _assert_same(got, _reference(x, 1, "stochastic", key))
-    if impl == "threefry2x32":
-        in_kernel = fq.quantize_fp8_2d(x, jax.random.key_data(key), cfg=cfg, interpret=True)
-        for a, b in zip(got, in_kernel):
-            np.testing.assert_array_equal(np.asarray(a).view(np.uint8) if a.dtype.itemsize == 1 else a,
-                                          np.asarray(b).view(np.uint8) if b.dtype.itemsize == 1 else b)
+    in_kernel = fq.quantize_fp8_2d(x, jax.random.key_data(key), cfg=cfg, interpret=True)
+    for a, b in zip(got, in_kernel):
+        np.testing.assert_array_equal(np.asarray(a).view(np.uint8) if a.dtype.itemsize == 1 else a,
+                                      np.asarray(b).view(np.uint8) if b.dtype.itemsize == 1 else b)
 
 
 def test_sr_uniforms_chooses_the_source_and_draws_the_reference_values():
-    """kernels.quantize_kernel.sr_uniforms: key data for threefry keys (typed or legacy raw), the
-    reference's draw jax.random.uniform(key, shape) for rbg keys."""
+    """kernels.quantize_kernel.sr_uniforms: key data for threefry keys (typed or legacy raw); for
+    rbg keys the key data where the kernel generates Philox uniforms (philox=True), else the
+    reference's draw jax.random.uniform(key, shape)."""
     shape = (3, 2, 32)
     key = jax.random.key(7)
     u, kd = kquant.sr_uniforms(key, shape)
@@ -133,6 +134,38 @@ def test_sr_uniforms_chooses_the_source_and_draws_the_reference_values():
         u, kd = kquant.sr_uniforms(k, shape)
         assert kd is None and u.dtype == jnp.float32 and u.shape == shape
         np.testing.assert_array_equal(np.asarray(u), np.asarray(jax.random.uniform(k, shape, jnp.float32)))
+        u, kd = kquant.sr_uniforms(k, shape, philox=True)
+        assert u is None and np.array_equal(np.asarray(kd), np.asarray(jax.random.key_data(k)))
+    u, kd = kquant.sr_uniforms(raw, shape, philox=True)  # threefry keys are unchanged by the flag
+    assert u is None and kd is raw
+
+
+def _mulhi_model(x, m):
+    return ((np.asarray(x, np.uint64) * np.uint64(m)) >> np.uint64(32)).astype(np.uint32)
+
+
+def test_philox_uniforms_equal_the_rbg_draw():
+    """kernels.quantize_kernel.philox_uniforms (what the kernel computes for rbg keys, here the
+    interpreter's 16-bit partial products for mul.hi) against jax.random.uniform of rbg and
+    unsafe_rbg keys, element 4b + w = word w of block b, including the 128-bit counter's carries:
+    key words k2 (and k3) at 2^32 - 1 so that block + k2 wraps into k3, k3 into k0, k0 into k1;
+    and the high-product helper against NumPy uint64 at 0, 1 and 2^32 - 1."""
+    edge = np.array([0, 1, 0xFFFF, 0x10000, 0xFFFFFFFF, 0x80000000, 0xDEADBEEF], np.uint32)
+    for m in kquant.PHILOX_MULTIPLIERS:
+        np.testing.assert_array_equal(np.asarray(kquant._mul_hi_u32(jnp.asarray(edge), m, False)), _mulhi_model(edge, m))
+    n = 64  # 16 Philox blocks
+    datas = [np.array(d, np.uint32) for d in ([3, 5, 0xFFFFFFF8, 9], [3, 5, 0xFFFFFFF8, 0xFFFFFFFF],
+                                              [0xFFFFFFFF, 5, 0xFFFFFFF8, 0xFFFFFFFF], [11, 22, 33, 44])]
+    for impl in ("rbg", "unsafe_rbg"):
+        for d in datas:
+            key = jax.random.wrap_key_data(d, impl=impl)
+            want = np.asarray(jax.random.uniform(key, (2, n // 2), jnp.float32)).ravel()
+            words = kquant.philox_uniforms(tuple(jnp.asarray(d)), jnp.arange(n // 4, dtype=jnp.uint32))
+            np.testing.assert_array_equal(np.asarray(kquant.interleave4(*words)), want, err_msg=f"{impl} {d}")
+    assert kquant.philox_key_supported(jax.random.key(0, impl="rbg"), 2**34 - 1)
+    assert not kquant.philox_key_supported(jax.random.key(0, impl="rbg"), 2**34)
+    assert not kquant.philox_key_supported(jax.random.key(0), 16)  # threefry
+    assert not kquant.philox_key_supported(jax.random.PRNGKey(0), 16)  # a raw key: no implementation named
 
 
 def _sr_model(x, u, scale_mode):
@@ -217,7 +250,7 @@ def test_fused_sr_operand_equals_unfused(layout, impl, dtype, rng):
     """backends.fp8.fused_operand with stochastic rounding, the operand of dgrad (dY along N: rows) and
     of wgrad (dY along the token axis M: transposed by XLA, then rows):
     codes, scales, row_exp and row_flag equal prepare_fp8(quantize(x, axis, "stochastic", key)):
-    threefry keys (uniforms generated in the kernel), rbg keys (the drawn uniforms read)."""
+    uniforms generated in the kernel for threefry and rbg keys."""
     scale_mode = SCALE_MODES[rng.integers(4)]  # one per case, drawn (the kernel tests cover each)
     hard = _hard_rows(rng, 10, 96, dtype)  # rows x quantized length
     x3, axis = (hard[None], 2) if layout == "rows" else (hard.T[None], 1)
@@ -255,7 +288,7 @@ def _grads(monkeypatch, fused, x, w, recipe, key):
 def test_training_fused_equals_unfused(monkeypatch, rounding, key_impl, dtype, rng):
     """Recipe(backend="fp8") on CPU: the fused passes (interpreter) give bit-identical loss and
     gradients to the quantize-then-convert passes, flagged rows included. Stochastic rounding
-    with a caller's threefry or rbg key (rbg: the kernels read the reference's drawn uniforms)
+    with a caller's threefry or rbg key (both generated in the kernels)
     or the data-derived key (None)."""
     t, k, n = 40, 64, 96  # T not a multiple of 32: wgrad pads the token axis
     x = _hard_rows(rng, t, k, jnp.float32)
@@ -320,14 +353,15 @@ def test_training_other_backends_unfused(monkeypatch, rng):
     assert count == 0
 
 
-@pytest.mark.parametrize("uniforms", ["kernel", "input"])
+@pytest.mark.parametrize("uniforms", ["threefry", "philox", "input"])
 def test_kernel_lowers_for_cuda(uniforms):
     """Triton lowering (no GPU needed), ragged rows and a block count that is not a power of two
-    (masked loads and stores), stochastic rounding (in-kernel Threefry, or uniforms read)."""
+    (masked loads and stores), stochastic rounding (in-kernel Threefry or Philox with its PTX
+    mul.hi, or uniforms read)."""
     x = jax.ShapeDtypeStruct((33, 96), jnp.bfloat16)  # rows x quantized length
     f = fq.quantize_fp8_2d
-    if uniforms == "kernel":
-        traced = jax.jit(f).trace(x, jax.ShapeDtypeStruct((2,), jnp.uint32))
+    if uniforms != "input":
+        traced = jax.jit(f).trace(x, jax.ShapeDtypeStruct((2 if uniforms == "threefry" else 4,), jnp.uint32))
     else:
         traced = jax.jit(lambda x, u: f(x, uniform=u)).trace(x, jax.ShapeDtypeStruct((33, 3, 32), jnp.float32))
     assert "triton" in traced.lower(lowering_platforms=("cuda",)).as_text()

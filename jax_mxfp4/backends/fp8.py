@@ -267,10 +267,10 @@ def fused_operand(x, axis, scale_mode, interpret, rounding="nearest", key=None):
     quantized along a strided axis (axis 1) is transposed by XLA first and the kernel reads rows.
 
     Stochastic rounding (``key``) uses exactly the reference's uniforms, those of
-    ``quantize(x, axis, rounding="stochastic", key=key)``: generated in the kernel for threefry
-    keys (:func:`jax_mxfp4.kernels.quantize_kernel.kernel_rng_supported`), else (rbg / unsafe_rbg keys)
-    drawn by ``jax.random.uniform`` with the reference's shape and read by the kernel
-    (:func:`jax_mxfp4.kernels.quantize_kernel.sr_uniforms`).
+    ``quantize(x, axis, rounding="stochastic", key=key)``: generated in the kernel from the key
+    data for threefry keys (Threefry-2x32) and rbg / unsafe_rbg keys (Philox-4x32, as XLA expands
+    their ``rng_bit_generator``); read as ``jax.random.uniform``'s draw only where the kernel
+    cannot generate it (:func:`jax_mxfp4.kernels.quantize_kernel.sr_uniforms`).
     """
     from ..kernels import fp8_quantize as fq
     from ..kernels.quantize_kernel import sr_uniforms
@@ -286,7 +286,7 @@ def fused_operand(x, axis, scale_mode, interpret, rounding="nearest", key=None):
         # quantize(x, axis)'s draw: uniform(key, rest + (kq / 32, 32)), the quantized axis last:
         # element-aligned with the kernel's rows (threefry keys: generated in the kernel from that
         # flat index; rbg keys: the drawn array, read in)
-        uniform, key_data = sr_uniforms(key, rest + (kq // BLOCK_SIZE, BLOCK_SIZE))
+        uniform, key_data = sr_uniforms(key, rest + (kq // BLOCK_SIZE, BLOCK_SIZE), philox=True)
     # A strided operand: XLA's transpose pass, then the kernel along rows (strided reads in the
     # kernel were slower than both passes together). Same bits for both roundings: the rows of
     # x[0].T are the output rows, so each element keeps its uniform (its flat index in the

@@ -21,10 +21,11 @@ With the SWAR quantizer the unfused passes are faster for round to nearest, so t
 this kernel for the stochastically rounded operands only (H200 timings: docs/performance.md).
 
 Every rule is shared code: the block scale and the E2M1 rounding (nearest, or stochastic with
-the reference's uniforms, generated in the kernel for Threefry keys or read as an input array
-drawn by ``jax.random.uniform``, as the MXFP4 quantizer does) come from
-:mod:`jax_mxfp4.kernels.quantize_kernel` (:func:`block_scale_bits`, :func:`magnitude_code_bits`,
-:func:`threefry_uniform`, :func:`sr_uniforms`), the row encoding from :func:`jax_mxfp4.fp8_format.encode_blocks`, the E2M1
+the reference's uniforms, generated in the kernel for Threefry keys and for rbg keys (Philox,
+one block of four words per four elements), or read as an input array drawn by
+``jax.random.uniform``) come from :mod:`jax_mxfp4.kernels.quantize_kernel`
+(:func:`block_scale_bits`, :func:`magnitude_code_bits`, :func:`threefry_uniform`,
+:func:`philox_uniforms`, :func:`sr_uniforms`), the row encoding from :func:`jax_mxfp4.fp8_format.encode_blocks`, the E2M1
 decoding from :func:`jax_mxfp4.mx_format.decode_e2m1`. Bit-identical to the reference in the
 Pallas interpreter (tests/test_fp8_fused.py).
 """
@@ -51,7 +52,8 @@ from ..mx_format import (
     e2m1_stochastic_magnitude,
     pow2_from_exponent,
 )
-from .quantize_kernel import _ABS, _MIN_NORMAL_BITS, block_scale_bits, magnitude_code_bits, threefry_uniform
+from .quantize_kernel import (_ABS, _MIN_NORMAL_BITS, block_scale_bits, interleave4, magnitude_code_bits,
+                             philox_uniforms, threefry_uniform)
 
 _SIGN = -(2**31)  # int32 sign bit
 
@@ -236,7 +238,7 @@ def _load_rows(ref, r0, br, nbp, mask):
     return plgpu.load(view) if mask is None else plgpu.load(view, mask=mask, other=0)
 
 
-def _kernel(*refs, n_rows, n_blocks, nbp, br, scale_mode, kernel_rng, uniform_input):
+def _kernel(*refs, n_rows, n_blocks, nbp, br, scale_mode, kernel_rng, uniform_input, ptx=False):
     if kernel_rng:
         x_ref, key_ref, codes_ref, scale_ref, exp_ref, flag_ref = refs
     elif uniform_input:
@@ -254,11 +256,18 @@ def _kernel(*refs, n_rows, n_blocks, nbp, br, scale_mode, kernel_rng, uniform_in
     x = _load_rows(x_ref, r0, br, nbp, omask)
     bits = lax.bitcast_convert_type(x.astype(jnp.float32), jnp.int32)  # exact widening
     u = None
-    if kernel_rng:  # the reference's uniforms: element (row, col) of jax.random.uniform(key, [R, Kq])
+    if kernel_rng == "threefry":  # the reference's uniforms: element (row, col) of jax.random.uniform(key, [R, Kq])
         row = (r0 + lax.broadcasted_iota(jnp.int32, oshape, 0)).astype(jnp.uint32)
         col = (BLOCK_SIZE * lax.broadcasted_iota(jnp.int32, oshape, 1)
                + lax.broadcasted_iota(jnp.int32, oshape, 2)).astype(jnp.uint32)
         u = threefry_uniform(key_ref[0], key_ref[1], row * jnp.uint32(n_blocks * BLOCK_SIZE) + col)
+    elif kernel_rng == "philox":  # the same for rbg keys: one Philox block per 4 elements, interleaved
+        gshape = (br, nbp, BLOCK_SIZE // 4)
+        row = (r0 + lax.broadcasted_iota(jnp.int32, gshape, 0)).astype(jnp.uint32)
+        grp = (BLOCK_SIZE // 4 * lax.broadcasted_iota(jnp.int32, gshape, 1)
+               + lax.broadcasted_iota(jnp.int32, gshape, 2)).astype(jnp.uint32)
+        words = philox_uniforms([key_ref[i] for i in range(4)], row * jnp.uint32(n_blocks * BLOCK_SIZE // 4) + grp, ptx)
+        u = interleave4(*words)
     elif uniform_input:  # the reference's draw read in, element-aligned with the output rows
         u = _load_rows(u_ref, r0, br, nbp, omask)
     vals, byte, row_exp, row_flag = encode_tile(bits, u, scale_mode)
@@ -289,7 +298,9 @@ def quantize_fp8_2d(x, key_data=None, uniform=None, *, scale_mode="even",
     Args:
       x: float32/bfloat16/float16 [R, Kq] quantized along its last axis, Kq a multiple of 32
         and at most :data:`MAX_ROW`.
-      key_data: None (round to nearest even) or uint32[2], the data of a threefry2x32 key:
+      key_data: None (round to nearest even), or the data of the key: uint32[2] for a
+        threefry2x32 key (:func:`~jax_mxfp4.kernels.quantize_kernel.threefry_uniform`), uint32[4]
+        for an rbg / unsafe_rbg key (:func:`~jax_mxfp4.kernels.quantize_kernel.philox_uniforms`):
         stochastic rounding with the uniforms of the reference, ``jax.random.uniform(key,
         [R, Kq / 32, 32])`` (the quantized axis moved last), generated in the kernel.
       uniform: None, or float32 uniforms in [0, 1) for stochastic rounding read by the kernel
@@ -306,7 +317,7 @@ def quantize_fp8_2d(x, key_data=None, uniform=None, *, scale_mode="even",
       row_flag uint8 [R]) = ``encode_rows`` of ``quantize(x, 1)``
       (:mod:`jax_mxfp4.fp8_prepared`), bit for bit.
     Raises:
-      TypeError: x not a float array; key_data not uint32[2]; uniform not float32; cfg of
+      TypeError: x not a float array; key_data not uint32[2] or uint32[4]; uniform not float32; cfg of
         another type.
       ValueError: x not 2-D or empty, Kq not a multiple of 32 or above :data:`MAX_ROW`; both
         key_data and uniform given; uniform's shape not [*lead, Kq] or [*lead, Kq / 32, 32]
@@ -321,14 +332,16 @@ def quantize_fp8_2d(x, key_data=None, uniform=None, *, scale_mode="even",
     nbp = _pow2_at_least(n_blocks)
     br = min(cfg.rows, _pow2_at_least(n_rows))
     args = [x.reshape(n_rows, n_blocks, BLOCK_SIZE)]
-    kernel_rng = key_data is not None
-    if kernel_rng:
-        args.append(jnp.asarray(key_data, jnp.uint32).reshape(2))
+    kernel_rng = None
+    if key_data is not None:
+        key_data = jnp.asarray(key_data, jnp.uint32).reshape(-1)
+        kernel_rng = "threefry" if key_data.size == 2 else "philox"
+        args.append(key_data)
     elif uniform is not None:  # a free reshape: the row-major order of the output rows
         args.append(uniform.reshape(n_rows, n_blocks, BLOCK_SIZE))
     kernel = functools.partial(_kernel, n_rows=n_rows, n_blocks=n_blocks, nbp=nbp, br=br,
                                scale_mode=scale_mode, kernel_rng=kernel_rng,
-                               uniform_input=uniform is not None)
+                               uniform_input=uniform is not None, ptx=not interpret)
     codes, byte, row_exp, row_flag = pl.pallas_call(
         kernel,
         out_shape=(
@@ -357,9 +370,9 @@ def check_call(x, key_data, uniform, fn):
         raise ValueError(f"{fn}: x must not be empty, got shape {x.shape}")
     if key_data is not None:
         kd = jnp.asarray(key_data)
-        if kd.dtype != jnp.uint32 or kd.size != 2:
-            raise TypeError("key_data must be uint32[2], the data of a threefry2x32 key "
-                            f"(jax.random.key_data(key)), got {kd.dtype}{list(kd.shape)}")
+        if kd.dtype != jnp.uint32 or kd.size not in (2, 4):
+            raise TypeError("key_data must be uint32[2], the data of a threefry2x32 key, or uint32[4], that of "
+                            f"an rbg / unsafe_rbg key (jax.random.key_data(key)), got {kd.dtype}{list(kd.shape)}")
     n_rows, kq = x.shape
     if kq % BLOCK_SIZE:
         raise ValueError(f"quantized axis length {kq} is not a multiple of {BLOCK_SIZE}")

@@ -302,6 +302,89 @@ def threefry_uniform(k1, k2, counter):
     return lax.bitcast_convert_type(bits, jnp.float32) - jnp.float32(1.0)
 
 
+PHILOX_MULTIPLIERS = (0xD2511F53, 0xCD9E8D57)
+PHILOX_KEY_STEPS = (0x9E3779B9, 0xBB67AE85)
+_MUL_HI_PTX = "mul.hi.u32 $0, $1, $2;"
+
+
+def _mul_hi_u32(x, m: int, ptx: bool):
+    """High 32 bits of the 64-bit product of uint32 ``x`` and the constant ``m``: one PTX
+    ``mul.hi.u32`` in a Triton kernel on CUDA (``ptx``), else four 16-bit partial products (the
+    Pallas interpreter; no 64-bit integers without ``jax_enable_x64``)."""
+    u32 = jnp.uint32
+    if ptx:
+        # signless int32 in and out (tt.elementwise_inline_asm refuses unsigned MLIR types)
+        xi = lax.bitcast_convert_type(x, jnp.int32)
+        (hi,) = plgpu.elementwise_inline_asm(
+            _MUL_HI_PTX, args=[xi, jnp.full_like(xi, np.int32(np.uint32(m).view(np.int32)))],
+            constraints="=r,r,r", pack=1, result_shape_dtypes=[jax.ShapeDtypeStruct(x.shape, jnp.int32)])
+        return lax.bitcast_convert_type(hi, u32)
+    a0, a1 = x & u32(0xFFFF), lax.shift_right_logical(x, u32(16))
+    b0, b1 = u32(m & 0xFFFF), u32(m >> 16)
+    p00, p01, p10, p11 = a0 * b0, a0 * b1, a1 * b0, a1 * b1  # each < 2^32
+    lo16 = lambda v: v & u32(0xFFFF)  # noqa: E731
+    hi16 = lambda v: lax.shift_right_logical(v, u32(16))  # noqa: E731
+    mid = hi16(p00) + lo16(p01) + lo16(p10)
+    return p11 + hi16(p01) + hi16(p10) + hi16(mid)
+
+
+def _uniform_from_bits(bits):
+    """``jax.random.uniform``'s float32 map of 32 random bits: ((bits >> 9) | 0x3F800000) - 1."""
+    u32 = jnp.uint32
+    return lax.bitcast_convert_type(lax.shift_right_logical(bits, u32(9)) | u32(0x3F800000), jnp.float32) - jnp.float32(1.0)
+
+
+def philox_uniforms(key_words, block, ptx: bool = False):
+    """float32 uniforms equal to ``jax.random.uniform(key, shape).ravel()[4 * block + w]``, w = 0..3.
+
+    For an ``rbg`` or ``unsafe_rbg`` key with data (k0, k1, k2, k3) (uint32 scalars): JAX draws its
+    bits with ``lax.rng_bit_generator`` (default algorithm), which XLA expands on CPU and GPU to
+    Philox-4x32-10 (Salmon et al. 2011; XLA's ``PhiloxRngBit32``, xla/hlo/builder/lib/prng.cc):
+    the 128-bit counter of block b is (k2 | k3 << 32) + b with the carry into (k0 | k1 << 32)
+    (XLA's state u64[2] = the key data, reversed into a u128), the Philox key is (k0, k1), and
+    the four output words of block b are elements 4b .. 4b + 3 of the draw. Each word maps to a
+    uniform as ``jax.random.uniform`` does. ``block`` is uint32 (draws of fewer than 2^34
+    elements). About 25 integer operations per element with ``ptx`` (PTX ``mul.hi.u32``, CUDA
+    only), against ~80 for :func:`threefry_uniform`.
+
+    Returns: a tuple of 4 float32 arrays of ``block``'s shape (words 0..3)."""
+    u32 = jnp.uint32
+    k0, k1, k2, k3 = (jnp.asarray(k, u32) for k in key_words)
+    c = block.astype(u32)
+    zero = jnp.zeros_like(c)
+    x0 = c + k2
+    carry = (x0 < c).astype(u32)  # the 128-bit add: carry out of each 32-bit word
+    x1 = zero + k3 + carry
+    carry = carry & (x1 == 0).astype(u32)
+    x2 = zero + k0 + carry
+    carry = carry & (x2 == 0).astype(u32)
+    x3 = zero + k1 + carry
+    a, b = k0, k1
+    (ma, mb), (wa, wb) = PHILOX_MULTIPLIERS, PHILOX_KEY_STEPS
+    for _ in range(10):
+        h0, l0 = _mul_hi_u32(x0, ma, ptx), x0 * u32(ma)
+        h1, l1 = _mul_hi_u32(x2, mb, ptx), x2 * u32(mb)
+        x0, x1, x2, x3 = h1 ^ x1 ^ a, l1, h0 ^ x3 ^ b, l0
+        a, b = a + u32(wa), b + u32(wb)
+    return tuple(_uniform_from_bits(w) for w in (x0, x1, x2, x3))
+
+
+def interleave4(w0, w1, w2, w3):
+    """[..., n] x 4 -> [..., 4n] with element 4j + w from ``w<w>``[..., j] (Triton: two joins and a
+    reshape)."""
+    j = jnp.stack([jnp.stack([w0, w2], axis=-1), jnp.stack([w1, w3], axis=-1)], axis=-1)  # [..., n, 2, 2]
+    return j.reshape(*w0.shape[:-1], w0.shape[-1] * 4)
+
+
+def philox_key_supported(key, n_elements: int) -> bool:
+    """Whether :func:`philox_uniforms` reproduces ``jax.random.uniform(key, ...)``: a typed
+    ``rbg`` or ``unsafe_rbg`` key (their bits come from ``lax.rng_bit_generator``), fewer than 2^34
+    elements."""
+    if not jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key):
+        return False
+    return str(jax.random.key_impl(key)) in ("rbg", "unsafe_rbg") and n_elements < 2**34
+
+
 def kernel_rng_supported(key, n_elements: int) -> bool:
     """Whether :func:`threefry_uniform` reproduces ``jax.random.uniform(key, ...)`` here: a
     threefry2x32 key (typed, or raw uint32[2] with that default implementation), the partitionable
@@ -590,24 +673,28 @@ MAX_KERNEL_ELEMENTS = 2**31
 """Inputs with this many elements or more go to the reference path (the kernel's element
 offsets are int32)."""
 
-def sr_uniforms(key, blocks_shape):
+def sr_uniforms(key, blocks_shape, philox: bool = False):
     """Stochastic rounding's uniforms for a fused kernel, equal to the reference's draw.
 
     The reference (``jax_mxfp4.quantize._quantize_impl``) rounds the element at position i of
     ``blocks_shape`` = ``(*lead, K / 32, 32)`` (x with the quantized axis moved last, split into
     blocks) with ``jax.random.uniform(key, blocks_shape, float32)`` at i. A kernel generates the
-    same values from the key data and each element's flat index (:func:`threefry_uniform`) where
-    :func:`kernel_rng_supported`, and reads that draw elsewhere (rbg / unsafe_rbg keys,
-    non-partitionable threefry, 2^32 elements or more).
+    same values from the key data and each element's flat index: :func:`threefry_uniform` where
+    :func:`kernel_rng_supported`, and, for a kernel that takes them (``philox``), rbg / unsafe_rbg
+    keys with :func:`philox_uniforms` where :func:`philox_key_supported`. Elsewhere (non-partitionable
+    threefry, 2^32 elements or more) the kernel reads that draw.
 
     Args:
       key: the PRNG key of the reference call (typed, or a legacy raw key).
       blocks_shape: the reference's draw shape ``(*lead, K / 32, 32)``.
+      philox: whether the calling kernel generates rbg keys' uniforms (takes uint32[4] key data).
     Returns:
       ``(uniform, key_data)``, exactly one not None: ``uniform`` float32 of ``blocks_shape``
-      (``jax.random.uniform(key, blocks_shape)``), or ``key_data`` uint32[2].
+      (``jax.random.uniform(key, blocks_shape)``), or ``key_data`` uint32[2] (threefry) or
+      uint32[4] (rbg, with ``philox``).
     """
-    if kernel_rng_supported(key, math.prod(blocks_shape)):
+    n = math.prod(blocks_shape)
+    if kernel_rng_supported(key, n) or (philox and philox_key_supported(key, n)):
         typed = jax.dtypes.issubdtype(key.dtype, jax.dtypes.prng_key)
         return None, (jax.random.key_data(key) if typed else key)
     return jax.random.uniform(key, blocks_shape, jnp.float32), None

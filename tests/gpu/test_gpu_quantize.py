@@ -66,3 +66,26 @@ def test_public_quantize_takes_the_fused_path_for_both_roundings():
 
     platform = current_platform()
     assert fast_path_enabled(platform), platform
+
+
+@pytest.mark.parametrize("impl", ["threefry2x32", "rbg", "unsafe_rbg"])
+@pytest.mark.parametrize("layout", ["rows", "transposed"])
+def test_fused_fp8_operand_generates_the_reference_uniforms(impl, layout):
+    """The fused quantize-to-FP8 kernel with stochastic rounding (the dgrad and wgrad operand of
+    training) generates its uniforms in the kernel for threefry keys (Threefry-2x32) and rbg keys
+    (Philox-4x32 with PTX mul.hi): bit-identical on the GPU to prepare_fp8 of the reference
+    quantize, whose jax.random.uniform is XLA's own draw on this GPU."""
+    from jax_mxfp4 import quantize
+    from jax_mxfp4.backends import fp8 as fb
+    from jax_mxfp4.fp8_prepared import prepare_fp8
+
+    xx = _input("bfloat16")[:320, :4096]
+    x3, axis = (xx[None], 2) if layout == "rows" else (xx.T[None], 1)
+    key = jax.random.key(11, impl=impl)
+    got = jax.jit(lambda x, k: fb.fused_operand(x, axis, "even", False, "stochastic", k))(x3, key)
+    want = jax.jit(lambda x, k: prepare_fp8(quantize(x, axis, scale_mode="even", rounding="stochastic", key=k)))(x3, key)
+    for name in ("codes", "scales", "row_exp", "row_flag"):
+        a, b = (np.asarray(jax.lax.bitcast_convert_type(getattr(v, name), jnp.uint8)) if getattr(v, name).dtype.itemsize == 1
+                else np.asarray(getattr(v, name)) for v in (got, want))
+        assert a.shape == b.shape, name
+        np.testing.assert_array_equal(a, b, err_msg=f"{name} ({impl}, {layout})")
