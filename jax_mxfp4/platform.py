@@ -52,6 +52,21 @@ def env_switch(name: str) -> bool:
     raise ValueError(f"${name} must be 1/on/true/yes or 0/off/false/no, got {v!r}")
 
 
+def xla_flag_off(name: str) -> bool:
+    """Whether ``$XLA_FLAGS`` turns the boolean XLA flag ``name`` off (``--name=false`` or
+    ``--name=0``; the last setting wins, as in XLA's own parsing). XLA reads ``$XLA_FLAGS`` when
+    the backend starts, so this is what the process's compiler runs with unless the variable
+    changed afterwards."""
+    import os
+
+    value = None
+    for token in os.environ.get("XLA_FLAGS", "").split():
+        flag, _, v = token.partition("=")
+        if flag == f"--{name}":
+            value = v.strip().lower()
+    return value in ("false", "0")
+
+
 KERNELS_ENV = "JAX_MXFP4_KERNELS"
 """The one switch over every custom GPU kernel (Pallas/Triton/Mosaic GPU): on by default; 0/off
 turns them all off, leaving the portable paths (:func:`kernels_enabled`)."""

@@ -112,3 +112,48 @@ def test_auto_shape_rules_on_cuda(m, n, w4a16, want, precision, monkeypatch):
     assert d.backend == want, str(d)
     if want == "scaled_dot":
         assert "measured faster" in d.reasons["pallas"]
+
+
+@pytest.mark.parametrize("flags,off", [
+    ("", False),
+    ("--xla_gpu_enable_triton_gemm=false", True),
+    ("--xla_gpu_autotune_level=0 --xla_gpu_enable_triton_gemm=0", True),
+    ("--xla_gpu_enable_triton_gemm=False", True),
+    ("--xla_gpu_enable_triton_gemm=false --xla_gpu_enable_triton_gemm=true", False),  # the last one wins
+    ("--xla_gpu_enable_triton_gemm=true", False),
+    ("--xla_gpu_enable_triton_gemm_any=false", False),  # another flag
+])
+def test_xla_flag_off_reads_xla_flags(flags, off, monkeypatch):
+    from jax_mxfp4.platform import xla_flag_off
+
+    monkeypatch.setenv("XLA_FLAGS", flags)
+    assert xla_flag_off("xla_gpu_enable_triton_gemm") is off
+
+
+def test_scaled_dot_declines_on_cuda_without_triton_gemm(monkeypatch):
+    """XLA's CUDA compiler emits lax.scaled_dot through its Triton GEMM emitter only: with
+    --xla_gpu_enable_triton_gemm=false it fails to compile ("Unsupported instruction opcode:
+    scaled-dot", jax 0.11.2 on an H200). Backend scaled_dot then declines in a CUDA process:
+    "auto" moves on for the GEMM it would have picked (float32 accumulation asked for), and an
+    explicit request raises BackendUnavailableError naming the flag. Without the flag, or on
+    another platform, it is available."""
+    import jax_mxfp4.backends.scaled_dot as sd
+
+    if "pallas" not in dispatch._REGISTRY:
+        pytest.skip("pallas backend not registered")
+    monkeypatch.setattr(dispatch._REGISTRY["pallas"], "unavailable_reason", lambda: None)
+    monkeypatch.setattr(dispatch, "_LOGGED", set())
+    monkeypatch.setattr(dispatch, "current_platform", lambda: "cuda")
+    monkeypatch.setattr(sd, "current_platform", lambda: "cuda")
+    problem = _cuda_problem(1024, 8192, precision="highest")
+    monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_enable_triton_gemm=false")
+    d = dispatch.decide(problem, "auto")
+    assert d.backend not in ("scaled_dot", "fp8"), str(d)
+    assert "xla_gpu_enable_triton_gemm" in d.reasons["scaled_dot"]
+    with pytest.raises(mx.BackendUnavailableError, match="xla_gpu_enable_triton_gemm=false"):
+        dispatch.decide(problem, "scaled_dot")
+    monkeypatch.setenv("XLA_FLAGS", "")
+    assert dispatch.decide(problem, "auto").backend == "scaled_dot"
+    monkeypatch.setattr(sd, "current_platform", lambda: "cpu")  # the flag concerns XLA's CUDA compiler only
+    monkeypatch.setenv("XLA_FLAGS", "--xla_gpu_enable_triton_gemm=false")
+    assert dispatch._REGISTRY["scaled_dot"].unavailable_reason() is None

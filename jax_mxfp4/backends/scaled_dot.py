@@ -6,6 +6,8 @@ values, their products are exact in float32, and it accumulates in float32). ``l
 is not differentiable in JAX 0.10, but backends only ever run forward GEMMs (the custom VJP of
 :func:`jax_mxfp4.dot_general` calls them for fprop, dgrad and wgrad), so "auto" may pick it on
 CUDA GPUs for what "fp8" and "pallas" (ahead in :data:`jax_mxfp4.dispatch.AUTO_ORDER`) decline.
+On CUDA, XLA compiles it with its Triton GEMM emitter: with ``--xla_gpu_enable_triton_gemm=false``
+in ``XLA_FLAGS`` it cannot, and this backend declines (:data:`TRITON_GEMM_FLAG`).
 
 On ROCm it is XLA's own route to hipBLASLt: upstream XLA serves the ``xla.scaled_dot`` composite
 with its autotuned hipBLASLt block-scaled call ``__cublas$lt$matmul$mx`` (read in sources,
@@ -22,8 +24,15 @@ import jax.numpy as jnp
 from jax import lax
 
 from ..mx_format import as_e8m0, normal_range_blocks
+from ..platform import current_platform, xla_flag_off
 from .base import Backend
 from .xla import CANONICAL_DIMS
+
+TRITON_GEMM_FLAG = "xla_gpu_enable_triton_gemm"
+"""The XLA flag without which XLA's CUDA compiler cannot compile a scaled-dot (jax/jaxlib 0.11.2 on
+an NVIDIA H200, 2026-12-03: "INTERNAL: Unsupported instruction opcode: scaled-dot" with
+``XLA_FLAGS=--xla_gpu_enable_triton_gemm=false``, a flag often set for cuBLAS GEMMs); the backend
+then declines, so "auto" moves on and an explicit request raises a clear error."""
 
 
 def packed_to_float4(data: jax.Array) -> jax.Array:
@@ -48,6 +57,10 @@ class ScaledDotBackend(Backend):
     def unavailable_reason(self):
         if not hasattr(lax, "scaled_dot"):
             return f"jax.lax.scaled_dot is missing from jax {jax.__version__}"
+        if current_platform() == "cuda" and xla_flag_off(TRITON_GEMM_FLAG):
+            return (f"XLA_FLAGS sets --{TRITON_GEMM_FLAG}=false, and XLA's CUDA compiler emits "
+                    "lax.scaled_dot through its Triton GEMM emitter only (with the flag it fails: "
+                    "'Unsupported instruction opcode: scaled-dot')")
         return None
 
     def rejects(self, problem):
