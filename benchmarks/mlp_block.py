@@ -10,6 +10,9 @@ Variants (the same unmodified model, quantized by ``qwix.quantize_model``; every
   mxfp4-qwix  jax_mxfp4's provider (:class:`jax_mxfp4.qwix.MxQtProvider`, ``MxRule`` with
               ``Recipe()``): MXFP4 fprop, dgrad and wgrad, dY stochastically rounded with the
               data-derived key (no RNG stream given), the GEMMs on the backend "auto" picks;
+  mxfp4-qwix-rbg  the same with an "rbg" key in the rule's RNG stream (:data:`RBG_SEED`): the
+              key kind the demo's GPU sizes use, whose uniforms the fused FP8 quantizer generates
+              in the kernel (Philox) at less cost than the data-derived threefry key's;
   qwix-fp8    Qwix's own QAT (``qwix.QtProvider``): weights and activations float8_e4m3fn,
               gradients float8_e5m2, absmax per-channel scales, round to nearest;
   qwix-mxfp4  Qwix's own MXFP4 emulation: qtype "mxfp4" (float4_e2m1fn, power-of-two scale per
@@ -30,7 +33,10 @@ import functools
 import jax
 import jax.numpy as jnp
 
-VARIANTS = ("bf16", "mxfp4-qwix", "qwix-fp8", "qwix-mxfp4")
+VARIANTS = ("bf16", "mxfp4-qwix", "mxfp4-qwix-rbg", "qwix-fp8", "qwix-mxfp4")
+RBG_SEED = 0x5352
+"""mxfp4-qwix-rbg: ``jax.random.key(RBG_SEED, impl="rbg")`` in the "stochastic_rounding" stream
+(one fixed key: the benchmark times one step; a training loop folds in the step number)."""
 MX_BLOCK = 32  # Qwix's tile for its "mxfp4" qtype (OCP MX block)
 MXFP4_BWD = {"dlhs_tile_size": MX_BLOCK, "dlhs_residual_qtype": "mxfp4", "drhs_residual_qtype": "mxfp4"}
 """Qwix ``DotGeneralQtConfig`` fields completing its MXFP4 backward (module docstring, qwix-mxfp4)."""
@@ -40,7 +46,7 @@ def _rule(variant):
     """The Qwix provider quantizing every dot_general of the block for ``variant``."""
     import qwix
 
-    if variant == "mxfp4-qwix":
+    if variant in ("mxfp4-qwix", "mxfp4-qwix-rbg"):
         import jax_mxfp4 as mx
         from jax_mxfp4.qwix import MxQtProvider, MxRule
 
@@ -99,8 +105,10 @@ def make_step(variant: str, hidden: int):
     """``step(params, x, dY) -> (loss, (dparams, dx))``: value and gradients of ``sum(y * dY)``."""
     m = model(variant, hidden)
 
+    rngs = {"stochastic_rounding": jax.random.key(RBG_SEED, impl="rbg")} if variant == "mxfp4-qwix-rbg" else None
+
     def loss(params, x, dy):
-        y = m.apply({"params": params}, x)
+        y = m.apply({"params": params}, x, rngs=rngs)
         return jnp.sum(y.astype(jnp.float32) * dy.astype(jnp.float32))
 
     def step(params, x, dy):

@@ -372,7 +372,7 @@ def test_train_step_mlp_block_quick_qwix_peers(tmp_path, rng):
             assert _finite_positive(r["median_s"]) and r["hidden"] == train_step.QUICK["mlp-block"]["hidden"]
             assert r["calls"] == 2  # one step on each of the 2 distinct operand sets of --quick
             assert r["time_ratio_vs_bf16"] == pytest.approx(r["median_s"] / rows["bf16"]["median_s"])
-    assert all(rows[v]["status"] == "ok" for v in ("bf16", "mxfp4-qwix", "qwix-fp8")), rows
+    assert all(rows[v]["status"] == "ok" for v in ("bf16", "mxfp4-qwix", "mxfp4-qwix-rbg", "qwix-fp8")), rows
     md = (tmp_path / "train_step.md").read_text()
     assert all(f"| mlp-block | T=64 d=64 hidden=256 | {v} |" in md for v in mlp_block.VARIANTS)
 
@@ -387,14 +387,18 @@ def test_train_step_mlp_block_quick_qwix_peers(tmp_path, rng):
     want_loss, want_dp, want_dx = _mlp_block_reference(params, x, dy)
     rel = lambda got, want: float(np.linalg.norm(np.asarray(got, np.float64) - want) / np.linalg.norm(want))  # noqa: E731
     # relative error bounds: bf16 rounding of h and Y; FP8 e4m3/e5m2; MXFP4 (dY stochastically rounded)
-    bounds = {"bf16": (0.0, 0.02), "qwix-fp8": (0.02, 0.2), "mxfp4-qwix": (0.1, 0.5)}
+    bounds = {"bf16": (0.0, 0.02), "qwix-fp8": (0.02, 0.2), "mxfp4-qwix": (0.1, 0.5), "mxfp4-qwix-rbg": (0.1, 0.5)}
+    dxs = {}
     for v, (lo, hi) in bounds.items():
         loss, (dp, dx) = jax.jit(mlp_block.make_step(v, hid))(params, x, dy)
+        dxs[v] = np.asarray(dx, np.float32)
         assert loss.shape == () and np.isfinite(float(loss)), v
         assert dx.shape == x.shape and jax.tree.map(jnp.shape, dp) == jax.tree.map(jnp.shape, params), v
         errs = [rel(dx, want_dx)] + [rel(g, w) for g, w in zip(jax.tree.leaves(dp), jax.tree.leaves(want_dp))]
         assert all(np.isfinite(e) and lo <= e <= hi for e in errs), (v, errs)
         assert abs(float(loss) - want_loss) <= hi * np.abs(want_loss) + hi * float(np.linalg.norm(want_dx)), (v, float(loss), want_loss)
+    # the rbg stream's key reaches the rounding: another draw than the data-derived key's
+    assert not np.array_equal(dxs["mxfp4-qwix"], dxs["mxfp4-qwix-rbg"])
 
 
 def test_train_step_mlp_block_records_a_failing_peer(tmp_path, monkeypatch):
