@@ -491,3 +491,34 @@ def test_default_config_refuses_lengths_it_has_no_tile_for():
         with pytest.raises(TypeError, match="kq must be an int"):
             fq.default_config(kq)
     assert fq.default_config(np.int64(fq.MAX_ROW)) == fq.default_config(fq.MAX_ROW)
+
+
+@pytest.mark.parametrize("kernel", ["quantize_fp8_2d", "quantize_2d"])
+def test_kernel_key_data_must_be_one_key(kernel):
+    """key_data is one key's data: its shape, not just its size, is checked. A batch of two
+    threefry keys (uint32[2, 2], 4 elements) used to pass as one rbg key and draw wrong uniforms;
+    quantize_2d, which generates Threefry only, used to take an rbg key's uint32[4] into a reshape
+    error and float key data through a silent cast."""
+    x = jnp.zeros((4, 64), jnp.float32)
+    call = ((lambda kd: fq.quantize_fp8_2d(x, kd, interpret=True)) if kernel == "quantize_fp8_2d"
+            else (lambda kd: kquant.quantize_2d(x, key_data=kd, interpret=True)))
+    two_keys = jax.random.key_data(jax.random.split(jax.random.key(0, impl="threefry2x32"), 2))
+    assert two_keys.shape == (2, 2)
+    bad = [two_keys, jnp.zeros((2,), jnp.int32), jnp.zeros((2,), jnp.float32), jnp.zeros((3,), jnp.uint32)]
+    if kernel == "quantize_2d":
+        bad.append(jax.random.key_data(jax.random.key(0, impl="rbg")))
+    for kd in bad:
+        with pytest.raises(TypeError, match=f"{kernel}: key_data must be uint32\\[2\\]"):
+            call(kd)
+    call(jax.random.key_data(jax.random.key(0, impl="threefry2x32")))  # accepted: one key
+    if kernel == "quantize_fp8_2d":
+        call(jax.random.key_data(jax.random.key(0, impl="rbg")))
+
+
+def test_quantize_2d_uniform_must_be_float32_of_x_size():
+    x = jnp.zeros((4, 64), jnp.float32)
+    with pytest.raises(TypeError, match="quantize_2d: uniform must be float32.*bfloat16"):
+        kquant.quantize_2d(x, jnp.zeros((4, 64), jnp.bfloat16), interpret=True)
+    with pytest.raises(ValueError, match=r"quantize_2d: uniform must have as many elements as x \(256\).*\(4, 32\)"):
+        kquant.quantize_2d(x, jnp.zeros((4, 32), jnp.float32), interpret=True)
+    kquant.quantize_2d(x, jnp.zeros((2, 128), jnp.float32), interpret=True)  # any shape of R * K elements

@@ -52,7 +52,8 @@ from ..mx_format import (
     e2m1_stochastic_magnitude,
     pow2_from_exponent,
 )
-from .quantize_kernel import (_ABS, _MIN_NORMAL_BITS, block_scale_bits, interleave4, magnitude_code_bits,
+from .quantize_kernel import (_ABS, _MIN_NORMAL_BITS, block_scale_bits, check_key_data, check_uniform_dtype,
+                             interleave4, magnitude_code_bits,
                              philox_uniforms, threefry_uniform)
 
 _SIGN = -(2**31)  # int32 sign bit
@@ -308,7 +309,8 @@ def quantize_fp8_2d(x, key_data=None, uniform=None, *, scale_mode="even",
         the rows, i.e. of shape [*lead, Kq] or [*lead, Kq / 32, 32] with prod(lead) = R in
         the row-major order of [R, Kq]: the reference's draw ``jax.random.uniform(key, (*lead, Kq / 32, 32))``
         (:func:`jax_mxfp4.kernels.quantize_kernel.sr_uniforms`), for keys whose uniforms the kernel
-        cannot generate (rbg). Exclusive with ``key_data``.
+        cannot generate (custom key implementations; rbg keys past 2^34 elements). Exclusive with
+        ``key_data``.
       scale_mode: the scale rule (as :func:`jax_mxfp4.quantize`).
       cfg: :class:`Fp8QuantizeConfig`; default :func:`default_config`.
       interpret: run the Pallas interpreter (CPU tests).
@@ -317,7 +319,8 @@ def quantize_fp8_2d(x, key_data=None, uniform=None, *, scale_mode="even",
       row_flag uint8 [R]) = ``encode_rows`` of ``quantize(x, 1)``
       (:mod:`jax_mxfp4.fp8_prepared`), bit for bit.
     Raises:
-      TypeError: x not a float array; key_data not uint32[2] or uint32[4]; uniform not float32; cfg of
+      TypeError: x not a float array; key_data not of dtype uint32 and shape [2] or [4]; uniform
+        not float32; cfg of
         another type.
       ValueError: x not 2-D or empty, Kq not a multiple of 32 or above :data:`MAX_ROW`; both
         key_data and uniform given; uniform's shape not [*lead, Kq] or [*lead, Kq / 32, 32]
@@ -369,10 +372,7 @@ def check_call(x, key_data, uniform, fn):
     if x.size == 0:
         raise ValueError(f"{fn}: x must not be empty, got shape {x.shape}")
     if key_data is not None:
-        kd = jnp.asarray(key_data)
-        if kd.dtype != jnp.uint32 or kd.size not in (2, 4):
-            raise TypeError("key_data must be uint32[2], the data of a threefry2x32 key, or uint32[4], that of "
-                            f"an rbg / unsafe_rbg key (jax.random.key_data(key)), got {kd.dtype}{list(kd.shape)}")
+        check_key_data(key_data, ((2,), (4,)), fn)
     n_rows, kq = x.shape
     if kq % BLOCK_SIZE:
         raise ValueError(f"quantized axis length {kq} is not a multiple of {BLOCK_SIZE}")
@@ -389,10 +389,7 @@ def check_call(x, key_data, uniform, fn):
 def _check_uniform(uniform, n_rows, kq):
     """``uniform`` must be float32 [*lead, Kq] or [*lead, Kq / 32, 32] with prod(lead) = R
     (element-aligned with the [R, Kq] output rows; see :func:`quantize_fp8_2d`)."""
-    dtype = getattr(uniform, "dtype", None)
-    if dtype is None or jnp.dtype(dtype) != jnp.float32:
-        raise TypeError("uniform must be float32 (the reference's draw jax.random.uniform(key, shape, "
-                        f"jnp.float32)), got {dtype if dtype is not None else type(uniform).__name__}")
+    check_uniform_dtype(uniform, "quantize_fp8_2d")
     shape = tuple(uniform.shape)
     nb = kq // BLOCK_SIZE
     ok = ((len(shape) >= 1 and shape[-1] == kq and math.prod(shape[:-1]) == n_rows)

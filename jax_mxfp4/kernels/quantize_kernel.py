@@ -549,6 +549,37 @@ def _pow2_at_most(n, cap):
     return min(cap, 1 << max(0, (n - 1).bit_length()))
 
 
+def check_key_data(key_data, shapes, fn):
+    """A kernel's key data must be uint32 of one of ``shapes`` ((2,) for threefry2x32, (4,) for
+    rbg / unsafe_rbg: what ``jax.random.key_data`` returns for one key). The shape, not just the
+    size: a batch of two threefry keys (uint32[2, 2]) is not one rbg key. Raises TypeError naming
+    ``fn``."""
+    kd = jnp.asarray(key_data) if not hasattr(key_data, "dtype") else key_data
+    if kd.dtype != jnp.uint32 or tuple(kd.shape) not in shapes:
+        kinds = {(2,): "uint32[2], the data of one threefry2x32 key",
+                 (4,): "uint32[4], that of one rbg / unsafe_rbg key"}
+        want = " or ".join(kinds[s] for s in shapes)
+        raise TypeError(f"{fn}: key_data must be {want} (jax.random.key_data(key)), got "
+                        f"{kd.dtype}{list(kd.shape)}")
+
+
+def check_uniform_dtype(uniform, fn):
+    """``uniform`` must be a float32 array (the reference's draw); raises TypeError naming ``fn``."""
+    dtype = getattr(uniform, "dtype", None)
+    if dtype is None or jnp.dtype(dtype) != jnp.float32:
+        raise TypeError(f"{fn}: uniform must be float32 (the reference's draw jax.random.uniform(key, "
+                        f"shape, jnp.float32)), got {dtype if dtype is not None else type(uniform).__name__}")
+
+
+def check_uniform_size(uniform, n_elements, fn):
+    """``uniform`` must be float32 with ``n_elements`` elements (the reference's draw, element-aligned
+    with x). Raises TypeError / ValueError naming ``fn``."""
+    check_uniform_dtype(uniform, fn)
+    if math.prod(uniform.shape) != n_elements:
+        raise ValueError(f"{fn}: uniform must have as many elements as x ({n_elements}), got shape "
+                         f"{tuple(uniform.shape)}")
+
+
 @functools.partial(jax.jit, static_argnames=("scale_mode", "cfg", "interpret", "hadamard"))
 def quantize_2d(x, uniform=None, *, key_data=None, scale_mode="even", cfg: QuantizeConfig = DEFAULT_CONFIG,
                 interpret=False, hadamard=None):
@@ -572,8 +603,10 @@ def quantize_2d(x, uniform=None, *, key_data=None, scale_mode="even", cfg: Quant
     Returns:
       (data uint8 [R, K/2], scale bytes uint8 [R, K/32]), bit-identical to the reference.
     Raises:
+      TypeError: key_data not uint32[2]; uniform not float32.
       ValueError: x is not 2-D or K is not a multiple of 32; K not a multiple of the Hadamard
-        block, or a block not in 32..256.
+        block, or a block not in 32..256; both uniform and key_data given; uniform without R * K
+        elements.
     """
     if x.ndim != 2:
         raise ValueError(f"quantize_2d: x must be 2-D, got shape {x.shape}")
@@ -593,6 +626,10 @@ def quantize_2d(x, uniform=None, *, key_data=None, scale_mode="even", cfg: Quant
         signs = jnp.asarray(hd.random_signs(seed, hadamard_block), jnp.float32)
     if uniform is not None and key_data is not None:
         raise ValueError("quantize_2d: give uniform or key_data, not both")
+    if key_data is not None:
+        check_key_data(key_data, ((2,),), "quantize_2d")
+    if uniform is not None:
+        check_uniform_size(uniform, n_rows * k, "quantize_2d")
     kernel_rng = key_data is not None
     stochastic = uniform is not None or kernel_rng
     bf16_words = x.dtype == jnp.bfloat16 and signs is None  # bfloat16 read as uint32 pairs
@@ -606,7 +643,7 @@ def quantize_2d(x, uniform=None, *, key_data=None, scale_mode="even", cfg: Quant
     if kernel_rng:
         args.append(jnp.asarray(key_data, jnp.uint32).reshape(2))
     elif stochastic:
-        args.append(uniform.astype(jnp.float32).reshape(n_rows, n_blocks, BLOCK_SIZE))
+        args.append(uniform.reshape(n_rows, n_blocks, BLOCK_SIZE))
     kernel = functools.partial(
         _quantize_kernel, n_rows=n_rows, n_blocks=n_blocks, br=br, nbt=nbt,
         scale_mode=scale_mode, stochastic=stochastic, kernel_rng=kernel_rng, hadamard_block=hadamard_block,
