@@ -292,7 +292,10 @@ def run(args):
         del sets
     return {"info": device_info(), "quick": args.quick, "method": __doc__.split("Usage")[0].strip(),
             "kernels_enabled": kernels_enabled(),
-            "routing_linear": routing(sizes["linear"]), "rows": rows, "fused_checks": checks}
+            # the routing of the plain layers' GEMMs; a run of block configs only (Qwix routes) has none
+            "routing_linear": (routing(sizes["linear"]) if any(c not in BLOCK_CONFIGS for c in args.configs)
+                               else {}),
+            "rows": rows, "fused_checks": checks}
 
 
 def markdown(result):
@@ -313,7 +316,8 @@ def markdown(result):
             continue
         lines.append(f"| {r['config']} | {shape} | {r['variant']} | {r['median_s'] * 1e3:.3f} | "
                      f"{r.get('time_ratio_vs_bf16', float('nan')):.3f}x | {r['tokens_per_s']:.4g} |")
-    lines += ["", "Backends \"auto\" picks for the linear layer (Recipe(), precision DEFAULT):", ""]
+    if result["routing_linear"]:
+        lines += ["", "Backends \"auto\" picks for the linear layer (Recipe(), precision DEFAULT):", ""]
     for name, d in result["routing_linear"].items():
         lines.append(f"- {name} {d['mnk'][0]}x{d['mnk'][1]}x{d['mnk'][2]}: {d['backend']} ({d['contract']})")
     for c in result.get("fused_checks", []):

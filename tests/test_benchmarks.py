@@ -375,6 +375,8 @@ def test_train_step_mlp_block_quick_qwix_peers(tmp_path, rng):
     assert all(rows[v]["status"] == "ok" for v in ("bf16", "mxfp4-qwix", "mxfp4-qwix-rbg", "qwix-fp8")), rows
     md = (tmp_path / "train_step.md").read_text()
     assert all(f"| mlp-block | T=64 d=64 hidden=256 | {v} |" in md for v in mlp_block.VARIANTS)
+    # Qwix routes the block's GEMMs: no routing section of the plain linear layer, which was not run
+    assert res["routing_linear"] == {} and "linear layer" not in md
 
     s = train_step.QUICK["mlp-block"]
     (t, d, hid) = s["t"], s["d"], s["hidden"]
