@@ -1,30 +1,86 @@
 """The FP8 form of MXFP4 rows, as rules on scale bytes: the window of block shifts for which
-E2M1 x 2^d is an E4M3 value, the per-row exponent, the row flags, and which blocks the reference
+E2M1 x 2^d is an FP8 value, the per-row exponent, the row flags, and which blocks the reference
 decoding flushes or overflows. A leaf beneath :mod:`jax_mxfp4.fp8_prepared` (the encoding) and
 :mod:`jax_mxfp4.kernels.fp8_encode` (its Pallas kernel), so both read one copy of each rule.
+
+Two FP8 formats hold the codes (:data:`FORMATS`): E4M3 (``float8_e4m3fn``, a 15-binade window of
+block scales per row, 3 mantissa bits) and E5M2 (``float8_e5m2``, a 29-binade window, 2 mantissa
+bits). An E2M1 value has at most two significant bits, so it is exact in either; E5M2's wider
+window takes rows whose block scales spread further (gradients: a softmax gradient's or a qkv
+gradient's row spans 15-28 binades after some training) without the exact-row recompute. Hopper
+FP8 tensor cores multiply E4M3 x E4M3, E4M3 x E5M2 and E5M2 x E4M3 (not E5M2 x E5M2), so one
+operand of a GEMM at most is E5M2 (the gradient; OCP FP8 and FP8 training recipes use E5M2 for
+gradients for the same reason: range).
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import jax.numpy as jnp
 
 from .mx_format import BLOCK_SIZE, E8M0_NAN, pow2_from_exponent
 
-E4M3_D_MIN, E4M3_D_MAX = -8, 6
-"""Shifts d for which E2M1 x 2^d is exactly a float8_e4m3fn value (2^-9 is E4M3's smallest
-subnormal, 6 x 2^6 = 384 <= 448, its largest finite value)."""
-WINDOW_SPAN = E4M3_D_MAX - E4M3_D_MIN  # 14 binades between the largest and smallest block scale
-ROW_EXP_OFFSET = 127 + E4M3_D_MAX  # e = b_max - 133
+
+@dataclasses.dataclass(frozen=True)
+class Fp8Format:
+    """One FP8 code format of the FP8 path: ``d_min``..``d_max`` are the block shifts d for which
+    every E2M1 value x 2^d is exactly a value of ``dtype`` (d_min: 0.5 x 2^d and 1.5 x 2^d are
+    multiples of the format's smallest subnormal; d_max: 6 x 2^d is at most its largest finite
+    value)."""
+
+    name: str
+    dtype: object
+    d_min: int
+    d_max: int
+
+    @property
+    def window_span(self) -> int:
+        """Binades between a row's largest and smallest block scale that the codes hold."""
+        return self.d_max - self.d_min
+
+    @property
+    def row_exp_offset(self) -> int:
+        """e = b_max - row_exp_offset: the largest block of a row gets the shift d_max."""
+        return 127 + self.d_max
+
+
+E4M3 = Fp8Format("e4m3", jnp.float8_e4m3fn, -8, 6)  # 2^-9 smallest subnormal; 6 x 2^6 = 384 <= 448
+E5M2 = Fp8Format("e5m2", jnp.float8_e5m2, -15, 13)  # 2^-16 smallest subnormal; 6 x 2^13 = 49152 <= 57344
+FORMATS = {f.name: f for f in (E4M3, E5M2)}
+
+
+def format_named(name) -> Fp8Format:
+    """The :class:`Fp8Format` called ``name`` ("e4m3" | "e5m2"); ValueError for another."""
+    if name not in FORMATS:
+        raise ValueError(f"fmt must be one of {sorted(FORMATS)} (the FP8 code format), got {name!r}")
+    return FORMATS[name]
+
+
+def format_of(codes_dtype) -> Fp8Format:
+    """The :class:`Fp8Format` whose codes have dtype ``codes_dtype``; TypeError for another."""
+    for f in FORMATS.values():
+        if jnp.dtype(codes_dtype) == jnp.dtype(f.dtype):
+            return f
+    raise TypeError(f"FP8 codes must be float8_e4m3fn or float8_e5m2, got {codes_dtype}")
+
+
+E4M3_D_MIN, E4M3_D_MAX = E4M3.d_min, E4M3.d_max
+"""Shifts d for which E2M1 x 2^d is exactly a float8_e4m3fn value (the encode kernel's byte
+formulas, :mod:`jax_mxfp4.kernels.fp8_encode`, are E4M3's)."""
+WINDOW_SPAN = E4M3.window_span  # 14 binades between the largest and smallest block scale
+ROW_EXP_OFFSET = E4M3.row_exp_offset  # e = b_max - 133
 EMPTY_ROW_BMAX = ROW_EXP_OFFSET  # a row with no nonzero block: e = 0 (any value would do)
 FLAG_EXACT = 1  # row_flag bit 0: the row needs the exact path
 FLAG_NAN = 2  # row_flag bit 1: the row holds a 0xFF scale byte (all its outputs are NaN)
 
 
-def _block_shift(b, b_max, exact):
-    """Per-block shift d (int32, clipped to [-8, 6]) from scale bytes ``b`` [..., nb], the row's
-    b_max [..., 1] and its exact flag [..., 1]: the one rule used to encode and to decode."""
-    d = jnp.where(exact, 0, b - b_max + E4M3_D_MAX)
-    return jnp.clip(d, E4M3_D_MIN, E4M3_D_MAX)
+def _block_shift(b, b_max, exact, fmt: Fp8Format = E4M3):
+    """Per-block shift d (int32, clipped to [fmt.d_min, fmt.d_max]) from scale bytes ``b``
+    [..., nb], the row's b_max [..., 1] and its exact flag [..., 1]: the one rule used to encode
+    and to decode."""
+    d = jnp.where(exact, 0, b - b_max + fmt.d_max)
+    return jnp.clip(d, fmt.d_min, fmt.d_max)
 
 
 def special_blocks(b, max_mag, min_nonzero_mag):
@@ -62,11 +118,12 @@ def check_packed_rows(data, scale_bytes) -> None:
                          f"{data.shape} and {scale_bytes.shape}")
 
 
-def encode_blocks(sb, mag):
+def encode_blocks(sb, mag, fmt: Fp8Format = E4M3):
     """The row encoding rule (module docstring) from scale bytes and E2M1 magnitude codes.
 
     Args:
-      sb: int32 scale bytes [..., nb]; mag: int32 E2M1 magnitude codes (0..7) [..., nb, 32].
+      sb: int32 scale bytes [..., nb]; mag: int32 E2M1 magnitude codes (0..7) [..., nb, 32];
+      fmt: the code format (:data:`E4M3` or :data:`E5M2`).
     Returns:
       (d int32 [..., nb]: the shift of each block, row_exp int32 [...], row_flag uint8 [...]).
     Shared by :func:`encode_rows` and the fused kernel :mod:`jax_mxfp4.kernels.fp8_quantize`
@@ -74,10 +131,10 @@ def encode_blocks(sb, mag):
     """
     max_mag = jnp.max(mag, axis=-1)
     min_nz = jnp.min(jnp.where(mag != 0, mag, 8), axis=-1)
-    return encode_block_stats(sb, max_mag, min_nz)
+    return encode_block_stats(sb, max_mag, min_nz, fmt)
 
 
-def encode_block_stats(sb, max_mag, min_nz):
+def encode_block_stats(sb, max_mag, min_nz, fmt: Fp8Format = E4M3):
     """:func:`encode_blocks` from per-block statistics: scale bytes ``sb``, the largest E2M1
     magnitude code ``max_mag`` and the smallest nonzero one ``min_nz`` (8 = none), int32 [..., nb].
 
@@ -90,11 +147,11 @@ def encode_block_stats(sb, max_mag, min_nz):
     special = special_blocks(sb, max_mag, min_nz)
     counted = (max_mag != 0) & ~nan_blk
     b_max = jnp.max(jnp.where(counted, sb, -1), axis=-1, keepdims=True)
-    b_max = jnp.where(b_max < 0, EMPTY_ROW_BMAX, b_max)
-    outside = counted & (sb < b_max - WINDOW_SPAN)
+    b_max = jnp.where(b_max < 0, fmt.row_exp_offset, b_max)  # an empty row: e = 0
+    outside = counted & (sb < b_max - fmt.window_span)
     exact = jnp.max((outside | special).astype(jnp.int32), axis=-1, keepdims=True) != 0
-    d = _block_shift(sb, b_max, exact)
-    row_exp = (b_max[..., 0] - ROW_EXP_OFFSET).astype(jnp.int32)
+    d = _block_shift(sb, b_max, exact, fmt)
+    row_exp = (b_max[..., 0] - fmt.row_exp_offset).astype(jnp.int32)
     any_nan = jnp.max(nan_blk.astype(jnp.int32), axis=-1) != 0
     row_flag = (exact[..., 0].astype(jnp.uint8) * FLAG_EXACT) | (any_nan.astype(jnp.uint8) * FLAG_NAN)
     return d, row_exp, row_flag

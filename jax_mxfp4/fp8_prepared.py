@@ -1,4 +1,8 @@
-"""MXFP4 operands as FP8 E4M3 codes times one power of two per row: the "fp8" GEMM path.
+"""MXFP4 operands as FP8 codes times one power of two per row: the "fp8" GEMM path.
+
+The codes are E4M3 (the default, and every weight) or E5M2 (the gradient operand of the
+training passes: a 29-binade window instead of 15, :mod:`jax_mxfp4.fp8_format`). The rules below
+are written for E4M3; E5M2's are the same with d in [-15, 13], e = b_max - 140 and a span of 28.
 
 Why it is exact: every E2M1 value times 2^d is a
 ``float8_e4m3fn`` value for d in [-8, 6] (2^-9 is E4M3's smallest subnormal, 6 x 2^6 = 384 <=
@@ -56,53 +60,58 @@ from .mx_format import (
 )
 
 from .fp8_format import (
-    EMPTY_ROW_BMAX,
     FLAG_EXACT,
-    ROW_EXP_OFFSET,
     _block_shift,
     check_packed_rows,
     encode_blocks,
+    format_named,
+    format_of,
 )
 
 
-def encode_rows(data, scale_bytes):
-    """The fused MXFP4 -> E4M3 pass on rows with the quantized axis last.
+def encode_rows(data, scale_bytes, fmt: str = "e4m3"):
+    """The fused MXFP4 -> FP8 pass on rows with the quantized axis last.
 
     Args:
       data: uint8 [..., K/2] packed E2M1 pairs (low nibble first).
       scale_bytes: uint8 or float8_e8m0fnu [..., K/32], plain layout.
+      fmt: the code format, "e4m3" or "e5m2" (:mod:`jax_mxfp4.fp8_format`).
     Returns:
-      (codes float8_e4m3fn [..., K], row_exp int32 [...], row_flag uint8 [...]) as described in
-      the module docstring.
+      (codes float8_e4m3fn / float8_e5m2 [..., K], row_exp int32 [...], row_flag uint8 [...]) as
+      described in the module docstring.
+    Raises:
+      ValueError: another ``fmt``.
     """
+    f = format_named(fmt)
     sb = as_scale_bytes(scale_bytes).astype(jnp.int32)
     codes4 = unpack_nibbles(data)
     if codes4.shape[-1] == 0:  # K = 0: no block, as a row of zero blocks (row_exp 0, no flag)
         lead = codes4.shape[:-1]
-        return (codes4.astype(jnp.float8_e4m3fn), jnp.full(lead, EMPTY_ROW_BMAX - ROW_EXP_OFFSET, jnp.int32),
-                jnp.zeros(lead, jnp.uint8))
+        return codes4.astype(f.dtype), jnp.zeros(lead, jnp.int32), jnp.zeros(lead, jnp.uint8)
     blocks = codes4.reshape(*codes4.shape[:-1], codes4.shape[-1] // BLOCK_SIZE, BLOCK_SIZE)
-    d, row_exp, row_flag = encode_blocks(sb, (blocks & 7).astype(jnp.int32))
+    d, row_exp, row_flag = encode_blocks(sb, (blocks & 7).astype(jnp.int32), f)
     vals = decode_e2m1(blocks) * pow2_from_exponent(d)[..., None]
-    return vals.reshape(codes4.shape).astype(jnp.float8_e4m3fn), row_exp, row_flag
+    return vals.reshape(codes4.shape).astype(f.dtype), row_exp, row_flag
 
 
-def encode_rows_on(data, scale_bytes, platform: str):
+def encode_rows_on(data, scale_bytes, platform: str, fmt: str = "e4m3"):
     """:func:`encode_rows` computed the fastest way on ``platform`` (bit-identical either way).
 
     On "cuda" (unless custom kernels are off, ``JAX_MXFP4_KERNELS=0``, or where
     :func:`jax_mxfp4.sharding.kernel_may_run` says no: under a mesh, explicitly sharded or
-    ``shard_map``-varying operands) one Pallas kernel
+    ``shard_map``-varying operands) one Pallas kernel for E4M3
     (:func:`jax_mxfp4.kernels.fp8_encode.encode_rows_kernel`, its default tile; the jnp form is
-    several XLA fusions, ~10x slower on an H200); elsewhere the jnp form above. Leading dims are
-    flattened.
+    several XLA fusions, ~10x slower on an H200); elsewhere, and for E5M2 (the training passes
+    encode their E5M2 operands in the fused quantizer on CUDA), the jnp form above. Leading dims
+    are flattened.
     """
     check_packed_rows(data, scale_bytes)
     if not isinstance(platform, str):
         raise TypeError(f"platform must be a platform name such as 'cpu' or 'cuda', got {platform!r}")
-    use_kernel = platform == "cuda" and kernels_enabled() and kernel_may_run(data, scale_bytes)
+    format_named(fmt)
+    use_kernel = platform == "cuda" and kernels_enabled() and kernel_may_run(data, scale_bytes) and fmt == "e4m3"
     if not use_kernel or data.size == 0:
-        return encode_rows(data, as_scale_bytes(scale_bytes))
+        return encode_rows(data, as_scale_bytes(scale_bytes), fmt)
     from .kernels.fp8_encode import encode_rows_kernel
 
     lead, half = data.shape[:-1], data.shape[-1]
@@ -112,12 +121,14 @@ def encode_rows_on(data, scale_bytes, platform: str):
 
 
 def decode_rows(codes, scale_bytes, row_exp, row_flag):
-    """Inverse of :func:`encode_rows`: packed E2M1 data uint8 [..., K/2] (bit-exact)."""
+    """Inverse of :func:`encode_rows` (either format, from the codes' dtype): packed E2M1 data
+    uint8 [..., K/2] (bit-exact)."""
+    f = format_of(codes.dtype)
     sb = as_scale_bytes(scale_bytes).astype(jnp.int32)
     q = codes.astype(jnp.float32)
     blocks = q.reshape(*q.shape[:-1], q.shape[-1] // BLOCK_SIZE, BLOCK_SIZE)
     exact = ((row_flag & FLAG_EXACT) != 0)[..., None, None]
-    d = _block_shift(sb, (row_exp + ROW_EXP_OFFSET)[..., None], exact[..., 0])
+    d = _block_shift(sb, (row_exp + f.row_exp_offset)[..., None], exact[..., 0], f)
     e2m1 = blocks * pow2_from_exponent(-d)[..., None]
     return pack_nibbles(e2m1_code_nearest(e2m1).reshape(q.shape))
 
@@ -127,9 +138,10 @@ class FP8Prepared(PreparedWeight, ArraysWithRecord):
     """An :class:`jax_mxfp4.MXFP4Array` converted for the FP8 GEMM path (:func:`prepare_fp8`).
 
     Children (stored with the quantized axis LAST, the K-contiguous layout an FP8 GEMM reads):
-      codes:    ``float8_e4m3fn`` [*rest, K]: E2M1(code) x 2^d per element, d per block.
+      codes:    ``float8_e4m3fn`` [*rest, K]: E2M1(code) x 2^d per element, d per block
+                (``float8_e5m2`` for the training passes' gradient operand: module docstring).
       scales:   ``float8_e8m0fnu`` [*rest, K/32]: the original E8M0 scale bytes (plain layout).
-      row_exp:  int32 [*rest]: e = b_max - 133; an element is codes x 2^e (unflagged rows).
+      row_exp:  int32 [*rest]: e = b_max - 133 (E5M2: - 140); an element is codes x 2^e (unflagged rows).
       row_flag: uint8 [*rest]: bit 0 the row takes the exact path, bit 1 it holds a NaN scale.
     ``rest`` is the logical shape without ``axis``, in order. Static: ``axis``, ``shape``
     (logical), ``dtype``, ``scale_mode``, ``hadamard`` - those of the MXFP4Array it came from
@@ -141,7 +153,7 @@ class FP8Prepared(PreparedWeight, ArraysWithRecord):
     ``jax.export`` serializes it as an argument or result (:mod:`jax_mxfp4.serialization`).
     """
 
-    holds = "an FP8Prepared holds E4M3 codes with per-row exponents"
+    holds = "an FP8Prepared holds FP8 codes with per-row exponents"
 
     codes: Any
     scales: Any
@@ -170,8 +182,10 @@ class FP8Prepared(PreparedWeight, ArraysWithRecord):
             raise ValueError(f"FP8Prepared axis must be an int in [0, {len(shape)}), got {axis!r}")
         checks.check_block_multiple(shape[axis], axis, "FP8Prepared shape")
         rest = tuple(d for i, d in enumerate(shape) if i != axis)
+        # E5M2 codes (a gradient operand) or E4M3 (every other operand)
+        e5m2 = jnp.dtype(getattr(self.codes, "dtype", jnp.float32)) == jnp.dtype(jnp.float8_e5m2)
         want = {
-            "codes": (rest + (shape[axis],), jnp.float8_e4m3fn),
+            "codes": (rest + (shape[axis],), jnp.float8_e5m2 if e5m2 else jnp.float8_e4m3fn),
             "scales": (rest + (shape[axis] // BLOCK_SIZE,), jnp.float8_e8m0fnu),
             "row_exp": (rest, jnp.int32),
             "row_flag": (rest, jnp.uint8),
@@ -207,6 +221,11 @@ class FP8Prepared(PreparedWeight, ArraysWithRecord):
         return MXFP4Array(jnp.moveaxis(data, -1, self.axis), jnp.moveaxis(self.scales, -1, self.axis),
                           self.axis, self.shape, self.dtype, self.scale_mode, "plain", self.hadamard)
 
+    @property
+    def fmt(self) -> str:
+        """The code format, "e4m3" or "e5m2" (:mod:`jax_mxfp4.fp8_format`)."""
+        return format_of(self.codes.dtype).name
+
     def exact_rows(self) -> jax.Array:
         """bool [*rest]: rows the FP8 GEMM computes on its exact path (module docstring)."""
         return (self.row_flag & FLAG_EXACT) != 0
@@ -226,9 +245,15 @@ def prepare_fp8(x: MXFP4Array) -> FP8Prepared:
     """
     if not isinstance(x, MXFP4Array):
         raise TypeError(f"prepare_fp8 takes an MXFP4Array, got {type(x).__name__}")
+    return to_fp8(x, "e4m3")
+
+
+def to_fp8(x: MXFP4Array, fmt: str) -> FP8Prepared:
+    """:func:`prepare_fp8` with the code format ``fmt`` ("e4m3" | "e5m2"): the training passes
+    encode their gradient operand as E5M2 (module docstring). Raises ValueError for another fmt."""
     data = jnp.moveaxis(x.data, x.axis, -1)
     scales = jnp.moveaxis(x.plain_scales(), x.axis, -1)
-    codes, row_exp, row_flag = jax.jit(encode_rows_on, static_argnums=2)(data, scales, current_platform())
+    codes, row_exp, row_flag = jax.jit(encode_rows_on, static_argnums=(2, 3))(data, scales, current_platform(), fmt)
     return FP8Prepared(codes, as_e8m0(as_scale_bytes(scales)), row_exp, row_flag, x.axis, x.shape, x.dtype,
                        x.scale_mode, x.hadamard)
 

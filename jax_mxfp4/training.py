@@ -79,7 +79,7 @@ from .array import MXFP4Array
 from . import hadamard as hd
 from .backends import fp8 as fp8_backend
 from .decode_prepared import DecodePrepared
-from .fp8_prepared import FP8Prepared
+from .fp8_prepared import FP8Prepared, to_fp8
 from .mx_format import BLOCK_SIZE
 from .quantize import dequantize, fused_path, fused_rotation_path, quantize, quantize_rotated
 from .platform import kernels_enabled
@@ -221,15 +221,27 @@ def _fused_route(x, y, p: gemm.GemmPlan):
     return interpret and platform not in ("cuda", "rocm")
 
 
-def _fp8_operand(x, axis, scale_mode, route, rounding="nearest", key=None):
+def _fp8_operand(x, axis, scale_mode, route, rounding="nearest", key=None, fmt="e4m3"):
     """The FP8-path operand of a canonical float x: the fused kernel's :class:`FP8Prepared`
-    (:func:`jax_mxfp4.backends.fp8.fused_operand`) for a stochastically rounded operand where ``route`` (from
+    (:func:`jax_mxfp4.backends.fp8.fused_operand`, ``fmt`` codes) for a stochastically rounded operand where ``route`` (from
     :func:`_fused_route`) and the layout allow, else the unfused ``quantize`` (an MXFP4Array the
-    fp8 backend encodes). Same bits either way."""
+    fp8 backend encodes; :func:`_gradient_operand` encodes a gradient's). Same bits either way."""
     q = None
     if route is not None and rounding == "stochastic":
-        q = fp8_backend.fused_operand(x, axis, scale_mode, route, rounding, key)
+        q = fp8_backend.fused_operand(x, axis, scale_mode, route, rounding, key, fmt)
     return q if q is not None else quantize(x, axis, scale_mode=scale_mode, rounding=rounding, key=key)
+
+
+def _gradient_operand(gq, p: gemm.GemmPlan):
+    """The quantized gradient ``gq`` as the GEMM ``p`` takes it: on backend "fp8", E5M2 codes
+    (:func:`jax_mxfp4.fp8_prepared.to_fp8`; the fused kernel's already are). Why: a gradient row's
+    block scales spread wider than the 15 binades of E4M3 codes once a model trains (a softmax
+    gradient's rows, a qkv gradient's rows across q, k and v: 15-27 binades measured on the main
+    job, docs/performance.md), and such rows left the FP8 GEMM for the exact recompute; E5M2 codes
+    hold 29 binades. Same values either way (every E2M1 value is exact in both formats)."""
+    if p.backend_here != "fp8" or isinstance(gq, FP8Prepared):
+        return gq
+    return to_fp8(gq, "e5m2")
 
 
 def _fprop(a, b, recipe: Recipe, out_dtype, fprop_seed):
@@ -289,10 +301,11 @@ def _grad_gemm(g, w, g_axis, w_axis, precision, key, recipe: Recipe, hadamard_se
         h = (recipe.hadamard_block, hadamard_seed)
         gq = quantize_rotated(g, g_axis, h, scale_mode=recipe.scale_mode, rounding=rounding, key=gkey)
         wq = quantize_rotated(w, w_axis, h, scale_mode=recipe.scale_mode)
-        return gemm.execute(*order(gq, wq), _plan(*order(gq, wq), dims_, jnp.float32, recipe))
+        p = _plan(*order(gq, wq), dims_, jnp.float32, recipe)
+        return gemm.execute(*order(_gradient_operand(gq, p), wq), p)
     p = _plan(*order(g, w), dims_, grad_dtype, recipe)
     route = _fused_route(*order(g, w), p)
-    gq = _fp8_operand(g, g_axis, recipe.scale_mode, route, rounding, gkey)
+    gq = _gradient_operand(_fp8_operand(g, g_axis, recipe.scale_mode, route, rounding, gkey, "e5m2"), p)
     wq = _fp8_operand(w, w_axis, recipe.scale_mode, route)
     # On backend "fp8" the GEMM writes ``grad_dtype`` directly (the float32 result rounded once,
     # the caller's cast: same value) instead of a float32 [M, N] array cast afterwards.

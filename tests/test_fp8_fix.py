@@ -243,7 +243,7 @@ def test_fix_flagged_rejects_dtypes():
     out = jnp.zeros((1, 4, 4))
     ok = (out, c, s, e, f, c, s, e, f)
     bad = {0: out.astype(jnp.int32), 1: c.astype(jnp.float32), 2: s.astype(jnp.float32), 3: e.astype(jnp.float32),
-           4: f.astype(jnp.bool_), 5: c.astype(jnp.float8_e5m2), 7: e.astype(jnp.uint8), 8: f.astype(jnp.int32)}
+           4: f.astype(jnp.bool_), 5: c.astype(jnp.float16), 7: e.astype(jnp.uint8), 8: f.astype(jnp.int32)}
     names = ["out", "a_codes", "a_scales", "a_exp", "a_flag", "b_codes", "b_scales", "b_exp", "b_flag"]
     for i, v in bad.items():
         args = list(ok)

@@ -17,7 +17,7 @@ import jax_mxfp4 as mx
 from jax_mxfp4 import training
 from jax_mxfp4.backends import fp8 as fp8_backend
 from jax_mxfp4.platform import KERNELS_ENV
-from jax_mxfp4.fp8_format import FLAG_EXACT, FLAG_NAN
+from jax_mxfp4.fp8_format import FLAG_EXACT, FLAG_NAN, format_named
 from jax_mxfp4.fp8_prepared import encode_rows, prepare_fp8
 from jax_mxfp4.kernels import fp8_quantize as fq
 from jax_mxfp4.kernels import quantize_kernel as kquant
@@ -396,9 +396,10 @@ def _plain_rows(rng, rows, nb):
 
 
 @pytest.mark.sweep(keep=2)
+@pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
 @pytest.mark.parametrize("scale_mode", SCALE_MODES)
 @pytest.mark.parametrize("rounding", ["nearest", "stochastic"])
-def test_plain_path_equals_general_path(scale_mode, rounding, rng):
+def test_plain_path_equals_general_path(scale_mode, rounding, fmt, rng):
     """The fused kernel's plain path (jax_mxfp4/kernels/fp8_quantize.py, taken when every block
     of a tile is plain) gives the general path's bits on every plain tile: values (codes), row
     exponents and flags; stochastic rounding with random uniforms and with u = 0 everywhere in
@@ -414,8 +415,9 @@ def test_plain_path_equals_general_path(scale_mode, rounding, rng):
         u = rng.uniform(0, 1, (rows, nb, 32)).astype(np.float32)
         u[1::2] = 0.0
         u = jnp.asarray(u)
-    plain = jax.jit(lambda: fq._encode_plain(bits, a, u, inv, amax, byte))()
-    general = jax.jit(lambda: fq._encode_general(bits, a, u, inv, bad, byte))()
+    f = format_named(fmt)
+    plain = jax.jit(lambda: fq._encode_plain(bits, a, u, inv, amax, byte, f))()
+    general = jax.jit(lambda: fq._encode_general(bits, a, u, inv, bad, byte, f))()
     np.testing.assert_array_equal(np.asarray(plain[0]).view(np.uint32), np.asarray(general[0]).view(np.uint32))
     np.testing.assert_array_equal(np.asarray(plain[1]), np.asarray(general[1]))
     np.testing.assert_array_equal(np.asarray(plain[2]), np.asarray(general[2]))

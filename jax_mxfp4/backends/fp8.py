@@ -4,7 +4,10 @@ Pipeline:
 
 1. each operand row -> float8_e4m3fn codes x one power of two (:func:`jax_mxfp4.fp8_prepared.encode_rows`:
    one Pallas kernel on CUDA, jnp elsewhere and with ``JAX_MXFP4_KERNELS=0``; a weight can be converted once with
-   :func:`jax_mxfp4.prepare_fp8`);
+   :func:`jax_mxfp4.prepare_fp8`); the training passes hand in their gradient operand as
+   float8_e5m2 codes (:func:`as_fp8`: a 29-binade window per row instead of 15, so the rows of a
+   gradient that spread further take the FP8 GEMM instead of step 4; one operand at most, as
+   Hopper multiplies E4M3 x E5M2 but not E5M2 x E5M2);
 2. XLA's FP8 ``dot_general`` (cuBLASLt ``__cublas$lt$matmul$f8`` on CUDA; XLA on CPU upcasts the
    codes to float32), float32 accumulation requested (bfloat16 output for a bfloat16 result on
    CUDA: rounding there and scaling by a power of two commute);
@@ -107,10 +110,12 @@ def numerics(precision: str, platform: str = "cuda") -> Contract:
         "rows outside the FP8 window exact (float32 accumulation of exact products)"), rel)
 
 
-def _prepared(x, platform: str) -> FP8Prepared:
+def as_fp8(x, platform: str, fmt: str = "e4m3") -> FP8Prepared:
+    """A canonical MXFP4Array [B, R, K] (axis 2) as this path's :class:`FP8Prepared` with ``fmt``
+    codes ("e4m3" | "e5m2", :mod:`jax_mxfp4.fp8_format`); an FP8Prepared passes through as it is."""
     if isinstance(x, FP8Prepared):
         return x
-    codes, row_exp, row_flag = encode_rows_on(x.data, as_scale_bytes(x.plain_scales()), platform)
+    codes, row_exp, row_flag = encode_rows_on(x.data, as_scale_bytes(x.plain_scales()), platform, fmt)
     return FP8Prepared(codes, x.plain_scales(), row_exp, row_flag, 2, x.shape, x.dtype, x.scale_mode)
 
 
@@ -121,9 +126,10 @@ def _mxfp4(x) -> MXFP4Array:
 def rescale(acc, e_lhs, e_rhs, nan_rows, nan_cols, out_dtype):
     """acc [B, M, N] x 2^(e_lhs[:, :, None] + e_rhs[:, None, :]) -> out_dtype, one rounding.
 
-    The exponent sum E (in [-266, 242]) is applied as 2^E1 x 2^E2 with E1 = clip(E, -100, 100):
-    |acc| >= 2^-18 when nonzero (a sum of E4M3 products), so acc x 2^E1 is an exact normal float
-    unless the result overflows anyway; the second factor rounds once. NaN rows/cols -> NaN.
+    The exponent sum E (in [-273, 242]) is applied as 2^E1 x 2^E2 with E1 = clip(E, -100, 100):
+    |acc| >= 2^-25 when nonzero (a sum of E4M3 x E4M3 or E5M2 x E4M3 products, multiples of
+    2^-9 x 2^-16), so acc x 2^E1 is an exact normal float unless the result overflows anyway; the
+    second factor rounds once. NaN rows/cols -> NaN.
     The elementwise rule is :func:`jax_mxfp4.fp8_format.rescale_elements` (shared with the CUDA kernel,
     :mod:`jax_mxfp4.kernels.rescale`; :func:`rescale_on` picks the implementation).
     """
@@ -234,12 +240,18 @@ def fp8_gemm(lhs, rhs, out_dtype, precision: str = "default", platform: str = "c
     """Canonical a4w4 GEMM [B, M, K] x [B, N, K] -> [B, M, N] on the FP8 path.
 
     ``lhs``/``rhs``: canonical MXFP4Arrays (axis 2) or canonical :class:`FP8Prepared`.
-    ``precision``: "default" or "high" (module docstring). Raises ValueError for "highest".
+    ``precision``: "default" or "high" (module docstring).
+    Raises ValueError for "highest", and for two E5M2 operands (FP8 tensor cores multiply E4M3 x
+    E5M2 at most; :mod:`jax_mxfp4.fp8_format`).
     """
     if precision not in ("default", "high"):
         raise ValueError(f"the FP8 path takes precision 'default' or 'high', got {precision!r}")
     out_dtype = np.dtype(out_dtype)  # (jit: an np.dtype or a jnp scalar type, both hashable)
-    a, b = _prepared(lhs, platform), _prepared(rhs, platform)
+    a, b = as_fp8(lhs, platform), as_fp8(rhs, platform)
+    if a.fmt == b.fmt == "e5m2":
+        raise ValueError("lhs and rhs: at most one operand of the FP8 path may hold E5M2 codes (FP8 tensor "
+                         "cores multiply E4M3 x E4M3, E4M3 x E5M2 and E5M2 x E4M3); prepare the other with "
+                         "prepare_fp8 (E4M3)")
     # bfloat16 out on CUDA: cuBLASLt rounds the float32 accumulator to bf16 in its epilogue and
     # the power-of-two rescale commutes with that rounding (same exponent range as float32).
     acc_dtype = jnp.bfloat16 if (platform == "cuda" and out_dtype == np.dtype(jnp.bfloat16)) else jnp.float32
@@ -260,9 +272,9 @@ def fp8_gemm(lhs, rhs, out_dtype, precision: str = "default", platform: str = "c
     return _fix_flagged(out, lhs, rhs, flag_l, flag_r, platform)
 
 
-def fused_operand(x, axis, scale_mode, interpret, rounding="nearest", key=None):
-    """``prepare_fp8(quantize(x, axis, ...))`` for a canonical float operand x [B, ., .] (axis 1
-    or 2) in one fused kernel (:mod:`jax_mxfp4.kernels.fp8_quantize`), or None where the kernel
+def fused_operand(x, axis, scale_mode, interpret, rounding="nearest", key=None, fmt="e4m3"):
+    """``as_fp8(quantize(x, axis, ...), platform, fmt)`` for a canonical float operand x [B, ., .]
+    (axis 1 or 2) in one fused kernel (:mod:`jax_mxfp4.kernels.fp8_quantize`), or None where the kernel
     cannot take it (then the caller keeps the unfused passes for this operand). An operand
     quantized along a strided axis (axis 1) is transposed by XLA first and the kernel reads rows.
 
@@ -293,7 +305,7 @@ def fused_operand(x, axis, scale_mode, interpret, rounding="nearest", key=None):
     # reference's draw is unchanged).
     x2 = x.reshape(-1, kq) if last else x[0].T
     codes, scales, row_exp, row_flag = fq.quantize_fp8_2d(
-        x2, key_data, uniform, scale_mode=scale_mode, interpret=interpret)
+        x2, key_data, uniform, scale_mode=scale_mode, interpret=interpret, fmt=fmt)
     return FP8Prepared(codes.reshape(rest + (kq,)), scales.reshape(rest + (kq // BLOCK_SIZE,)),
                        row_exp.reshape(rest), row_flag.reshape(rest), axis, x.shape, x.dtype, scale_mode)
 

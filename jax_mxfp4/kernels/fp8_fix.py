@@ -1,7 +1,7 @@
 """Exact recompute of the flagged rows and columns of an FP8-path GEMM result, in one Pallas
 (Triton lowering) kernel with no host round trip.
 
-The FP8 path (:mod:`jax_mxfp4.backends.fp8`) computes every output from E4M3 codes; rows of the
+The FP8 path (:mod:`jax_mxfp4.backends.fp8`) computes every output from FP8 codes (E4M3, or E5M2 for a gradient); rows of the
 lhs and columns (rhs rows) flagged by the encoding (``FLAG_EXACT``: blocks outside the 15-binade
 window, flushed or overflowing elements) must be recomputed exactly. The portable form of that
 step is a ``lax.while_loop`` whose trip count depends on the flags: on a GPU XLA copies its
@@ -74,14 +74,14 @@ def exact_values(codes, scale_bytes, row_exp, row_flag):
     """Exact float32 values of FP8-path operand rows (module docstring).
 
     Args:
-      codes: float8_e4m3fn [R, nb, 32]; scale_bytes: uint8 [R, nb] (plain layout);
+      codes: float8_e4m3fn or float8_e5m2 [R, nb, 32]; scale_bytes: uint8 [R, nb] (plain layout);
       row_exp: int32 [R]; row_flag: uint8 [R].
     Returns:
       float32 [R, nb, 32]: the reference's dequantized MXFP4 values (NaN rows all NaN).
     """
     c = codes.astype(jnp.float32)
     e = row_exp[:, None, None]
-    e1 = jnp.clip(e, -100, 100)  # row_exp in [-133, 121]: two factors, each a normal power of two
+    e1 = jnp.clip(e, -100, 100)  # row_exp in [-140, 121]: two factors, each a normal power of two
     plain = c * pow2_from_exponent(e1) * pow2_from_exponent(e - e1)
     flag = row_flag.astype(jnp.int32)[:, None, None]
     v = jnp.where((flag & FLAG_EXACT) != 0, scale_e2m1_values(c, scale_bytes), plain)
@@ -181,13 +181,13 @@ def exact_rows_index(*row_flags, group: int = 1, interpret: bool = False):
 
 
 def _kernel(li_ref, lc_ref, ri_ref, rc_ref, ac_ref, as_ref, ae_ref, af_ref, bc_ref, bs_ref, be_ref, bf_ref,
-            o_in_ref, o_ref, *, m, n, k, n_prog, cfg: FixConfig):
+            o_in_ref, o_ref, *, m, n, k, n_prog, cfg: FixConfig, code_dtypes):
     del o_in_ref  # aliased with o_ref
     bi, p = pl.program_id(0), pl.program_id(1)
     g = cfg.group
     nj, ni = pl.cdiv(n, cfg.bn), pl.cdiv(m, cfg.bm)
-    lhs = (ac_ref, as_ref, ae_ref, af_ref)
-    rhs = (bc_ref, bs_ref, be_ref, bf_ref)
+    lhs = (ac_ref, as_ref, ae_ref, af_ref, code_dtypes[0])
+    rhs = (bc_ref, bs_ref, be_ref, bf_ref, code_dtypes[1])
 
     def walk(units, do):  # units p, p + n_prog, ... below ``units`` (a traced count)
         def step(t, carry):
@@ -235,26 +235,26 @@ def _dot_exact(a_step, b_step, shape, k: int, cfg: FixConfig):
     return lax.fori_loop(0, k // cfg.bk, body, jnp.zeros(shape, jnp.float32))
 
 
-def _values(codes_u8, s, e, f, nr, cfg: FixConfig):
-    c = lax.bitcast_convert_type(codes_u8, jnp.float8_e4m3fn)
+def _values(codes_u8, s, e, f, nr, cfg: FixConfig, code_dtype):
+    c = lax.bitcast_convert_type(codes_u8, code_dtype)
     return exact_values(c, s, e, f).astype(jnp.bfloat16).reshape(nr, cfg.bk)
 
 
 def _tile(op, bi, r0, nr, rmask, kb, cfg: FixConfig):
     """Exact bfloat16 values [nr, bk] of operand rows r0..r0+nr (masked rows 0), K blocks kb.."""
-    c_ref, s_ref, e_ref, f_ref = op
+    c_ref, s_ref, e_ref, f_ref, code_dtype = op
     nbk = cfg.bk // BLOCK_SIZE
     c = plgpu.load(c_ref.at[bi, pl.ds(r0, nr), pl.ds(kb, nbk), :], mask=rmask[:, None, None], other=0)
     s = plgpu.load(s_ref.at[bi, pl.ds(r0, nr), pl.ds(kb, nbk)], mask=rmask[:, None], other=0)
     e = plgpu.load(e_ref.at[bi, pl.ds(r0, nr)], mask=rmask, other=0)
     f = plgpu.load(f_ref.at[bi, pl.ds(r0, nr)], mask=rmask, other=0)
-    v = _values(c, s, e, f, nr, cfg)
+    v = _values(c, s, e, f, nr, cfg, code_dtype)
     return jnp.where(rmask[:, None], v, jnp.zeros((), jnp.bfloat16))
 
 
 def _gathered(op, bi, rows, kb, cfg: FixConfig):
     """Exact bfloat16 values [len(rows), bk] of the operand rows ``rows`` (valid indices), K blocks kb.."""
-    c_ref, s_ref, e_ref, f_ref = op
+    c_ref, s_ref, e_ref, f_ref, code_dtype = op
     nbk = cfg.bk // BLOCK_SIZE
     nr = rows.shape[0]
     blk = kb + lax.broadcasted_iota(jnp.int32, (nbk,), 0)
@@ -263,7 +263,7 @@ def _gathered(op, bi, rows, kb, cfg: FixConfig):
     s = plgpu.load(s_ref.at[bi, rows[:, None], blk[None, :]])
     e = plgpu.load(e_ref.at[bi, rows])
     f = plgpu.load(f_ref.at[bi, rows])
-    return _values(c, s, e, f, nr, cfg)
+    return _values(c, s, e, f, nr, cfg, code_dtype)
 
 
 def default_config(k: int) -> FixConfig:
@@ -280,7 +280,7 @@ def fix_flagged(out, a_codes, a_scales, a_exp, a_flag, b_codes, b_scales, b_exp,
     Args:
       out: float32/bfloat16/float16 [B, M, N], the FP8 GEMM's rescaled result (aliased with the
         output).
-      a_codes: float8_e4m3fn [B, M, K]; a_scales: uint8 [B, M, K/32]; a_exp: int32 [B, M];
+      a_codes: float8_e4m3fn or float8_e5m2 [B, M, K]; a_scales: uint8 [B, M, K/32]; a_exp: int32 [B, M];
         a_flag: uint8 [B, M] -- the lhs's :class:`jax_mxfp4.fp8_prepared.FP8Prepared` fields (scale bytes);
       b_*: the same for the rhs [B, N, K].
       cfg: :class:`FixConfig` (default :func:`default_config`); interpret: the Pallas interpreter.
@@ -293,8 +293,8 @@ def fix_flagged(out, a_codes, a_scales, a_exp, a_flag, b_codes, b_scales, b_exp,
     """
     if getattr(out, "ndim", None) != 3:
         raise ValueError(f"fix_flagged: out must be a [B, M, N] array, got shape {getattr(out, 'shape', type(out))}")
-    want = {"out": (out, ("float32", "bfloat16", "float16")), "a_codes": (a_codes, ("float8_e4m3fn",)),
-            "b_codes": (b_codes, ("float8_e4m3fn",)), "a_scales": (a_scales, ("uint8",)),
+    want = {"out": (out, ("float32", "bfloat16", "float16")), "a_codes": (a_codes, ("float8_e4m3fn", "float8_e5m2")),
+            "b_codes": (b_codes, ("float8_e4m3fn", "float8_e5m2")), "a_scales": (a_scales, ("uint8",)),
             "b_scales": (b_scales, ("uint8",)), "a_exp": (a_exp, ("int32",)), "b_exp": (b_exp, ("int32",)),
             "a_flag": (a_flag, ("uint8",)), "b_flag": (b_flag, ("uint8",))}
     for name, (v, dts) in want.items():
@@ -321,7 +321,8 @@ def fix_flagged(out, a_codes, a_scales, a_exp, a_flag, b_codes, b_scales, b_exp,
     (li, lc), (ri, rc) = exact_rows_index(a_flag, b_flag, group=g, interpret=interpret)
     units = max(pl.cdiv(m, g) * pl.cdiv(n, cfg.bn), pl.cdiv(n, g) * pl.cdiv(m, cfg.bm))
     n_prog = min(cfg.max_programs, units)
-    kernel = functools.partial(_kernel, m=m, n=n, k=k, n_prog=n_prog, cfg=cfg)
+    kernel = functools.partial(_kernel, m=m, n=n, k=k, n_prog=n_prog, cfg=cfg,
+                               code_dtypes=(a_codes.dtype, b_codes.dtype))
     u8 = lambda c, r: lax.bitcast_convert_type(c, jnp.uint8).reshape(bsz, r, nb, BLOCK_SIZE)  # noqa: E731
     args = (li, lc, ri, rc, u8(a_codes, m), a_scales, a_exp, a_flag, u8(b_codes, n), b_scales, b_exp,
             b_flag, out)

@@ -1,7 +1,8 @@
-"""Fused quantize-to-FP8-operand: float rows -> MXFP4 -> E4M3 codes x one power of two per row,
-in one Pallas (Triton lowering) kernel that reads the float input once.
+"""Fused quantize-to-FP8-operand: float rows -> MXFP4 -> FP8 codes (E4M3, or E5M2 for a
+gradient) x one power of two per row, in one Pallas (Triton lowering) kernel that reads the float
+input once.
 
-Output: exactly ``jax_mxfp4.fp8_prepared.encode_rows(quantize(x, axis, ...))`` (codes ``float8_e4m3fn``,
+Output: exactly ``jax_mxfp4.fp8_prepared.encode_rows(quantize(x, axis, ...), fmt)`` (codes ``float8_e4m3fn`` or ``float8_e5m2``,
 E8M0 scale bytes, per-row exponent and flags; :mod:`jax_mxfp4.fp8_prepared`), i.e. the children of
 ``prepare_fp8(quantize(x, axis, ...))``, without writing the packed MXFP4 array in between. The
 quantized axis is last: the rows of x are the output rows (a caller transposes an operand
@@ -130,13 +131,14 @@ bytes 0/1 (flushed codes) and 253/254 (overflow) are :func:`jax_mxfp4.fp8_format
 0xFF (a NaN/Inf in the block) is the general path's."""
 
 
-def encode_tile(bits, u, scale_mode):
+def encode_tile(bits, u, scale_mode, fmt=None):
     """Quantize and encode whole rows held in registers.
 
     Args:
       bits: int32 [R, nb, 32], the float32 bits of R rows of nb 32-element blocks.
       u: float32 uniforms [R, nb, 32] for stochastic rounding, or None (round to nearest even).
       scale_mode: the scale rule.
+      fmt: the :class:`jax_mxfp4.fp8_format.Fp8Format` of the codes (default E4M3).
     A tile whose blocks are all plain (:data:`PLAIN_MIN_BYTE`) takes :func:`_encode_plain` (fewer
     operations per element), any other :func:`_encode_general`; both give the same bits
     (tests/test_fp8_fused.py).
@@ -151,17 +153,20 @@ def encode_tile(bits, u, scale_mode):
     inv = pow2_from_exponent(-s)[..., None]
     plain = (amax_bits == 0) | ((byte >= PLAIN_MIN_BYTE) & (byte <= PLAIN_MAX_BYTE))
     all_plain = jnp.min(jnp.min(plain.astype(jnp.int32), axis=-1), axis=-1) != 0
-    vals, row_exp, row_flag = lax.cond(all_plain, lambda: _encode_plain(bits, a, u, inv, amax_bits, byte),
-                                       lambda: _encode_general(bits, a, u, inv, bad, byte))
+    from ..fp8_format import E4M3
+
+    fmt = E4M3 if fmt is None else fmt
+    vals, row_exp, row_flag = lax.cond(all_plain, lambda: _encode_plain(bits, a, u, inv, amax_bits, byte, fmt),
+                                       lambda: _encode_general(bits, a, u, inv, bad, byte, fmt))
     return vals, byte, row_exp, row_flag
 
 
-def _encode_general(bits, a, u, inv, bad, byte):
+def _encode_general(bits, a, u, inv, bad, byte, fmt):
     """Every block kind (NaN/Inf, flushed subnormals, special scale bytes): codes, then values."""
     from ..fp8_format import encode_blocks
 
     mag, code4 = general_codes(bits, a, u, inv, bad)
-    d, row_exp, row_flag = encode_blocks(byte.astype(jnp.int32), mag)
+    d, row_exp, row_flag = encode_blocks(byte.astype(jnp.int32), mag, fmt)
     return general_values(code4, d), row_exp, row_flag
 
 
@@ -177,11 +182,11 @@ def general_codes(bits, a, u, inv, bad):
 
 
 def general_values(code4, d):
-    """The E4M3 values E2M1(code4) x 2^d (float32, exact) of :func:`general_codes`' codes."""
+    """The FP8 values E2M1(code4) x 2^d (float32, exact) of :func:`general_codes`' codes."""
     return decode_e2m1(code4) * pow2_from_exponent(d)[..., None]
 
 
-def _encode_plain(bits, a, u, inv, amax_bits, byte):
+def _encode_plain(bits, a, u, inv, amax_bits, byte, fmt):
     """Tiles whose blocks are all plain (:data:`PLAIN_MIN_BYTE`): the E2M1 magnitude as a float
     (:func:`plain_magnitudes`) times 2^d, the input's sign bit OR-ed in; no code, no decode, no
     NaN masks; round to nearest takes each block's largest code from its amax (rounding is
@@ -194,7 +199,7 @@ def _encode_plain(bits, a, u, inv, amax_bits, byte):
     else:
         max_mag = e2m1_magnitude_code(jnp.max(q, axis=-1))
     min_nz = jnp.full(max_mag.shape, 8, jnp.int32)  # read only for scale bytes 0/1: none here
-    d, row_exp, row_flag = encode_block_stats(byte.astype(jnp.int32), max_mag, min_nz)
+    d, row_exp, row_flag = encode_block_stats(byte.astype(jnp.int32), max_mag, min_nz, fmt)
     return plain_values(q, bits, d), row_exp, row_flag
 
 
@@ -219,7 +224,7 @@ def plain_max_code(amax_bits, inv):
 
 
 def plain_values(q, bits, d):
-    """The E4M3 values (float32, exact) of plain blocks: magnitudes ``q`` x 2^d, the input's sign
+    """The FP8 values (float32, exact) of plain blocks: magnitudes ``q`` x 2^d, the input's sign
     bit OR-ed in."""
     v = lax.bitcast_convert_type(q * pow2_from_exponent(d)[..., None], jnp.int32)
     return lax.bitcast_convert_type(v | (bits & _SIGN), jnp.float32)
@@ -239,7 +244,7 @@ def _load_rows(ref, r0, br, nbp, mask):
     return plgpu.load(view) if mask is None else plgpu.load(view, mask=mask, other=0)
 
 
-def _kernel(*refs, n_rows, n_blocks, nbp, br, scale_mode, kernel_rng, uniform_input, ptx=False):
+def _kernel(*refs, n_rows, n_blocks, nbp, br, scale_mode, kernel_rng, uniform_input, fmt, ptx=False):
     if kernel_rng:
         x_ref, key_ref, codes_ref, scale_ref, exp_ref, flag_ref = refs
     elif uniform_input:
@@ -271,11 +276,11 @@ def _kernel(*refs, n_rows, n_blocks, nbp, br, scale_mode, kernel_rng, uniform_in
         u = interleave4(*words)
     elif uniform_input:  # the reference's draw read in, element-aligned with the output rows
         u = _load_rows(u_ref, r0, br, nbp, omask)
-    vals, byte, row_exp, row_flag = encode_tile(bits, u, scale_mode)
+    vals, byte, row_exp, row_flag = encode_tile(bits, u, scale_mode, fmt)
     cview = codes_ref.at[pl.ds(r0, br), from0(nbp), from0(BLOCK_SIZE)]
     sview = scale_ref.at[pl.ds(r0, br), from0(nbp)]
     eview, fview = exp_ref.at[pl.ds(r0, br)], flag_ref.at[pl.ds(r0, br)]
-    codes = vals.astype(jnp.float8_e4m3fn)
+    codes = vals.astype(fmt.dtype)  # exact values: no rounding
     if omask is None:
         plgpu.store(cview, codes)
         plgpu.store(sview, byte)
@@ -291,9 +296,9 @@ def _kernel(*refs, n_rows, n_blocks, nbp, br, scale_mode, kernel_rng, uniform_in
     plgpu.store(fview, row_flag, mask=rmask)
 
 
-@functools.partial(jax.jit, static_argnames=("scale_mode", "cfg", "interpret"))
+@functools.partial(jax.jit, static_argnames=("scale_mode", "cfg", "interpret", "fmt"))
 def quantize_fp8_2d(x, key_data=None, uniform=None, *, scale_mode="even",
-                    cfg: Fp8QuantizeConfig | None = None, interpret=False):
+                    cfg: Fp8QuantizeConfig | None = None, interpret=False, fmt="e4m3"):
     """Quantize a 2-D float array to MXFP4 and encode it as FP8 rows, in one pass.
 
     Args:
@@ -314,20 +319,24 @@ def quantize_fp8_2d(x, key_data=None, uniform=None, *, scale_mode="even",
       scale_mode: the scale rule (as :func:`jax_mxfp4.quantize`).
       cfg: :class:`Fp8QuantizeConfig`; default :func:`default_config`.
       interpret: run the Pallas interpreter (CPU tests).
+      fmt: the code format, "e4m3" or "e5m2" (:mod:`jax_mxfp4.fp8_format`).
     Returns:
-      (codes float8_e4m3fn [R, Kq], scales float8_e8m0fnu [R, Kq/32], row_exp int32 [R],
-      row_flag uint8 [R]) = ``encode_rows`` of ``quantize(x, 1)``
+      (codes float8_e4m3fn / float8_e5m2 [R, Kq], scales float8_e8m0fnu [R, Kq/32], row_exp
+      int32 [R], row_flag uint8 [R]) = ``encode_rows(quantize(x, 1), fmt)``
       (:mod:`jax_mxfp4.fp8_prepared`), bit for bit.
     Raises:
       TypeError: x not a float array; key_data not of dtype uint32 and shape [2] or [4]; uniform
         not float32; cfg of
         another type.
-      ValueError: x not 2-D or empty, Kq not a multiple of 32 or above :data:`MAX_ROW`; both
+      ValueError: fmt not "e4m3" / "e5m2"; x not 2-D or empty, Kq not a multiple of 32 or above :data:`MAX_ROW`; both
         key_data and uniform given; uniform's shape not [*lead, Kq] or [*lead, Kq / 32, 32]
         with prod(lead) = R.
     """
     if cfg is not None and not isinstance(cfg, Fp8QuantizeConfig):
         raise TypeError(f"cfg must be an Fp8QuantizeConfig or None, got {cfg!r}")
+    from ..fp8_format import format_named
+
+    f = format_named(fmt)
     kq, n_rows = check_call(x, key_data, uniform, "quantize_fp8_2d")
     if cfg is None:
         cfg = default_config(kq, stochastic=key_data is not None or uniform is not None)
@@ -344,11 +353,11 @@ def quantize_fp8_2d(x, key_data=None, uniform=None, *, scale_mode="even",
         args.append(uniform.reshape(n_rows, n_blocks, BLOCK_SIZE))
     kernel = functools.partial(_kernel, n_rows=n_rows, n_blocks=n_blocks, nbp=nbp, br=br,
                                scale_mode=scale_mode, kernel_rng=kernel_rng,
-                               uniform_input=uniform is not None, ptx=not interpret)
+                               uniform_input=uniform is not None, fmt=f, ptx=not interpret)
     codes, byte, row_exp, row_flag = pl.pallas_call(
         kernel,
         out_shape=(
-            jax.ShapeDtypeStruct((n_rows, n_blocks, BLOCK_SIZE), jnp.float8_e4m3fn),
+            jax.ShapeDtypeStruct((n_rows, n_blocks, BLOCK_SIZE), f.dtype),
             jax.ShapeDtypeStruct((n_rows, n_blocks), jnp.uint8),
             jax.ShapeDtypeStruct((n_rows,), jnp.int32),
             jax.ShapeDtypeStruct((n_rows,), jnp.uint8),

@@ -130,13 +130,14 @@ def fp8_operands(kind, k, seed, m=256, n=256):
     return ca, sa, cb, sb
 
 
-def fp8_dot_in_hlo(hlo: str) -> bool:
-    """Whether compiled HLO text holds a ``dot`` whose two operands are float8_e4m3fn. XLA prints
-    dot operands by name only (``dot(%param_0, %param_1)``), so each computation's definitions
-    are read first (names repeat across fused computations)."""
+def fp8_dot_in_hlo(hlo: str, types=("f8e4m3fn", "f8e4m3fn")) -> bool:
+    """Whether compiled HLO text holds a ``dot`` whose operands have the element ``types`` (lhs,
+    rhs; default both float8_e4m3fn). XLA prints dot operands by name only (``dot(%param_0,
+    %param_1)``), so each computation's definitions are read first (names repeat across fused
+    computations)."""
     for comp in re.split(r"\n(?=\S)", hlo):  # a computation starts at an unindented line
-        types = dict(re.findall(r"%([\w.\-]+) = ([a-z0-9]+)\[", comp))
+        defs = dict(re.findall(r"%([\w.\-]+) = ([a-z0-9]+)\[", comp))
         for a, b in re.findall(r" dot\(%([\w.\-]+), %([\w.\-]+)\)", comp):
-            if types.get(a) == types.get(b) == "f8e4m3fn":
+            if (defs.get(a), defs.get(b)) == tuple(types):
                 return True
     return False

@@ -154,3 +154,83 @@ def test_auto_picks_fp8_at_default_and_not_at_highest():
     d = mx.explain(big, big, dn)
     dh = mx.explain(big, big, dn, precision=jax.lax.Precision.HIGHEST)
     assert d.backend == "fp8" and dh.backend != "fp8", (d.backend, dh.backend)
+
+
+# ------------------------------------------------------------------ E5M2 gradient operands
+def _e5m2_operands(kind, k, seed):
+    """``fp8_operands`` with the lhs's block scales spread over 15-28 binades (outside E4M3's
+    window, inside E5M2's): the lhs as E5M2 codes, the rhs as E4M3."""
+    from jax_mxfp4.fp8_prepared import to_fp8
+
+    ca, sa, cb, sb = fp8_operands(kind, k, seed)
+    lo = np.random.default_rng(seed).integers(93, 120, sa.shape[:2])  # 15..41 below 134: some at 28
+    sa[:, :, 1] = np.maximum(lo, 134 - 28).astype(np.uint8)
+    sa[:, :, 0] = 134
+    a, b = mx_from_codes(ca, sa), mx_from_codes(cb, sb)
+    ea = to_fp8(a, "e5m2")
+    assert not bool(jnp.any(ea.exact_rows())), kind  # all within E5M2's window
+    da = np.asarray(mx.dequantize(a), np.float64)[0]
+    db = np.asarray(mx.dequantize(b), np.float64)[0]
+    return ea, b, da @ db.T, np.abs(da) @ np.abs(db).T
+
+
+def test_an_e5m2_by_e4m3_gemm_in_the_compiled_hlo():
+    ea, b, _, _ = _e5m2_operands("random", 1024, 3)
+    hlo = _fp8_gemm("default").lower(ea, b).compile().as_text()
+    cublas = "__cublas$lt$matmul$f8" in hlo
+    assert cublas or fp8_dot_in_hlo(hlo, ("f8e5m2", "f8e4m3fn")), sorted(set(re.findall(r'custom_call_target="([^"]+)"', hlo)))
+
+
+@pytest.mark.parametrize("precision", ["default", "high"])
+@pytest.mark.parametrize("kind", ("random", "head_tail_14", "cancel"))
+@pytest.mark.parametrize("k", [1024, 8192])
+def test_e5m2_operand_error_within_the_documented_bound(k, kind, precision):
+    """An E5M2 lhs (rows spanning up to 28 binades) x an E4M3 rhs on the FP8 GEMM: the error
+    stays within ERROR_BOUNDS (measured for E4M3 x E4M3)."""
+    from jax_mxfp4.backends import fp8 as fb
+
+    ea, b, exact, mag = _e5m2_operands(kind, k, k + len(kind))
+    out = np.asarray(_fp8_gemm(precision)(ea, b), np.float64)[0]
+    assert np.isfinite(out).all()
+    ratio = float(np.max(np.abs(out - exact) / mag))
+    assert ratio <= fb.ERROR_BOUNDS[(precision, "random" if kind == "random" else "adversarial")], ratio
+
+
+@pytest.mark.parametrize("rounding", ["nearest", "stochastic"])
+def test_fused_kernel_e5m2_bit_identical_to_encode_rows(rounding):
+    """The fused quantize-to-FP8 kernel with E5M2 codes on the GPU (Triton's f32 -> f8e5m2
+    conversion) equals the jnp encoding of the quantized operand bit for bit."""
+    from jax_mxfp4.fp8_prepared import encode_rows
+    from jax_mxfp4.kernels import fp8_quantize as fq
+
+    rng = np.random.default_rng(11)
+    x = rng.standard_normal((512, 1024)).astype(np.float32)
+    x *= np.float32(2.0) ** rng.integers(-14, 15, (512, 32)).repeat(32, 1).astype(np.float32)
+    key = jax.random.key(5) if rounding == "stochastic" else None
+    kd = jax.random.key_data(key) if key is not None else None
+    got = fq.quantize_fp8_2d(jnp.asarray(x), kd, fmt="e5m2")
+    q = mx.quantize(jnp.asarray(x), 1, rounding=rounding, key=key)
+    want = encode_rows(q.data, q.plain_scales(), "e5m2")
+    np.testing.assert_array_equal(np.asarray(got[0]).view(np.uint8), np.asarray(want[0]).view(np.uint8))
+    np.testing.assert_array_equal(np.asarray(got[2]), np.asarray(want[1]))
+    np.testing.assert_array_equal(np.asarray(got[3]), np.asarray(want[2]))
+
+
+def test_fix_kernel_recomputes_e5m2_rows_outside_the_window():
+    """Rows of an E5M2 lhs spanning more than 28 binades are still flagged, and the CUDA fix
+    kernel recomputes them from E5M2 codes (exact products, float32 accumulation)."""
+    from jax_mxfp4.fp8_prepared import to_fp8
+
+    ca, sa, cb, sb = _window_operands()  # rows 3, 100, 511 span 60+ binades
+    a, b = mx_from_codes(ca, sa), mx_from_codes(cb, sb)
+    da = np.asarray(mx.dequantize(a), np.float64)[0]
+    db = np.asarray(mx.dequantize(b), np.float64)[0]
+    exact, mag = da @ db.T, np.abs(da) @ np.abs(db).T
+    ea = to_fp8(a, "e5m2")
+    assert set(np.flatnonzero(np.asarray(ea.exact_rows())[0])) == {3, 100, 511}
+    out = np.asarray(_fp8_gemm("default")(ea, b), np.float64)[0]
+    fl = np.zeros(exact.shape, bool)
+    fl[[3, 100, 511], :] = True
+    fl[:, 0::9] = True
+    err = np.abs(out - exact)
+    assert (err[fl] <= 2 * 2048 * 2.0**-24 * mag[fl]).all(), float((err[fl] / mag[fl]).max())
