@@ -52,7 +52,7 @@ FORMATS = {f.name: f for f in (E4M3, E5M2)}
 
 def format_named(name) -> Fp8Format:
     """The :class:`Fp8Format` called ``name`` ("e4m3" | "e5m2"); ValueError for another."""
-    if name not in FORMATS:
+    if not isinstance(name, str) or name not in FORMATS:
         raise ValueError(f"fmt must be one of {sorted(FORMATS)} (the FP8 code format), got {name!r}")
     return FORMATS[name]
 

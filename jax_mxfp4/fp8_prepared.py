@@ -148,6 +148,11 @@ class FP8Prepared(PreparedWeight, ArraysWithRecord):
     (``hadamard``: the ``(block, seed)`` rotation its values carry, as in MXFP4Array;
     :func:`jax_mxfp4.dot_general` rotates a float operand facing it the same way).
 
+    Build one with :func:`prepare_fp8`: the constructor checks the children's shapes and dtypes,
+    not that they encode one another (children are often traced, so their values cannot be read);
+    children that are not an encoding (:func:`encode_rows`) give unspecified results, different
+    between backends.
+
     Memory: 1 + 1/32 bytes per element plus 5 bytes per row (an MXFP4Array: 17/32).
     A pytree: ``jit``, ``device_put``/sharding and orbax handle it like any tuple of arrays;
     ``jax.export`` serializes it as an argument or result (:mod:`jax_mxfp4.serialization`).
@@ -190,7 +195,8 @@ class FP8Prepared(PreparedWeight, ArraysWithRecord):
             "row_exp": (rest, jnp.int32),
             "row_flag": (rest, jnp.uint8),
         }
-        self._check_child_forms(want, f"logical shape {shape}, axis {axis} moved last")
+        self._check_child_forms(want, f"logical shape {shape}, axis {axis} moved last; codes float8_e4m3fn, "
+                                      "or float8_e5m2 for a gradient")
         self._check_hadamard()
 
     @property
@@ -200,7 +206,7 @@ class FP8Prepared(PreparedWeight, ArraysWithRecord):
 
     def __repr__(self) -> str:
         return (f"FP8Prepared(shape={self.shape}, dtype={self.dtype.name}, axis={self.axis}, "
-                f"scale_mode={self.scale_mode!r}"
+                f"scale_mode={self.scale_mode!r}, fmt={self.fmt!r}"
                 + (f", hadamard={self.hadamard}" if self.hadamard is not None else "") + ")")
 
     def _check_children(self):
@@ -224,7 +230,8 @@ class FP8Prepared(PreparedWeight, ArraysWithRecord):
     @property
     def fmt(self) -> str:
         """The code format, "e4m3" or "e5m2" (:mod:`jax_mxfp4.fp8_format`)."""
-        return format_of(self.codes.dtype).name
+        e5m2 = jnp.dtype(getattr(self.codes, "dtype", jnp.float8_e4m3fn)) == jnp.dtype(jnp.float8_e5m2)
+        return "e5m2" if e5m2 else "e4m3"  # the constructor admits these two
 
     def exact_rows(self) -> jax.Array:
         """bool [*rest]: rows the FP8 GEMM computes on its exact path (module docstring)."""
@@ -250,7 +257,14 @@ def prepare_fp8(x: MXFP4Array) -> FP8Prepared:
 
 def to_fp8(x: MXFP4Array, fmt: str) -> FP8Prepared:
     """:func:`prepare_fp8` with the code format ``fmt`` ("e4m3" | "e5m2"): the training passes
-    encode their gradient operand as E5M2 (module docstring). Raises ValueError for another fmt."""
+    encode their gradient operand as E5M2 (module docstring).
+
+    Raises:
+      TypeError: ``x`` is not an MXFP4Array; ValueError: another ``fmt``.
+    """
+    if not isinstance(x, MXFP4Array):
+        raise TypeError(f"to_fp8 takes an MXFP4Array, got {type(x).__name__}")
+    format_named(fmt)
     data = jnp.moveaxis(x.data, x.axis, -1)
     scales = jnp.moveaxis(x.plain_scales(), x.axis, -1)
     codes, row_exp, row_flag = jax.jit(encode_rows_on, static_argnums=(2, 3))(data, scales, current_platform(), fmt)

@@ -211,6 +211,8 @@ def _run(a, b, backend_name: str, problem: GemmProblem, platforms=None):
     a, b = (v.to_mxfp4() if isinstance(v, DecodePrepared) and not k else v for v, k in zip((a, b), keep))
     problem = dataclasses.replace(problem, lhs_decode_prepared=order_of(a), rhs_decode_prepared=order_of(b))
     if backend.opaque or platforms is not None:  # another platform's branch: traced when lowered for it
+        # the partitioned primitive carries MXFP4Arrays (the backend re-encodes an FP8 operand)
+        a, b = (v.to_mxfp4() if isinstance(v, FP8Prepared) else v for v in (a, b))
         return partitioned_gemm(a, b, backend_name, problem, platforms, partition=backend.opaque)
     return backend.gemm(a, b, problem)
 

@@ -240,18 +240,17 @@ def fp8_gemm(lhs, rhs, out_dtype, precision: str = "default", platform: str = "c
     """Canonical a4w4 GEMM [B, M, K] x [B, N, K] -> [B, M, N] on the FP8 path.
 
     ``lhs``/``rhs``: canonical MXFP4Arrays (axis 2) or canonical :class:`FP8Prepared`.
-    ``precision``: "default" or "high" (module docstring).
-    Raises ValueError for "highest", and for two E5M2 operands (FP8 tensor cores multiply E4M3 x
-    E5M2 at most; :mod:`jax_mxfp4.fp8_format`).
+    ``precision``: "default" or "high" (module docstring). Two E5M2 operands: the rhs is
+    re-encoded as E4M3 (FP8 tensor cores multiply E4M3 x E5M2 at most; :mod:`jax_mxfp4.fp8_format`).
+    Raises ValueError for "highest".
     """
     if precision not in ("default", "high"):
         raise ValueError(f"the FP8 path takes precision 'default' or 'high', got {precision!r}")
     out_dtype = np.dtype(out_dtype)  # (jit: an np.dtype or a jnp scalar type, both hashable)
     a, b = as_fp8(lhs, platform), as_fp8(rhs, platform)
     if a.fmt == b.fmt == "e5m2":
-        raise ValueError("lhs and rhs: at most one operand of the FP8 path may hold E5M2 codes (FP8 tensor "
-                         "cores multiply E4M3 x E4M3, E4M3 x E5M2 and E5M2 x E4M3); prepare the other with "
-                         "prepare_fp8 (E4M3)")
+        rhs = _mxfp4(rhs)
+        b = as_fp8(rhs, platform)
     # bfloat16 out on CUDA: cuBLASLt rounds the float32 accumulator to bf16 in its epilogue and
     # the power-of-two rescale commutes with that rounding (same exponent range as float32).
     acc_dtype = jnp.bfloat16 if (platform == "cuda" and out_dtype == np.dtype(jnp.bfloat16)) else jnp.float32
