@@ -96,16 +96,19 @@ def _stamp(t0: float) -> str:
 
 
 # ----------------------------------------------------------------------------- workloads
-def train_workload(size: str, quick: bool):
+def train_workload(size: str, quick: bool, trained_steps: int = 0):
     """(description, {variant: () -> (step fn, [operand tuple], steps per call)}) of one training
-    step of the demo at ``size`` (``QUICK_TRAIN`` shapes with ``quick``)."""
+    step of the demo at ``size`` (``QUICK_TRAIN`` shapes with ``quick``), at the initial parameters
+    or, with ``trained_steps``, at those each recipe reaches after that many of the demo's steps
+    (rows whose block scales spread past the FP8 window appear as a model trains, and their cost
+    with them: docs/performance.md)."""
     import train_lm as demo
 
     cfg = dict(demo.SIZES[size])
     if quick:
         cfg.update(QUICK_TRAIN)
     recipes = dict(zip(VARIANTS, demo.run_recipes(demo.parse_args(["--size", size]))))
-    batches = demo_batches(cfg, N_SETS, "corpus")
+    batches = demo_batches(cfg, trained_steps + N_SETS, "corpus")
     state = {}
 
     def make(variant):
@@ -115,12 +118,16 @@ def train_workload(size: str, quick: bool):
         params = state["params"]
         step, opt, _ = demo.make_train_step(model, cfg, cfg["steps"], 0)
         opt_state = opt.init(params)
-        # steps 1..N_SETS of the demo: its batches, the same parameters and optimizer state
-        return step, [(params, opt_state, batches(i), jnp.int32(i + 1)) for i in range(N_SETS)], 1
+        for i in range(trained_steps):  # this recipe's own training run
+            params, opt_state, _ = step(params, opt_state, batches(i), jnp.int32(i))
+        t = trained_steps
+        # steps t+1..t+N_SETS of the demo: its batches, the same parameters and optimizer state
+        return step, [(params, opt_state, batches(t + i), jnp.int32(t + i + 1)) for i in range(N_SETS)], 1
 
     desc = {"kind": "train", "size": size + (" with --quick's shapes" if quick else ""), "model": {k: cfg[k] for k in ("d_model", "n_layers", "n_heads", "seq_len",
                                                                          "batch")},
             "tokens_per_step": cfg["batch"] * cfg["seq_len"], "sr_key": cfg.get("sr_key", demo.SR_KEY_DEFAULT),
+            "trained_steps": trained_steps,
             "recipes": {v: repr(r) for v, r in recipes.items()}}
     return desc, {v: functools.partial(make, v) for v in VARIANTS}
 
@@ -244,7 +251,7 @@ def run(args, report=lambda result: None) -> dict:
     for w in args.workloads:
         print(f"{_stamp(t0)} {w}: building", flush=True)
         try:
-            desc, makers = (train_workload(w.split("-")[1], args.quick) if w.startswith("train")
+            desc, makers = (train_workload(w.split("-")[1], args.quick, args.trained_steps) if w.startswith("train")
                             else serve.workload(int(w.split("-")[1])))
         except Exception as e:  # record, keep going
             desc, makers = {"error": f"{type(e).__name__}: {str(e)[:300]}"}, {}
@@ -398,10 +405,15 @@ def main(argv=None) -> int:
                          "on a CPU")
     ap.add_argument("--workloads", default="", help=f"comma list from {','.join(WORKLOADS)} (default "
                     f"{','.join(DEFAULT_WORKLOADS)}; --quick: {','.join(QUICK_DEFAULT)})")
+    ap.add_argument("--trained-steps", type=int, default=0,
+                    help="profile the training workloads after this many of the demo's steps of each recipe "
+                         "(default 0: at the initial parameters)")
     ap.add_argument("--out", default=None,
                     help="output folder (default bench_out/profile_steps, bench_out/profile_steps-quick)")
     argv = sys.argv[1:] if argv is None else list(argv)
     args = ap.parse_args(argv)
+    if args.trained_steps < 0:
+        ap.error(f"--trained-steps must be >= 0, got {args.trained_steps}")
     check_args(ap, args)
     out = out_dir(args.out or default_out("profile_steps-quick" if args.quick else "profile_steps"))
     from importlib.metadata import version

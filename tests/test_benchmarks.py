@@ -17,7 +17,7 @@ import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from benchmarks import common, compile_time, gemm, moe, profile_steps, quantize, train_step  # noqa: E402
+from benchmarks import common, compile_time, gemm, moe, profile_steps, quantize, row_spans, train_step  # noqa: E402
 
 
 def _png(path):
@@ -299,9 +299,32 @@ def test_profile_steps_table_without_a_device_profile_and_with_a_failed_row():
     assert "| **step time (fair timing)** | 2.000 | 1.000 | 0.50x |" in profile_steps.markdown(result)
 
 
+@pytest.mark.slow  # trains and compiles both recipes
+def test_profile_steps_trained_steps_profiles_each_recipes_trained_parameters():
+    """--trained-steps 2: each recipe's operand sets hold the parameters its own two steps of the
+    demo reached (not the initial ones; bf16's and MXFP4's differ) and continue the demo's step
+    count (3, 4, ...)."""
+    import jax
+
+    _, makers0 = profile_steps.train_workload("small", True)
+    desc, makers = profile_steps.train_workload("small", True, trained_steps=2)
+    assert desc["trained_steps"] == 2
+    p0 = makers0["mxfp4"]()[1][0][0]
+    leaves = {}
+    for v in ("bf16", "mxfp4"):
+        _, sets, _ = makers[v]()
+        assert [int(s[3]) for s in sets] == list(range(3, 3 + profile_steps.N_SETS))
+        leaves[v] = jax.tree.leaves(sets[0][0])
+    init = jax.tree.leaves(p0)
+    for v in leaves:
+        assert any(not np.array_equal(a, b) for a, b in zip(leaves[v], init)), v
+    assert any(not np.array_equal(a, b) for a, b in zip(leaves["bf16"], leaves["mxfp4"]))
+
+
 def test_profile_steps_refuses_unknown_workloads_and_gpu_sizes_in_quick(tmp_path, capsys):
     for argv, msg in ((["--workloads", "train-large,serve-2"], "--workloads: unknown name(s) 'serve-2'"),
-                      (["--quick", "--workloads", "serve-1,train-xl"], "--workloads: train-xl not a --quick workload")):
+                      (["--quick", "--workloads", "serve-1,train-xl"], "--workloads: train-xl not a --quick workload"),
+                      (["--quick", "--trained-steps", "-1"], "--trained-steps must be >= 0, got -1")):
         with pytest.raises(SystemExit) as e:
             profile_steps.main(["--out", str(tmp_path)] + argv)
         assert e.value.code == 2 and msg in capsys.readouterr().err
@@ -318,6 +341,50 @@ def test_quantize_quick(tmp_path):
     assert res["checks"] and all(c["ok"] for c in res["checks"])  # fused == reference, bit for bit
     assert "x copy" in (tmp_path / "quantize.md").read_text()
     _png(tmp_path / "quantize_bandwidth.png")
+
+
+@pytest.mark.slow  # a whole benchmark program (test_gemm_quick keeps one in the default tier)
+def test_row_spans_quick(tmp_path):
+    """Three steps of a tiny main job: every sampled step reports each FP8 GEMM of the step (fprop,
+    dgrad and wgrad of 5 layers), the gradient operand of dgrad and wgrad handed in as E5M2."""
+    assert row_spans.main(["--quick", "--every", "2", "--out", str(tmp_path)]) == 0
+    res = json.loads((tmp_path / "row_spans.json").read_text())
+    assert [s["step"] for s in res["samples"]] == [0, 2]
+    for s in res["samples"]:
+        fmts = [tuple(g["formats"]) for g in s["gemms"]]
+        assert len(fmts) == 15 and fmts.count(("e4m3", "e4m3")) == 5, fmts
+        assert fmts.count(("e5m2", "e4m3")) == 5 and fmts.count(("e4m3", "e5m2")) == 5, fmts
+        for g in s["gemms"]:
+            assert sum(g["lhs_hist"]) == g["batch"] * g["m"] and sum(g["rhs_hist"]) == g["batch"] * g["n"]
+    assert "| GEMM | M x N x K |" in (tmp_path / "row_spans.md").read_text()
+    _png(tmp_path / "row_spans.png")
+
+
+def test_row_spans_histogram_and_summary(rng):
+    """row_span_histogram against NumPy on rows with chosen spans (all-zero blocks not counted,
+    an all-zero row spans 0), for an MXFP4Array and its E5M2 FP8Prepared; summarize's shares."""
+    import jax.numpy as jnp
+
+    import jax_mxfp4 as mx
+    from jax_mxfp4.fp8_prepared import to_fp8
+    from mx_reference import pack_ref
+
+    r, nb = 7, 4
+    codes = rng.integers(1, 16, (r, nb * 32)).astype(np.uint8)
+    sb = np.full((r, nb), 120, np.uint8)
+    want = [0, 3, 14, 15, 28, 29, 0]
+    for i, s in enumerate(want[:-1]):
+        sb[i, 2] = 120 - s
+    codes[1, 32:64] = 0  # an all-zero block with a far scale: not counted
+    sb[1, 1] = 2
+    codes[6] = 0
+    x = mx.MXFP4Array(jnp.asarray(pack_ref(codes, 1))[None], jnp.asarray(sb).view(jnp.float8_e8m0fnu)[None], 2,
+                      (1, r, nb * 32), jnp.float32)
+    expect = np.bincount(want, minlength=row_spans.MAX_SPAN + 1)
+    for v in (x, to_fp8(x, "e5m2")):
+        np.testing.assert_array_equal(np.asarray(row_spans.row_span_histogram(v)), expect)
+    s = row_spans.summarize(expect)
+    assert s == {"rows": 7, "past_14": 3 / 7, "past_28": 1 / 7, "median": 14, "max": 29}
 
 
 @pytest.mark.slow  # a whole benchmark program (test_gemm_quick keeps one in the default tier)
