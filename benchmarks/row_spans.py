@@ -43,13 +43,12 @@ def row_span_histogram(x):
     import jax.numpy as jnp
 
     from jax_mxfp4.fp8_prepared import FP8Prepared
-    from jax_mxfp4.mx_format import as_scale_bytes
+    from jax_mxfp4.mx_format import as_scale_bytes, unpack_nibbles
 
     q = x.to_mxfp4() if isinstance(x, FP8Prepared) else x
-    data = q.data
     sb = as_scale_bytes(q.plain_scales()).astype(jnp.int32)
-    nib = jnp.stack([data & 7, (data >> 4) & 7], -1).reshape(sb.shape + (32,))
-    nz = jnp.max(nib, axis=-1) > 0
+    magnitudes = (unpack_nibbles(q.data) & 7).reshape(sb.shape + (32,))
+    nz = jnp.max(magnitudes, axis=-1) > 0
     hi = jnp.max(jnp.where(nz, sb, -1), axis=-1)
     lo = jnp.min(jnp.where(nz, sb, 256), axis=-1)
     span = jnp.clip(jnp.where(hi >= 0, hi - lo, 0), 0, MAX_SPAN).reshape(-1)

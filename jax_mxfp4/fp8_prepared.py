@@ -187,10 +187,8 @@ class FP8Prepared(PreparedWeight, ArraysWithRecord):
             raise ValueError(f"FP8Prepared axis must be an int in [0, {len(shape)}), got {axis!r}")
         checks.check_block_multiple(shape[axis], axis, "FP8Prepared shape")
         rest = tuple(d for i, d in enumerate(shape) if i != axis)
-        # E5M2 codes (a gradient operand) or E4M3 (every other operand)
-        e5m2 = jnp.dtype(getattr(self.codes, "dtype", jnp.float32)) == jnp.dtype(jnp.float8_e5m2)
         want = {
-            "codes": (rest + (shape[axis],), jnp.float8_e5m2 if e5m2 else jnp.float8_e4m3fn),
+            "codes": (rest + (shape[axis],), format_named(self.fmt).dtype),
             "scales": (rest + (shape[axis] // BLOCK_SIZE,), jnp.float8_e8m0fnu),
             "row_exp": (rest, jnp.int32),
             "row_flag": (rest, jnp.uint8),
