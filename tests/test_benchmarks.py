@@ -139,6 +139,7 @@ FAKE_CATEGORIES = {"gemm": 8e-3, "quantize": 4e-3, "rescale / exact rows": 2e-3,
                    "elementwise / reduction": 0.5e-3, "other": 0.25e-3, "gaps": 3e-3}
 
 
+@pytest.mark.slow  # a whole benchmark program (test_gemm_quick keeps one in the default tier)
 def test_profile_steps_quick(tmp_path, monkeypatch):
     """--quick (the demo's training step and generate.py's decode step, bf16 and MXFP4, on a CPU):
     the steps are timed and profiled; the CPU's profile has no device kernels, so the profiler's
@@ -417,6 +418,7 @@ def _mlp_block_reference(params, x, dy):
     return float(((h @ w2) * dy).sum()), {"down": {"kernel": h.T @ dy}, "up": {"kernel": x.T @ da}}, da @ w1.T
 
 
+@pytest.mark.slow  # a whole benchmark program (test_gemm_quick keeps one in the default tier)
 def test_train_step_mlp_block_quick_qwix_peers(tmp_path, rng):
     """--configs mlp-block: one row per variant (timed, or its error recorded), ratios against the
     block's bf16 row; the bf16, jax_mxfp4-through-Qwix and Qwix FP8 steps give the loss and the
