@@ -171,11 +171,12 @@ def test_fix_flagged_errors_and_config():
         fp8_fix.fix_flagged(jnp.zeros((1, 4, 5)), c, s, e, f, c, s, e, f, interpret=True)
 
 
-def test_fix_flagged_lowers_for_cuda():
+@pytest.mark.parametrize("lhs_codes", [jnp.float8_e4m3fn, jnp.float8_e5m2])  # E5M2: a gradient lhs
+def test_fix_flagged_lowers_for_cuda(lhs_codes):
     """The kernel lowers for CUDA (Triton) from this CPU host, at a training-step shape."""
     sds = jax.ShapeDtypeStruct
     b, m, n, k = 1, 8192, 8192, 8192
-    args = (sds((b, m, n), jnp.bfloat16), sds((b, m, k), jnp.float8_e4m3fn), sds((b, m, k // 32), jnp.uint8),
+    args = (sds((b, m, n), jnp.bfloat16), sds((b, m, k), lhs_codes), sds((b, m, k // 32), jnp.uint8),
             sds((b, m), jnp.int32), sds((b, m), jnp.uint8), sds((b, n, k), jnp.float8_e4m3fn),
             sds((b, n, k // 32), jnp.uint8), sds((b, n), jnp.int32), sds((b, n), jnp.uint8))
     text = jax.jit(fp8_fix.fix_flagged).trace(*args).lower(lowering_platforms=("cuda",)).as_text()
