@@ -65,12 +65,6 @@ def format_of(codes_dtype) -> Fp8Format:
     raise TypeError(f"FP8 codes must be float8_e4m3fn or float8_e5m2, got {codes_dtype}")
 
 
-E4M3_D_MIN, E4M3_D_MAX = E4M3.d_min, E4M3.d_max
-"""Shifts d for which E2M1 x 2^d is exactly a float8_e4m3fn value (the encode kernel's byte
-formulas, :mod:`jax_mxfp4.kernels.fp8_encode`, are E4M3's)."""
-WINDOW_SPAN = E4M3.window_span  # 14 binades between the largest and smallest block scale
-ROW_EXP_OFFSET = E4M3.row_exp_offset  # e = b_max - 133
-EMPTY_ROW_BMAX = ROW_EXP_OFFSET  # a row with no nonzero block: e = 0 (any value would do)
 FLAG_EXACT = 1  # row_flag bit 0: the row needs the exact path
 FLAG_NAN = 2  # row_flag bit 1: the row holds a 0xFF scale byte (all its outputs are NaN)
 

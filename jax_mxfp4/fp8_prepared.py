@@ -99,24 +99,23 @@ def encode_rows_on(data, scale_bytes, platform: str, fmt: str = "e4m3"):
 
     On "cuda" (unless custom kernels are off, ``JAX_MXFP4_KERNELS=0``, or where
     :func:`jax_mxfp4.sharding.kernel_may_run` says no: under a mesh, explicitly sharded or
-    ``shard_map``-varying operands) one Pallas kernel for E4M3
+    ``shard_map``-varying operands) one Pallas kernel
     (:func:`jax_mxfp4.kernels.fp8_encode.encode_rows_kernel`, its default tile; the jnp form is
-    several XLA fusions, ~10x slower on an H200); elsewhere, and for E5M2 (the training passes
-    encode their E5M2 operands in the fused quantizer on CUDA), the jnp form above. Leading dims
+    several XLA fusions, ~10x slower on an H200); elsewhere the jnp form above. Leading dims
     are flattened.
     """
     check_packed_rows(data, scale_bytes)
     if not isinstance(platform, str):
         raise TypeError(f"platform must be a platform name such as 'cpu' or 'cuda', got {platform!r}")
     format_named(fmt)
-    use_kernel = platform == "cuda" and kernels_enabled() and kernel_may_run(data, scale_bytes) and fmt == "e4m3"
+    use_kernel = platform == "cuda" and kernels_enabled() and kernel_may_run(data, scale_bytes)
     if not use_kernel or data.size == 0:
         return encode_rows(data, as_scale_bytes(scale_bytes), fmt)
     from .kernels.fp8_encode import encode_rows_kernel
 
     lead, half = data.shape[:-1], data.shape[-1]
     sb = as_scale_bytes(scale_bytes)
-    codes, row_exp, row_flag = encode_rows_kernel(data.reshape(-1, half), sb.reshape(-1, sb.shape[-1]))
+    codes, row_exp, row_flag = encode_rows_kernel(data.reshape(-1, half), sb.reshape(-1, sb.shape[-1]), fmt=fmt)
     return codes.reshape(*lead, half * 2), row_exp.reshape(lead), row_flag.reshape(lead)
 
 

@@ -1,7 +1,7 @@
 """The Pallas MXFP4 -> FP8-operand kernel (jax_mxfp4.kernels.fp8_encode) against the jnp rules.
 
-Independent reference for the byte step: ml_dtypes' float8_e4m3fn conversion of E2M1 x 2^d in
-float64. The whole kernel is compared bit for bit with jax_mxfp4.fp8_prepared.encode_rows (whose rules are
+Independent reference for the byte steps: ml_dtypes' float8_e4m3fn / float8_e5m2 conversion of
+E2M1 x 2^d in float64. The whole kernel is compared bit for bit with jax_mxfp4.fp8_prepared.encode_rows (whose rules are
 tested against float64 in tests/test_fp8.py) in the Pallas interpreter.
 """
 
@@ -17,19 +17,28 @@ from jax_mxfp4.kernels.fp8_encode import encode_rows_kernel
 E2M1 = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6], np.float64)
 
 
-@pytest.mark.parametrize("normal_only", [False, True])
-def test_e4m3_word_every_code_and_shift(normal_only, rng):
-    """The word-parallel byte step (four codes per uint32) against ml_dtypes for every code in
-    every byte position and every shift d (normal_only: d >= -5, where it is documented to hold)."""
-    from jax_mxfp4.kernels.fp8_encode import e4m3_word
+# (byte step, ml_dtypes type, d_min, d_max, first d of the normal-only form)
+WORDS = {"e4m3": ("e4m3_word", ml_dtypes.float8_e4m3fn, -8, 6, -5),
+         "e5m2": ("e5m2_word", ml_dtypes.float8_e5m2, -15, 13, -13)}
 
-    for d in range(-5 if normal_only else -8, 7):
+
+@pytest.mark.parametrize("fmt", sorted(WORDS))
+@pytest.mark.parametrize("normal_only", [False, True])
+def test_word_every_code_and_shift(fmt, normal_only, rng):
+    """The word-parallel byte steps (four codes per uint32) against ml_dtypes for every code in
+    every byte position and every shift d of the format's window (normal_only: from the first d
+    where it is documented to hold: -5 for E4M3, -13 for E5M2; the subnormal bytes are below)."""
+    from jax_mxfp4.kernels import fp8_encode
+
+    name, ml_type, d_min, d_max, d_normal = WORDS[fmt]
+    word = getattr(fp8_encode, name)
+    for d in range(d_normal if normal_only else d_min, d_max + 1):
         codes = np.concatenate([np.stack([np.roll(np.arange(16), j) for j in range(4)], 1),  # each code in each byte
                                 rng.integers(0, 16, (512, 4))])
         y = (codes[:, 0] | codes[:, 1] << 8 | codes[:, 2] << 16 | codes[:, 3] << 24).astype(np.uint32)
-        got = np.asarray(e4m3_word(jnp.asarray(y), jnp.full(y.shape, d + 8, jnp.int32), normal_only))
+        got = np.asarray(word(jnp.asarray(y), jnp.full(y.shape, d - d_min, jnp.int32), normal_only))
         val = np.where(codes & 8, -1.0, 1.0) * E2M1[codes & 7] * 2.0 ** d
-        want = val.astype(ml_dtypes.float8_e4m3fn).view(np.uint8)
+        want = val.astype(ml_type).view(np.uint8)
         np.testing.assert_array_equal(got.view(np.uint8).reshape(-1, 4), want, err_msg=f"d={d}")
 
 
@@ -42,18 +51,23 @@ def test_spread_nibbles_is_element_order(rng):
     np.testing.assert_array_equal(np.asarray(spread_nibbles(jnp.asarray(x))).view(np.uint8).reshape(-1, 4), want)
 
 
-@pytest.mark.sweep(keep=2)
-@pytest.mark.parametrize("band", [(100, 150), (120, 135)])  # most rows flagged / most rows inside the window
+# per format: a band of scale bytes flagging most rows, and one keeping most rows inside the window
+BANDS = {"e4m3": ((100, 150), (120, 135)), "e5m2": ((80, 170), (113, 142))}
+
+
+@pytest.mark.sweep(keep=3)
+@pytest.mark.parametrize("fmt,band", [(f, b) for f in sorted(BANDS) for b in BANDS[f]])
 @pytest.mark.parametrize("rows,k,rpp,chunk", [(13, 1024, 8, 32), (7, 16384, 1, 256), (5, 96, 4, 32), (33, 1280, 8, 4)])
-def test_kernel_matches_encode_rows_across_the_window(rows, k, rpp, chunk, band, rng):
-    """The word-parallel kernel equals the jnp rule bit for bit. The (120, 135) band keeps most rows
-    inside the 15-binade window, so blocks 12-14 binades below their row maximum take the
-    subnormal E4M3 cases (d = -8..-6); edge rows: a block outside the window, NaN, 0x00 over codes
-    1 (flushed), 0xFE over codes 7 (Inf), 0x01 over code 1, 0xFD over code 6, all-zero row."""
+def test_kernel_matches_encode_rows_across_the_window(rows, k, rpp, chunk, fmt, band, rng):
+    """The word-parallel kernel equals the jnp rule bit for bit, in both formats. The narrow band
+    keeps most rows inside the window (15 binades for E4M3, 29 for E5M2), so blocks near the
+    bottom of their row's window take the subnormal FP8 cases (E4M3 d = -8..-6, E5M2 d = -15..-14);
+    edge rows: a block outside the window, NaN, 0x00 over codes 1 (flushed), 0xFE over codes 7
+    (Inf), 0x01 over code 1, 0xFD over code 6, all-zero row."""
     data = rng.integers(0, 256, (rows, k // 2), dtype=np.uint8)
     sb = rng.integers(*band, (rows, k // 32)).astype(np.uint8)
     nb = k // 32
-    edges = [(0, nb - 1, 60, None), (1, 0, 255, None), (2, 0, 0, 0x11), (3, 0, 254, 0x77), (4, 0, 1, 0x01),
+    edges = [(0, nb - 1, 20, None), (1, 0, 255, None), (2, 0, 0, 0x11), (3, 0, 254, 0x77), (4, 0, 1, 0x01),
              (5, 0, 253, 0x60)]
     for r, blk, byte, fill in edges[:rows]:
         sb[r, blk] = byte
@@ -61,11 +75,11 @@ def test_kernel_matches_encode_rows_across_the_window(rows, k, rpp, chunk, band,
             data[r, blk * 16:(blk + 1) * 16] = fill
     if rows > 6:
         data[6] = 0
-    want = encode_rows(jnp.asarray(data), jnp.asarray(sb))
-    if band == (120, 135) and rows > 7:  # the low shifts are really there in rows that are not flagged
+    want = encode_rows(jnp.asarray(data), jnp.asarray(sb), fmt)
+    if band == BANDS[fmt][1] and rows > 7:  # the low shifts are really there in rows that are not flagged
         assert (np.asarray(want[2])[7:] & 1 == 0).any()
     got = encode_rows_kernel(jnp.asarray(data), jnp.asarray(sb), rows_per_program=rpp, chunk_blocks=chunk,
-                             interpret=True)
+                             interpret=True, fmt=fmt)
     for w, g, name in zip(want, got, ("codes", "row_exp", "row_flag")):
         np.testing.assert_array_equal(_as_bytes(g), _as_bytes(w), err_msg=name)
     flags = np.asarray(want[2])
@@ -73,8 +87,9 @@ def test_kernel_matches_encode_rows_across_the_window(rows, k, rpp, chunk, band,
 
 
 def test_kernel_lowers_for_cuda():
-    """The default tile and a multi-row one with ragged rows lower through Triton on a CPU machine."""
-    for rows, kw in ((64, {}), (33, dict(rows_per_program=8, chunk_blocks=32, num_warps=4))):
+    """The default tile and a multi-row one with ragged rows lower through Triton on a CPU machine,
+    in both formats."""
+    for rows, kw in ((64, {}), (33, dict(rows_per_program=8, chunk_blocks=32, num_warps=4)), (64, dict(fmt="e5m2"))):
         f = jax.jit(lambda d, s, kw=kw: encode_rows_kernel(d, s, **kw))
         txt = f.trace(jax.ShapeDtypeStruct((rows, 4096), jnp.uint8), jax.ShapeDtypeStruct((rows, 256), jnp.uint8)).lower(
             lowering_platforms=("cuda",)).as_text()
@@ -102,7 +117,7 @@ def test_kernel_names_bad_containers_and_takes_numpy_tiles(rng):
 
 def _as_bytes(v):
     v = np.asarray(v)
-    return v.view(np.uint8) if v.dtype == ml_dtypes.float8_e4m3fn else v
+    return v.view(np.uint8) if v.dtype in (ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2) else v
 
 
 @pytest.mark.sweep(keep=3)

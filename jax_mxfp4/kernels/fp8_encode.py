@@ -5,11 +5,11 @@ maximum, the encode), about ten times slower than its bytes at HBM speed on an H
 (docs/performance.md). Here one program owns ``br`` whole rows and reads them twice (the second
 read mostly from L2): pass A gathers per row the largest and smallest scale byte of the blocks
 holding a nonzero code, the NaN bytes and the special blocks
-(:func:`jax_mxfp4.fp8_format.special_blocks`); pass B writes the E4M3 bytes with the per-block
+(:func:`jax_mxfp4.fp8_format.special_blocks`); pass B writes the FP8 bytes (E4M3 or E5M2) with the per-block
 shift of :func:`jax_mxfp4.fp8_format._block_shift`. Both passes work on whole words (SWAR: 4-8
 codes per integer operation). Every rule is the one of :mod:`jax_mxfp4.fp8_format` (imported,
-not copied); only the E2M1 x 2^d -> E4M3 byte step is new, done with integer operations
-(:func:`e4m3_word`), and the result is bit-identical to ``encode_rows``
+not copied); only the E2M1 x 2^d -> FP8 byte step is new, done with integer operations
+(:func:`e4m3_word`, :func:`e5m2_word`), and the result is bit-identical to ``encode_rows``
 (tests/test_fp8_encode_kernel.py, Pallas interpreter; tests/gpu/test_gpu_fp8.py on the GPU).
 """
 
@@ -81,6 +81,39 @@ def e4m3_word(y, big_d, normal_only: bool = False):
     return (mag_n & (normal * _U32(0xFF))) | (q & (sub * _U32(0xFF))) | sign
 
 
+def e5m2_word(y, big_d, normal_only: bool = False):
+    """E5M2 bytes of E2M1 codes (sign in bit 3) times 2^d, d in [-15, 13], four codes at once, as
+    :func:`e4m3_word` (one E2M1 code per byte of a uint32 ``y``; ``big_d`` = d + 15, in [0, 28]).
+    With m = |code| and m' = m with code 1's bit cleared (E2M1 0.5 = 2^-1 x 1.0, mantissa 0):
+    - normal E5M2 (every code when d >= -13; D = big_d): byte = 2 m' + 4 (D - 1) (<= 14 + 108 =
+      122): E2M1 code m >= 2 is 2 E + M with value 2^(E - 1) (1 + M / 2), so the E5M2 exponent
+      field is E - 1 + d + 15 and the mantissa field 2 M;
+    - subnormal E5M2 (codes 1-3 at d = -15, code 1 at d = -14): byte = value / 2^-16 = m << D;
+    - sign bit 3 -> bit 7 (-0.0 stays 0x80 as in ``astype(float8_e5m2)``).
+    ``normal_only=True`` takes D >= 2 as given. Checked against ml_dtypes for every code and d in
+    tests/test_fp8_encode_kernel.py."""
+    y = y.astype(jnp.uint32)
+    big_d = big_d.astype(jnp.uint32)
+    m = y & _U32(0x07070707)
+    sign = (y & _U32(0x08080808)) << 4
+    hi = (m >> 1) | (m >> 2)
+    nz = (m | hi) & _BYTE_LSB
+    m1 = m & (hi | _U32(0xFEFEFEFE))  # code 1 -> 0
+    if normal_only:
+        return ((m1 << 1) + nz * (4 * big_d - 4)) | sign
+    bit2 = (m >> 2) & _BYTE_LSB
+    eq1 = nz & ~hi
+    sub = jnp.where(big_d == 1, eq1, jnp.where(big_d == 0, nz & ~bit2, _U32(0)))
+    q = m << jnp.minimum(big_d, 1)  # <= 6: no carry
+    normal = nz & ~sub
+    mag_n = (m1 << 1) + normal * (4 * big_d) - (normal << 2)  # normal bytes are >= 4 before the - 4
+    return (mag_n & (normal * _U32(0xFF))) | (q & (sub * _U32(0xFF))) | sign
+
+
+_BYTE_WORDS = {"e4m3": (e4m3_word, 2), "e5m2": (e5m2_word, 1)}
+"""Per format: the byte step and the largest D (= d - d_min) that has a subnormal byte."""
+
+
 def _word_block_summary(w):
     """Per 32-element block, from its packed data as 4 uint32 words [..., 4]: (any nonzero code,
     any nonzero magnitude <= 3, any magnitude 1, any magnitude >= 4, any magnitude >= 6), as int32
@@ -123,20 +156,22 @@ def _row_rule_step(carry, sb, any_nonzero, spec):
     return bmax, bmin, special, nan
 
 
-def _row_rule_finish(bmax, bmin, special):
-    """(b_max, exact) per row after pass A: an empty row takes EMPTY_ROW_BMAX; a row is exact when
-    a counted block lies more than WINDOW_SPAN binades below b_max or a block is special."""
-    bmax = jnp.where(bmax < 0, rules.EMPTY_ROW_BMAX, bmax)
-    return bmax, (bmin < bmax - rules.WINDOW_SPAN) | (special != 0)
+def _row_rule_finish(bmax, bmin, special, fmt):
+    """(b_max, exact) per row after pass A: an empty row takes ``fmt.row_exp_offset`` (e = 0); a
+    row is exact when a counted block lies more than ``fmt.window_span`` binades below b_max or a
+    block is special (:func:`jax_mxfp4.fp8_format.encode_block_stats`' rule)."""
+    bmax = jnp.where(bmax < 0, fmt.row_exp_offset, bmax)
+    return bmax, (bmin < bmax - fmt.window_span) | (special != 0)
 
 
 def _encode_swar_kernel(w32_ref, h16_ref, scale_ref, codes_ref, exp_ref, flag_ref, *, n_rows, br, nbc,
-                        n_chunks):
+                        n_chunks, fmt):
     """Pass A reads the packed data as uint32 words (8 codes each) and summarises each block with
     word operations; pass B reads it as uint16 (4 codes), spreads the nibbles to bytes and writes
-    one uint32 of four E4M3 bytes per uint16 (:func:`e4m3_word`): a 1:1 map, no interleave. A
-    chunk with no scale byte in {0, 1, 253, 254} skips the special-block summary, and one whose
-    blocks all have d >= -5 takes :func:`e4m3_word`'s normal-only form (``lax.cond`` per chunk)."""
+    one uint32 of four FP8 bytes per uint16 (:func:`e4m3_word` / :func:`e5m2_word` for ``fmt``): a
+    1:1 map, no interleave. A chunk with no scale byte in {0, 1, 253, 254} skips the special-block
+    summary, and one whose blocks have no subnormal shift takes the byte step's normal-only form
+    (``lax.cond`` per chunk)."""
     r0 = pl.program_id(0) * br
     ragged = n_rows % br != 0
     rows = r0 + lax.broadcasted_iota(jnp.int32, (br, nbc), 0)
@@ -160,21 +195,22 @@ def _encode_swar_kernel(w32_ref, h16_ref, scale_ref, codes_ref, exp_ref, flag_re
         return _row_rule_step(carry, sb, any_nz != 0, spec)
 
     bmax, bmin, special, nan = lax.fori_loop(0, n_chunks, pass_a, _row_rule_init(br))
-    bmax, exact = _row_rule_finish(bmax, bmin, special)
+    bmax, exact = _row_rule_finish(bmax, bmin, special, fmt)
+    word, last_sub = _BYTE_WORDS[fmt.name]
 
     def pass_b(c, carry):
         h = load(h16_ref, c, BLOCK_SIZE // 4, 0).astype(jnp.uint32)
         sb = load(scale_ref, c, 0, 0).astype(jnp.int32)
-        big_d = rules._block_shift(sb, bmax[:, None], exact[:, None]) - rules.E4M3_D_MIN  # [br, nbc], 0..14
+        big_d = rules._block_shift(sb, bmax[:, None], exact[:, None], fmt) - fmt.d_min  # [br, nbc], >= 0
         y = spread_nibbles(h)
         dd = big_d[..., None]
-        low = jnp.min(big_d) <= 2
-        out = lax.cond(low, lambda: e4m3_word(y, dd), lambda: e4m3_word(y, dd, normal_only=True))
+        low = jnp.min(big_d) <= last_sub
+        out = lax.cond(low, lambda: word(y, dd), lambda: word(y, dd, normal_only=True))
         _store_chunk(codes_ref, r0, br, c, nbc, out, mask2)
         return carry
 
     lax.fori_loop(0, n_chunks, pass_b, 0)
-    _store_row_outputs(exp_ref, flag_ref, r0, br, n_rows, bmax, exact, nan)
+    _store_row_outputs(exp_ref, flag_ref, r0, br, n_rows, bmax, exact, nan, fmt)
 
 
 def _store_chunk(codes_ref, r0, br, c, nbc, out, mask2):
@@ -186,9 +222,9 @@ def _store_chunk(codes_ref, r0, br, c, nbc, out, mask2):
         plgpu.store(view, out, mask=jnp.broadcast_to(mask2[..., None], out.shape))
 
 
-def _store_row_outputs(exp_ref, flag_ref, r0, br, n_rows, bmax, exact, nan):
+def _store_row_outputs(exp_ref, flag_ref, r0, br, n_rows, bmax, exact, nan, fmt):
     """row_exp and row_flag of a program's rows (the rule of :func:`jax_mxfp4.fp8_format.encode_blocks`)."""
-    row_exp = bmax - rules.ROW_EXP_OFFSET
+    row_exp = bmax - fmt.row_exp_offset
     row_flag = exact.astype(jnp.int32) * rules.FLAG_EXACT | jnp.where(nan != 0, rules.FLAG_NAN, 0)
     rmask = (r0 + lax.broadcasted_iota(jnp.int32, (br,), 0)) < n_rows if n_rows % br else None
     plgpu.store(exp_ref.at[pl.ds(r0, br)], row_exp, mask=rmask)
@@ -209,9 +245,9 @@ def _power_of_two(v, name: str, what: str = "") -> int:
     return v
 
 
-@functools.partial(jax.jit, static_argnames=("rows_per_program", "num_warps", "chunk_blocks", "interpret"))
+@functools.partial(jax.jit, static_argnames=("rows_per_program", "num_warps", "chunk_blocks", "interpret", "fmt"))
 def encode_rows_kernel(data, scale_bytes, *, rows_per_program: int = 1, num_warps: int = 8,
-                       chunk_blocks: int = ROW_CHUNK_BLOCKS, interpret: bool = False):
+                       chunk_blocks: int = ROW_CHUNK_BLOCKS, interpret: bool = False, fmt: str = "e4m3"):
     """:func:`jax_mxfp4.fp8_prepared.encode_rows` for 2-D operands in one Pallas kernel (bit-identical).
 
     Args:
@@ -222,15 +258,17 @@ def encode_rows_kernel(data, scale_bytes, *, rows_per_program: int = 1, num_warp
       chunk_blocks: most 32-element blocks of a row per loop step (a power of two; default
         :data:`ROW_CHUNK_BLOCKS`).
       interpret: run the Pallas interpreter (CPU tests).
+      fmt: the code format, "e4m3" or "e5m2" (:mod:`jax_mxfp4.fp8_format`).
     Returns:
-      (codes float8_e4m3fn [R, K], row_exp int32 [R], row_flag uint8 [R]).
+      (codes float8_e4m3fn / float8_e5m2 [R, K], row_exp int32 [R], row_flag uint8 [R]).
     Raises:
       TypeError: data not uint8, scales not uint8/float8_e8m0fnu (:func:`jax_mxfp4.fp8_format.check_packed_rows`);
         ``interpret`` not a bool.
       ValueError: shapes that are not [R, K/2] and [R, K/32]; a ``rows_per_program``,
-        ``chunk_blocks`` or ``num_warps`` that is not a power of two.
+        ``chunk_blocks`` or ``num_warps`` that is not a power of two; another ``fmt``.
     """
-    rules.check_packed_rows(data, scale_bytes)  # types first: a list or None is named, not an AttributeError
+    rules.check_packed_rows(data, scale_bytes)
+    f = rules.format_named(fmt)  # types first: a list or None is named, not an AttributeError
     if data.ndim != 2:
         raise ValueError(f"encode_rows_kernel: data must be 2-D [R, K/2], got shape {data.shape}")
     chunk_blocks = _power_of_two(chunk_blocks, "chunk_blocks")
@@ -241,7 +279,7 @@ def encode_rows_kernel(data, scale_bytes, *, rows_per_program: int = 1, num_warp
     scale_bytes = as_scale_bytes(scale_bytes)  # bytes, not values (float8_e8m0fnu is bit-cast)
     n_rows, half = data.shape
     if n_rows == 0 or half == 0:  # nothing to launch: encode_rows' outputs for empty rows (e = 0, no flag)
-        return (jnp.zeros((n_rows, 2 * half), jnp.float8_e4m3fn), jnp.zeros((n_rows,), jnp.int32),
+        return (jnp.zeros((n_rows, 2 * half), f.dtype), jnp.zeros((n_rows,), jnp.int32),
                 jnp.zeros((n_rows,), jnp.uint8))
     n_blocks = half * 2 // BLOCK_SIZE
     br = min(rows_per_program, 1 << max(0, (n_rows - 1).bit_length()))
@@ -249,7 +287,7 @@ def encode_rows_kernel(data, scale_bytes, *, rows_per_program: int = 1, num_warp
     # the same bytes viewed as uint32 words (pass A) and uint16 halves (pass B): bit casts, no copy
     words = lax.bitcast_convert_type(data.reshape(n_rows, n_blocks, 4, 4), jnp.uint32)
     halves = lax.bitcast_convert_type(data.reshape(n_rows, n_blocks, 8, 2), jnp.uint16)
-    kernel = functools.partial(_encode_swar_kernel, n_rows=n_rows, br=br, nbc=nbc, n_chunks=n_blocks // nbc)
+    kernel = functools.partial(_encode_swar_kernel, n_rows=n_rows, br=br, nbc=nbc, n_chunks=n_blocks // nbc, fmt=f)
     codes, row_exp, row_flag = pl.pallas_call(
         kernel,
         out_shape=(jax.ShapeDtypeStruct((n_rows, n_blocks, 8), jnp.uint32),
@@ -261,5 +299,5 @@ def encode_rows_kernel(data, scale_bytes, *, rows_per_program: int = 1, num_warp
         name="mxfp4_encode_fp8_rows_swar",
     )(words, halves, scale_bytes)
     codes = lax.bitcast_convert_type(codes, jnp.uint8)  # [R, nb, 8, 4], element order (little-endian)
-    codes = lax.bitcast_convert_type(codes.reshape(n_rows, n_blocks * BLOCK_SIZE), jnp.float8_e4m3fn)
+    codes = lax.bitcast_convert_type(codes.reshape(n_rows, n_blocks * BLOCK_SIZE), f.dtype)
     return codes, row_exp, row_flag

@@ -133,11 +133,13 @@ def test_prepared_weight_gives_the_same_bits():
 ENCODE_CASES = list(itertools.product(((4096, 8192), (1000, 96), (37, 1056)), ((100, 150), (120, 135))))
 
 
+@pytest.mark.parametrize("fmt", ["e4m3", "e5m2"])
 @pytest.mark.parametrize("i", range(len(ENCODE_CASES)), ids=[
     f"{r}x{k}-bytes{lo}-{hi}" for (r, k), (lo, hi) in ENCODE_CASES])
-def test_encode_kernel_bit_identical_to_encode_rows(i):
-    """Scale bands: (100, 150) flags most rows; (120, 135) keeps most inside the window, with
-    blocks at shifts -8..-6 (subnormal E4M3 results); edge bytes 80, 255, 0, 254, 1 and a zero row."""
+def test_encode_kernel_bit_identical_to_encode_rows(i, fmt):
+    """Scale bands: (100, 150) flags most E4M3 rows; (120, 135) keeps most inside the window, with
+    blocks at shifts -8..-6 (subnormal E4M3 results; E5M2's 29-binade window holds every row of
+    both bands but the edge ones); edge bytes 80, 255, 0, 254, 1 and a zero row."""
     from jax_mxfp4.fp8_prepared import encode_rows
     from jax_mxfp4.kernels.fp8_encode import encode_rows_kernel
 
@@ -147,8 +149,8 @@ def test_encode_kernel_bit_identical_to_encode_rows(i):
     sbytes = rng.integers(*band, (r_, k_ // 32)).astype(np.uint8)
     sbytes[0, 0], sbytes[1, 0], sbytes[2, 0], sbytes[3, 0], sbytes[4, 0] = 80, 255, 0, 254, 1
     data[5, :] = 0
-    want = jax.jit(encode_rows)(jnp.asarray(data), jnp.asarray(sbytes))
-    got = encode_rows_kernel(jnp.asarray(data), jnp.asarray(sbytes))
+    want = jax.jit(encode_rows, static_argnums=2)(jnp.asarray(data), jnp.asarray(sbytes), fmt)
+    got = encode_rows_kernel(jnp.asarray(data), jnp.asarray(sbytes), fmt=fmt)
     assert len(got) == len(want)
     for j, (x, y) in enumerate(zip(want, got)):
         np.testing.assert_array_equal(np.asarray(x).view(np.uint8), np.asarray(y).view(np.uint8),
