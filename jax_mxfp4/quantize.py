@@ -74,10 +74,15 @@ def quantize(
     """
     x, axis, key = _checked_input(x, axis, scale_mode, rounding, key, "jax_mxfp4.quantize")
     checks.check_scale_layout(scale_layout)
-    # GPU fast path (both roundings): one fused Pallas pass, bit-identical to _quantize_impl.
+    # GPU fast path (both roundings): one fused Pallas pass, bit-identical to _quantize_impl; along
+    # the last axis the row kernel, along any other the strided-axis kernel (no float transpose).
+    from .kernels import quantize_columns as strided
     from .kernels import quantize_kernel as fused
 
-    impl = fused.quantize_impl if fused_path(x) else _quantize_impl
+    if not fused_path(x):
+        impl = _quantize_impl
+    else:
+        impl = fused.quantize_impl if axis == x.ndim - 1 else strided.quantize_strided
     data, scales = impl(x, key, axis=axis, scale_mode=scale_mode, rounding=rounding)
     q = MXFP4Array(data, scales, axis, x.shape, x.dtype, scale_mode, "plain")
     return q.with_scale_layout(scale_layout)

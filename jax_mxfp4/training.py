@@ -244,8 +244,32 @@ def _gradient_operand(gq, p: gemm.GemmPlan):
     return to_fp8(gq, "e5m2")
 
 
-def _fprop(a, b, recipe: Recipe, out_dtype, fprop_seed):
-    """Canonical forward: a [B, M, K] x b [B, N, K] -> [B, M, N] in ``out_dtype``."""
+def _swap_quantized(q: MXFP4Array) -> MXFP4Array:
+    """A 3-D MXFP4Array [B, R, C] (plain scales) as [B, C, R]: its data and scales transposed (bytes)."""
+    bsz, r, c = q.shape
+    return MXFP4Array(jnp.swapaxes(q.data, 1, 2), jnp.swapaxes(q.plain_scales(), 1, 2), 3 - q.axis, (bsz, c, r),
+                      q.dtype, q.scale_mode, "plain")
+
+
+def _quantize_weight(w_kn, axis, scale_mode):
+    """``quantize(swapaxes(w_kn, 1, 2), axis)`` (round to nearest) of a weight held as [B, K, N]
+    (:func:`_kn_layout`), computed as the held array quantized along the same logical axis (3 -
+    ``axis``) with the result's bytes swapped: the same bits, and no float transpose of the
+    weight (:func:`jax_mxfp4.quantize` reads its input in place along either axis; on the GPU the
+    row kernel or :mod:`jax_mxfp4.kernels.quantize_columns`, where a transposed input was
+    materialized by XLA)."""
+    return _swap_quantized(quantize(w_kn, 3 - axis, scale_mode=scale_mode))
+
+
+def _fprop(a, b, recipe: Recipe, out_dtype, fprop_seed, b_kn=False):
+    """Canonical forward: a [B, M, K] x b [B, N, K] -> [B, M, N] in ``out_dtype`` (b given as
+    [B, K, N] with ``b_kn``)."""
+    if b_kn and recipe.fprop == "mxfp4" and "fprop" not in recipe.hadamard_passes:
+        p = _plan(a, _nk(b, b_kn), _CANON, out_dtype, recipe)
+        route = _fused_route(a, _nk(b, b_kn), p)
+        a = _fp8_operand(a, 2, recipe.scale_mode, route) if route is not None else a
+        return gemm.execute(a, _quantize_weight(b, 2, recipe.scale_mode), p)
+    b = _nk(b, b_kn)
     if recipe.fprop == "bf16":
         return _bf16_gemm(a, b, _CANON).astype(out_dtype)
     if "fprop" in recipe.hadamard_passes:
@@ -272,7 +296,7 @@ def _plan(a, b, contraction, out_dtype, recipe: Recipe) -> gemm.GemmPlan:
 
 
 def _grad_gemm(g, w, g_axis, w_axis, precision, key, recipe: Recipe, hadamard_seed=None,
-               grad_dtype=jnp.float32, w_first=False):
+               grad_dtype=jnp.float32, w_first=False, w_kn=None):
     """Contract g (the incoming gradient) along ``g_axis`` with w along ``w_axis``, batch dim 0:
     [B, g free, w free], or with ``w_first`` [B, w free, g free] (w is then the GEMM's lhs and g
     its rhs: the same quantized operands and products, the output in the other layout).
@@ -283,6 +307,7 @@ def _grad_gemm(g, w, g_axis, w_axis, precision, key, recipe: Recipe, hadamard_se
 
     MXFP4: both padded along the contraction to a multiple of 32, optionally Hadamard-transformed,
     g quantized with ``recipe.grad_rounding`` (key ``key``), w with round-to-nearest-even.
+    ``w_kn``: w's held [B, K, N] form (w = its swapaxes; :func:`_quantize_weight`), or None.
     """
     contraction = (((g_axis,), (w_axis,)), ((0,), (0,)))
     if precision == "bf16":  # XLA's own dot, which folds the swap into the dot's layout
@@ -306,7 +331,10 @@ def _grad_gemm(g, w, g_axis, w_axis, precision, key, recipe: Recipe, hadamard_se
     p = _plan(*order(g, w), dims_, grad_dtype, recipe)
     route = _fused_route(*order(g, w), p)
     gq = _gradient_operand(_fp8_operand(g, g_axis, recipe.scale_mode, route, rounding, gkey, "e5m2"), p)
-    wq = _fp8_operand(w, w_axis, recipe.scale_mode, route)
+    if w_kn is not None:  # round to nearest: what _fp8_operand gives, from the held layout
+        wq = _quantize_weight(_pad_axis(w_kn, 3 - w_axis), w_axis, recipe.scale_mode)
+    else:
+        wq = _fp8_operand(w, w_axis, recipe.scale_mode, route)
     # On backend "fp8" the GEMM writes ``grad_dtype`` directly (the float32 result rounded once,
     # the caller's cast: same value) instead of a float32 [M, N] array cast afterwards.
     if p.backend_here != "fp8":
@@ -333,13 +361,16 @@ def _check_static_backward(dy):
             "the training step with concrete shapes")
 
 
-def _dgrad(dy, b, recipe: Recipe, site: int, key=None, grad_dtype=jnp.float32):
-    """dA [B, M, K] = dY [B, M, N] · b [B, N, K], contracted along N (float32; ``grad_dtype`` on the fused FP8 route)."""
+def _dgrad(dy, b, recipe: Recipe, site: int, key=None, grad_dtype=jnp.float32, b_kn=False):
+    """dA [B, M, K] = dY [B, M, N] · b [B, N, K], contracted along N (float32; ``grad_dtype`` on the fused FP8 route).
+    ``b_kn``: b is given as [B, K, N] (:func:`_kn_layout`)."""
     _check_static_backward(dy)
     sr = recipe.dgrad == "mxfp4" and recipe.grad_rounding == "stochastic"
     key = rounding_key(key, dy, site, DGRAD_TAG) if sr else None
     seed = _site_seed(site, "dgrad") if "dgrad" in recipe.hadamard_passes else None
-    return _grad_gemm(dy, b, 2, 1, recipe.dgrad, key, recipe, hadamard_seed=seed, grad_dtype=grad_dtype)
+    w_kn = b if (b_kn and seed is None) else None
+    return _grad_gemm(dy, _nk(b, b_kn), 2, 1, recipe.dgrad, key, recipe, hadamard_seed=seed, grad_dtype=grad_dtype,
+                      w_kn=w_kn)
 
 
 def _wgrad(dy, a, recipe: Recipe, site: int, key=None, grad_dtype=jnp.float32, kn=False):
@@ -372,7 +403,7 @@ def _materialize(dy):
 # ``b_kn``: ``b`` is held as [B, K, N] (:func:`_kn_layout`), else canonical [B, N, K].
 @functools.partial(jax.custom_vjp, nondiff_argnums=(2, 3, 4, 5, 6))
 def _mx_gemm(a, b, recipe, out_dtype, site, fprop_seed, b_kn, key):
-    return _fprop(a, _nk(b, b_kn), recipe, out_dtype, fprop_seed)
+    return _fprop(a, b, recipe, out_dtype, fprop_seed, b_kn)
 
 
 def _nk(b, b_kn):
@@ -392,7 +423,7 @@ def _mx_gemm_bwd(recipe, out_dtype, site, fprop_seed, b_kn, res, dy):
 
     def quantized(args, key):
         dy, a, b = args
-        da = shd.like(_dgrad(dy, _nk(b, b_kn), recipe, site, key, grad_dtype=a.dtype).astype(a.dtype), a)
+        da = shd.like(_dgrad(dy, b, recipe, site, key, grad_dtype=a.dtype, b_kn=b_kn).astype(a.dtype), a)
         db = shd.like(_wgrad(dy, a, recipe, site, key, grad_dtype=b.dtype, kn=b_kn).astype(b.dtype), b)
         return da, db
 

@@ -237,6 +237,7 @@ def test_kernel_categories_of_the_libraries_kernels_read_from_the_source():
             mosaic.setdefault(os.path.basename(path), set()).add(body)
     want = {"mxfp4_wgemm": "gemm", "mxfp4_decode_bf16": "gemm", "mxfp4_grouped_wgemm": "gemm",
             "mxfp4_quantize": "quantize", "mxfp4_quantize_fp8": "quantize", "mxfp4_encode_fp8_rows_swar": "quantize",
+            "mxfp4_quantize_columns": "quantize",
             "mxfp4_fp8_rescale": "rescale / exact rows", "mxfp4_fp8_exact_rows_index": "rescale / exact rows",
             "mxfp4_fp8_fix_flagged": "rescale / exact rows"}
     assert {"mxfp4_wgemm", "mxfp4_quantize_fp8", "mxfp4_fp8_rescale"} <= names <= set(want), names - set(want)

@@ -5,6 +5,7 @@ path, both roundings (stochastic: uniforms generated in the kernel for threefry 
 NumPy float64 model of
 tests/mx_reference.py; and the fused training passes against the unfused ones."""
 
+import functools
 import re
 
 import jax
@@ -20,6 +21,7 @@ from jax_mxfp4.platform import KERNELS_ENV
 from jax_mxfp4.fp8_format import FLAG_EXACT, FLAG_NAN, format_named
 from jax_mxfp4.fp8_prepared import encode_rows, prepare_fp8
 from jax_mxfp4.kernels import fp8_quantize as fq
+from jax_mxfp4.kernels import quantize_columns as kcols
 from jax_mxfp4.kernels import quantize_kernel as kquant
 from jax_mxfp4.quantize import _quantize_impl
 
@@ -243,20 +245,21 @@ def test_kernel_uniform_errors_name_the_argument():
 
 
 @pytest.mark.sweep(keep=2)
-@pytest.mark.parametrize("layout", ["rows", "transposed"])
 @pytest.mark.parametrize("impl", ["threefry2x32", "rbg", "unsafe_rbg"])
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
-def test_fused_sr_operand_equals_unfused(layout, impl, dtype, rng):
-    """backends.fp8.fused_operand with stochastic rounding, the operand of dgrad (dY along N: rows) and
-    of wgrad (dY along the token axis M: transposed by XLA, then rows):
-    codes, scales, row_exp and row_flag equal prepare_fp8(quantize(x, axis, "stochastic", key)):
-    uniforms generated in the kernel for threefry and rbg keys."""
+def test_fused_sr_operand_equals_unfused(impl, dtype, rng):
+    """backends.fp8.fused_operand with stochastic rounding, the operand of dgrad (dY along N, the
+    rows): codes, scales, row_exp and row_flag equal prepare_fp8(quantize(x, axis, "stochastic",
+    key)): uniforms generated in the kernel for threefry and rbg keys. Along the strided token
+    axis (wgrad's dY) it declines: the caller's unfused passes read that axis in place
+    (kernels/quantize_columns.py, tests/test_quantize_columns.py)."""
     scale_mode = SCALE_MODES[rng.integers(4)]  # one per case, drawn (the kernel tests cover each)
     hard = _hard_rows(rng, 10, 96, dtype)  # rows x quantized length
-    x3, axis = (hard[None], 2) if layout == "rows" else (hard.T[None], 1)
+    x3, axis = hard[None], 2
     key = _key(impl, rng)
+    assert fp8_backend.fused_operand(hard.T[None], 1, scale_mode, True, "stochastic", key) is None
     got = fp8_backend.fused_operand(x3, axis, scale_mode, True, "stochastic", key)
-    assert got is not None, "the fused kernel must take stochastic rounding in every layout"
+    assert got is not None, "the fused kernel must take stochastic rounding along rows"
     want = prepare_fp8(mx.quantize(x3, axis, scale_mode=scale_mode, rounding="stochastic", key=key))
     for name in ("codes", "scales", "row_exp", "row_flag"):
         a, b = (np.asarray(getattr(v, name)) for v in (got, want))
@@ -265,19 +268,23 @@ def test_fused_sr_operand_equals_unfused(layout, impl, dtype, rng):
                                       b.view(np.uint8) if b.dtype.itemsize == 1 else b, err_msg=f"{name} ({scale_mode})")
 
 
-def _grads(monkeypatch, fused, x, w, recipe, key):
+def _grads(monkeypatch, fused, x, w, recipe, key, kernels=None):
     """Loss and gradients, and the number of fused quantize-to-FP8 kernels in the backward's
-    jaxpr: ``fused`` the fused passes through the Pallas interpreter, else the unfused passes
-    (JAX_MXFP4_KERNELS=0)."""
+    jaxpr (or of the kernels named ``kernels``): ``fused`` the fused passes through the Pallas
+    interpreter, and with it every quantization on the GPU's quantizer kernels (the row and the
+    strided-axis kernel, interpreted), else the unfused jnp passes (JAX_MXFP4_KERNELS=0)."""
     monkeypatch.setattr(training, "_FUSED_INTERPRET", fused)
     if fused:
         monkeypatch.delenv(KERNELS_ENV, raising=False)
+        monkeypatch.setattr(kquant, "fast_path_enabled", lambda platform, size: True)
+        monkeypatch.setattr(kquant, "quantize_impl", functools.partial(kquant.quantize_impl, interpret=True))
+        monkeypatch.setattr(kcols, "quantize_strided", functools.partial(kcols.quantize_strided, interpret=True))
     else:
         monkeypatch.setenv(KERNELS_ENV, "0")
     f = lambda x, w: jnp.sum(mx.dense(x, w, recipe=recipe, key=key) * jnp.cos(jnp.arange(w.shape[1])))  # noqa: E731
     jaxpr = str(jax.make_jaxpr(jax.grad(f, argnums=(0, 1)))(x, w))
     out = jax.jit(jax.value_and_grad(f, argnums=(0, 1)))(x, w)
-    return out, len(re.findall(r"let mxfp4_quantize_fp8\w* =", jaxpr))  # one per kernel body
+    return out, len(re.findall(kernels or r"let mxfp4_quantize_fp8\w* =", jaxpr))  # one per kernel body
 
 
 @pytest.mark.slow
@@ -298,8 +305,14 @@ def test_training_fused_equals_unfused(monkeypatch, rounding, key_impl, dtype, r
     key = jax.random.key(int(rng.integers(2**31)), impl=key_impl) if key_impl else None
     (l0, g0), n0 = _grads(monkeypatch, False, x, w, recipe, key)
     (l1, g1), n1 = _grads(monkeypatch, True, x, w, recipe, key)
+    _, n_columns = _grads(monkeypatch, True, x, w, recipe, key, kernels=r"let mxfp4_quantize_columns\d* =")
+    _, n_rows = _grads(monkeypatch, True, x, w, recipe, key, kernels=r"let mxfp4_quantize\d* =")
     assert n0 == 0
-    assert n1 == (2 if rounding == "stochastic" else 0)  # dY's two stochastic quantizations only
+    assert n1 == (1 if rounding == "stochastic" else 0)  # dgrad's stochastically rounded dY only
+    # each other quantization reads its operand in place: the kernel [K, N] along K (fprop) and X
+    # and dY along the tokens (wgrad) in the strided-axis kernel; X along K (fprop) and the kernel
+    # along N (dgrad) in the row kernel, and dY along N too where it is rounded to nearest
+    assert (n_columns, n_rows) == (3, 2 if rounding == "stochastic" else 3)
     np.testing.assert_array_equal(np.asarray(l0), np.asarray(l1))
     for a, b in zip(g0, g1):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

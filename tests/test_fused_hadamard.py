@@ -129,9 +129,14 @@ def test_fused_rotation_lowers_to_triton_for_cuda(dtype):
 
 @pytest.fixture
 def fused_on_cpu(monkeypatch):
-    """Route quantize/quantize_rotated to the fused kernel (Pallas interpreter) as on a GPU."""
+    """Route quantize/quantize_rotated to the fused kernels (Pallas interpreter) as on a GPU: the row
+    kernel along the last axis, the strided-axis kernel along any other."""
+    from jax_mxfp4.kernels import quantize_columns
+
     monkeypatch.setattr(quantize_mod, "fused_path", lambda x: True)
     monkeypatch.setattr(fused, "quantize_impl", functools.partial(quantize_impl, interpret=True))
+    monkeypatch.setattr(quantize_columns, "quantize_strided",
+                        functools.partial(quantize_columns.quantize_strided, interpret=True))
 
 
 def _same_array(p, q):

@@ -272,10 +272,13 @@ def fp8_gemm(lhs, rhs, out_dtype, precision: str = "default", platform: str = "c
 
 
 def fused_operand(x, axis, scale_mode, interpret, rounding="nearest", key=None, fmt="e4m3"):
-    """``as_fp8(quantize(x, axis, ...), platform, fmt)`` for a canonical float operand x [B, ., .]
-    (axis 1 or 2) in one fused kernel (:mod:`jax_mxfp4.kernels.fp8_quantize`), or None where the kernel
-    cannot take it (then the caller keeps the unfused passes for this operand). An operand
-    quantized along a strided axis (axis 1) is transposed by XLA first and the kernel reads rows.
+    """``as_fp8(quantize(x, axis, ...), platform, fmt)`` for a canonical float operand x [B, R, K]
+    quantized along its last axis (``axis`` 2) in one fused kernel
+    (:mod:`jax_mxfp4.kernels.fp8_quantize`), or None where the kernel cannot take it; the caller
+    then keeps the unfused passes for this operand. An operand quantized along axis 1 always
+    takes them: the kernel keeps whole output rows in registers, which a strided axis would make
+    an XLA transpose first, while :func:`jax_mxfp4.quantize` reads it in place
+    (:mod:`jax_mxfp4.kernels.quantize_columns`) before the encode kernel.
 
     Stochastic rounding (``key``) uses exactly the reference's uniforms, those of
     ``quantize(x, axis, rounding="stochastic", key=key)``: generated in the kernel from the key
@@ -287,24 +290,17 @@ def fused_operand(x, axis, scale_mode, interpret, rounding="nearest", key=None, 
     from ..kernels.quantize_kernel import sr_uniforms
     from ..mx_format import BLOCK_SIZE
 
-    bsz, kq = x.shape[0], x.shape[axis]
-    last = axis == 2
-    if kq > fq.MAX_ROW or kq % BLOCK_SIZE or x.size >= 2**31 or (not last and bsz != 1):
+    kq = x.shape[axis]
+    if axis != x.ndim - 1 or kq > fq.MAX_ROW or kq % BLOCK_SIZE or x.size >= 2**31:
         return None
-    rest = tuple(d for i, d in enumerate(x.shape) if i != axis)  # the output rows, in order
+    rest = x.shape[:-1]  # the output rows, in order
     uniform = key_data = None
     if rounding == "stochastic":
-        # quantize(x, axis)'s draw: uniform(key, rest + (kq / 32, 32)), the quantized axis last:
-        # element-aligned with the kernel's rows (threefry keys: generated in the kernel from that
-        # flat index; rbg keys: the drawn array, read in)
+        # quantize(x, axis)'s draw: uniform(key, rest + (kq / 32, 32)): element-aligned with the
+        # kernel's rows (generated in the kernel from that flat index, or the drawn array read in)
         uniform, key_data = sr_uniforms(key, rest + (kq // BLOCK_SIZE, BLOCK_SIZE), philox=True)
-    # A strided operand: XLA's transpose pass, then the kernel along rows (strided reads in the
-    # kernel were slower than both passes together). Same bits for both roundings: the rows of
-    # x[0].T are the output rows, so each element keeps its uniform (its flat index in the
-    # reference's draw is unchanged).
-    x2 = x.reshape(-1, kq) if last else x[0].T
     codes, scales, row_exp, row_flag = fq.quantize_fp8_2d(
-        x2, key_data, uniform, scale_mode=scale_mode, interpret=interpret, fmt=fmt)
+        x.reshape(-1, kq), key_data, uniform, scale_mode=scale_mode, interpret=interpret, fmt=fmt)
     return FP8Prepared(codes.reshape(rest + (kq,)), scales.reshape(rest + (kq // BLOCK_SIZE,)),
                        row_exp.reshape(rest), row_flag.reshape(rest), axis, x.shape, x.dtype, scale_mode)
 

@@ -5,9 +5,9 @@ input once.
 Output: exactly ``jax_mxfp4.fp8_prepared.encode_rows(quantize(x, axis, ...), fmt)`` (codes ``float8_e4m3fn`` or ``float8_e5m2``,
 E8M0 scale bytes, per-row exponent and flags; :mod:`jax_mxfp4.fp8_prepared`), i.e. the children of
 ``prepare_fp8(quantize(x, axis, ...))``, without writing the packed MXFP4 array in between. The
-quantized axis is last: the rows of x are the output rows (a caller transposes an operand
-quantized along its first axis with XLA first: strided reads made this kernel several times
-slower, docs/performance.md).
+quantized axis is last: the rows of x are the output rows (an operand quantized along a strided
+axis takes :mod:`jax_mxfp4.kernels.quantize_columns` and the encode kernel instead: strided
+reads made this kernel several times slower, docs/performance.md).
 
 Design: one program owns ``rows`` whole output rows (the full quantized length, padded to a
 power of two with masked loads) and keeps them in registers: the per-row exponent needs the

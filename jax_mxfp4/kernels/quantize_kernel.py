@@ -750,6 +750,10 @@ def quantize_impl(x, key, *, axis, scale_mode, rounding, interpret=False,
     bit-identical to ``_quantize_impl(random_hadamard_transform(x, axis, seed, block), ...)``
     (see :func:`quantize_2d`).
 
+    Along an axis other than the last, x is moved (an XLA transpose) and this kernel reads rows;
+    :func:`jax_mxfp4.quantize` takes :func:`jax_mxfp4.kernels.quantize_columns.quantize_strided`
+    there instead, which reads x in place.
+
     Raises TypeError for an input dtype other than float32/bfloat16/float16, ValueError for an
     unknown ``scale_mode`` / ``rounding`` (or "stochastic" without a key), an empty ``x`` (no
     grid to launch: :func:`jax_mxfp4.quantize` takes the reference path there) or one too large
@@ -781,3 +785,4 @@ def quantize_impl(x, key, *, axis, scale_mode, rounding, interpret=False,
     data = data.reshape(*lead, data.shape[-1])
     byte = byte.reshape(*lead, byte.shape[-1])
     return jnp.moveaxis(data, -1, axis), as_e8m0(jnp.moveaxis(byte, -1, axis))
+

@@ -2,7 +2,8 @@
 bit: every scale mode and both roundings, float32 and bfloat16 input, blocks along rows (axis 1)
 and, for even/nearest, along columns (axis 0), on random data over 80 binades with special
 values planted (zero block, NaN, -inf, subnormals, the E2M1 grid's midpoints, near float32 max).
-The public ``quantize`` takes this kernel on a GPU for both roundings."""
+The public ``quantize`` takes this kernel on a GPU for both roundings along the last axis, and the
+strided-axis kernel along any other (tested the same way here)."""
 
 from __future__ import annotations
 
@@ -68,19 +69,41 @@ def test_public_quantize_takes_the_fused_path_for_both_roundings():
     assert fast_path_enabled(platform), platform
 
 
+STRIDED = [(d, mode, rounding, impl) for d in ("float32", "bfloat16") for mode in ("floor", "ceil", "even", "rceil")
+           for rounding, impl in (("nearest", None), ("stochastic", "threefry2x32"), ("stochastic", "rbg"))
+           if mode == "even" or impl != "threefry2x32"]
+
+
+@pytest.mark.parametrize("dname,mode,rounding,impl", STRIDED, ids=["-".join(map(str, c)) for c in STRIDED])
+def test_strided_quantizer_bit_identical_to_reference(dname, mode, rounding, impl):
+    """The strided-axis kernel (kernels/quantize_columns.py; the public quantize along any axis but
+    the last on a GPU: the training passes' X and dY along the tokens, a kernel along K), its
+    uniforms generated in the kernel (Threefry, Philox for rbg keys), against the reference."""
+    from jax_mxfp4.kernels.quantize_columns import quantize_strided
+
+    xa = _input(dname)[:, :4160 // 32 * 32][:320]  # quantized along axis 0 (320 rows = 10 blocks)
+    key = jax.random.key(7, impl=impl) if rounding == "stochastic" else None
+    for x, axis in ((xa, 0), (xa.reshape(2, 160, 4160 // 32 * 32 // 2, 2), 1)):
+        got = quantize_strided(x, key, axis=axis, scale_mode=mode, rounding=rounding)
+        ref = _quantize_impl(x, key, axis=axis, scale_mode=mode, rounding=rounding)
+        for g, r, name in zip(got, ref, ("data", "scales")):
+            g, r = (np.asarray(jax.lax.bitcast_convert_type(v, jnp.uint8)) for v in (g, r))
+            assert g.shape == r.shape and np.array_equal(g, r), f"{name}: {int(np.sum(g != r))} bytes differ (axis {axis})"
+
+
 @pytest.mark.parametrize("impl", ["threefry2x32", "rbg", "unsafe_rbg"])
-@pytest.mark.parametrize("layout", ["rows", "transposed"])
-def test_fused_fp8_operand_generates_the_reference_uniforms(impl, layout):
-    """The fused quantize-to-FP8 kernel with stochastic rounding (the dgrad and wgrad operand of
-    training) generates its uniforms in the kernel for threefry keys (Threefry-2x32) and rbg keys
+def test_fused_fp8_operand_generates_the_reference_uniforms(impl):
+    """The fused quantize-to-FP8 kernel with stochastic rounding (the dgrad operand of training:
+    dY along N) generates its uniforms in the kernel for threefry keys (Threefry-2x32) and rbg keys
     (Philox-4x32 with PTX mul.hi): bit-identical on the GPU to prepare_fp8 of the reference
     quantize, whose jax.random.uniform is XLA's own draw on this GPU."""
     from jax_mxfp4 import quantize
     from jax_mxfp4.backends import fp8 as fb
     from jax_mxfp4.fp8_prepared import prepare_fp8
 
+    layout = "rows"
     xx = _input("bfloat16")[:320, :4096]
-    x3, axis = (xx[None], 2) if layout == "rows" else (xx.T[None], 1)
+    x3, axis = xx[None], 2
     key = jax.random.key(11, impl=impl)
     got = jax.jit(lambda x, k: fb.fused_operand(x, axis, "even", False, "stochastic", k))(x3, key)
     want = jax.jit(lambda x, k: prepare_fp8(quantize(x, axis, scale_mode="even", rounding="stochastic", key=k)))(x3, key)
