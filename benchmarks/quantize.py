@@ -18,9 +18,17 @@ by XLA and read by the kernel). Copy: XLA elementwise
 Output: quantize.json, quantize.md (the table, also printed) and quantize_bandwidth.png in --out
 (default bench_out/quantize, bench_out/quantize-quick with --quick).
 
+``--strided``: the training passes' operands quantized along the token axis (axis 0 of a [T, K]
+input: X and dY in wgrad; a [K, N] kernel along K in fprop), the library's route (the strided-axis
+kernel, kernels/quantize_columns.py, reading x in place) beside the route it replaced (XLA's
+transpose, then the row kernel; for the FP8 operand of dY: XLA's transpose, then the fused
+quantize-to-FP8 kernel), each pair checked bit for bit in the run, then a few strided-kernel tiles
+(the best is printed as a ColumnsConfig line).
+
 Usage (from the repository root):
   python benchmarks/quantize.py [--quick] [--no-check] [--dtypes bfloat16,float32] [--modes ...] [--out DIR]
   python benchmarks/quantize.py --sweep --no-check   (tile configs; prints the best per dtype)
+  python benchmarks/quantize.py --strided [--dtypes float32,bfloat16]
 """
 
 from __future__ import annotations
@@ -42,6 +50,7 @@ from benchmarks.common import (  # noqa: E402
     default_out, device_info, n_sets_for, out_dir, save_figure, time_fn, write_json)
 from jax_mxfp4 import dispatch  # noqa: E402
 from jax_mxfp4.kernels.quantize_kernel import QuantizeConfig, default_config, quantize_2d, quantize_impl  # noqa: E402
+from jax_mxfp4.kernels.quantize_columns import ColumnsConfig, quantize_columns_3d  # noqa: E402
 from jax_mxfp4.mx_format import SCALE_MODES  # noqa: E402
 from jax_mxfp4.quantize import _quantize_impl  # noqa: E402
 
@@ -234,6 +243,115 @@ def run(quick, sweep=False, check=True, dtypes=("bfloat16", "float32"), modes=SC
             "checks": [{"what": w, "ok": ok, "mismatched_bytes": n} for w, ok, n in checks]}
 
 
+COLUMN_TILES = [ColumnsConfig(b, c, w) for (b, c, w) in [
+    (1, 128, 4), (1, 256, 4), (2, 64, 4), (2, 128, 4), (2, 128, 8), (2, 256, 8), (4, 64, 4), (4, 128, 8)]]
+
+
+def run_strided(quick, dtypes=("float32", "bfloat16")):
+    """``--strided`` (module docstring): rows as :func:`run`'s, plus ``same_bits`` for each pair."""
+    from jax_mxfp4.fp8_prepared import encode_rows_on
+    from jax_mxfp4.kernels import fp8_quantize as fq
+
+    interpret = dispatch.current_platform() == "cpu"
+    platform = dispatch.current_platform()
+    shape = QUICK_SHAPE if quick else FULL_SHAPE  # [T, K], quantized along T
+    t, k = shape
+    timing = dict(min_program_s=0.0, programs=3, max_sets=2) if quick else {}
+    rows, t0 = [], time.time()
+
+    def log(msg):
+        print(f"[{time.time() - t0:6.1f}s] {msg}", flush=True)
+
+    def rbg(kd):
+        return jax.random.wrap_key_data(kd, impl="rbg")
+
+    def as_bytes(tree):
+        return [lax.bitcast_convert_type(a, jnp.uint8) if a.dtype.itemsize == 1 else a for a in jax.tree.leaves(tree)]
+
+    for dname in dtypes:
+        dtype = jnp.dtype(dname)
+        make_x = _input_maker(shape, dtype)
+
+        def make_xk(i):
+            return make_x(i), jax.random.key_data(jax.random.key(3000 + i, impl="rbg"))
+
+        in_bytes = t * k * dtype.itemsize
+        q_bytes = in_bytes + t * k // 2 + t * k // 32
+        one = jnp.asarray(1.0001, dtype)
+        copy = fair_time(lambda x: x * one, lambda i: (make_x(i),), **timing)
+        copy_gbs = 2 * in_bytes / copy["median_s"] / 1e9
+
+        def add(what, res, nbytes, same=None):
+            gbs = nbytes / res["median_s"] / 1e9
+            rows.append({"shape": shape, "dtype": dname, "what": what, "median_s": res["median_s"],
+                         "min_s": res["min_s"], "calls": res["calls"], "gb_s": gbs, "ratio_vs_copy": gbs / copy_gbs,
+                         "same_bits": same})
+            log(f"{t}x{k} {dname} {what}: {res['median_s'] * 1e6:.1f} us/call, {gbs:.0f} GB/s = "
+                f"{gbs / copy_gbs:.3f} x copy" + ("" if same is None else f", same bits: {same}"))
+
+        rows.append({"shape": shape, "dtype": dname, "what": "copy (x*1.0001)", "median_s": copy["median_s"],
+                     "min_s": copy["min_s"], "calls": copy["calls"], "gb_s": copy_gbs, "ratio_vs_copy": 1.0})
+        # Each route's output in the layout its consumer reads (rows of x.T, the quantized axis last),
+        # as the training passes use it: quantize_impl's move back to x's layout cancels there.
+        pairs = {  # what -> (library route, the route it replaced, bytes counted)
+            "MXFP4 along T, nearest": (
+                lambda x, kd: quantize_columns_3d(x[None], scale_mode="even", interpret=interpret),
+                lambda x, kd: quantize_2d(x.T, None, scale_mode="even", cfg=default_config(x.dtype),
+                                          interpret=interpret),
+                q_bytes),
+            "MXFP4 along T, stochastic (rbg key)": (
+                lambda x, kd: quantize_columns_3d(x[None], kd, scale_mode="even", interpret=interpret),
+                lambda x, kd: quantize_2d(x.T, jax.random.uniform(rbg(kd), (k, t // 32, 32), jnp.float32),
+                                          scale_mode="even", cfg=default_config(x.dtype), interpret=interpret),
+                q_bytes),
+            "E5M2 FP8 operand along T, stochastic (rbg key)": (
+                lambda x, kd: _columns_then_encode(x, kd, platform, interpret, encode_rows_on),
+                lambda x, kd: _without_scales(fq.quantize_fp8_2d(x.T, kd, scale_mode="even", interpret=interpret,
+                                                                 fmt="e5m2")),
+                in_bytes + t * k + t * k // 32),
+        }
+        for what, (new, old, nbytes) in pairs.items():
+            x0, kd0 = make_xk(0)
+            same = all(bool(jnp.array_equal(a.reshape(b.shape), b))
+                       for a, b in zip(as_bytes(jax.jit(new)(x0, kd0)), as_bytes(jax.jit(old)(x0, kd0))))
+            add(f"{what}: strided-axis kernel", fair_time(new, make_xk, **timing), nbytes, same)
+            add(f"{what}: XLA transpose, then rows", fair_time(old, make_xk, **timing), nbytes, same)
+        for cfg in COLUMN_TILES[:2] if quick else COLUMN_TILES:
+            fn = lambda x, cfg=cfg: quantize_columns_3d(x[None], scale_mode="even", cfg=cfg, interpret=interpret)  # noqa: E731
+            try:
+                res = fair_time(fn, lambda i: (make_x(i),), **timing)
+            except Exception as e:  # a tile Triton cannot compile: report and go on
+                log(f"tile {cfg}: error {type(e).__name__}: {str(e)[:300]}")
+                continue
+            add(f"sweep strided nearest tile {cfg.blocks}x{cfg.cols} w{cfg.num_warps}", res, q_bytes)
+            rows[-1]["cfg"] = [cfg.blocks, cfg.cols, cfg.num_warps]
+        best = max((r for r in rows if r["dtype"] == dname and "cfg" in r), key=lambda r: r["gb_s"], default=None)
+        if best:
+            log(f"best strided tile for {dname}: ColumnsConfig(blocks={best['cfg'][0]}, cols={best['cfg'][1]}, "
+                f"num_warps={best['cfg'][2]})  # {best['ratio_vs_copy']:.3f} x copy")
+        make_x.cache_clear()
+    return {"info": device_info(), "quick": quick, "method": __doc__.split("Usage")[0].strip(), "rows": rows,
+            "checks": [{"what": f"{r['dtype']} {r['what']}", "ok": r["same_bits"], "mismatched_bytes": None}
+                       for r in rows if r.get("same_bits") is not None and "strided-axis" in r["what"]]}
+
+
+def _without_scales(out):
+    codes, _, row_exp, row_flag = out
+    return codes, row_exp, row_flag
+
+
+def _columns_then_encode(x, kd, platform, interpret, encode_rows_on):
+    """The library's E5M2 operand of dY along T: the strided-axis kernel (Philox uniforms of the
+    rbg key), then the encode kernel on its rows: (codes, row_exp, row_flag)."""
+    from jax_mxfp4.kernels.fp8_encode import encode_rows_kernel
+
+    t, k = x.shape
+    data, byte = quantize_columns_3d(x[None], kd, scale_mode="even", interpret=interpret)
+    if interpret:
+        return encode_rows_kernel(data[0], byte[0], interpret=True, fmt="e5m2")
+    return encode_rows_on(data[0], byte[0], platform, "e5m2")
+
+
 def markdown(res):
     info = res["info"]
     lines = [f"# MXFP4 quantization: {info['device']} ({info['platform']}), jax {info['jax']}, {info['date_utc']} UTC", "",
@@ -283,16 +401,22 @@ def main(argv=None):
     ap.add_argument("--sweep", action="store_true", help="instead of the mode matrix, time the tile configs "
                     "(even/nearest) per dtype and print the best as a DEFAULT_CONFIGS line")
     ap.add_argument("--no-check", action="store_true", help="skip the fused-vs-reference bit-exactness check")
+    ap.add_argument("--strided", action="store_true", help="instead of the mode matrix, the operands quantized along "
+                    "the token axis: the strided-axis kernel beside XLA's transpose + the row kernels, and its tiles")
     ap.add_argument("--dtypes", default=None, help="comma-separated input dtypes (default bfloat16,float32; "
                     "--quick: bfloat16)")
     ap.add_argument("--modes", default=None, help="comma-separated scale modes to time (default all; --quick: even)")
     ap.add_argument("--out", default=None, help="output folder (default bench_out/quantize, bench_out/quantize-quick)")
     args = ap.parse_args(argv)
-    out = out_dir(args.out or default_out("quantize-quick" if args.quick else "quantize"))
+    name = "quantize-strided" if args.strided else "quantize"
+    out = out_dir(args.out or default_out(name + ("-quick" if args.quick else "")))
     dtypes = args.dtypes or ("bfloat16" if args.quick else "bfloat16,float32")
     modes = args.modes or ("even" if args.quick else ",".join(SCALE_MODES))
-    res = run(args.quick, sweep=args.sweep, check=not args.no_check, dtypes=tuple(dtypes.split(",")),
-              modes=tuple(modes.split(",")))
+    if args.strided:
+        res = run_strided(args.quick, dtypes=tuple(dtypes.split(",")))
+    else:
+        res = run(args.quick, sweep=args.sweep, check=not args.no_check, dtypes=tuple(dtypes.split(",")),
+                  modes=tuple(modes.split(",")))
     write_json(os.path.join(out, "quantize.json"), res)
     md = markdown(res)
     with open(os.path.join(out, "quantize.md"), "w") as f:

@@ -346,6 +346,20 @@ def test_quantize_quick(tmp_path):
 
 
 @pytest.mark.slow  # a whole benchmark program (test_gemm_quick keeps one in the default tier)
+def test_quantize_strided_quick(tmp_path):
+    """--strided: each library route beside the route it replaced, bit-checked in the run (the
+    Pallas interpreter here), and the strided kernel's tiles."""
+    assert quantize.main(["--strided", "--quick", "--dtypes", "float32", "--out", str(tmp_path)]) == 0
+    res = json.loads((tmp_path / "quantize.json").read_text())
+    whats = [r["what"] for r in res["rows"]]
+    assert whats[0] == "copy (x*1.0001)" and sum("strided-axis kernel" in w for w in whats) == 3
+    assert sum("XLA transpose, then rows" in w for w in whats) == 3 and sum(w.startswith("sweep") for w in whats) == 2
+    assert all(_finite_positive(r["median_s"], r["gb_s"], r["ratio_vs_copy"]) for r in res["rows"])
+    assert len(res["checks"]) == 3 and all(c["ok"] for c in res["checks"])
+    _png(tmp_path / "quantize_bandwidth.png")
+
+
+@pytest.mark.slow  # a whole benchmark program (test_gemm_quick keeps one in the default tier)
 def test_row_spans_quick(tmp_path):
     """Three steps of a tiny main job: every sampled step reports each FP8 GEMM of the step (fprop,
     dgrad and wgrad of 5 layers), the gradient operand of dgrad and wgrad handed in as E5M2."""
