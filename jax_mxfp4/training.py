@@ -92,13 +92,15 @@ _CANON = (((2,), (2,)), ((0,), (0,)))
 
 _FUSED_INTERPRET = False
 """Fused FP8 quantization of the training passes (:func:`_fused_route`): on CUDA the one-pass
-fused kernel (:mod:`jax_mxfp4.kernels.fp8_quantize`) quantizes the stochastically rounded operands
-(dY in dgrad and wgrad; one along a strided axis is transposed by XLA first) straight to the FP8
-operand; the round-to-nearest ones take the unfused passes (the quantizer, then the fp8 backend's
-encode kernel). ``JAX_MXFP4_KERNELS=0``: every operand in the unfused passes (the same bits).
-Why only the stochastic ones: on an NVIDIA H200 (jax 0.11.2, 2026-12-02) the linear-layer
-training step at T = K = N = 8192 was ~1% faster so than with every operand fused (the unfused
-passes round to nearest faster than the one-pass kernel; figures: docs/performance.md).
+fused kernel (:mod:`jax_mxfp4.kernels.fp8_quantize`) quantizes the stochastically rounded operand
+quantized along rows (dY in dgrad, along N) straight to the FP8 operand; the others take the
+unfused passes (the quantizer, then the fp8 backend's encode kernel): the round-to-nearest ones,
+and dY in wgrad, whose token axis is strided (:func:`jax_mxfp4.backends.fp8.fused_operand`: the
+strided-axis quantizer reads it in place). ``JAX_MXFP4_KERNELS=0``: every operand in the unfused
+passes (the same bits). Why only the stochastic ones: on an NVIDIA H200 (jax 0.11.2, 2026-12-02)
+the linear-layer training step at T = K = N = 8192 was ~1% faster so than with every operand
+fused (the unfused passes round to nearest faster than the one-pass kernel; figures:
+docs/performance.md).
 
 This flag is for tests, not a user setting: True takes the same route off the GPU through the
 Pallas interpreter."""
