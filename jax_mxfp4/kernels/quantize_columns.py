@@ -44,7 +44,7 @@ from jax.experimental.pallas import triton as plgpu
 
 from ..mx_format import BLOCK_SIZE, pow2_from_exponent
 from .quantize_kernel import (_ABS, block_scale_bits, check_key_data, check_uniform_size, magnitude_code_bits,
-                              philox_uniforms, sr_uniforms, threefry_uniform)
+                              nearest_codes, philox_uniforms, sr_uniforms, threefry_uniform)
 
 _QUAD = 4  # rows packed into one uint16 word
 _QUADS = BLOCK_SIZE // _QUAD  # quads per 32-row block
@@ -119,12 +119,7 @@ def _kernel(*refs, n_rows, n_cols, nb, nbt, bc, scale_mode, rng, ptx):
             word = word | (c << (4 * w))
         return word
 
-    if rng is None:
-        # Round to nearest: a subnormal input x 2^-s stays below 0.25 (code 0, as the flushed
-        # zero) unless s <= -125 (quantize_kernel's rule): the flush only in tiles that need it.
-        word = lax.cond(jnp.min(s) <= -125, lambda: codes(True), lambda: codes(False))
-    else:
-        word = codes(True)
+    word = nearest_codes(s, codes) if rng is None else codes(True)
     word = jnp.where(bad[:, None, :], 0, word).astype(jnp.uint16)
     # [nbt, 8, bc] -> [bc, nbt, 8] and [nbt, bc] -> [bc, nbt]: the quantized axis last
     word_t = jnp.transpose(word, (2, 0, 1))

@@ -425,6 +425,14 @@ def magnitude_code_bits(a_bits, inv, u=None, flush=True):
     return e2m1_magnitude_code(y)
 
 
+def nearest_codes(s, codes):
+    """``codes(flush)`` of a tile rounded to nearest, with block exponents ``s``: a float32
+    subnormal (< 2^-126) times 2^-s stays below 0.25 (code 0, like the flushed zero) unless
+    s <= -125, so the flush is needed only in tiles holding such a block (block max below
+    ~2^-122): a branch taken per tile (``lax.cond``), not per element."""
+    return lax.cond(jnp.min(s) <= -125, lambda: codes(True), lambda: codes(False))
+
+
 def _rotate_tile(x, signs, block):
     """The random Hadamard transform of :func:`jax_mxfp4.hadamard.random_hadamard_transform` on a
     loaded tile ``x`` [br, nbt, 32] along its last two axes (``nbt * 32`` a multiple of ``block``),
@@ -532,14 +540,7 @@ def _quantize_kernel(*refs, n_rows, n_blocks, br, nbt, scale_mode, stochastic, k
     if stochastic:
         codes = magnitude(a_ev, u_ev) | (magnitude(a_od, u_od) << 4)
     else:
-        # Round to nearest: a float32 subnormal (< 2^-126) times 2^-s stays below 0.25 (code 0,
-        # like the flushed zero) unless s <= -125, so the flush is needed only in tiles holding
-        # such a block (block max below ~2^-122): a branch taken per tile, not per element.
-        codes = lax.cond(
-            jnp.min(s) <= -125,
-            lambda: magnitude(a_ev, None) | (magnitude(a_od, None) << 4),
-            lambda: magnitude(a_ev, None, flush=False) | (magnitude(a_od, None, flush=False) << 4),
-        )
+        codes = nearest_codes(s, lambda flush: magnitude(a_ev, None, flush) | (magnitude(a_od, None, flush) << 4))
     packed = codes | sign
     packed = jnp.where(bad[..., None], 0, packed).astype(jnp.uint8)
     store(packed, byte)
