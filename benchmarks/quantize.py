@@ -364,7 +364,8 @@ def markdown(res):
     if res.get("checks"):
         lines += ["", "Bit-exactness, fused vs reference on this device:", "",
                   "| case | result | mismatched bytes |", "|---|---|---|"]
-        lines += [f"| {c['what']} | {'PASS' if c['ok'] else 'FAIL'} | {c['mismatched_bytes']} |" for c in res["checks"]]
+        lines += [f"| {c['what']} | {'PASS' if c['ok'] else 'FAIL'} | "
+                  f"{'-' if c['mismatched_bytes'] is None else c['mismatched_bytes']} |" for c in res["checks"]]
     return "\n".join(lines) + "\n"
 
 
@@ -408,6 +409,12 @@ def main(argv=None):
     ap.add_argument("--modes", default=None, help="comma-separated scale modes to time (default all; --quick: even)")
     ap.add_argument("--out", default=None, help="output folder (default bench_out/quantize, bench_out/quantize-quick)")
     args = ap.parse_args(argv)
+    if args.strided and (args.sweep or args.no_check or args.modes):
+        ap.error("--strided times its own routes (scale mode even, always bit-checked): it takes no --sweep, "
+                 "--no-check or --modes")
+    for d in (args.dtypes.split(",") if args.dtypes is not None else ()):
+        if d not in ("float32", "bfloat16", "float16"):
+            ap.error(f"--dtypes: each must be float32, bfloat16 or float16 (the quantizer's inputs), got {d!r}")
     name = "quantize-strided" if args.strided else "quantize"
     out = out_dir(args.out or default_out(name + ("-quick" if args.quick else "")))
     dtypes = args.dtypes or ("bfloat16" if args.quick else "bfloat16,float32")

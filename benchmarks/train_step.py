@@ -378,7 +378,8 @@ def figure(result, out):
     ax.set_xticklabels(configs)
     ax.set_ylabel("time per step / bf16 (<1 faster)")
     ax.set_title(f"Training step on {result['info']['device']}")
-    ax.legend(fontsize=7)
+    if variants:  # a run whose MXFP4 variants all failed has no bar to label
+        ax.legend(fontsize=7)
     return save_figure(fig, out, "train_step.png")
 
 

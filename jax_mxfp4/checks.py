@@ -31,12 +31,44 @@ def check_rounding(rounding, key, name="rounding"):
 
         kd = getattr(key, "dtype", None)
         typed = kd is not None and jax.dtypes.issubdtype(kd, jax.dtypes.prng_key) and jnp.ndim(key) == 0
-        raw = not typed and str(kd) == "uint32" and tuple(jnp.shape(key)) == (2,)
+        # a legacy raw key has the shape of the default implementation's key data
+        raw_shape = RAW_KEY_SHAPES.get(str(jax.config.jax_default_prng_impl), (2,))
+        raw = not typed and str(kd) == "uint32" and tuple(jnp.shape(key)) == raw_shape
         if not (typed or raw):
             raise TypeError(
-                f"key must be one PRNG key (jax.random.key(seed), or a legacy uint32[2] "
-                f"jax.random.PRNGKey), got {type(key).__name__} with dtype {kd} and shape {jnp.shape(key)}"
+                f"key must be one PRNG key (jax.random.key(seed), or a legacy uint32{list(raw_shape)} "
+                f"jax.random.PRNGKey of the default implementation {jax.config.jax_default_prng_impl}), got "
+                f"{type(key).__name__} with dtype {kd} and shape {jnp.shape(key)}"
             )
+
+
+RAW_KEY_SHAPES = {"threefry2x32": (2,), "rbg": (4,), "unsafe_rbg": (4,)}
+"""Shape of a legacy raw key (``jax.random.PRNGKey``) per ``jax_default_prng_impl``."""
+
+
+def check_interpret(interpret, fn):
+    """A kernel's ``interpret`` flag must be a bool (a truthy string would silently choose the
+    interpreter); TypeError naming ``fn``."""
+    if not isinstance(interpret, bool):
+        raise TypeError(f"{fn}: interpret must be a bool, got {interpret!r}")
+
+
+def power_of_two(v, name, most=None) -> int:
+    """``v`` (an int or a NumPy integer: tile sizes may come from NumPy) as an int, if a power of
+    two >= 1 (and <= ``most``); ValueError naming ``name`` otherwise."""
+    ok = isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_)) and v >= 1 and not v & (v - 1)
+    if not ok or (most is not None and v > most):
+        bound = f" at most {most}" if most is not None else ""
+        raise ValueError(f"{name} must be a power of two >= 1{bound} (an int), got {v!r}")
+    return int(v)
+
+
+def check_static_shape(x, fn):
+    """A Pallas kernel's grid needs concrete dims: ValueError naming ``fn`` for a symbolic one
+    (``jax.export`` shape polymorphism; the jnp paths take those)."""
+    if any(is_symbolic(d) for d in x.shape):
+        raise ValueError(f"{fn}: x has symbolic dims {tuple(x.shape)} (jax.export shape polymorphism); the kernel's "
+                         "grid needs concrete dims: use jax_mxfp4.quantize, which takes the jnp path there")
 
 
 def check_scale_layout(scale_layout, name="scale_layout"):

@@ -359,6 +359,16 @@ def test_quantize_strided_quick(tmp_path):
     _png(tmp_path / "quantize_bandwidth.png")
 
 
+@pytest.mark.parametrize("argv,msg", [(["--strided", "--sweep"], "takes no --sweep"),
+                                      (["--dtypes", "float64"], "--dtypes: each must be"),
+                                      (["--strided", "--dtypes", "int8"], "--dtypes: each must be")])
+def test_quantize_refuses_bad_flags(argv, msg, tmp_path, capsys):
+    """float64 ran as float32 (x64 off) under a float64 label; int8 ended in a traceback."""
+    with pytest.raises(SystemExit) as e:
+        quantize.main(argv + ["--out", str(tmp_path)])
+    assert e.value.code == 2 and msg in capsys.readouterr().err
+
+
 @pytest.mark.slow  # a whole benchmark program (test_gemm_quick keeps one in the default tier)
 def test_row_spans_quick(tmp_path):
     """Three steps of a tiny main job: every sampled step reports each FP8 GEMM of the step (fprop,

@@ -258,3 +258,23 @@ class TestErrors:
     def test_dequantize_rejects_plain_arrays(self):
         with pytest.raises(TypeError, match="q must be an MXFP4Array"):
             mx.dequantize(jnp.ones((4, 32)))
+
+
+def test_legacy_key_of_the_default_rbg_implementation_is_taken(rng):
+    """With jax_default_prng_impl = "rbg" a legacy jax.random.PRNGKey is uint32[4]; it was refused
+    with a message asking for exactly what was passed. Now it rounds as the reference does."""
+    from jax_mxfp4.quantize import _quantize_impl
+
+    x = jnp.asarray(rng.standard_normal((64, 8)), jnp.float32)
+    prev = jax.config.jax_default_prng_impl
+    jax.config.update("jax_default_prng_impl", "rbg")
+    try:
+        key = jax.random.PRNGKey(4)
+        assert key.shape == (4,)
+        got = mx.quantize(x, 0, rounding="stochastic", key=key)
+        want = _quantize_impl(x, key, axis=0, scale_mode="even", rounding="stochastic")
+        np.testing.assert_array_equal(np.asarray(got.data), np.asarray(want[0]))
+        with pytest.raises(TypeError, match=r"legacy uint32\[4\]"):
+            mx.quantize(x, 0, rounding="stochastic", key=jnp.zeros((2,), jnp.uint32))
+    finally:
+        jax.config.update("jax_default_prng_impl", prev)

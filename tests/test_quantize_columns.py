@@ -179,3 +179,85 @@ def test_bad_arguments_are_named():
         quantize_columns_3d(x, cfg=(2, 128), interpret=True)
     with pytest.raises(ValueError, match="power of two"):
         ColumnsConfig(cols=96)
+
+
+def test_kernel_entry_points_refuse_a_non_bool_interpret():
+    """A truthy non-bool (``interpret="yes"``) silently chose the interpreter; every quantizer
+    kernel entry point now names it."""
+    from jax_mxfp4.kernels import fp8_quantize
+
+    x = jnp.zeros((1, 64, 8), jnp.float32)
+    calls = {
+        "quantize_columns_3d": lambda: quantize_columns_3d(x, interpret="yes"),
+        "quantize_strided": lambda: quantize_strided(x, None, axis=1, scale_mode="even", rounding="nearest",
+                                                     interpret=1),
+        "quantize_2d": lambda: kq.quantize_2d(x[0], interpret="yes"),
+        "quantize_impl": lambda: kq.quantize_impl(x, None, axis=1, scale_mode="even", rounding="nearest", interpret=1),
+        "quantize_fp8_2d": lambda: fp8_quantize.quantize_fp8_2d(x[0].T, interpret="no"),
+    }
+    for fn, call in calls.items():
+        with pytest.raises(TypeError, match=f"{fn}: interpret must be a bool"):
+            call()
+
+
+def test_threefry_key_data_needs_the_partitionable_threefry(rng):
+    """With jax_threefry_partitionable off the kernels' Threefry is not jax.random's: raw key data
+    is refused by name (it gave other bits silently); jax_mxfp4.quantize's own route draws the
+    uniforms there and keeps the reference's bits."""
+    from jax_mxfp4.kernels import fp8_quantize
+
+    x = jnp.asarray(rng.standard_normal((1, 64, 5)), jnp.float32)
+    key = jax.random.key(1)
+    kd = jax.random.key_data(key)
+    prev = jax.config.jax_threefry_partitionable
+    jax.config.update("jax_threefry_partitionable", False)
+    try:
+        for call in (lambda: quantize_columns_3d(x, kd, interpret=True),
+                     lambda: kq.quantize_2d(x[0].T, key_data=kd, interpret=True),
+                     lambda: fp8_quantize.quantize_fp8_2d(x[0].T, kd, interpret=True)):
+            with pytest.raises(ValueError, match="jax_threefry_partitionable"):
+                call()
+        got = quantize_strided(x, key, axis=1, scale_mode="even", rounding="stochastic", interpret=True)
+        want = _quantize_impl(x, key, axis=1, scale_mode="even", rounding="stochastic")
+        np.testing.assert_array_equal(np.asarray(got[0]), np.asarray(want[0]))
+    finally:
+        jax.config.update("jax_threefry_partitionable", prev)
+
+
+def test_symbolic_and_empty_inputs_are_named():
+    """Shape polymorphism reached an InconclusiveDimensionOperation (neither error the docstrings
+    name); an empty x named the internal [L, R, T] view instead of the caller's array."""
+    from jax import export
+
+    (b,) = export.symbolic_shape("b")
+    for fn in (lambda v: quantize_columns_3d(v, interpret=True),
+               lambda v: quantize_strided(v, None, axis=1, scale_mode="even", rounding="nearest", interpret=True),
+               lambda v: kq.quantize_impl(v, None, axis=1, scale_mode="even", rounding="nearest", interpret=True)):
+        with pytest.raises(ValueError, match="symbolic"):
+            jax.jit(fn).trace(jax.ShapeDtypeStruct((b, 64, 3), jnp.float32))
+    with pytest.raises(ValueError, match=r"quantize_strided: x of shape \(64, 0\) is empty"):
+        quantize_strided(jnp.ones((64, 0)), None, axis=0, scale_mode="even", rounding="nearest", interpret=True)
+    with pytest.raises(ValueError, match="quantize_strided: axis"):
+        quantize_strided(jnp.ones((64, 8)), None, axis=2, scale_mode="even", rounding="nearest", interpret=True)
+
+
+def test_uniform_in_xs_own_layout_is_refused():
+    """The natural mistake, the uniforms in x's [L, R, T] order, has the right element count."""
+    x = jnp.zeros((1, 64, 8), jnp.float32)
+    with pytest.raises(ValueError, match=r"\[L, T, R/32, 32\]"):
+        quantize_columns_3d(x, None, jnp.zeros((1, 64, 8), jnp.float32), interpret=True)
+    for shape in ((1, 8, 2, 32), (1, 8, 64), (512,)):  # the documented forms
+        quantize_columns_3d(x, None, jnp.zeros(shape, jnp.float32), interpret=True)
+
+
+def test_tile_configs_take_numpy_ints_and_bound_the_warps():
+    """Tile sizes from NumPy were refused as 'not a power of two'; a CTA holds at most 32 warps."""
+    from jax_mxfp4.kernels.fp8_quantize import Fp8QuantizeConfig
+
+    assert ColumnsConfig(np.int64(2), np.int32(64), np.int64(4)) == ColumnsConfig(2, 64, 4)
+    assert Fp8QuantizeConfig(np.int64(2), np.int64(8)) == Fp8QuantizeConfig(2, 8)
+    for bad in (dict(num_warps=64), dict(blocks=2.0), dict(cols=True)):
+        with pytest.raises(ValueError, match="must be a power of two"):
+            ColumnsConfig(**bad)
+    with pytest.raises(ValueError, match="at most 32"):
+        Fp8QuantizeConfig(num_warps=64)

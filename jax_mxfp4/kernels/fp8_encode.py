@@ -24,6 +24,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
+from .. import checks
 from .. import fp8_format as rules
 from ..mx_format import BLOCK_SIZE, E8M0_NAN, as_scale_bytes
 
@@ -236,15 +237,6 @@ def _chunk_blocks(n_blocks: int, cap: int) -> int:
     return min(cap, n_blocks & -n_blocks)
 
 
-def _power_of_two(v, name: str, what: str = "") -> int:
-    """``v`` (an int or a numpy integer; tile sizes may come from numpy) as an int, if a power of
-    two >= 1; ValueError naming ``name`` otherwise."""
-    v = int(v) if isinstance(v, np.integer) else v
-    if isinstance(v, bool) or not isinstance(v, int) or v < 1 or v & (v - 1):
-        raise ValueError(f"{name} must be a power of two >= 1{what}, got {v!r}")
-    return v
-
-
 @functools.partial(jax.jit, static_argnames=("rows_per_program", "num_warps", "chunk_blocks", "interpret", "fmt"))
 def encode_rows_kernel(data, scale_bytes, *, rows_per_program: int = 1, num_warps: int = 8,
                        chunk_blocks: int = ROW_CHUNK_BLOCKS, interpret: bool = False, fmt: str = "e4m3"):
@@ -267,15 +259,14 @@ def encode_rows_kernel(data, scale_bytes, *, rows_per_program: int = 1, num_warp
       ValueError: shapes that are not [R, K/2] and [R, K/32]; a ``rows_per_program``,
         ``chunk_blocks`` or ``num_warps`` that is not a power of two; another ``fmt``.
     """
+    checks.check_interpret(interpret, "encode_rows_kernel")
     rules.check_packed_rows(data, scale_bytes)
     f = rules.format_named(fmt)  # types first: a list or None is named, not an AttributeError
     if data.ndim != 2:
         raise ValueError(f"encode_rows_kernel: data must be 2-D [R, K/2], got shape {data.shape}")
-    chunk_blocks = _power_of_two(chunk_blocks, "chunk_blocks")
-    rows_per_program = _power_of_two(rows_per_program, "rows_per_program")
-    num_warps = _power_of_two(num_warps, "num_warps", " (Triton)")
-    if not isinstance(interpret, bool):
-        raise TypeError(f"interpret must be a bool, got {interpret!r}")
+    chunk_blocks = checks.power_of_two(chunk_blocks, "chunk_blocks")
+    rows_per_program = checks.power_of_two(rows_per_program, "rows_per_program")
+    num_warps = checks.power_of_two(num_warps, "num_warps", most=32)  # a CTA holds at most 1024 threads
     scale_bytes = as_scale_bytes(scale_bytes)  # bytes, not values (float8_e8m0fnu is bit-cast)
     n_rows, half = data.shape
     if n_rows == 0 or half == 0:  # nothing to launch: encode_rows' outputs for empty rows (e = 0, no flag)

@@ -42,6 +42,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
+from .. import checks
 from ..fp8_format import FLAG_EXACT, FLAG_NAN
 from ..mx_format import BLOCK_SIZE, pow2_from_exponent, scale_e2m1_values
 
@@ -148,6 +149,7 @@ def exact_rows_index(*row_flags, group: int = 1, interpret: bool = False):
       TypeError: a flag array not uint8. ValueError: none given, not 2-D, batch sizes that differ,
       or ``group`` not a positive int.
     """
+    checks.check_interpret(interpret, "exact_rows_index")
     if not row_flags:
         raise ValueError("exact_rows_index: give at least one row_flag array")
     for i, f in enumerate(row_flags):
@@ -155,8 +157,6 @@ def exact_rows_index(*row_flags, group: int = 1, interpret: bool = False):
             raise TypeError(f"exact_rows_index: row_flags[{i}] must be uint8, got {getattr(f, 'dtype', type(f))}")
         if f.ndim != 2:
             raise ValueError(f"exact_rows_index: row_flags[{i}] must be [B, R], got shape {f.shape}")
-    if not isinstance(interpret, bool):
-        raise TypeError(f"exact_rows_index: interpret must be a bool, got {interpret!r}")
     if len({f.shape[0] for f in row_flags}) != 1:
         raise ValueError(f"exact_rows_index: the row_flag arrays must share B, got {[f.shape for f in row_flags]}")
     if isinstance(group, bool) or not isinstance(group, int) or group < 1:
@@ -291,6 +291,7 @@ def fix_flagged(out, a_codes, a_scales, a_exp, a_flag, b_codes, b_scales, b_exp,
       TypeError: dtypes other than those above; a ``cfg`` that is not a :class:`FixConfig`.
     An empty ``out`` comes back as it is; with K = 0 the flagged entries become 0 (an empty sum).
     """
+    checks.check_interpret(interpret, "fix_flagged")
     if getattr(out, "ndim", None) != 3:
         raise ValueError(f"fix_flagged: out must be a [B, M, N] array, got shape {getattr(out, 'shape', type(out))}")
     want = {"out": (out, ("float32", "bfloat16", "float16")), "a_codes": (a_codes, ("float8_e4m3fn", "float8_e5m2")),

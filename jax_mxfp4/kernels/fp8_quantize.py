@@ -44,6 +44,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
+from .. import checks
 from ..mx_format import (
     BLOCK_SIZE,
     as_e8m0,
@@ -72,9 +73,8 @@ class Fp8QuantizeConfig:
 
     def __post_init__(self):
         for name in ("rows", "num_warps"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1 or v & (v - 1):
-                raise ValueError(f"Fp8QuantizeConfig.{name} must be a power of two, got {v!r}")
+            object.__setattr__(self, name, checks.power_of_two(getattr(self, name), f"Fp8QuantizeConfig.{name}",
+                                                               most=32 if name == "num_warps" else None))
 
 
 TILE_ELEMENTS = 8192
@@ -332,6 +332,8 @@ def quantize_fp8_2d(x, key_data=None, uniform=None, *, scale_mode="even",
         key_data and uniform given; uniform's shape not [*lead, Kq] or [*lead, Kq / 32, 32]
         with prod(lead) = R.
     """
+    checks.check_interpret(interpret, "quantize_fp8_2d")
+    checks.check_static_shape(x, "quantize_fp8_2d")
     if cfg is not None and not isinstance(cfg, Fp8QuantizeConfig):
         raise TypeError(f"cfg must be an Fp8QuantizeConfig or None, got {cfg!r}")
     from ..fp8_format import format_named
@@ -373,7 +375,6 @@ def quantize_fp8_2d(x, key_data=None, uniform=None, *, scale_mode="even",
 def check_call(x, key_data, uniform, fn):
     """The argument rules of :func:`quantize_fp8_2d`: returns (Kq, R); raises the TypeError /
     ValueError its docstring lists, named after ``fn``."""
-    from .. import checks
 
     checks.check_float_input(x, "x")
     if x.ndim != 2:

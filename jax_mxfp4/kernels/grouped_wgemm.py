@@ -31,6 +31,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
+from .. import checks
 from ..mx_format import BLOCK_SIZE, e8m0_to_bf16_bits
 from ..platform import sm_count
 from . import e2m1_asm
@@ -165,6 +166,7 @@ def grouped_weight_gemm(x, w_data, w_scales, group_sizes, *, k_axis: int, out_dt
         group_sizes not integer, out_dtype not float32/bfloat16/float16, K not a multiple of 32,
         split_k not dividing the K steps, the asm decode in the interpreter.
     """
+    checks.check_interpret(interpret, "grouped_weight_gemm")
     if x.ndim != 2:
         raise ValueError(f"grouped_weight_gemm: x must be 2-D [M, K], got shape {x.shape}")
     for name, a in (("w_data", w_data), ("w_scales", w_scales)):

@@ -42,6 +42,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
+from .. import checks
 from ..mx_format import BLOCK_SIZE, pow2_from_exponent
 from .quantize_kernel import (_ABS, block_scale_bits, check_key_data, check_uniform_size, magnitude_code_bits,
                               nearest_codes, philox_uniforms, sr_uniforms, threefry_uniform)
@@ -62,9 +63,8 @@ class ColumnsConfig:
 
     def __post_init__(self):
         for name in ("blocks", "cols", "num_warps"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int) or v < 1 or v & (v - 1):
-                raise ValueError(f"ColumnsConfig.{name} must be a power of two, got {v!r}")
+            object.__setattr__(self, name, checks.power_of_two(getattr(self, name), f"ColumnsConfig.{name}",
+                                                               most=32 if name == "num_warps" else None))
 
 
 def _pow2_at_most(n: int, cap: int) -> int:
@@ -149,8 +149,8 @@ def quantize_columns_3d(x, key_data=None, uniform=None, *, scale_mode="even", cf
         generated in the kernel: uint32[2] for a threefry2x32 key
         (:func:`~jax_mxfp4.kernels.quantize_kernel.kernel_rng_supported`), uint32[4] for an rbg /
         unsafe_rbg key (:func:`~jax_mxfp4.kernels.quantize_kernel.philox_key_supported`).
-      uniform: None, or that draw itself (float32, L T R elements in the row-major order of
-        [L, T, R/32, 32]) for keys whose uniforms the kernel cannot generate. Exclusive with
+      uniform: None, or that draw itself (float32 [L, T, R/32, 32], or [L, T, R] or flat in
+        that row-major order) for keys whose uniforms the kernel cannot generate. Exclusive with
         ``key_data``.
       scale_mode: the scale rule (as :func:`jax_mxfp4.quantize`).
       cfg: :class:`ColumnsConfig` (default ``ColumnsConfig()``; a tile larger than the array is
@@ -161,13 +161,14 @@ def quantize_columns_3d(x, key_data=None, uniform=None, *, scale_mode="even", cf
       ``moveaxis(x, 1, 2)``, i.e. ``quantize(x, axis=1)``'s data and scales with axis 1 moved last.
     Raises:
       TypeError: x not a float array; key_data not uint32[2] / uint32[4]; uniform not float32;
-        cfg of another type.
-      ValueError: x not 3-D or empty, R not a multiple of 32, 2^31 elements or more; both
-        key_data and uniform; uniform without L T R elements.
+        cfg of another type; interpret not a bool.
+      ValueError: x not 3-D, empty or with symbolic dims, R not a multiple of 32, 2^31 elements
+        or more; both key_data and uniform; uniform of another shape; threefry key data while
+        ``jax_threefry_partitionable`` is off (the kernel's Threefry is the partitionable one).
     """
-    from .. import checks
-
+    checks.check_interpret(interpret, "quantize_columns_3d")
     checks.check_float_input(x, "x")
+    checks.check_static_shape(x, "quantize_columns_3d")
     checks.check_scale_mode(scale_mode, "quantize_columns_3d: scale_mode")
     if cfg is None:
         cfg = ColumnsConfig()
@@ -191,6 +192,11 @@ def quantize_columns_3d(x, key_data=None, uniform=None, *, scale_mode="even", cf
         args.append(jnp.asarray(key_data, jnp.uint32))
     elif uniform is not None:
         check_uniform_size(uniform, x.size, "quantize_columns_3d")
+        if tuple(uniform.shape) not in ((n_l, n_cols, n_rows // BLOCK_SIZE, BLOCK_SIZE), (n_l, n_cols, n_rows),
+                                        (x.size,)):
+            raise ValueError(f"quantize_columns_3d: uniform must be the reference's draw [L, T, R/32, 32] = "
+                             f"{[n_l, n_cols, n_rows // BLOCK_SIZE, BLOCK_SIZE]} (or [L, T, R], or flat), got "
+                             f"{list(uniform.shape)} (x's own [L, R, T] order is not the draw's)")
         rng = "uniform"
         # the draw is [L, T, R] row-major: bring it to x's [L, R, T] layout (an XLA transpose of
         # the uniforms, read once: keys the kernel cannot generate are the rare case)
@@ -225,18 +231,23 @@ def quantize_strided(x, key, *, axis, scale_mode, rounding, interpret=False):
     FP8 encoding, a canonical GEMM operand). Stochastic rounding: the reference's uniforms, those
     of rbg keys too generated in the kernel (Philox).
 
-    Raises the argument errors of :func:`jax_mxfp4.kernels.quantize_kernel.quantize_impl` and of
-    :func:`quantize_columns_3d`; ValueError for the last axis (the row kernel's).
+    Raises the argument errors of :func:`jax_mxfp4.kernels.quantize_kernel.quantize_impl` (an
+    empty or symbolic x included) and of :func:`quantize_columns_3d`; ValueError for the last axis
+    (the row kernel's).
     """
-    from .. import checks
+    checks.check_interpret(interpret, "quantize_strided")
     from ..mx_format import as_e8m0
 
     checks.check_float_input(x, "quantize_strided: x")
+    checks.check_static_shape(x, "quantize_strided")
     checks.check_scale_mode(scale_mode, "quantize_strided: scale_mode")
     checks.check_rounding(rounding, key, "quantize_strided: rounding")
-    axis = checks.normalize_axis(axis, x.ndim, "axis")
+    axis = checks.normalize_axis(axis, x.ndim, "quantize_strided: axis")
     if axis == x.ndim - 1:
         raise ValueError(f"quantize_strided: axis {axis} is x's last axis: use quantize_kernel.quantize_impl (rows)")
+    if x.size == 0:
+        raise ValueError(f"quantize_strided: x of shape {tuple(x.shape)} is empty (no kernel grid): use jax_mxfp4.quantize")
+    checks.check_block_multiple(x.shape[axis], axis, "quantize_strided: x")
 
     r = x.shape[axis]
     before, after = x.shape[:axis], x.shape[axis + 1:]

@@ -43,6 +43,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
+from .. import checks
 from ..mx_format import (
     BLOCK_SIZE,
     E8M0_BIAS,
@@ -562,6 +563,10 @@ def check_key_data(key_data, shapes, fn):
         want = " or ".join(kinds[s] for s in shapes)
         raise TypeError(f"{fn}: key_data must be {want} (jax.random.key_data(key)), got "
                         f"{kd.dtype}{list(kd.shape)}")
+    if tuple(kd.shape) == (2,) and not jax.config.jax_threefry_partitionable:
+        raise ValueError(f"{fn}: the kernel generates the uniforms of the partitionable Threefry "
+                         "(jax_threefry_partitionable, on by default since jax 0.5), which is off here: pass the "
+                         "reference's draw as uniform instead (jax_mxfp4.quantize does so itself)")
 
 
 def check_uniform_dtype(uniform, fn):
@@ -609,6 +614,8 @@ def quantize_2d(x, uniform=None, *, key_data=None, scale_mode="even", cfg: Quant
         block, or a block not in 32..256; both uniform and key_data given; uniform without R * K
         elements.
     """
+    checks.check_interpret(interpret, "quantize_2d")
+    checks.check_static_shape(x, "quantize_2d")
     if x.ndim != 2:
         raise ValueError(f"quantize_2d: x must be 2-D, got shape {x.shape}")
     n_rows, k = x.shape
@@ -760,10 +767,11 @@ def quantize_impl(x, key, *, axis, scale_mode, rounding, interpret=False,
     grid to launch: :func:`jax_mxfp4.quantize` takes the reference path there) or one too large
     for int32 offsets (the rules of :func:`jax_mxfp4.quantize`, checked here too for direct
     callers)."""
-    from .. import checks
+    checks.check_interpret(interpret, "quantize_impl")
     from ..mx_format import as_e8m0
 
     checks.check_float_input(x, "quantize_impl: x")
+    checks.check_static_shape(x, "quantize_impl")
     checks.check_scale_mode(scale_mode, "quantize_impl: scale_mode")
     checks.check_rounding(rounding, key, "quantize_impl: rounding")
     if x.size == 0:

@@ -20,6 +20,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
+from .. import checks
 from ..fp8_format import rescale_elements  # the rule
 
 DEFAULT_TILE = (32, 256, 8)
@@ -50,12 +51,6 @@ def _rescale_kernel(acc_ref, el_ref, er_ref, nl_ref, nr_ref, out_ref, *, m, n, b
     plgpu.store(out_ref.at[rows, pl.ds(c0, bn)], out, mask=mask2)
 
 
-def _pow2(v: int, name: str) -> int:
-    if not isinstance(v, int) or isinstance(v, bool) or v < 1 or v & (v - 1):
-        raise ValueError(f"rescale_kernel: {name} must be a power of two >= 1, got {v!r}")
-    return v
-
-
 @functools.partial(jax.jit, static_argnames=("out_dtype", "block", "num_warps", "interpret"))
 def rescale_kernel(acc, e_lhs, e_rhs, nan_rows, nan_cols, out_dtype, *, block=None, num_warps=None,
                    interpret: bool = False):
@@ -78,11 +73,13 @@ def rescale_kernel(acc, e_lhs, e_rhs, nan_rows, nan_cols, out_dtype, *, block=No
       ValueError: operands whose shapes do not pair up as above, a non-float ``acc`` or output
         dtype, a tile or warp count that is not a power of two.
     """
+    checks.check_interpret(interpret, "rescale_kernel")
     if block is not None and (not isinstance(block, tuple) or len(block) != 2):
         raise ValueError(f"rescale_kernel: block must be a (bm, bn) tuple of powers of two, got {block!r}")
     bm, bn = DEFAULT_TILE[:2] if block is None else block
-    bm, bn = _pow2(bm, "block[0]"), _pow2(bn, "block[1]")
-    num_warps = _pow2(DEFAULT_TILE[2] if num_warps is None else num_warps, "num_warps")
+    bm, bn = checks.power_of_two(bm, "rescale_kernel: block[0]"), checks.power_of_two(bn, "rescale_kernel: block[1]")
+    num_warps = checks.power_of_two(DEFAULT_TILE[2] if num_warps is None else num_warps, "rescale_kernel: num_warps",
+                                    most=32)
     out_dtype = np.dtype(out_dtype)
     floats = (np.dtype(jnp.float32), np.dtype(jnp.bfloat16), np.dtype(jnp.float16))
     if acc.ndim != 3 or np.dtype(acc.dtype) not in floats or out_dtype not in floats:

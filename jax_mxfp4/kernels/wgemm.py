@@ -27,6 +27,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as plgpu
 
+from .. import checks
 from ..platform import sm_count
 from ..mx_format import (
     BLOCK_SIZE,
@@ -157,6 +158,7 @@ def weight_stationary_gemm(x, w_data, w_scales, *, out_dtype, cfg: WTileConfig,
       ValueError: K not a multiple of ``cfg.bk * cfg.split_k``, mismatched shapes, dtypes, or the
         asm decode requested in the interpreter.
     """
+    checks.check_interpret(interpret, "weight_stationary_gemm")
     bsz, m, k = x.shape
     if w_data.shape[0] != bsz or w_data.shape[2] * 2 != k or w_scales.shape != (*w_data.shape[:2], k // BLOCK_SIZE):
         raise ValueError(f"weight_stationary_gemm: x {x.shape}, w_data {w_data.shape} and w_scales "
@@ -228,6 +230,7 @@ def decode_to_bf16(w_data, w_scales, *, decode: str = "asm", bn: int = 64, bk: i
     many activation rows. ``bn`` must divide R and ``bk`` (a multiple of 64) must divide K.
     Raises ValueError otherwise.
     """
+    checks.check_interpret(interpret, "decode_to_bf16")
     r, half = w_data.shape
     k = 2 * half
     if r % bn or k % bk or bk % 64:
