@@ -266,12 +266,13 @@ def _quantize_weight(w_kn, axis, scale_mode):
 def _fprop(a, b, recipe: Recipe, out_dtype, fprop_seed, b_kn=False):
     """Canonical forward: a [B, M, K] x b [B, N, K] -> [B, M, N] in ``out_dtype`` (b given as
     [B, K, N] with ``b_kn``)."""
+    held, b = b, _nk(b, b_kn)
     if b_kn and recipe.fprop == "mxfp4" and "fprop" not in recipe.hadamard_passes:
-        p = _plan(a, _nk(b, b_kn), _CANON, out_dtype, recipe)
-        route = _fused_route(a, _nk(b, b_kn), p)
+        # the weight quantized in its held layout (no float transpose); the activation as below
+        p = _plan(a, b, _CANON, out_dtype, recipe)
+        route = _fused_route(a, b, p)
         a = _fp8_operand(a, 2, recipe.scale_mode, route) if route is not None else a
-        return gemm.execute(a, _quantize_weight(b, 2, recipe.scale_mode), p)
-    b = _nk(b, b_kn)
+        return gemm.execute(a, _quantize_weight(held, 2, recipe.scale_mode), p)
     if recipe.fprop == "bf16":
         return _bf16_gemm(a, b, _CANON).astype(out_dtype)
     if "fprop" in recipe.hadamard_passes:
