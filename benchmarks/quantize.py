@@ -243,8 +243,8 @@ def run(quick, sweep=False, check=True, dtypes=("bfloat16", "float32"), modes=SC
             "checks": [{"what": w, "ok": ok, "mismatched_bytes": n} for w, ok, n in checks]}
 
 
-COLUMN_TILES = [ColumnsConfig(b, c, w) for (b, c, w) in [
-    (1, 128, 4), (1, 256, 4), (2, 64, 4), (2, 128, 4), (2, 128, 8), (2, 256, 8), (4, 64, 4), (4, 128, 8)]]
+COLUMN_TILES = [ColumnsConfig(b, c, w) for (b, c, w) in [  # the default first; 8-64 elements per thread
+    (2, 128, 16), (1, 128, 8), (2, 128, 8), (1, 256, 8), (4, 64, 8), (4, 128, 16), (2, 128, 4), (1, 128, 4)]]
 
 
 def run_strided(quick, dtypes=("float32", "bfloat16")):

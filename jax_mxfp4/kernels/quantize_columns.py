@@ -54,26 +54,22 @@ _QUADS = BLOCK_SIZE // _QUAD  # quads per 32-row block
 @dataclasses.dataclass(frozen=True)
 class ColumnsConfig:
     """``blocks`` 32-row blocks x ``cols`` columns per program (powers of two), Triton
-    ``num_warps``. The class default: 2 blocks (32 contiguous output bytes per column) x 128
-    columns (512 contiguous input bytes per float32 row), 4 warps; :func:`default_config` picks
-    the warps by rounding. Not tuned on a GPU (``benchmarks/quantize.py --strided`` sweeps tiles)."""
+    ``num_warps``. The default: 2 blocks (32 contiguous output bytes per column) x 128 columns
+    (512 contiguous input bytes per float32 row) on 16 warps, 16 elements per thread. Why 16
+    warps: ptxas (CUDA 13.0, sm_90a, the kernel compiled by jaxlib 0.10.2's Triton) gives this
+    tile 63-64 registers per thread in every rounding and dtype, the row kernels' 40-64 at their
+    H200-measured tiles (16-32 elements per thread); on 4 warps (64 elements per thread) round to
+    nearest takes 168 (float32) and 227 (bfloat16) registers, 2-3 CTAs per SM. Not timed on a GPU
+    (``benchmarks/quantize.py --strided`` sweeps tiles)."""
 
     blocks: int = 2
     cols: int = 128
-    num_warps: int = 4
+    num_warps: int = 16
 
     def __post_init__(self):
         for name in ("blocks", "cols", "num_warps"):
             object.__setattr__(self, name, checks.power_of_two(getattr(self, name), f"ColumnsConfig.{name}",
                                                                most=32 if name == "num_warps" else None))
-
-
-def default_config(stochastic: bool) -> ColumnsConfig:
-    """The tile of a call: the class default, with 16 warps for stochastic rounding. Why: the
-    sister row kernels' H200 sweeps (docs/performance.md) keep about 16 elements per thread with
-    stochastic rounding (the generator's state stays in registers) and more with round to
-    nearest; this tile holds 8192 elements, 64 per thread on 4 warps, 16 on 16."""
-    return ColumnsConfig(num_warps=16) if stochastic else ColumnsConfig()
 
 
 def _pow2_at_most(n: int, cap: int) -> int:
@@ -162,7 +158,7 @@ def quantize_columns_3d(x, key_data=None, uniform=None, *, scale_mode="even", cf
         that row-major order) for keys whose uniforms the kernel cannot generate. Exclusive with
         ``key_data``.
       scale_mode: the scale rule (as :func:`jax_mxfp4.quantize`).
-      cfg: :class:`ColumnsConfig` (default :func:`default_config`; a tile larger than the array is
+      cfg: :class:`ColumnsConfig` (None: its default; a tile larger than the array is
         shrunk to it).
       interpret: run the Pallas interpreter (CPU tests).
     Returns:
@@ -180,7 +176,7 @@ def quantize_columns_3d(x, key_data=None, uniform=None, *, scale_mode="even", cf
     checks.check_static_shape(x, "quantize_columns_3d")
     checks.check_scale_mode(scale_mode, "quantize_columns_3d: scale_mode")
     if cfg is None:
-        cfg = default_config(stochastic=key_data is not None or uniform is not None)
+        cfg = ColumnsConfig()
     if not isinstance(cfg, ColumnsConfig):
         raise TypeError(f"quantize_columns_3d: cfg must be a ColumnsConfig or None, got {cfg!r}")
     if x.ndim != 3 or x.size == 0:
