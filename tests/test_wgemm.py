@@ -395,3 +395,35 @@ def test_two_pass_route_gemm_writes_the_output_dtype(out_dtype, gemm_out, monkey
     ref, mag = xr @ wr.T, np.abs(xr) @ np.abs(wr).T
     ulp = {jnp.bfloat16: 2.0**-8, jnp.float32: 2.0**-24, jnp.float16: 2.0**-11}[out_dtype]
     assert np.all(np.abs(got[0] - ref) <= 2 * k * 2.0**-24 * mag + ulp * np.abs(ref) + 1e-30)
+
+
+@pytest.mark.parametrize("capability, decode", [((9, 0), "asm"), ((10, 0), "asm"), ((8, 9), "f16"), ((8, 0), "f16"),
+                                                (None, "f16")])
+def test_inline_ptx_decode_only_where_ptxas_takes_it(monkeypatch, capability, decode):
+    """The inline-PTX decode's ``mul.rn.bf16x2`` needs sm_90: Ampere and Ada GPUs, and a CUDA
+    lowering where no GPU is visible (capability None), take the portable decode (the compiled
+    check for each GPU generation: tests/test_cuda_compile.py)."""
+    from jax_mxfp4.backends import fp8, pallas
+
+    monkeypatch.setattr(fp8, "_compute_capability", lambda: capability)
+    assert pallas.decode_for("cuda") == decode
+    assert pallas.decode_for("rocm") == "f16" and pallas.decode_for("cpu") == "f16"
+    assert "mul.rn.bf16x2" in e2m1_asm._scaled("$0", "$1")  # the instruction the rule is for
+
+
+@pytest.mark.parametrize("capability, skipped", [((7, 5), True), ((8, 0), False), ((9, 0), False), (None, False)])
+def test_pallas_kernels_skip_gpus_without_bfloat16_tensor_cores(monkeypatch, capability, skipped):
+    """Turing (7.5) has no bfloat16 tensor cores: the Pallas backend and the MoE grouped kernel
+    step aside there with a reason naming the rule, and "auto" takes another backend."""
+    from jax_mxfp4.backends import fp8, grouped, pallas
+    from jax_mxfp4.backends.base import GemmProblem
+
+    monkeypatch.setattr(fp8, "_compute_capability", lambda: capability)
+    problem = GemmProblem(batch=1, m=16, n=1024, k=2048, out_dtype=np.dtype(jnp.bfloat16), scale_layout="plain",
+                          platform="cuda", lhs_kind="float", rhs_kind="mxfp4", lhs_dtype=np.dtype(jnp.bfloat16))
+    reason = pallas.PallasBackend().rejects(problem)
+    assert bool(reason) == skipped and bool(grouped.why_not("cuda")) == skipped
+    if skipped:
+        assert "compute capability >= 8.0" in reason and "7.5" in reason
+        assert grouped.why_not("cuda") == reason
+    assert pallas.cuda_capability_reason("rocm") is None

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 from ..array import MXFP4Array
 from ..mx_format import as_scale_bytes
 from ..platform import kernels_enabled
-from .pallas import decode_for
+from .pallas import cuda_capability_reason, decode_for
 
 
 def why_not(platform: str) -> str:
@@ -24,7 +24,7 @@ def why_not(platform: str) -> str:
         return f"the grouped kernel runs on CUDA GPUs, not {platform}"
     if not kernels_enabled():
         return "custom kernels are off ($JAX_MXFP4_KERNELS)"
-    return ""
+    return cuda_capability_reason(platform) or ""
 
 
 def grouped_product(a, b: MXFP4Array, group_sizes, k_axis: int, *, interpret: bool = False):

@@ -117,7 +117,7 @@ class PallasBackend(Backend):
                 )
         if problem.platform not in ("cuda", "rocm", "cpu"):
             return f"Pallas Triton kernels run on CUDA/ROCm GPUs (and interpreted on CPU), not {problem.platform}"
-        return None
+        return cuda_capability_reason(problem.platform)
 
     def auto_rejects(self, problem: GemmProblem):
         if not problem.has_float_operand and min(problem.m, problem.n) > A4W4_MAX_SMALL_SIDE:
@@ -177,12 +177,37 @@ def _converted_note(problem: GemmProblem) -> str:
             "only the Mosaic GPU route reads it as stored")
 
 
-def decode_for(platform: str) -> str:
-    """E2M1 decode of the weight-stationary kernel on ``platform``: inline PTX on CUDA, the
-    portable float16-bits decode elsewhere (ROCm's Triton, the CPU interpreter)."""
-    from ..kernels import e2m1_asm
+MIN_CUDA_CAPABILITY = (8, 0)
+"""The weight-stationary kernels multiply bfloat16 tiles on tensor cores: Ampere (sm_80) and later.
+On Turing ptxas emulates the bfloat16 arithmetic (the decode pass spills registers there,
+tests/test_cuda_compile.py) and XLA's GEMM of the exact path is the better route."""
 
-    return "asm" if platform == "cuda" and e2m1_asm.LOWERING_ERROR is None else "f16"
+
+def cuda_capability_reason(platform: str) -> str | None:
+    """Why the kernels of this module and :mod:`jax_mxfp4.backends.grouped` skip this CUDA GPU
+    (compute capability below :data:`MIN_CUDA_CAPABILITY`), else None (also where unknown)."""
+    from .fp8 import _compute_capability
+
+    capability = _compute_capability() if platform == "cuda" else None
+    if capability is not None and tuple(capability) < MIN_CUDA_CAPABILITY:
+        return (f"the Pallas kernels need bfloat16 tensor cores (compute capability >= "
+                f"{MIN_CUDA_CAPABILITY[0]}.{MIN_CUDA_CAPABILITY[1]}); this GPU is {capability[0]}.{capability[1]}")
+    return None
+
+
+def decode_for(platform: str) -> str:
+    """E2M1 decode of the weight-stationary kernels on ``platform``: inline PTX on a CUDA GPU of
+    compute capability >= :data:`jax_mxfp4.kernels.e2m1_asm.MIN_COMPUTE_CAPABILITY` (its
+    ``mul.rn.bf16x2`` needs sm_90), the portable float16-bits decode (the same values) elsewhere:
+    Ampere and Ada GPUs, ROCm's Triton, the CPU interpreter, and a CUDA lowering made where no
+    CUDA device is visible (an exported program then runs on any CUDA GPU the kernels support)."""
+    from ..kernels import e2m1_asm
+    from .fp8 import _compute_capability
+
+    if platform != "cuda" or e2m1_asm.LOWERING_ERROR is not None:
+        return "f16"
+    capability = _compute_capability()
+    return "asm" if capability is not None and tuple(capability) >= e2m1_asm.MIN_COMPUTE_CAPABILITY else "f16"
 
 
 def _decoded_bf16(w: MXFP4Array, platform: str) -> jax.Array:

@@ -25,8 +25,10 @@ elements into one asm instance).
 together instead: byte k of the register -> one bfloat16x2 register (low nibble in the low lane),
 one ``prmt`` per byte against the register shifted right by 4, then the same lane formula.
 
-The inline assembly is PTX: NVIDIA only. ROCm and the Pallas interpreter take the portable
-decode (``jax_mxfp4.kernels.wgemm._dequant_halves``), which gives the same values.
+The inline assembly is PTX for Hopper and later: ``mul.rn.bf16x2`` needs sm_90 (PTX ISA;
+ptxas refuses it for sm_80-sm_89, tests/test_cuda_compile.py), so :data:`MIN_COMPUTE_CAPABILITY`.
+Ampere and Ada GPUs, ROCm and the Pallas interpreter take the portable decode
+(``jax_mxfp4.kernels.wgemm._dequant_halves``), which gives the same values.
 
 Workaround kept here: ``jax.experimental.pallas.triton.elementwise_inline_asm`` cannot lower an
 asm with more than one result in jax 0.10/0.11 (its lowering wraps the op's result list in a
@@ -209,6 +211,9 @@ def _register_lowering():
 
     lowering.register_lowering(_asm_p)(rule)
 
+
+MIN_COMPUTE_CAPABILITY = (9, 0)
+"""The GPUs whose ptxas takes this module's PTX (``mul.rn.bf16x2``: sm_90 and later)."""
 
 try:  # the Triton lowering is private API: without it only the portable decode is offered
     _register_lowering()
