@@ -8,8 +8,11 @@ benchmark trains the MXFP4 run of ``examples/train_lm.py`` (its model, step, rec
 windows) and, every ``--every`` steps, takes the gradient of the loss at the current parameters
 through a probe: a copy of the step's value-and-gradient compiled with every FP8 GEMM reporting,
 for each operand, the histogram of its rows' spans (binades between the largest and smallest
-nonzero block) and the code format it is handed in. The probe draws its own stochastic-rounding
-key (the spans do not depend on it).
+nonzero block) and the code format it is handed in. Each span is also measured from the largest
+block of the whole operand ("tensor anchor"): the rows one power of two per operand, instead of
+one per row, would send to the exact path (such a scale could ride in the GEMM's own scalar
+scaling instead of the rescale pass). The probe draws its own stochastic-rounding key (the spans
+do not depend on it).
 
 Output (``--out``, default bench_out/row_spans): row_spans.json (every GEMM at every sampled
 step), row_spans.md (the table: per GEMM at the last step, the share of rows past 14 and past 28
@@ -37,9 +40,12 @@ MAX_SPAN = 64
 """Spans counted one by one up to this; wider rows count as MAX_SPAN (an E8M0 byte spans 254)."""
 
 
-def row_span_histogram(x):
+def row_span_histogram(x, anchor: str = "row"):
     """int32 [MAX_SPAN + 1]: how many rows of the canonical operand ``x`` (MXFP4Array [B, R, K]
-    or FP8Prepared) span each number of binades, counting blocks with a nonzero code."""
+    or FP8Prepared) span each number of binades, counting blocks with a nonzero code: from the
+    row's largest block (``anchor="row"``, the window the FP8 path encodes each row in) or from
+    the largest block of the whole operand (``"tensor"``: the window one power of two per operand
+    would give). An all-zero row spans 0."""
     import jax.numpy as jnp
 
     from jax_mxfp4.fp8_prepared import FP8Prepared
@@ -50,9 +56,14 @@ def row_span_histogram(x):
     magnitudes = (unpack_nibbles(q.data) & 7).reshape(sb.shape + (32,))
     nz = jnp.max(magnitudes, axis=-1) > 0
     hi = jnp.max(jnp.where(nz, sb, -1), axis=-1)
+    if anchor == "tensor":
+        hi = jnp.where(hi >= 0, jnp.max(hi, axis=-1, keepdims=True), hi)  # per batch element
     lo = jnp.min(jnp.where(nz, sb, 256), axis=-1)
     span = jnp.clip(jnp.where(hi >= 0, hi - lo, 0), 0, MAX_SPAN).reshape(-1)
     return jnp.bincount(span, length=MAX_SPAN + 1).astype(jnp.int32)
+
+
+ANCHORS = ("row", "tensor")
 
 
 def _fmt(x) -> str:
@@ -75,9 +86,10 @@ def compile_probe(loss_fn, params, batch, rngs, sink):
     def reporting(self, lhs, rhs, problem):
         meta = dict(m=int(problem.m), n=int(problem.n), k=int(problem.k), batch=int(problem.batch),
                     formats=[_fmt(lhs), _fmt(rhs)])
-        jax.debug.callback(lambda hl, hr, meta=meta: sink.append({**meta, "lhs": np.asarray(hl).tolist(),
-                                                                   "rhs": np.asarray(hr).tolist()}),
-                           row_span_histogram(lhs), row_span_histogram(rhs), ordered=True)
+        names = [f"{side}{'' if anchor == 'row' else '_' + anchor}" for anchor in ANCHORS for side in ("lhs", "rhs")]
+        jax.debug.callback(lambda *h, meta=meta: sink.append({**meta, **{n: np.asarray(v).tolist()
+                                                                          for n, v in zip(names, h)}}),
+                           *[row_span_histogram(x, anchor) for anchor in ANCHORS for x in (lhs, rhs)], ordered=True)
         return plain(self, lhs, rhs, problem)
 
     jax.clear_caches()
@@ -134,11 +146,12 @@ def run(size: str, steps: int | None, every: int, seed: int = 0, quick: bool = F
             for g in sink:
                 row = {key: g[key] for key in ("m", "n", "k", "batch", "formats")}
                 for side, fmt in zip(("lhs", "rhs"), g["formats"]):
-                    s = summarize(g[side])
-                    s["recomputed"] = float(np.asarray(g[side])[format_named(fmt).window_span + 1:].sum()
-                                            / max(1, sum(g[side])))
-                    row[side] = s
-                    row[side + "_hist"] = g[side][:s["max"] + 1]  # rows per span 0..max
+                    for name in (side, side + "_tensor"):
+                        s = summarize(g[name])
+                        s["recomputed"] = float(np.asarray(g[name])[format_named(fmt).window_span + 1:].sum()
+                                                / max(1, sum(g[name])))
+                        row[name] = s
+                        row[name + "_hist"] = g[name][:s["max"] + 1]  # rows per span 0..max
                 gemms.append(row)
             samples.append({"step": i, "loss": float(loss), "gemms": gemms})
             print(f"step {i}: loss {float(loss):.3f}, {len(gemms)} FP8 GEMMs, rows past 14 binades in "
@@ -157,17 +170,19 @@ def markdown(result) -> str:
              f"{info['device']} ({info['platform']}), jax {info['jax']}, {info['date_utc']} UTC; "
              f"Command: `{info['command']}`", "",
              "Rows past 14 / 28 binades: outside E4M3's / E5M2's window; recomputed: the rows the GEMM "
-             "sends to the exact path with the formats it was handed.", "",
+             "sends to the exact path with the formats it was handed; tensor anchor: the rows it would "
+             "send with one power of two per operand (spans from the operand's largest block).", "",
              "| GEMM | M x N x K | formats | lhs past 14 | lhs past 28 | lhs median / max | lhs recomputed "
-             "| rhs past 14 | rhs past 28 | rhs median / max | rhs recomputed |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| rhs past 14 | rhs past 28 | rhs median / max | rhs recomputed | recomputed, tensor anchor (lhs / rhs) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     pct = lambda v: f"{100 * v:.1f}%"  # noqa: E731
     for j, g in enumerate(last["gemms"]):
         lh, rh = g["lhs"], g["rhs"]
         lines.append(f"| {j} | {g['m']} x {g['n']} x {g['k']} | {' x '.join(g['formats'])} | {pct(lh['past_14'])} | "
                      f"{pct(lh['past_28'])} | {lh['median']} / {lh['max']} | {pct(lh['recomputed'])} | "
                      f"{pct(rh['past_14'])} | {pct(rh['past_28'])} | {rh['median']} / {rh['max']} | "
-                     f"{pct(rh['recomputed'])} |")
+                     f"{pct(rh['recomputed'])} | {pct(g['lhs_tensor']['recomputed'])} / "
+                     f"{pct(g['rhs_tensor']['recomputed'])} |")
     return "\n".join(lines) + "\n"
 
 

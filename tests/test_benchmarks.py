@@ -382,6 +382,8 @@ def test_row_spans_quick(tmp_path):
         assert fmts.count(("e5m2", "e4m3")) == 5 and fmts.count(("e4m3", "e5m2")) == 5, fmts
         for g in s["gemms"]:
             assert sum(g["lhs_hist"]) == g["batch"] * g["m"] and sum(g["rhs_hist"]) == g["batch"] * g["n"]
+            assert sum(g["lhs_tensor_hist"]) == g["batch"] * g["m"]
+            assert g["lhs_tensor"]["max"] >= g["lhs"]["max"] and g["rhs_tensor"]["median"] >= g["rhs"]["median"]
     assert "| GEMM | M x N x K |" in (tmp_path / "row_spans.md").read_text()
     _png(tmp_path / "row_spans.png")
 
@@ -409,6 +411,13 @@ def test_row_spans_histogram_and_summary(rng):
     expect = np.bincount(want, minlength=row_spans.MAX_SPAN + 1)
     for v in (x, to_fp8(x, "e5m2")):
         np.testing.assert_array_equal(np.asarray(row_spans.row_span_histogram(v)), expect)
+    # from the operand's largest block: row 2 holds it (byte 120 + 3); the all-zero row still spans 0
+    sb[2, 0] = 123
+    x = mx.MXFP4Array(jnp.asarray(pack_ref(codes, 1))[None], jnp.asarray(sb).view(jnp.float8_e8m0fnu)[None], 2,
+                      (1, r, nb * 32), jnp.float32)
+    lows = [int(sb[i][codes[i].reshape(nb, 32).max(axis=1) > 0].min()) for i in range(r - 1)]
+    expect_t = np.bincount([123 - lo for lo in lows] + [0], minlength=row_spans.MAX_SPAN + 1)
+    np.testing.assert_array_equal(np.asarray(row_spans.row_span_histogram(x, "tensor")), expect_t)
     s = row_spans.summarize(expect)
     assert s == {"rows": 7, "past_14": 3 / 7, "past_28": 1 / 7, "median": 14, "max": 29}
 
