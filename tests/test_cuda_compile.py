@@ -5,9 +5,10 @@ and rounding along the last and a strided axis, the FP8 a4w4 GEMM, the MoE group
 traced with the library's platform queries answering "cuda" and compute capability 9.0 (8.9 for
 the Ada route), lowered for CUDA, and each Triton module in them is compiled to PTX by XLA's own
 Triton pipeline, the compiler the CUDA plugin registers (``jax._src.lib.triton.compile``; no
-GPU, driver or CUDA runtime is used). Where ``ptxas`` is on PATH the PTX is also assembled for
-the GPU and the register spills are checked: the streaming kernels (quantizers, FP8 encode, rescale,
-decode) must spill nothing. The GEMM and exact-recompute kernels are not held to that: their
+GPU, driver or CUDA runtime is used), and the PTX is assembled for the GPU by ``ptxas`` (the one on
+PATH, else the ``nvidia-cuda-nvcc-cu12`` wheel's): ptxas, not Triton, refuses an instruction the
+GPU lacks. The register spills are checked: the streaming kernels (quantizers, FP8 encode,
+rescale, decode) must spill nothing. The GEMM and exact-recompute kernels are not held to that: their
 tiles were sized on the H200, and on other GPUs some spill (the Triton w4a16 kernel at 16 rows:
 980 bytes on sm_80, 256 on sm_100a; the exact-row recompute 440 on sm_90a, jaxlib 0.10.2 and
 CUDA 13.0's ptxas).
@@ -15,16 +16,18 @@ CUDA 13.0's ptxas).
 What this does not check: values (the interpreter tests and tests/gpu do) and the Mosaic GPU
 kernels (decode-size w4a16), which XLA compiles only on a device.
 
-Runs where the CUDA plugin of the installed jaxlib is installed and JAX is on the CPU, as CI's
-last step does (.ci/run): ``pip install --no-deps jax-cuda12-plugin==V jax-cuda12-pjrt==V``
-(V = ``jaxlib.__version__``), then ``JAX_PLATFORMS=cpu pytest -q tests/test_cuda_compile.py``.
-Skipped elsewhere.
+Runs where the CUDA plugin of the installed jaxlib and ptxas are installed and JAX is on the
+CPU, as CI's last step does (.ci/run): ``pip install --no-deps jax-cuda12-plugin==V
+jax-cuda12-pjrt==V nvidia-cuda-nvcc-cu12`` (V = ``jaxlib.__version__``), then
+``JAX_PLATFORMS=cpu pytest -q tests/test_cuda_compile.py``. Skipped elsewhere, with the reason.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
+import importlib.util
+import os
 import re
 import shutil
 import subprocess
@@ -38,16 +41,31 @@ from jax._src.lib.mlir import ir
 
 import jax_mxfp4 as mx
 
-def _cuda_compiler() -> bool:
+def _ptxas() -> str | None:
+    """ptxas on PATH, else the one of the nvidia-cuda-nvcc-cu12 wheel, else None."""
+    found = shutil.which("ptxas")
+    if found is None and importlib.util.find_spec("nvidia") is not None:
+        for root in importlib.util.find_spec("nvidia").submodule_search_locations or ():
+            path = os.path.join(root, "cuda_nvcc", "bin", "ptxas")
+            found = found or (path if os.access(path, os.X_OK) else None)
+    return found
+
+
+def _missing() -> str | None:
+    if os.environ.get("JAX_PLATFORMS") != "cpu":
+        return "runs with JAX_PLATFORMS=cpu (the CUDA plugin registers its Triton compiler only then, without a GPU)"
     jax.devices()  # plugins register their Triton compiler when the backends initialize
-    return triton.has_compilation_handler("cuda")
+    if not triton.has_compilation_handler("cuda"):
+        return ("needs XLA's Triton compiler from the CUDA plugin: pip install --no-deps jax-cuda12-plugin==V "
+                "jax-cuda12-pjrt==V, V the installed jaxlib's version (.ci/run installs them)")
+    if PTXAS is None:
+        return "needs ptxas (on PATH, or pip install --no-deps nvidia-cuda-nvcc-cu12)"
+    return None
 
 
-pytestmark = pytest.mark.skipif(
-    not _cuda_compiler(),
-    reason="needs XLA's Triton compiler from the CUDA plugin (jax-cuda12-plugin and jax-cuda12-pjrt of the "
-           "installed jaxlib's version) with JAX_PLATFORMS=cpu; .ci/run installs them",
-)
+PTXAS = _ptxas()
+MISSING = _missing()
+pytestmark = pytest.mark.skipif(MISSING is not None, reason=MISSING or "")
 
 S = jax.ShapeDtypeStruct
 STREAMING_KERNELS = {"mxfp4_quantize", "mxfp4_quantize_columns", "mxfp4_quantize_fp8", "mxfp4_encode_fp8_rows_swar",
@@ -101,10 +119,9 @@ def triton_modules(fn, *args) -> list[dict]:
 
 
 def compile_all(modules, tmp_path, capability=(9, 0)) -> collections.Counter:
-    """Compile each distinct module to PTX (XLA's Triton) for ``capability`` and, with ptxas, to
-    SASS; returns how many of each kernel name were compiled. Fails on a compile error or a
+    """Compile each distinct module to PTX (XLA's Triton) for ``capability`` and assemble it with
+    ptxas; returns how many of each kernel name were compiled. Fails on a compile error or a
     spill in a streaming kernel."""
-    ptxas = shutil.which("ptxas")
     arch = f"{capability[0]}.{capability[1]}"
     sm = f"sm_{capability[0]}{capability[1]}" + ("a" if capability >= (9, 0) else "")  # Triton's target
     done, names = set(), collections.Counter()
@@ -116,11 +133,9 @@ def compile_all(modules, tmp_path, capability=(9, 0)) -> collections.Counter:
                                 num_stages=mod["num_stages"])
         assert ".entry" in result.asm, f"{mod['name']}: no kernel entry in the PTX"
         names[mod["name"]] += 1
-        if ptxas is None:
-            continue
         path = tmp_path / f"{mod['name']}_{sm}_{i}.ptx"
         path.write_text(result.asm)
-        run = subprocess.run([ptxas, f"-arch={sm}", "-v", str(path), "-o", str(path.with_suffix(".cubin"))],
+        run = subprocess.run([PTXAS, f"-arch={sm}", "-v", str(path), "-o", str(path.with_suffix(".cubin"))],
                              capture_output=True, text=True)
         assert run.returncode == 0, f"{mod['name']}: ptxas for {sm} failed:\n{run.stderr[-3000:]}"
         spills = sum(int(b) for b in re.findall(r"(\d+) bytes spill stores", run.stderr))
