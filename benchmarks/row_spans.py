@@ -40,12 +40,23 @@ MAX_SPAN = 64
 """Spans counted one by one up to this; wider rows count as MAX_SPAN (an E8M0 byte spans 254)."""
 
 
+ANCHORS = ("row", "tensor")
+"""Where a row's span is measured from: its own largest block, or its matrix's."""
+
+
 def row_span_histogram(x, anchor: str = "row"):
-    """int32 [MAX_SPAN + 1]: how many rows of the canonical operand ``x`` (MXFP4Array [B, R, K]
-    or FP8Prepared) span each number of binades, counting blocks with a nonzero code: from the
-    row's largest block (``anchor="row"``, the window the FP8 path encodes each row in) or from
-    the largest block of the whole operand (``"tensor"``: the window one power of two per operand
-    would give). An all-zero row spans 0."""
+    """int32 [MAX_SPAN + 1]: how many rows of the canonical operand ``x`` (MXFP4Array or
+    FP8Prepared [B, R, K] quantized along K, as the FP8 backend receives it) span each number of
+    binades, counting blocks with a nonzero code: from the row's largest block (``anchor="row"``,
+    the window the FP8 path encodes each row in) or from the largest block of the operand's
+    batch element (``"tensor"``: the window of one power of two per [R, K] matrix). An all-zero
+    row spans 0. Raises ValueError for another anchor or an operand not quantized along its last
+    axis."""
+    if anchor not in ANCHORS:
+        raise ValueError(f"row_span_histogram: anchor must be one of {ANCHORS}, got {anchor!r}")
+    if len(x.shape) != 3 or x.axis != 2:
+        raise ValueError(f"row_span_histogram: x must be a canonical [B, R, K] operand quantized along axis 2, "
+                         f"got shape {tuple(x.shape)} quantized along axis {x.axis}")
     import jax.numpy as jnp
 
     from jax_mxfp4.fp8_prepared import FP8Prepared
@@ -61,9 +72,6 @@ def row_span_histogram(x, anchor: str = "row"):
     lo = jnp.min(jnp.where(nz, sb, 256), axis=-1)
     span = jnp.clip(jnp.where(hi >= 0, hi - lo, 0), 0, MAX_SPAN).reshape(-1)
     return jnp.bincount(span, length=MAX_SPAN + 1).astype(jnp.int32)
-
-
-ANCHORS = ("row", "tensor")
 
 
 def _fmt(x) -> str:
@@ -108,7 +116,7 @@ def summarize(hist) -> dict:
     spans = np.arange(len(h))
     cum = np.cumsum(h)
     return {"rows": int(h.sum()), "past_14": float(h[15:].sum() / n), "past_28": float(h[29:].sum() / n),
-            "median": int(np.searchsorted(cum, (n + 1) // 2)), "max": int(spans[h > 0].max()) if h.any() else 0}
+            "median": int(np.searchsorted(cum, (n + 1) // 2)) if h.any() else 0, "max": int(spans[h > 0].max()) if h.any() else 0}
 
 
 def run(size: str, steps: int | None, every: int, seed: int = 0, quick: bool = False) -> dict:
@@ -157,7 +165,7 @@ def run(size: str, steps: int | None, every: int, seed: int = 0, quick: bool = F
             print(f"step {i}: loss {float(loss):.3f}, {len(gemms)} FP8 GEMMs, rows past 14 binades in "
                   f"{sum(1 for g in gemms if g['lhs']['past_14'] or g['rhs']['past_14'])}", flush=True)
         params, opt_state, _ = step(params, opt_state, batches(i), i)
-    return {"size": size, "steps": steps, "every": every, "model": cfg, "info": device_info(),
+    return {"size": size, "quick": quick, "steps": steps, "every": every, "model": cfg, "info": device_info(),
             "recipe": "Recipe(backend='fp8')" if on_cpu else "Recipe()", "samples": samples,
             "rows": [{"status": "ok"}]}
 
@@ -165,8 +173,8 @@ def run(size: str, steps: int | None, every: int, seed: int = 0, quick: bool = F
 def markdown(result) -> str:
     info = result["info"]
     last = result["samples"][-1]
-    lines = [f"# Row spans of the FP8 GEMMs' operands: main job `--size {result['size']}`, step {last['step']} "
-             f"of {result['steps']}", "",
+    job = "a tiny model (`--quick`)" if result.get("quick") else f"main job `--size {result['size']}`"
+    lines = [f"# Row spans of the FP8 GEMMs' operands: {job}, step {last['step']} of {result['steps']}", "",
              f"{info['device']} ({info['platform']}), jax {info['jax']}, {info['date_utc']} UTC; "
              f"Command: `{info['command']}`", "",
              "Rows past 14 / 28 binades: outside E4M3's / E5M2's window; recomputed: the rows the GEMM "

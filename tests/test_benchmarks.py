@@ -418,6 +418,11 @@ def test_row_spans_histogram_and_summary(rng):
     lows = [int(sb[i][codes[i].reshape(nb, 32).max(axis=1) > 0].min()) for i in range(r - 1)]
     expect_t = np.bincount([123 - lo for lo in lows] + [0], minlength=row_spans.MAX_SPAN + 1)
     np.testing.assert_array_equal(np.asarray(row_spans.row_span_histogram(x, "tensor")), expect_t)
+    with pytest.raises(ValueError, match="anchor must be one of"):
+        row_spans.row_span_histogram(x, "Tensor")
+    with pytest.raises(ValueError, match="quantized along axis 2"):  # spans of the wrong axis, silently
+        row_spans.row_span_histogram(mx.quantize(jnp.ones((1, 64, 32)), axis=1))
+    assert row_spans.summarize(np.zeros(row_spans.MAX_SPAN + 1))["median"] == 0
     s = row_spans.summarize(expect)
     assert s == {"rows": 7, "past_14": 3 / 7, "past_28": 1 / 7, "median": 14, "max": 29}
 
