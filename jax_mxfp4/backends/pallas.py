@@ -200,7 +200,7 @@ def decode_for(platform: str) -> str:
     compute capability >= :data:`jax_mxfp4.kernels.e2m1_asm.MIN_COMPUTE_CAPABILITY` (its
     ``mul.rn.bf16x2`` needs sm_90), the portable float16-bits decode (the same values) elsewhere:
     Ampere and Ada GPUs, ROCm's Triton, the CPU interpreter, and a CUDA lowering made where no
-    CUDA device is visible (an exported program then runs on any CUDA GPU the kernels support)."""
+    CUDA device is visible (its decode then assembles for any GPU of compute capability 8.0 or later)."""
     from ..kernels import e2m1_asm
     from .fp8 import _compute_capability
 

@@ -57,10 +57,10 @@ class ColumnsConfig:
     ``num_warps``. The default: 2 blocks (32 contiguous output bytes per column) x 128 columns
     (512 contiguous input bytes per float32 row) on 16 warps, 16 elements per thread. Why 16
     warps: ptxas (CUDA 13.0, sm_90a, the kernel compiled by jaxlib 0.10.2's Triton) gives this
-    tile 63-64 registers per thread (77 for 2-byte inputs with an rbg key: one CTA per SM), the row kernels' 40-64 at their
-    H200-measured tiles (16-32 elements per thread); on 4 warps (64 elements per thread) round to
-    nearest takes 168 (float32) and 227 (bfloat16) registers, 2-3 CTAs per SM. Not timed on a GPU
-    (``benchmarks/quantize.py --strided`` sweeps tiles)."""
+    tile 63-64 registers per thread (77 for 2-byte inputs with an rbg key: one CTA per SM), the
+    row kernels' 40-64 at their H200-measured tiles (16-32 elements per thread); on 4 warps (64
+    elements per thread) round to nearest takes 168 (float32) and 227 (bfloat16) registers, 2-3
+    CTAs per SM. Not timed on a GPU (``benchmarks/quantize.py --strided`` sweeps tiles)."""
 
     blocks: int = 2
     cols: int = 128
